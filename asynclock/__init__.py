@@ -1,0 +1,44 @@
+"""asynclock: distributed locks that are honest about time.
+
+Every acquisition yields a fencing token; the holder's work is cancelled when the lease is
+lost; resource-side fences reject stale writers. Start with :func:`connect`.
+"""
+
+from ._core.backend import Backend, Lock
+from ._core.clock import Clock, MonotonicClock
+from ._core.connect import connect
+from ._core.driver import Driver
+from ._core.exceptions import (
+    AcquireTimeout,
+    AsynclockError,
+    BackendUnavailable,
+    LeaseLost,
+    LockHeld,
+    QuorumNotReached,
+    StaleToken,
+)
+from ._core.lease import Lease, LossSignal
+from ._core.stats import BackendStats, HoldTimes
+
+__version__ = "0.1.0.dev0"
+
+__all__ = (
+    "AcquireTimeout",
+    "AsynclockError",
+    "Backend",
+    "BackendStats",
+    "BackendUnavailable",
+    "Clock",
+    "Driver",
+    "HoldTimes",
+    "Lease",
+    "LeaseLost",
+    "Lock",
+    "LockHeld",
+    "LossSignal",
+    "MonotonicClock",
+    "QuorumNotReached",
+    "StaleToken",
+    "__version__",
+    "connect",
+)

@@ -1,0 +1,5 @@
+"""Placeholder replaced by the demo CLI."""
+
+
+def main() -> None:
+    raise SystemExit(0)

@@ -1,0 +1,1 @@
+"""Private core of asynclock. Import the public API from :mod:`asynclock`."""

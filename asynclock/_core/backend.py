@@ -1,0 +1,556 @@
+"""Backend: one driver plus the core's timing, renewal, loss handling and cancellation.
+
+Everything here is shared by every backend (STYLE: small backends, smart core):
+
+* acquisition measures ``t_send`` before it asks and sets the local deadline to
+  ``t_send + ttl * (1 - drift) - margin`` (G3);
+* one renewer per backend (so per event loop) extends *all* held leases in one driver
+  call per heartbeat and reports loss per lease (G7, DESIGN section 3);
+* a watchdog cancels a holder whose local deadline or ``max_hold`` passes (G4);
+* an interrupted acquire releases whatever the server may have granted, shielded and
+  bounded; release on exit is shielded and bounded; local state changes only after the
+  server confirms (G6).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import secrets
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+
+import anyio
+import anyio.abc
+
+from .clock import Clock, MonotonicClock
+from .driver import Busy, Driver, LeaseRef, Refused
+from .exceptions import (
+    AcquireTimeout,
+    AsynclockError,
+    BackendUnavailable,
+    LeaseLost,
+    LockHeld,
+)
+from .lease import Lease
+from .stats import BackendStats, StatsRecorder
+from .validation import check_name, check_timeout, check_token, check_ttl
+
+logger = logging.getLogger("asynclock")
+
+#: How long a waiter sleeps between attempts when the driver gives no hint.
+DEFAULT_POLL = 0.05
+
+
+@dataclass(slots=True, eq=False)
+class _Held:
+    lease: Lease
+    scope: anyio.CancelScope | None = None
+
+
+class Backend:
+    """A lock service: hand out leases on names, renew them, and stop holders that lose them.
+
+    Create one with :func:`asynclock.connect` (or pass a driver for tests) and use it as an
+    async context manager; it owns the background renewer of every lease it grants.
+
+    Args:
+        driver: the backend driver (see ``asynclock.backends``).
+        clock: monotonic clock used for deadlines (default ``time.monotonic``).
+        drift: clock-rate allowance as a fraction of ttl (default 1 %).
+        margin: seconds taken off every local deadline (default 5 ms).
+        heartbeat: renew every ``ttl * heartbeat`` seconds (default 1/3).
+        release_timeout: bound on a release or on the clean-up of an interrupted acquire.
+    """
+
+    def __init__(
+        self,
+        driver: Driver,
+        *,
+        clock: Clock | None = None,
+        drift: float = 0.01,
+        margin: float = 0.005,
+        heartbeat: float = 1 / 3,
+        release_timeout: float = 5.0,
+    ) -> None:
+        if not isinstance(driver, Driver):
+            raise TypeError(f"driver must be an asynclock Driver, not {type(driver).__name__}")
+        if not (0 <= drift < 0.5):
+            raise ValueError(f"drift must be a fraction in [0, 0.5), got {drift!r}")
+        if not (0 <= margin < math.inf):
+            raise ValueError(f"margin must be a finite number of seconds >= 0, got {margin!r}")
+        if not (0 < heartbeat < 1):
+            raise ValueError(f"heartbeat must be a fraction of ttl in (0, 1), got {heartbeat!r}")
+        check_ttl(release_timeout, what="release_timeout")
+        self.driver = driver
+        self.clock: Clock = clock or MonotonicClock()
+        self.drift = drift
+        self.margin = margin
+        self.heartbeat = heartbeat
+        self.release_timeout = release_timeout
+        self._held: dict[str, _Held] = {}
+        self._stats = StatsRecorder()
+        self._release_events: dict[str, anyio.Event] = {}
+        self._renew_wake: anyio.CancelScope | None = None
+        self._watch_wake: anyio.CancelScope | None = None
+        self._next_round: float = math.inf
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._open = False
+        driver.bind(self.clock, self._wake_waiters, self._lost_out_of_band)
+
+    def __repr__(self) -> str:
+        return f"<asynclock.Backend {self.driver.display} held={len(self._held)}>"
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        if self._open:
+            raise RuntimeError("this backend is already open; use one `async with` per backend")
+        await self.driver.open()
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._open = True
+        self._tg.start_soon(self._renew_loop, name="asynclock renewer")
+        self._tg.start_soon(self._watchdog_loop, name="asynclock watchdog")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        self._open = False
+        held = list(self._held.values())
+        for h in held:
+            self._lose(h, "backend closed")
+        with anyio.CancelScope(shield=True):
+            for h in held:
+                await self._release(h.lease, quiet=True)
+        assert self._tg is not None
+        self._tg.cancel_scope.cancel()
+        try:
+            return await self._tg.__aexit__(exc_type, exc, tb)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.driver.aclose()
+
+    def _require_open(self) -> None:
+        if not self._open:
+            raise RuntimeError(
+                "backend is not open: use `async with asynclock.connect(url) as backend:`"
+            )
+
+    # -- public API ------------------------------------------------------------------------
+
+    def lock(
+        self,
+        name: str,
+        *,
+        ttl: float,
+        timeout: float | None = None,
+        blocking: bool = True,
+        max_hold: float | None = None,
+    ) -> Lock:
+        """An async context manager that holds ``name`` for the body and yields the Lease.
+
+        The body runs in a cancel scope that is cancelled when the lease is lost; the
+        ``async with`` then raises :class:`LeaseLost`. Busy with ``blocking=False`` raises
+        :class:`LockHeld`; not acquired within ``timeout`` raises :class:`AcquireTimeout`.
+        """
+        return Lock(self, name, ttl=ttl, timeout=timeout, blocking=blocking, max_hold=max_hold)
+
+    async def acquire(
+        self,
+        name: str,
+        *,
+        ttl: float,
+        timeout: float | None = None,
+        blocking: bool = True,
+        max_hold: float | None = None,
+    ) -> Lease:
+        """Acquire without a context manager. You must ``await lease.release()``.
+
+        No cancel scope guards your work here: watch ``lease.lost`` or call
+        ``lease.check()`` before side effects, and fence your writes with ``lease.token``.
+        """
+        args = _check_lock_args(name, ttl, timeout, blocking, max_hold)
+        return await self._acquire(*args)
+
+    async def validate(self, name: str, token: int) -> bool:
+        """True if ``token`` is the live holder's token for ``name`` right now (G9)."""
+        self._require_open()
+        check_name(name)
+        check_token(token)
+        return await self._call("validate", self.driver.validate(name, token))
+
+    def stats(self) -> BackendStats:
+        """A snapshot of counters and hold-time percentiles since the backend opened."""
+        return self._stats.snapshot(held=len(self._held))
+
+    def held(self) -> list[Lease]:
+        """The leases this backend currently holds (and renews)."""
+        return [h.lease for h in self._held.values()]
+
+    # -- acquisition -----------------------------------------------------------------------
+
+    async def _acquire(
+        self,
+        name: str,
+        ttl: float,
+        timeout: float | None,
+        blocking: bool,
+        max_hold: float | None,
+    ) -> Lease:
+        self._require_open()
+        if ttl * (1 - self.drift) - self.margin <= 0:
+            raise ValueError(
+                f"ttl={ttl:g}s leaves no time after drift ({self.drift:.0%}) and margin "
+                f"({self.margin:g}s); use a ttl of at least {2 * self.margin + 0.001:g}s"
+            )
+        driver, clock = self.driver, self.clock
+        owner = secrets.token_hex(16)
+        started = clock.now()
+        give_up_at = None if timeout is None else started + timeout
+        watching = False
+        acquired = False
+        try:
+            while True:
+                t_send = clock.now()
+                try:
+                    result = await driver.acquire(name, owner, ttl, queue=blocking)
+                except BaseException as exc:
+                    # The server may have granted the lock before we were interrupted (G6).
+                    await self._shielded(driver.release(name, owner, None), "clean up acquire")
+                    if isinstance(exc, Exception) and not isinstance(exc, AsynclockError):
+                        raise BackendUnavailable(
+                            f"{driver.display}: acquire of {name!r} failed: {exc!r}"
+                        ) from exc
+                    raise
+                if not isinstance(result, Busy):
+                    acquired = True
+                    return self._grant(name, owner, result, ttl, t_send, max_hold)
+                self._stats.busy_attempts += 1
+                if not blocking:
+                    raise LockHeld(name, result.retry_after)
+                now = clock.now()
+                if give_up_at is not None and now >= give_up_at:
+                    assert timeout is not None
+                    raise AcquireTimeout(name, timeout)
+                if not watching:
+                    # Subscribe, then try again at once: a release between the failed
+                    # attempt and the subscription must not be missed.
+                    await self._call("watch", driver.watch(name))
+                    watching = True
+                    continue
+                delay = DEFAULT_POLL if result.retry_after is None else result.retry_after
+                delay = delay * (1 + 0.1 * random.random()) + 0.0005 * random.random()
+                if give_up_at is not None:
+                    delay = min(delay, give_up_at - now)
+                await self._wait_for_release(name, delay)
+        finally:
+            if watching:
+                await self._shielded(driver.unwatch(name), "unwatch")
+            if blocking and not acquired:
+                await self._shielded(driver.abandon(name, owner), "abandon wait")
+
+    def _grant(
+        self,
+        name: str,
+        owner: str,
+        token: int,
+        ttl: float,
+        t_send: float,
+        max_hold: float | None,
+    ) -> Lease:
+        deadline = t_send + ttl * (1 - self.drift) - self.margin
+        lease = Lease(
+            name=name,
+            owner=owner,
+            token=token,
+            ttl=ttl,
+            clock=self.clock,
+            acquired_at=t_send,
+            deadline=deadline,
+            hard_deadline=None if max_hold is None else t_send + max_hold,
+            release=self._release,
+            lose=self._lose_lease,
+        )
+        self._held[owner] = _Held(lease)
+        self._stats.acquired += 1
+        logger.debug("acquired %r token=%d ttl=%gs", name, token, ttl)
+        period = ttl * self.heartbeat
+        if t_send + period < self._next_round:
+            self._next_round = t_send + period
+            _poke(self._renew_wake)
+        _poke(self._watch_wake)
+        return lease
+
+    async def _wait_for_release(self, name: str, delay: float) -> None:
+        event = self._release_events.get(name)
+        if event is None:
+            event = self._release_events[name] = anyio.Event()
+        with anyio.move_on_after(max(0.0, delay)):
+            await event.wait()
+
+    def _wake_waiters(self, name: str) -> None:
+        event = self._release_events.pop(name, None)
+        if event is not None:
+            event.set()
+
+    # -- release ---------------------------------------------------------------------------
+
+    async def _release(self, lease: Lease, *, quiet: bool = False) -> bool:
+        held = self._held.pop(lease.owner, None)
+        if held is not None:
+            # Stop renewing first: renewal is tied to the holder's life, never outlives it.
+            _poke(self._watch_wake)
+        if lease.released:
+            return False
+        was_lost = bool(lease.lost)
+        ok: bool | None = None
+        error: BaseException | None = None
+        with anyio.move_on_after(self.release_timeout, shield=True):
+            try:
+                ok = await self.driver.release(lease.name, lease.owner, lease.token)
+            except Exception as exc:
+                error = exc
+        if ok is None:
+            why = f"release failed: {error!r}" if error else "release timed out"
+            if not was_lost:
+                self._lose_lease(lease, why + "; the server expires it within its ttl")
+            if quiet or was_lost:
+                logger.warning("release of %r token=%d: %s", lease.name, lease.token, why)
+                return False
+            raise BackendUnavailable(f"{self.driver.display}: {why}") from error
+        self._stats.hold_ended(self.clock.now() - lease.acquired_at)
+        if ok and not was_lost:
+            lease._released = True
+            self._stats.released += 1
+            self._wake_waiters(lease.name)
+            logger.debug("released %r token=%d", lease.name, lease.token)
+            return True
+        if ok:
+            # Lost locally (deadline) but still ours at the server: freed early, still lost.
+            lease._released = True
+            self._wake_waiters(lease.name)
+            return False
+        if not was_lost:
+            self._lose_lease(lease, "lease had already ended at the server when released")
+        logger.info(
+            "release of %r token=%d was a no-op: lease already lost", lease.name, lease.token
+        )
+        return False
+
+    # -- loss ------------------------------------------------------------------------------
+
+    def _lost_out_of_band(self, name: str, owner: str, reason: str) -> None:
+        held = self._held.get(owner)
+        if held is not None and held.lease.name == name:
+            self._lose(held, reason)
+
+    def _lose_lease(self, lease: Lease, reason: str) -> None:
+        held = self._held.get(lease.owner)
+        if held is not None:
+            self._lose(held, reason)
+        elif not lease.lost:
+            lease.lost._set(reason)
+            self._count_loss(lease, reason)
+
+    def _lose(self, held: _Held, reason: str) -> None:
+        lease = held.lease
+        self._held.pop(lease.owner, None)
+        if lease.lost:
+            return
+        lease.lost._set(reason)
+        self._count_loss(lease, reason)
+        if held.scope is not None:
+            held.scope.cancel()
+
+    def _count_loss(self, lease: Lease, reason: str) -> None:
+        self._stats.losses += 1
+        self._stats.loss_reasons[reason.split(":")[0]] += 1
+        logger.warning("lease lost: %r token=%d: %s", lease.name, lease.token, reason)
+
+    def _attach_scope(self, lease: Lease, scope: anyio.CancelScope | None) -> None:
+        held = self._held.get(lease.owner)
+        if held is not None:
+            held.scope = scope
+
+    # -- background loops ------------------------------------------------------------------
+
+    async def _renew_loop(self) -> None:
+        failures = 0
+        while True:
+            if not self._held:
+                self._next_round = math.inf
+            await self._sleep_until(self._next_round, "_renew_wake")
+            if not self._held:
+                continue
+            now = self.clock.now()
+            if now < self._next_round:
+                continue
+            batch = list(self._held.values())
+            period = min(h.lease.ttl for h in batch) * self.heartbeat
+            refs = [
+                LeaseRef(h.lease.name, h.lease.owner, h.lease.token, h.lease.ttl) for h in batch
+            ]
+            t_send = self.clock.now()
+            results: list[object]
+            try:
+                with anyio.fail_after(max(period, 0.01)):
+                    results = list(await self.driver.extend(refs))
+                if len(results) != len(refs):
+                    raise RuntimeError(f"driver returned {len(results)} results for {len(refs)}")
+            except Exception as exc:
+                results = [exc] * len(refs)
+            self._stats.renewal_round_trips += 1
+            errors = 0
+            for held, result in zip(batch, results, strict=True):
+                lease = held.lease
+                if self._held.get(lease.owner) is not held:
+                    continue  # released or lost while we were asking
+                if result is True:
+                    deadline = t_send + lease.ttl * (1 - self.drift) - self.margin
+                    if deadline > lease._deadline:
+                        lease._deadline = deadline
+                    self._stats.renewals += 1
+                elif isinstance(result, Refused):
+                    self._lose(held, f"renewal refused: {result.reason}")
+                else:
+                    errors += 1
+                    logger.debug("renewal of %r failed, will retry: %r", lease.name, result)
+            if errors:
+                self._stats.renewal_errors += errors
+                failures += 1
+                backoff = min(period, 0.02 * 2 ** min(failures, 10)) * (0.5 + random.random() / 2)
+                self._next_round = self.clock.now() + backoff
+            else:
+                failures = 0
+                self._next_round = t_send + period
+
+    async def _watchdog_loop(self) -> None:
+        while True:
+            earliest = min((h.lease.deadline for h in self._held.values()), default=math.inf)
+            now = self.clock.now()
+            if now < earliest:
+                await self._sleep_until(earliest, "_watch_wake")
+                continue
+            for held in list(self._held.values()):
+                lease = held.lease
+                if now >= lease.deadline:
+                    hard = lease.hard_deadline is not None and now >= lease.hard_deadline
+                    self._lose(held, "max_hold reached" if hard else "local deadline passed")
+
+    async def _sleep_until(self, when: float, slot: str) -> None:
+        with anyio.CancelScope() as scope:
+            setattr(self, slot, scope)
+            if when == math.inf:
+                await anyio.sleep_forever()
+            else:
+                await self.clock.sleep_until(when)
+        setattr(self, slot, None)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    async def _shielded(self, call: Awaitable[Any], what: str) -> None:
+        with anyio.move_on_after(self.release_timeout, shield=True) as scope:
+            try:
+                await call
+            except Exception as exc:
+                logger.debug("%s failed: %r", what, exc)
+        if scope.cancelled_caught:
+            logger.warning("%s timed out after %gs", what, self.release_timeout)
+
+    async def _call(self, what: str, call: Awaitable[Any]) -> Any:
+        try:
+            return await call
+        except AsynclockError:
+            raise
+        except Exception as exc:
+            raise BackendUnavailable(f"{self.driver.display}: {what} failed: {exc!r}") from exc
+
+
+def _poke(scope: anyio.CancelScope | None) -> None:
+    if scope is not None:
+        scope.cancel()
+
+
+def _check_lock_args(
+    name: object, ttl: object, timeout: object, blocking: object, max_hold: object
+) -> tuple[str, float, float | None, bool, float | None]:
+    name = check_name(name)
+    ttl_f = check_ttl(ttl)
+    timeout_f = check_timeout(timeout)
+    if not isinstance(blocking, bool):
+        raise TypeError(f"blocking must be True or False, not {type(blocking).__name__}")
+    if not blocking and timeout_f is not None:
+        raise ValueError("timeout only applies to blocking=True; pass one or the other")
+    hold = None if max_hold is None else check_ttl(max_hold, what="max_hold")
+    return name, ttl_f, timeout_f, blocking, hold
+
+
+class Lock:
+    """``async with backend.lock(name, ttl=...) as lease:`` — see :meth:`Backend.lock`.
+
+    Reusable and safe to share: each entering task gets its own lease (ownership lives on
+    the lease, per task; never in thread-locals).
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        name: str,
+        *,
+        ttl: float,
+        timeout: float | None,
+        blocking: bool,
+        max_hold: float | None,
+    ) -> None:
+        self._backend = backend
+        self._args = _check_lock_args(name, ttl, timeout, blocking, max_hold)
+        self._active: dict[object, list[tuple[Lease, anyio.CancelScope]]] = {}
+
+    @property
+    def name(self) -> str:
+        return self._args[0]
+
+    def __repr__(self) -> str:
+        return f"<asynclock.Lock {self.name!r} ttl={self._args[1]:g}>"
+
+    async def __aenter__(self) -> Lease:
+        lease = await self._backend._acquire(*self._args)
+        scope = anyio.CancelScope()
+        scope.__enter__()
+        self._backend._attach_scope(lease, scope)
+        if lease.lost:
+            scope.cancel()
+        key = anyio.get_current_task().id
+        self._active.setdefault(key, []).append((lease, scope))
+        return lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        key = anyio.get_current_task().id
+        stack = self._active[key]
+        lease, scope = stack.pop()
+        if not stack:
+            del self._active[key]
+        self._backend._attach_scope(lease, None)
+        try:
+            swallowed = bool(scope.__exit__(exc_type, exc, tb))
+        finally:
+            await self._backend._release(lease, quiet=True)
+        if lease.lost:
+            if swallowed or exc_type is None:
+                reason = lease.lost.reason or "lost"
+                raise LeaseLost(lease.name, lease.token, reason) from None
+            return False
+        return swallowed

@@ -1,0 +1,68 @@
+"""``asynclock.connect(url)``: map a URL scheme to a backend module, imported lazily."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+from urllib.parse import urlsplit
+
+from .backend import Backend
+from .clock import Clock
+
+#: scheme -> (module, extra that provides its driver, or None for the core)
+SCHEMES: dict[str, tuple[str, str | None]] = {
+    "memory": ("asynclock.backends.memory", None),
+    "sqlite": ("asynclock.backends.sqlite", None),
+    "redis": ("asynclock.backends.redis", "redis"),
+    "rediss": ("asynclock.backends.redis", "redis"),
+    "unix": ("asynclock.backends.redis", "redis"),
+    "redlock": ("asynclock.backends.redlock", "redis"),
+    "postgresql": ("asynclock.backends.postgres", "postgres"),
+    "postgres": ("asynclock.backends.postgres", "postgres"),
+    "etcd": ("asynclock.backends.etcd", "etcd"),
+}
+
+
+def connect(
+    url: str,
+    *,
+    clock: Clock | None = None,
+    drift: float = 0.01,
+    margin: float = 0.005,
+    heartbeat: float = 1 / 3,
+    release_timeout: float = 5.0,
+    **options: Any,
+) -> Backend:
+    """Create a backend for ``url``; use it as ``async with connect(url) as backend:``.
+
+    Schemes: ``memory://``, ``sqlite:///path/to/file``, ``redis://``, ``rediss://``,
+    ``unix://``, ``redlock://h1,h2,h3``, ``postgresql://``, ``etcd://h1:2379,h2:2379``.
+    Extra keyword ``options`` go to the backend's driver (see its docs).
+    """
+    if not isinstance(url, str):
+        raise TypeError(f"url must be a str like 'sqlite:///locks.db', not {type(url).__name__}")
+    scheme = urlsplit(url).scheme.lower()
+    if scheme not in SCHEMES:
+        allowed = ", ".join(f"{s}://" for s in SCHEMES)
+        shown = f"{scheme!r}" if scheme else "none"
+        raise ValueError(f"unknown backend URL scheme {shown} in the URL; allowed: {allowed}")
+    module_name, extra = SCHEMES[scheme]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if extra is not None and not (exc.name or "").startswith("asynclock"):
+            raise ModuleNotFoundError(
+                f"the {scheme}:// backend needs the {exc.name!r} package: "
+                f'pip install "asynclock[{extra}]"',
+                name=exc.name,
+            ) from exc
+        raise
+    driver = module.driver_from_url(url, **options)
+    return Backend(
+        driver,
+        clock=clock,
+        drift=drift,
+        margin=margin,
+        heartbeat=heartbeat,
+        release_timeout=release_timeout,
+    )

@@ -1,0 +1,111 @@
+"""The seam between the core and a backend.
+
+A driver does atomic primitives against its server and nothing else: no timing, no
+retries, no renewal loops, no cancellation handling. Those live once, in the core.
+Every method may raise :class:`~asynclock.BackendUnavailable` (translate driver errors at
+this boundary); any other exception is treated the same way by the core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .clock import Clock, MonotonicClock
+
+
+@dataclass(frozen=True, slots=True)
+class Busy:
+    """An acquire attempt found the name held.
+
+    ``retry_after`` is how long the current lease has left at most (Redis ``PTTL``, a
+    lease row's expiry), or a backend's suggested poll delay; ``None`` if unknown.
+    """
+
+    retry_after: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRef:
+    """What identifies one lease at the server, plus the ttl to renew it with."""
+
+    name: str
+    owner: str
+    token: int
+    ttl: float
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The server definitely says this lease is no longer ours (G5); ``reason`` says why."""
+
+    reason: str
+
+
+#: One renewal result: ``True`` (extended by its ttl, measured from before the call),
+#: :class:`Refused` (definite loss), or an exception (unknown; the core retries).
+ExtendResult = bool | Refused | BaseException
+
+
+class Driver:
+    """Base class of every backend driver. Subclasses override the ``async`` primitives."""
+
+    #: URL scheme(s) for messages; never contains a password.
+    display: str = "driver"
+    #: Whether processes other than this one can share the locks (not the memory driver).
+    shared_between_processes: bool = True
+
+    def __init__(self) -> None:
+        self.clock: Clock = MonotonicClock()
+        self._wake: Callable[[str], None] = lambda name: None
+        self._notify_lost: Callable[[str, str, str], None] = lambda name, owner, why: None
+
+    def bind(
+        self,
+        clock: Clock,
+        wake: Callable[[str], None],
+        notify_lost: Callable[[str, str, str], None],
+    ) -> None:
+        """Called once by the backend: ``wake(name)`` when a release of ``name`` is seen,
+        ``notify_lost(name, owner, reason)`` when a lease is known lost out of band."""
+        self.clock = clock
+        self._wake = wake
+        self._notify_lost = notify_lost
+
+    async def open(self) -> None:
+        """Connect, create schema, load scripts. Raise BackendUnavailable with a clear message."""
+
+    async def aclose(self) -> None:
+        """Close connections. Must not raise."""
+
+    async def acquire(self, name: str, owner: str, ttl: float, *, queue: bool) -> int | Busy:
+        """One atomic attempt. Return the new fencing token, or :class:`Busy`.
+
+        ``queue`` is true for a blocking waiter: a backend with a fair queue may register
+        ``owner`` as waiting (see :meth:`abandon`).
+        """
+        raise NotImplementedError
+
+    async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
+        """Renew every lease in one round trip; one result per lease, in order (G5, G7)."""
+        raise NotImplementedError
+
+    async def release(self, name: str, owner: str, token: int | None) -> bool:
+        """Owner-checked delete. True if it removed our lease, False if it was not ours.
+
+        ``token`` is None when an acquire was interrupted and the token is unknown.
+        """
+        raise NotImplementedError
+
+    async def validate(self, name: str, token: int) -> bool:
+        """Is ``token`` the live holder's token of ``name`` right now (G9)?"""
+        raise NotImplementedError
+
+    async def watch(self, name: str) -> None:
+        """Start calling ``wake(name)`` on releases of ``name`` (pub/sub, LISTEN, watch)."""
+
+    async def unwatch(self, name: str) -> None:
+        """Stop what :meth:`watch` started (called once per :meth:`watch`)."""
+
+    async def abandon(self, name: str, owner: str) -> None:
+        """A queued waiter gave up (timeout or cancellation); forget it."""

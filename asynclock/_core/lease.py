@@ -1,0 +1,134 @@
+"""A granted hold: name, owner, token, ttl, local deadline and a loss signal."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any
+
+import anyio
+
+from .clock import Clock
+from .exceptions import LeaseLost
+
+
+class LossSignal:
+    """Set once when the lease is lost. ``await lease.lost`` waits for it; ``bool()`` peeks."""
+
+    __slots__ = ("_event", "reason")
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+        self.reason: str | None = None
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def __bool__(self) -> bool:
+        return self._event.is_set()
+
+    async def wait(self) -> str:
+        """Wait until the lease is lost and return the reason."""
+        await self._event.wait()
+        assert self.reason is not None
+        return self.reason
+
+    def __await__(self) -> Generator[Any, None, str]:
+        return self.wait().__await__()
+
+    def _set(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+            self._event.set()
+
+
+class Lease:
+    """One granted hold of a lock.
+
+    Use ``token`` as the fencing token for every write the lock protects. ``lost`` is set
+    (and the holder's ``async with`` body cancelled) as soon as the lease may have ended.
+    """
+
+    __slots__ = (
+        "_clock",
+        "_deadline",
+        "_lose_cb",
+        "_release_cb",
+        "_released",
+        "acquired_at",
+        "hard_deadline",
+        "lost",
+        "name",
+        "owner",
+        "token",
+        "ttl",
+    )
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        owner: str,
+        token: int,
+        ttl: float,
+        clock: Clock,
+        acquired_at: float,
+        deadline: float,
+        hard_deadline: float | None,
+        release: Callable[[Lease], Awaitable[bool]],
+        lose: Callable[[Lease, str], None],
+    ) -> None:
+        self.name = name
+        self.owner = owner
+        self.token = token
+        self.ttl = ttl
+        self.acquired_at = acquired_at
+        #: ``acquired_at + max_hold``; past it the lease is given up (None: no bound).
+        self.hard_deadline = hard_deadline
+        self.lost = LossSignal()
+        self._clock = clock
+        self._deadline = deadline
+        self._release_cb = release
+        self._lose_cb = lose
+        self._released = False
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost else "released" if self._released else "held"
+        return f"<Lease {self.name!r} token={self.token} {state} remaining={self.remaining():.3f}s>"
+
+    @property
+    def deadline(self) -> float:
+        """Local deadline on the backend's clock: earlier than the server could expire us."""
+        if self.hard_deadline is not None:
+            return min(self._deadline, self.hard_deadline)
+        return self._deadline
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def remaining(self) -> float:
+        """Seconds until the local deadline (0 once lost or released)."""
+        if self.lost or self._released:
+            return 0.0
+        return max(0.0, self.deadline - self._clock.now())
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLost` if the lease is lost or its local deadline has passed.
+
+        Call it right before an unfenced side effect; it reads the clock, so it is correct
+        even when the event loop was frozen and the watchdog has not run yet.
+        """
+        if self.lost:
+            raise LeaseLost(self.name, self.token, self.lost.reason or "lost")
+        if self._released:
+            raise LeaseLost(self.name, self.token, "released")
+        now = self._clock.now()
+        if now >= self.deadline:
+            hard = self.hard_deadline is not None and now >= self.hard_deadline
+            reason = "max_hold reached" if hard else "local deadline passed"
+            raise LeaseLost(self.name, self.token, reason)
+
+    async def release(self) -> bool:
+        """Release now (shielded, bounded). True if released; False if it was already lost
+        or released (a reported no-op)."""
+        return await self._release_cb(self)

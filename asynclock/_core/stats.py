@@ -1,0 +1,84 @@
+"""Per-backend statistics, a plain snapshot object."""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class HoldTimes:
+    """Percentiles (seconds) over the most recent completed holds; zero when none."""
+
+    count: int = 0
+    p50: float = 0.0
+    p90: float = 0.0
+    p99: float = 0.0
+    max: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class BackendStats:
+    """What a backend did since it was opened.
+
+    ``renewal_round_trips`` counts calls to the server; ``renewals`` counts leases
+    extended (one round trip renews every held lease).
+    """
+
+    held: int = 0
+    acquired: int = 0
+    released: int = 0
+    busy_attempts: int = 0
+    renewals: int = 0
+    renewal_round_trips: int = 0
+    renewal_errors: int = 0
+    losses: int = 0
+    loss_reasons: dict[str, int] = field(default_factory=dict)
+    hold_times: HoldTimes = field(default_factory=HoldTimes)
+
+
+def _percentile(ordered: list[float], q: float) -> float:
+    if not ordered:
+        return 0.0
+    k = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[k]
+
+
+class StatsRecorder:
+    """Mutable counters behind :class:`BackendStats`."""
+
+    def __init__(self, window: int = 4096) -> None:
+        self.acquired = 0
+        self.released = 0
+        self.busy_attempts = 0
+        self.renewals = 0
+        self.renewal_round_trips = 0
+        self.renewal_errors = 0
+        self.losses = 0
+        self.loss_reasons: Counter[str] = Counter()
+        self._holds: deque[float] = deque(maxlen=window)
+
+    def hold_ended(self, seconds: float) -> None:
+        self._holds.append(seconds)
+
+    def snapshot(self, held: int) -> BackendStats:
+        ordered = sorted(self._holds)
+        holds = HoldTimes(
+            count=len(ordered),
+            p50=_percentile(ordered, 0.50),
+            p90=_percentile(ordered, 0.90),
+            p99=_percentile(ordered, 0.99),
+            max=ordered[-1] if ordered else 0.0,
+        )
+        return BackendStats(
+            held=held,
+            acquired=self.acquired,
+            released=self.released,
+            busy_attempts=self.busy_attempts,
+            renewals=self.renewals,
+            renewal_round_trips=self.renewal_round_trips,
+            renewal_errors=self.renewal_errors,
+            losses=self.losses,
+            loss_reasons=dict(self.loss_reasons),
+            hold_times=holds,
+        )

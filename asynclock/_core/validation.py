@@ -1,0 +1,53 @@
+"""Argument checks shared by every backend: say what was wrong and what is allowed."""
+
+from __future__ import annotations
+
+import math
+
+MAX_NAME_BYTES = 512
+
+
+def check_name(name: object) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"lock name must be a str, not {type(name).__name__}")
+    if not name:
+        raise ValueError("lock name must be a non-empty str (1 to 512 UTF-8 bytes)")
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size > MAX_NAME_BYTES:
+        raise ValueError(f"lock name is {size} UTF-8 bytes; at most {MAX_NAME_BYTES} are allowed")
+    return name
+
+
+def _number(what: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
+    f = float(value)
+    if math.isnan(f):
+        raise ValueError(f"{what} must be a number of seconds, not NaN")
+    return f
+
+
+def check_ttl(ttl: object, *, what: str = "ttl") -> float:
+    f = _number(what, ttl)
+    if not (0 < f < math.inf):
+        raise ValueError(f"{what} must be a finite number of seconds > 0, got {ttl!r}")
+    return f
+
+
+def check_timeout(timeout: object) -> float | None:
+    if timeout is None:
+        return None
+    f = _number("timeout", timeout)
+    if f < 0:
+        raise ValueError(
+            f"timeout must be None (wait forever) or a number of seconds >= 0, got {timeout!r}"
+        )
+    return f
+
+
+def check_token(token: object) -> int:
+    if isinstance(token, bool) or not isinstance(token, int):
+        raise TypeError(f"fencing token must be an int, not {type(token).__name__}")
+    if not (0 < token < 2**63):
+        raise ValueError(f"fencing token must be a positive 64-bit int, got {token}")
+    return token

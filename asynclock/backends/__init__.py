@@ -1,0 +1,1 @@
+"""Backend drivers, one module each. Use :func:`asynclock.connect` to pick one by URL."""

@@ -1,0 +1,98 @@
+"""``memory://`` — locks inside one process. The reference implementation for tests.
+
+Waiters are served first come, first served: a free name goes to the oldest queued waiter.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
+
+
+@dataclass(slots=True)
+class _Entry:
+    owner: str
+    token: int
+    expires_at: float
+
+
+class MemoryDriver(Driver):
+    """State lives in this object; share one backend to share locks between tasks."""
+
+    display = "memory://"
+    shared_between_processes = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.leases: dict[str, _Entry] = {}
+        self.counters: dict[str, int] = {}
+        self.queues: dict[str, deque[str]] = {}
+
+    def _live(self, name: str) -> _Entry | None:
+        entry = self.leases.get(name)
+        if entry is not None and entry.expires_at <= self.clock.now():
+            del self.leases[name]
+            return None
+        return entry
+
+    async def acquire(self, name: str, owner: str, ttl: float, *, queue: bool) -> int | Busy:
+        now = self.clock.now()
+        entry = self._live(name)
+        waiting = self.queues.get(name)
+        if entry is None and (not waiting or waiting[0] == owner):
+            if waiting:
+                waiting.popleft()
+                if not waiting:
+                    del self.queues[name]
+            token = self.counters[name] = self.counters.get(name, 0) + 1
+            self.leases[name] = _Entry(owner, token, now + ttl)
+            return token
+        if queue:
+            waiting = self.queues.setdefault(name, deque())
+            if owner not in waiting:
+                waiting.append(owner)
+        retry = None if entry is None else entry.expires_at - now
+        return Busy(retry_after=retry)
+
+    async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
+        now = self.clock.now()
+        results: list[ExtendResult] = []
+        for ref in leases:
+            entry = self._live(ref.name)
+            if entry is None or entry.owner != ref.owner or entry.token != ref.token:
+                results.append(Refused("not held by this owner"))
+            else:
+                entry.expires_at = now + ref.ttl
+                results.append(True)
+        return results
+
+    async def release(self, name: str, owner: str, token: int | None) -> bool:
+        entry = self._live(name)
+        if entry is None or entry.owner != owner or (token is not None and entry.token != token):
+            return False
+        del self.leases[name]
+        self._wake(name)
+        return True
+
+    async def validate(self, name: str, token: int) -> bool:
+        entry = self._live(name)
+        return entry is not None and entry.token == token
+
+    async def abandon(self, name: str, owner: str) -> None:
+        waiting = self.queues.get(name)
+        if waiting is not None and owner in waiting:
+            waiting.remove(owner)
+            if not waiting:
+                del self.queues[name]
+            # The head may have left: let the next waiter try now.
+            self._wake(name)
+
+
+def driver_from_url(url: str, **options: Any) -> MemoryDriver:
+    if options:
+        raise TypeError(f"memory:// takes no options, got {', '.join(sorted(options))}")
+    return MemoryDriver()

@@ -1,0 +1,330 @@
+"""``sqlite:///path`` — the embedded default: processes on one host share locks via one file.
+
+* WAL journal; every write is a short ``BEGIN IMMEDIATE`` transaction run on the event
+  loop's own thread (a thread hop per call costs more than the SQL itself). When another
+  process holds the write lock we do not block the loop in SQLite's busy handler: we
+  yield and retry with a short jittered backoff, for at most ``busy_timeout`` seconds.
+* Expiry is on ``CLOCK_MONOTONIC`` (system-wide on Linux), tagged with the kernel's boot
+  id so rows written before a reboot count as expired.
+* Tokens come from a counter row per name, bumped in the acquiring transaction and never
+  deleted, so release, expiry and a ``kill -9`` never reset them.
+* Waiters queue in a table (first come, first served); a queued waiter refreshes its
+  place on each attempt and loses it if it stops asking (process gone).
+
+URL: ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``; options
+``?synchronous=normal|full`` (default normal: survives process crashes; ``full`` also
+survives power loss, at an fsync per transaction) and ``?busy_timeout=SECONDS`` (5).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+import anyio
+
+from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
+from .._core.exceptions import BackendUnavailable
+
+T = TypeVar("T")
+
+#: How long a queued waiter keeps its place without asking again.
+WAITER_TTL = 0.5
+#: Poll delay of the waiter at the head of the queue, and the cap for everyone else.
+HEAD_POLL = 0.0005
+MAX_POLL = 0.05
+
+# Schema. Tokens and leases are apart so deleting a lease never resets its counter (G2).
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS asynclock_token (
+    name  TEXT PRIMARY KEY,
+    token INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS asynclock_lease (
+    name       TEXT PRIMARY KEY,
+    owner      TEXT NOT NULL,
+    token      INTEGER NOT NULL,
+    expires_at REAL NOT NULL,
+    boot       TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS asynclock_waiter (
+    name       TEXT NOT NULL,
+    owner      TEXT NOT NULL,
+    seq        INTEGER NOT NULL,
+    expires_at REAL NOT NULL,
+    boot       TEXT NOT NULL,
+    PRIMARY KEY (name, owner)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS asynclock_waiter_order ON asynclock_waiter (name, seq);
+"""
+
+# The live lease of :name (G1): args name, boot, now. Returns owner, token, expires_at.
+SQL_LIVE = (
+    "SELECT owner, token, expires_at FROM asynclock_lease "
+    "WHERE name = ? AND boot = ? AND expires_at > ?"
+)
+# Head of the fair queue, ignoring waiters that stopped asking: args name, boot, now.
+SQL_HEAD = (
+    "SELECT owner FROM asynclock_waiter WHERE name = ? AND boot = ? AND expires_at > ? "
+    "ORDER BY seq LIMIT 1"
+)
+# Queue or refresh a waiter, keeping its place: args name, owner, expires_at, boot.
+SQL_QUEUE = (
+    "INSERT INTO asynclock_waiter (name, owner, seq, expires_at, boot) "
+    "VALUES (?1, ?2, (SELECT coalesce(max(seq), 0) + 1 FROM asynclock_waiter), ?3, ?4) "
+    "ON CONFLICT (name, owner) DO UPDATE SET expires_at = excluded.expires_at"
+)
+# G2: next token of :name, in the acquiring transaction. Returns the new token.
+SQL_NEXT_TOKEN = (
+    "INSERT INTO asynclock_token (name, token) VALUES (?, 1) "
+    "ON CONFLICT (name) DO UPDATE SET token = token + 1 RETURNING token"
+)
+# Grant: args name, owner, token, expires_at, boot (the row was checked free above).
+SQL_GRANT = "INSERT OR REPLACE INTO asynclock_lease VALUES (?, ?, ?, ?, ?)"
+# G5/G7: extend only our own live lease: args expires_at, name, owner, token, boot, now.
+SQL_EXTEND = (
+    "UPDATE asynclock_lease SET expires_at = ? "
+    "WHERE name = ? AND owner = ? AND token = ? AND boot = ? AND expires_at > ?"
+)
+# G5: owner-checked release (token may be NULL after an interrupted acquire).
+SQL_RELEASE = (
+    "DELETE FROM asynclock_lease WHERE name = ?1 AND owner = ?2 AND (?3 IS NULL OR token = ?3)"
+)
+SQL_FORGET_WAITER = "DELETE FROM asynclock_waiter WHERE name = ? AND owner = ?"
+# Housekeeping: waiters that stopped asking. Args now, boot.
+SQL_PRUNE_WAITERS = "DELETE FROM asynclock_waiter WHERE expires_at <= ? OR boot <> ?"
+
+
+def boot_id() -> str:
+    """The kernel's boot id (Linux); monotonic time restarts with it."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "no-boot-id"
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
+class SQLiteDriver(Driver):
+    """Leases in one SQLite file shared by every process that opens it."""
+
+    def __init__(
+        self, path: str, *, synchronous: str = "normal", busy_timeout: float = 5.0
+    ) -> None:
+        super().__init__()
+        if synchronous.lower() not in ("normal", "full"):
+            raise ValueError(f"synchronous must be 'normal' or 'full', got {synchronous!r}")
+        if not (0 < busy_timeout < float("inf")):
+            raise ValueError(f"busy_timeout must be a number of seconds > 0, got {busy_timeout!r}")
+        self.path = path
+        self.synchronous = synchronous.upper()
+        self.busy_timeout = busy_timeout
+        self.display = f"sqlite:///{path}"
+        self.boot = boot_id()
+        self._db: sqlite3.Connection | None = None
+        self._queued: set[tuple[str, str]] = set()
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise BackendUnavailable(f"{self.display}: the backend is closed")
+        return self._db
+
+    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` in one BEGIN IMMEDIATE transaction; retry (async) while busy."""
+        give_up = time.monotonic() + self.busy_timeout
+        delay = 0.0001
+        while True:
+            db = self.db
+            try:
+                db.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc):
+                    raise self._unavailable("begin", exc) from exc
+                if time.monotonic() >= give_up:
+                    raise BackendUnavailable(
+                        f"{self.display}: database stayed locked for {self.busy_timeout:g}s "
+                        "(busy_timeout); another process holds a write transaction"
+                    ) from exc
+                await anyio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 0.005)
+                continue
+            try:
+                result = fn(db)
+                db.execute("COMMIT")
+                return result
+            except BaseException as exc:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise self._unavailable("transaction", exc) from exc
+                raise
+
+    def _unavailable(self, what: str, exc: BaseException) -> BackendUnavailable:
+        return BackendUnavailable(f"{self.display}: {what} failed: {exc}")
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        target = Path(self.path)
+        if target.is_dir():
+            raise BackendUnavailable(
+                f"cannot use {self.path!r} as a SQLite lock file: it is a directory; "
+                "give a file path like sqlite:///locks.db"
+            )
+        try:
+            db = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=0
+            )
+            db.execute("PRAGMA busy_timeout = 0")
+            mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            db.execute(f"PRAGMA synchronous = {self.synchronous}")
+        except sqlite3.Error as exc:
+            raise BackendUnavailable(
+                f"cannot open SQLite lock file {self.path!r}: {exc} "
+                "(the directory must exist and be writable by this process)"
+            ) from exc
+        if str(mode).lower() != "wal":
+            db.close()
+            raise BackendUnavailable(
+                f"{self.display}: could not switch to WAL journal mode (got {mode!r}); "
+                "SQLite locks need a local file system"
+            )
+        self._db = db
+
+        def create(c: sqlite3.Connection) -> None:
+            for statement in SCHEMA.split(";"):
+                if statement.strip():
+                    c.execute(statement)
+
+        await self._write(create)
+
+    async def aclose(self) -> None:
+        db, self._db = self._db, None
+        if db is not None:
+            db.close()
+
+    # -- primitives ------------------------------------------------------------------------
+
+    async def acquire(self, name: str, owner: str, ttl: float, *, queue: bool) -> int | Busy:
+        boot = self.boot
+        key = (name, owner)
+
+        def attempt(db: sqlite3.Connection) -> int | Busy:
+            now = time.monotonic()
+            live = db.execute(SQL_LIVE, (name, boot, now)).fetchone()
+            if live is None:
+                head = db.execute(SQL_HEAD, (name, boot, now)).fetchone()
+                if head is None or head[0] == owner:
+                    token: int = db.execute(SQL_NEXT_TOKEN, (name,)).fetchone()[0]
+                    db.execute(SQL_GRANT, (name, owner, token, now + ttl, boot))
+                    if key in self._queued:
+                        db.execute(SQL_FORGET_WAITER, key)
+                    return token
+            if queue:
+                db.execute(SQL_QUEUE, (name, owner, now + WAITER_TTL, boot))
+                position = db.execute(
+                    "SELECT count(*) FROM asynclock_waiter WHERE name = ? AND boot = ? "
+                    "AND expires_at > ? AND seq < "
+                    "(SELECT seq FROM asynclock_waiter WHERE name = ? AND owner = ?)",
+                    (name, boot, now, name, owner),
+                ).fetchone()[0]
+                poll = min(MAX_POLL, HEAD_POLL * (1 + 4 * position))
+            else:
+                poll = MAX_POLL
+            left = None if live is None else max(0.0, live[2] - now)
+            if not queue:
+                return Busy(MAX_POLL if left is None else left)
+            return Busy(poll if left is None else min(left, poll))
+
+        result = await self._write(attempt)
+        if isinstance(result, Busy):
+            if queue:
+                self._queued.add(key)
+        else:
+            self._queued.discard(key)
+        return result
+
+    async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
+        boot = self.boot
+
+        def renew(db: sqlite3.Connection) -> list[ExtendResult]:
+            now = time.monotonic()
+            out: list[ExtendResult] = []
+            for ref in leases:
+                cur = db.execute(
+                    SQL_EXTEND, (now + ref.ttl, ref.name, ref.owner, ref.token, boot, now)
+                )
+                out.append(True if cur.rowcount == 1 else Refused("lease row gone or taken over"))
+            return out
+
+        return await self._write(renew)
+
+    async def release(self, name: str, owner: str, token: int | None) -> bool:
+        def delete(db: sqlite3.Connection) -> bool:
+            return db.execute(SQL_RELEASE, (name, owner, token)).rowcount == 1
+
+        return await self._write(delete)
+
+    async def validate(self, name: str, token: int) -> bool:
+        try:
+            row = self.db.execute(SQL_LIVE, (name, self.boot, time.monotonic())).fetchone()
+        except sqlite3.Error as exc:
+            raise self._unavailable("validate", exc) from exc
+        return row is not None and row[1] == token
+
+    async def abandon(self, name: str, owner: str) -> None:
+        key = (name, owner)
+        if key not in self._queued:
+            return
+        self._queued.discard(key)
+        boot = self.boot
+
+        def forget(db: sqlite3.Connection) -> None:
+            db.execute(SQL_FORGET_WAITER, key)
+            db.execute(SQL_PRUNE_WAITERS, (time.monotonic(), boot))
+
+        await self._write(forget)
+
+
+def driver_from_url(url: str, **options: Any) -> SQLiteDriver:
+    parts = urlsplit(url)
+    if parts.netloc:
+        raise ValueError(
+            f"sqlite URL must have no host: use sqlite:///relative.db or sqlite:////abs.db, "
+            f"got host {parts.netloc!r}"
+        )
+    path = unquote(parts.path[1:]) if parts.path.startswith("/") else unquote(parts.path)
+    if not path or path == ":memory:":
+        raise ValueError(
+            "sqlite URL needs a file path (sqlite:///locks.db or sqlite:////abs/locks.db); "
+            "for in-process locks use memory://"
+        )
+    query: dict[str, Any] = dict(parse_qsl(parts.query))
+    unknown = set(query) - {"synchronous", "busy_timeout"}
+    if unknown:
+        raise ValueError(
+            f"unknown sqlite URL option(s) {sorted(unknown)}; allowed: synchronous, busy_timeout"
+        )
+    if "busy_timeout" in query:
+        try:
+            query["busy_timeout"] = float(query["busy_timeout"])
+        except ValueError:
+            raise ValueError(
+                f"busy_timeout must be a number of seconds, got {query['busy_timeout']!r}"
+            ) from None
+    query.update(options)
+    return SQLiteDriver(os.fspath(path), **query)
