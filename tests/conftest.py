@@ -1,0 +1,45 @@
+"""Fixtures shared by the whole suite.
+
+The conformance suite runs against every backend in ``BACKENDS``. Each backend id ``X``
+is provided by a session fixture ``spec_X`` (returning a :class:`BackendSpec`) defined in
+a plugin module listed in ``pytest_plugins``; server-backed ones start their server on a
+free loopback port themselves.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+
+import asynclock
+from tests.support.spec import BackendSpec
+
+pytest_plugins = ["tests.support.local_backends"]
+
+#: Every backend the conformance suite runs on (each needs a ``spec_<id>`` fixture).
+BACKENDS = ["memory", "sqlite"]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(params=BACKENDS)
+def spec(request: pytest.FixtureRequest) -> BackendSpec:
+    result: BackendSpec = request.getfixturevalue(f"spec_{request.param}")
+    return result
+
+
+@pytest.fixture
+async def backend(spec: BackendSpec) -> AsyncIterator[asynclock.Backend]:
+    async with spec.connect() as b:
+        yield b
+
+
+@pytest.fixture
+def lock_name(request: pytest.FixtureRequest) -> str:
+    """A name no other test uses (servers are shared across the session)."""
+    return f"t:{request.node.name}:{uuid.uuid4().hex[:8]}"

@@ -1,0 +1,38 @@
+"""Conformance providers for the backends that need no server: memory and sqlite."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+import asynclock
+from asynclock.backends.memory import MemoryDriver
+
+from .spec import BackendSpec
+
+
+async def _sabotage_memory(backend: asynclock.Backend, name: str) -> None:
+    driver = backend.driver
+    assert isinstance(driver, MemoryDriver)
+    driver.leases.pop(name, None)
+
+
+@pytest.fixture(scope="session")
+def spec_memory() -> BackendSpec:
+    return BackendSpec("memory", "memory://", _sabotage_memory, multiprocess=False)
+
+
+@pytest.fixture(scope="session")
+def spec_sqlite(tmp_path_factory: pytest.TempPathFactory) -> BackendSpec:
+    path = tmp_path_factory.mktemp("sqlite") / "locks.db"
+
+    async def sabotage(backend: asynclock.Backend, name: str) -> None:
+        conn = sqlite3.connect(path, isolation_level=None, timeout=5)
+        try:
+            conn.execute("DELETE FROM asynclock_lease WHERE name = ?", (name,))
+        finally:
+            conn.close()
+
+    return BackendSpec("sqlite", f"sqlite:///{Path(path).as_posix()}", sabotage)

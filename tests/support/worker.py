@@ -1,0 +1,87 @@
+"""A lock client in its own process, driven by tests through argv (JSON) and stdin/stdout.
+
+Modes:
+  count  - ``rounds`` times: under the lock, read an int from ``counter_file``, yield,
+           write it back + 1. Prints {"event": "done"}.
+  hold   - acquire ``name``, print {"event": "acquired", "token": N}, then wait until the
+           lease is lost. On LeaseLost print {"event": "lost", "reason": ...}; then replay
+           the write that was in flight when it froze through the SQL fence in
+           ``fence_db`` and print {"event": "late_write", "result": "stale"|"accepted"}.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+import time
+from typing import Any
+
+import anyio
+
+import asynclock
+from asynclock.fence import SQLFence
+
+
+def emit(**event: Any) -> None:
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+async def count(backend: asynclock.Backend, cfg: dict[str, Any]) -> None:
+    path = cfg["counter_file"]
+    for _ in range(cfg["rounds"]):
+        async with backend.lock(cfg["name"], ttl=cfg.get("ttl", 5.0)):
+            with open(path) as f:
+                value = int(f.read() or 0)
+            await anyio.sleep(0)
+            with open(path, "w") as f:
+                f.write(str(value + 1))
+    emit(event="done")
+
+
+def fenced_write(fence_db: str, key: str, token: int, value: str) -> str:
+    conn = sqlite3.connect(fence_db, isolation_level=None, timeout=10)
+    try:
+        fence = SQLFence()
+        fence.create_sqlite(conn)
+        conn.execute("CREATE TABLE IF NOT EXISTS ledger (writer TEXT, token INTEGER)")
+        try:
+            with fence.sqlite_transaction(conn, key, token):
+                conn.execute("INSERT INTO ledger VALUES (?, ?)", (value, token))
+        except asynclock.StaleToken:
+            return "stale"
+        return "accepted"
+    finally:
+        conn.close()
+
+
+async def hold(backend: asynclock.Backend, cfg: dict[str, Any]) -> None:
+    token = 0
+    try:
+        async with backend.lock(cfg["name"], ttl=cfg["ttl"]) as lease:
+            token = lease.token
+            if cfg.get("fence_db"):
+                fenced_write(cfg["fence_db"], cfg["name"], token, "holder-before-pause")
+            emit(event="acquired", token=token, pid_time=time.monotonic())
+            await anyio.sleep_forever()
+    except asynclock.LeaseLost as exc:
+        emit(event="lost", reason=exc.reason, token=exc.token, at=time.monotonic())
+        if cfg.get("fence_db"):
+            result = fenced_write(cfg["fence_db"], cfg["name"], token, "holder-after-pause")
+            emit(event="late_write", result=result)
+
+
+async def main() -> None:
+    cfg = json.loads(sys.argv[1])
+    async with asynclock.connect(cfg["url"], **cfg.get("options", {})) as backend:
+        if cfg["mode"] == "count":
+            await count(backend, cfg)
+        elif cfg["mode"] == "hold":
+            await hold(backend, cfg)
+        else:
+            raise SystemExit(f"unknown mode {cfg['mode']!r}")
+
+
+if __name__ == "__main__":
+    anyio.run(main)
