@@ -20,6 +20,8 @@ pytest_plugins = ["tests.support.local_backends"]
 
 #: Every backend the conformance suite runs on (each needs a ``spec_<id>`` fixture).
 BACKENDS = ["memory", "sqlite"]
+#: Backends whose locks live inside one process (no multi-process tests for them).
+IN_PROCESS_ONLY = {"memory"}
 
 
 @pytest.fixture
@@ -29,6 +31,13 @@ def anyio_backend() -> str:
 
 @pytest.fixture(params=BACKENDS)
 def spec(request: pytest.FixtureRequest) -> BackendSpec:
+    result: BackendSpec = request.getfixturevalue(f"spec_{request.param}")
+    return result
+
+
+@pytest.fixture(params=[b for b in BACKENDS if b not in IN_PROCESS_ONLY])
+def shared_spec(request: pytest.FixtureRequest) -> BackendSpec:
+    """Like ``spec``, for backends that several processes share (multi-process tests)."""
     result: BackendSpec = request.getfixturevalue(f"spec_{request.param}")
     return result
 

@@ -1,0 +1,102 @@
+"""G1: at most one holder per name — 50 tasks in one process, 4 processes on one name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import pytest
+
+import asynclock
+from tests.support.procs import start_worker
+from tests.support.spec import BackendSpec
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_fifty_tasks_never_lose_an_update(backend: asynclock.Backend, lock_name: str) -> None:
+    counter = 0
+    inside = 0
+    rounds = 4
+
+    async def worker() -> None:
+        nonlocal counter, inside
+        for _ in range(rounds):
+            async with backend.lock(lock_name, ttl=5.0):
+                inside += 1
+                assert inside == 1, "two holders at once"
+                value = counter
+                await anyio.sleep(0)
+                counter = value + 1
+                inside -= 1
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(50):
+            tg.start_soon(worker)
+    assert counter == 50 * rounds
+    assert backend.stats().acquired == 50 * rounds
+
+
+async def test_four_processes_never_lose_an_update(
+    shared_spec: BackendSpec, lock_name: str, tmp_path: Path
+) -> None:
+    counter = tmp_path / "counter"
+    counter.write_text("0")
+    rounds = 25
+    workers = [
+        await start_worker(shared_spec, mode="count", name=lock_name, rounds=rounds, counter_file=str(counter))
+        for _ in range(4)
+    ]
+    for w in workers:
+        await w.expect("done")
+        assert await w.wait() == 0
+    assert int(counter.read_text()) == 4 * rounds
+
+
+async def test_blocking_false_raises_lock_held(backend: asynclock.Backend, lock_name: str) -> None:
+    async with backend.lock(lock_name, ttl=5.0):
+        with pytest.raises(asynclock.LockHeld) as info:
+            async with backend.lock(lock_name, ttl=5.0, blocking=False):
+                pytest.fail("acquired a held lock")
+        assert info.value.name == lock_name
+        assert info.value.retry_after is None or 0 < info.value.retry_after <= 5.0
+
+
+async def test_timeout_raises_acquire_timeout(backend: asynclock.Backend, lock_name: str) -> None:
+    async with backend.lock(lock_name, ttl=5.0):
+        with pytest.raises(asynclock.AcquireTimeout) as info:
+            async with backend.lock(lock_name, ttl=5.0, timeout=0.1):
+                pytest.fail("acquired a held lock")
+        assert isinstance(info.value, TimeoutError)
+        with pytest.raises(asynclock.AcquireTimeout):
+            await backend.acquire(lock_name, ttl=5.0, timeout=0)
+
+
+async def test_waiter_gets_lock_after_release(backend: asynclock.Backend, lock_name: str) -> None:
+    got: list[int] = []
+    holding = anyio.Event()
+    release = anyio.Event()
+
+    async def holder() -> None:
+        async with backend.lock(lock_name, ttl=5.0) as lease:
+            got.append(lease.token)
+            holding.set()
+            await release.wait()
+
+    async def waiter() -> None:
+        await holding.wait()
+        async with backend.lock(lock_name, ttl=5.0, timeout=10) as lease:
+            got.append(lease.token)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(holder)
+        tg.start_soon(waiter)
+        await holding.wait()
+        release.set()
+    assert got[1] > got[0]
+
+
+async def test_different_names_do_not_block(backend: asynclock.Backend, lock_name: str) -> None:
+    async with backend.lock(lock_name + ":a", ttl=5.0) as a:
+        async with backend.lock(lock_name + ":b", ttl=5.0, blocking=False) as b:
+            assert a.name != b.name
