@@ -97,6 +97,7 @@ class Backend:
         self._renew_wake: anyio.CancelScope | None = None
         self._watch_wake: anyio.CancelScope | None = None
         self._next_round: float = math.inf
+        self._round_done = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
         self._open = False
         driver.bind(self.clock, self._wake_waiters, self._lost_out_of_band)
@@ -185,7 +186,7 @@ class Backend:
         self._require_open()
         check_name(name)
         check_token(token)
-        return await self._call("validate", self.driver.validate(name, token))
+        return bool(await self._call("validate", self.driver.validate(name, token)))
 
     def stats(self) -> BackendStats:
         """A snapshot of counters and hold-time percentiles since the backend opened."""
@@ -194,6 +195,10 @@ class Backend:
     def held(self) -> list[Lease]:
         """The leases this backend currently holds (and renews)."""
         return [h.lease for h in self._held.values()]
+
+    async def _renewal_round(self) -> None:
+        """Wait until the renewer finishes its next round trip (for tests and tools)."""
+        await self._round_done.wait()
 
     # -- acquisition -----------------------------------------------------------------------
 
@@ -423,6 +428,8 @@ class Backend:
                 else:
                     errors += 1
                     logger.debug("renewal of %r failed, will retry: %r", lease.name, result)
+            self._round_done.set()
+            self._round_done = anyio.Event()
             if errors:
                 self._stats.renewal_errors += errors
                 failures += 1
@@ -465,7 +472,7 @@ class Backend:
         if scope.cancelled_caught:
             logger.warning("%s timed out after %gs", what, self.release_timeout)
 
-    async def _call(self, what: str, call: Awaitable[Any]) -> Any:
+    async def _call(self, what: str, call: Awaitable[object]) -> object:
         try:
             return await call
         except AsynclockError:

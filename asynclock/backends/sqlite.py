@@ -179,8 +179,7 @@ class SQLiteDriver(Driver):
     # -- lifecycle -------------------------------------------------------------------------
 
     async def open(self) -> None:
-        target = Path(self.path)
-        if target.is_dir():
+        if os.path.isdir(self.path):  # noqa: ASYNC240 - a stat, once, at open
             raise BackendUnavailable(
                 f"cannot use {self.path!r} as a SQLite lock file: it is a directory; "
                 "give a file path like sqlite:///locks.db"

@@ -108,15 +108,15 @@ async def test_unreadable_sqlite_paths(tmp_path: Path) -> None:
     with pytest.raises(asynclock.BackendUnavailable, match="it is a directory"):
         async with asynclock.connect(f"sqlite:///{tmp_path}"):
             pass
-    readonly = tmp_path / "ro"
-    readonly.mkdir()
-    (readonly / "locks.db").write_bytes(b"this is not a database, just some bytes" * 100)
-    with pytest.raises(asynclock.BackendUnavailable, match="locks.db"):
-        async with asynclock.connect(f"sqlite:///{readonly / 'locks.db'}"):
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "locks.db").write_bytes(b"this is not a database, just some bytes" * 100)
+    with pytest.raises(asynclock.BackendUnavailable, match=r"locks\.db"):
+        async with asynclock.connect(f"sqlite:///{garbage / 'locks.db'}"):
             pass
 
 
 async def test_backend_must_be_open(backend: asynclock.Backend) -> None:
     closed = asynclock.connect("memory://")
-    with pytest.raises(RuntimeError, match="async with asynclock.connect"):
+    with pytest.raises(RuntimeError, match=r"async with asynclock\.connect"):
         await closed.acquire("x", ttl=1.0)

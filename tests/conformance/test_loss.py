@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 import asynclock
@@ -25,7 +26,9 @@ async def test_gc_pause_sigstop_holder_is_cancelled_and_fenced(
     """The failure fencing exists for, with real processes: freeze the holder past its ttl."""
     fence_db = str(tmp_path / "resource.db")
     ttl = 0.6
-    holder = await start_worker(shared_spec, mode="hold", name=lock_name, ttl=ttl, fence_db=fence_db)
+    holder = await start_worker(
+        shared_spec, mode="hold", name=lock_name, ttl=ttl, fence_db=fence_db
+    )
     first = await holder.expect("acquired")
     holder.signal(signal.SIGSTOP)
     try:
@@ -58,10 +61,10 @@ async def test_blocked_event_loop_past_ttl_cancels_holder(
     reached_after_pause = False
     with pytest.raises(asynclock.LeaseLost) as info:
         async with backend.lock(lock_name, ttl=0.3) as lease:
-            time.sleep(0.4)  # the simulated GC pause: nothing runs, not even the renewer
+            time.sleep(0.4)  # noqa: ASYNC251 - the simulated GC pause: nothing runs, not even the renewer
             with pytest.raises(asynclock.LeaseLost):
                 lease.check()
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
             reached_after_pause = True  # pragma: no cover - must be cancelled first
     assert not reached_after_pause
     assert info.value.token == lease.token

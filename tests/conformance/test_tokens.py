@@ -33,7 +33,9 @@ async def test_tokens_increase_across_expiry(backend: asynclock.Backend, lock_na
     assert await second.release() is True
 
 
-async def test_tokens_increase_after_holder_is_killed(shared_spec: BackendSpec, lock_name: str) -> None:
+async def test_tokens_increase_after_holder_is_killed(
+    shared_spec: BackendSpec, lock_name: str
+) -> None:
     worker = await start_worker(shared_spec, mode="hold", name=lock_name, ttl=0.5)
     acquired = await worker.expect("acquired")
     worker.signal(signal.SIGKILL)
@@ -51,4 +53,3 @@ async def test_validate_tracks_the_live_holder(backend: asynclock.Backend, lock_
         if lease.token > 1:
             assert not await backend.validate(lock_name, lease.token - 1)
     assert not await backend.validate(lock_name, lease.token)
-

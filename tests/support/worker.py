@@ -29,14 +29,12 @@ def emit(**event: Any) -> None:
 
 
 async def count(backend: asynclock.Backend, cfg: dict[str, Any]) -> None:
-    path = cfg["counter_file"]
+    path = anyio.Path(cfg["counter_file"])
     for _ in range(cfg["rounds"]):
         async with backend.lock(cfg["name"], ttl=cfg.get("ttl", 5.0)):
-            with open(path) as f:
-                value = int(f.read() or 0)
-            await anyio.sleep(0)
-            with open(path, "w") as f:
-                f.write(str(value + 1))
+            # Read-modify-write with awaits in between: any overlap loses an update.
+            value = int(await path.read_text() or 0)
+            await path.write_text(str(value + 1))
     emit(event="done")
 
 
