@@ -1,0 +1,167 @@
+"""What is particular to the embedded SQLite backend."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+import asynclock
+from asynclock._core.driver import Busy
+from asynclock.backends.sqlite import WAITER_TTL, SQLiteDriver
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'locks.db'}"
+
+
+def raw(url: str) -> sqlite3.Connection:
+    return sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None, timeout=5)
+
+
+async def test_wal_and_synchronous_settings(url: str) -> None:
+    async with asynclock.connect(url + "?synchronous=full") as backend:
+        driver = backend.driver
+        assert isinstance(driver, SQLiteDriver)
+        assert driver.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert driver.db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+
+
+async def test_relative_path_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    async with asynclock.connect("sqlite:///relative.db") as backend:
+        async with backend.lock("x", ttl=5.0):
+            pass
+    assert (tmp_path / "relative.db").exists()
+
+
+async def test_token_counter_outlives_lease_rows(url: str) -> None:
+    async with asynclock.connect(url) as backend:
+        async with backend.lock("c", ttl=5.0) as first:
+            pass
+        conn = raw(url)
+        conn.execute("DELETE FROM asynclock_lease")
+        conn.close()
+    async with asynclock.connect(url) as backend:  # a new process would see the same
+        async with backend.lock("c", ttl=5.0) as second:
+            assert second.token == first.token + 1
+
+
+async def test_rows_from_before_a_reboot_count_as_expired(url: str) -> None:
+    async with asynclock.connect(url) as backend:
+        pass
+    conn = raw(url)
+    # A lease written before a reboot: monotonic time restarted, so its expiry looks far off.
+    conn.execute(
+        "INSERT INTO asynclock_lease VALUES ('boot', 'someone', 7, ?, 'old-boot-id')",
+        (time.monotonic() + 3600,),
+    )
+    conn.close()
+    async with asynclock.connect(url) as backend:
+        async with backend.lock("boot", ttl=5.0, blocking=False) as lease:
+            assert lease.token == 1
+
+
+async def test_busy_database_never_blocks_the_event_loop(url: str) -> None:
+    async with asynclock.connect(url) as backend:
+        blocker = raw(url)
+        blocker.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        ticks = 0
+        enough = anyio.Event()
+        acquired = anyio.Event()
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not acquired.is_set():
+                ticks += 1
+                if ticks == 20:
+                    enough.set()
+                await anyio.lowlevel.checkpoint()
+
+        async def take() -> None:
+            async with backend.lock("busy", ttl=5.0):
+                acquired.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            tg.start_soon(take)
+            await enough.wait()  # the loop kept running while the database was locked
+            assert not acquired.is_set()
+            blocker.execute("COMMIT")
+        blocker.close()
+
+
+async def test_busy_timeout_gives_a_clear_error(url: str) -> None:
+    async with asynclock.connect(url + "?busy_timeout=0.05") as backend:
+        blocker = raw(url)
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            with pytest.raises(asynclock.BackendUnavailable, match="busy_timeout"):
+                await backend.acquire("stuck", ttl=5.0)
+        finally:
+            blocker.execute("COMMIT")
+            blocker.close()
+        async with backend.lock("stuck", ttl=5.0, blocking=False):
+            pass  # usable again once the other writer is done
+
+
+async def test_waiters_are_served_first_come_first_served(url: str) -> None:
+    order: list[str] = []
+    async with (
+        asynclock.connect(url) as holder,
+        asynclock.connect(url) as first,
+        asynclock.connect(url) as second,
+    ):
+        queued = {"first": anyio.Event(), "second": anyio.Event()}
+        for label, backend in (("first", first), ("second", second)):
+            real = backend.driver.acquire
+
+            async def acquire(*args: Any, _real: Any = real, _label: str = label, **kw: Any) -> Any:
+                result = await _real(*args, **kw)
+                if isinstance(result, Busy):
+                    queued[_label].set()
+                return result
+
+            setattr(backend.driver, "acquire", acquire)  # noqa: B010
+
+        async def wait(label: str, backend: asynclock.Backend) -> None:
+            async with backend.lock("fifo", ttl=5.0, timeout=10):
+                order.append(label)
+
+        async with holder.lock("fifo", ttl=5.0):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(wait, "first", first)
+                await queued["first"].wait()
+                tg.start_soon(wait, "second", second)
+                await queued["second"].wait()
+                # A newcomer may not barge ahead of the queue, even once the name is free.
+                await holder.held()[0].release()
+                with pytest.raises(asynclock.LockHeld):
+                    async with holder.lock("fifo", ttl=5.0, blocking=False):
+                        order.append("barged")
+    assert order == ["first", "second"]
+
+
+async def test_a_dead_waiter_does_not_block_the_queue(url: str) -> None:
+    async with asynclock.connect(url) as backend:
+        conn = raw(url)
+        driver = backend.driver
+        assert isinstance(driver, SQLiteDriver)
+        conn.execute(
+            "INSERT INTO asynclock_waiter VALUES ('q', 'ghost', 0, ?, ?)",
+            (time.monotonic() + WAITER_TTL, driver.boot),
+        )
+        conn.close()
+        with pytest.raises(asynclock.LockHeld):
+            await backend.acquire("q", ttl=5.0, blocking=False)
+        started = time.monotonic()
+        async with backend.lock("q", ttl=5.0, timeout=10):
+            assert time.monotonic() - started <= WAITER_TTL + 0.5

@@ -1,0 +1,190 @@
+"""Core behaviour independent of backends: clock seam, batched renewal, stats, logging."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import anyio
+import pytest
+
+import asynclock
+import asynclock.testing
+from asynclock.backends.memory import MemoryDriver
+
+pytestmark = pytest.mark.anyio
+
+
+class ManualClock:
+    """A clock that moves only when told to; sleepers wake when it passes their deadline."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+        self._moved = anyio.Event()
+
+    def now(self) -> float:
+        return self.t
+
+    async def sleep_until(self, deadline: float) -> None:
+        while self.t < deadline:
+            await self._moved.wait()
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+        self._moved.set()
+        self._moved = anyio.Event()
+
+
+async def test_injected_clock_drives_deadlines_and_renewals() -> None:
+    clock = ManualClock()
+    async with asynclock.Backend(MemoryDriver(), clock=clock) as backend:
+        lease = await backend.acquire("x", ttl=9.0)
+        assert lease.deadline == pytest.approx(1000.0 + 9.0 * 0.99 - 0.005)
+        assert lease.remaining() == pytest.approx(9.0 * 0.99 - 0.005)
+        clock.advance(3.0)  # one heartbeat (ttl/3): the renewer extends from the new now
+        await backend._renewal_round()
+        assert lease.deadline == pytest.approx(1003.0 + 9.0 * 0.99 - 0.005)
+        assert backend.stats().renewals == 1
+
+        async def refuse(leases: Any) -> Any:
+            raise ConnectionError("partition")
+
+        setattr(backend.driver, "extend", refuse)  # noqa: B010
+        clock.advance(20.0)  # far past the deadline; renewals fail meanwhile
+        assert await lease.lost == "local deadline passed"
+        assert await lease.release() is False
+
+
+async def test_one_round_trip_renews_every_lease() -> None:
+    async with asynclock.testing.memory_backend() as backend:
+        calls: list[int] = []
+        real = backend.driver.extend
+
+        async def counting(leases: Any) -> Any:
+            calls.append(len(leases))
+            return await real(leases)
+
+        setattr(backend.driver, "extend", counting)  # noqa: B010
+        leases = [await backend.acquire(f"n{i}", ttl=0.3) for i in range(200)]
+        for _ in range(3):
+            await backend._renewal_round()
+        assert calls[-3:] == [200, 200, 200]
+        stats = backend.stats()
+        assert stats.renewal_round_trips == len(calls)
+        assert stats.renewals == sum(calls)
+        for lease in leases:
+            assert await lease.release()
+
+
+async def test_stats_and_hold_times() -> None:
+    async with asynclock.testing.memory_backend() as backend:
+        for _ in range(10):
+            async with backend.lock("s", ttl=5.0):
+                pass
+        with pytest.raises(asynclock.LockHeld):
+            async with backend.lock("s", ttl=5.0):
+                await backend.acquire("s", ttl=5.0, blocking=False)
+        stats = backend.stats()
+        assert stats.acquired == 11 and stats.released == 11 and stats.held == 0
+        assert stats.busy_attempts == 1
+        assert stats.hold_times.count == 11
+        assert 0 <= stats.hold_times.p50 <= stats.hold_times.p99 <= stats.hold_times.max
+
+
+async def test_loss_is_logged_as_warning(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="asynclock")
+    async with asynclock.testing.memory_backend() as backend:
+        with pytest.raises(asynclock.LeaseLost):
+            async with backend.lock("logged", ttl=5.0) as lease:
+                asynclock.testing.force_loss(lease, "for the log")
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(
+        "'logged'" in r.getMessage()
+        and f"token={lease.token}" in r.getMessage()
+        and "for the log" in r.getMessage()
+        for r in warnings
+    )
+    debug = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG)
+    assert "acquired 'logged'" in debug
+    assert backend.stats().loss_reasons == {"for the log": 1}
+
+
+async def test_one_lock_object_shared_by_tasks() -> None:
+    """Ownership lives on the lease per task: a shared Lock object never mixes them up."""
+    async with asynclock.testing.memory_backend() as backend:
+        lock = backend.lock("shared", ttl=5.0)
+        tokens: list[int] = []
+
+        async def use() -> None:
+            async with lock as lease:
+                await anyio.lowlevel.checkpoint()
+                tokens.append(lease.token)
+                assert lease.owner in {h.owner for h in backend.held()}
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(5):
+                tg.start_soon(use)
+        assert sorted(tokens) == [1, 2, 3, 4, 5]
+        assert len({t for t in tokens}) == 5
+
+
+async def test_owner_is_random_per_acquisition() -> None:
+    async with asynclock.testing.memory_backend() as backend:
+        owners = set()
+        for _ in range(20):
+            async with backend.lock("o", ttl=5.0) as lease:
+                assert len(lease.owner) == 32 and int(lease.owner, 16) >= 0
+                owners.add(lease.owner)
+        assert len(owners) == 20
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"drift": 0.6}, "drift"),
+        ({"drift": -0.1}, "drift"),
+        ({"margin": -1}, "margin"),
+        ({"margin": math.inf}, "margin"),
+        ({"heartbeat": 1.0}, "heartbeat"),
+        ({"release_timeout": 0}, "release_timeout"),
+    ],
+)
+def test_bad_backend_options(kwargs: dict[str, Any], words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        asynclock.connect("memory://", **kwargs)
+
+
+def test_driver_options_are_checked() -> None:
+    with pytest.raises(TypeError, match="memory:// takes no options"):
+        asynclock.connect("memory://", pool_size=3)
+    with pytest.raises(TypeError, match="must be an asynclock Driver"):
+        asynclock.Backend(object())  # type: ignore[arg-type]
+
+
+async def test_backend_cannot_be_entered_twice() -> None:
+    backend = asynclock.testing.memory_backend()
+    async with backend:
+        with pytest.raises(RuntimeError, match="already open"):
+            async with backend:
+                pass
+
+
+async def test_closing_backend_loses_and_releases_held_leases() -> None:
+    backend = asynclock.testing.memory_backend()
+    async with backend:
+        lease = await backend.acquire("kept", ttl=5.0)
+        driver = backend.driver
+        assert isinstance(driver, MemoryDriver)
+    assert lease.lost.reason == "backend closed"
+    assert "kept" not in driver.leases
+
+
+async def test_lease_repr_and_check() -> None:
+    async with asynclock.testing.memory_backend() as backend:
+        async with backend.lock("r", ttl=5.0) as lease:
+            lease.check()
+            assert "token=1 held" in repr(lease)
+        with pytest.raises(asynclock.LeaseLost, match="released"):
+            lease.check()
+        assert "released" in repr(lease)

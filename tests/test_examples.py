@@ -1,0 +1,46 @@
+"""Every example runs, as a user would run it, and says what it promises."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def run(name: str, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_basic() -> None:
+    out = run("basic.py")
+    assert "holding 'report:daily' with token 1" in out
+    assert "token 2 (always larger)" in out
+    assert "second holder refused" in out
+
+
+def test_fencing() -> None:
+    out = run("fencing.py")
+    assert "late write rejected" in out
+    assert "ledger: token 2: second holder" in out
+    ledger = [line for line in out.splitlines() if line.startswith("ledger:")]
+    assert ledger == ["ledger: token 1: first holder, on time", "ledger: token 2: second holder"]
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.py")))
+def test_every_example_has_a_test(example: str) -> None:
+    tested = Path(__file__).read_text() + "".join(
+        p.read_text() for p in Path(__file__).parent.rglob("test_*.py")
+    )
+    assert f'"{example}"' in tested, f"examples/{example} is not run by any test"

@@ -1,0 +1,73 @@
+"""The public surface is small and deliberate (STYLE: private core, public facade)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import asynclock
+import asynclock.fence
+import asynclock.testing
+
+PUBLIC = {
+    "AcquireTimeout",
+    "AsynclockError",
+    "Backend",
+    "BackendStats",
+    "BackendUnavailable",
+    "Clock",
+    "Driver",
+    "HoldTimes",
+    "Lease",
+    "LeaseLost",
+    "Lock",
+    "LockHeld",
+    "LossSignal",
+    "MonotonicClock",
+    "QuorumNotReached",
+    "StaleToken",
+    "__version__",
+    "connect",
+}
+
+
+def test_all_is_exactly_the_public_api() -> None:
+    assert isinstance(asynclock.__all__, tuple)
+    assert set(asynclock.__all__) == PUBLIC
+    for name in asynclock.__all__:
+        assert hasattr(asynclock, name), name
+
+
+def test_submodule_all() -> None:
+    assert set(asynclock.testing.__all__) == {"force_loss", "memory_backend"}
+    assert "SQLFence" in asynclock.fence.__all__
+    for module in (asynclock.testing, asynclock.fence):
+        assert isinstance(module.__all__, tuple)
+        for name in module.__all__:
+            assert hasattr(module, name)
+
+
+def test_exception_hierarchy() -> None:
+    for name in (
+        "AcquireTimeout",
+        "BackendUnavailable",
+        "LeaseLost",
+        "LockHeld",
+        "QuorumNotReached",
+        "StaleToken",
+    ):
+        assert issubclass(getattr(asynclock, name), asynclock.AsynclockError)
+    assert issubclass(asynclock.AcquireTimeout, TimeoutError)
+    assert issubclass(asynclock.BackendUnavailable, ConnectionError)
+    assert issubclass(asynclock.QuorumNotReached, asynclock.BackendUnavailable)
+
+
+def test_core_imports_without_optional_drivers() -> None:
+    """Importing asynclock must not import redis, asyncpg, etcd clients or rich."""
+    code = (
+        "import sys, asynclock, asynclock.fence, asynclock.testing;"
+        "bad = [m for m in ('redis', 'asyncpg', 'aetcd', 'rich', 'celery', 'fastapi')"
+        " if m in sys.modules]; print(bad); raise SystemExit(1 if bad else 0)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
