@@ -188,3 +188,37 @@ async def test_lease_repr_and_check() -> None:
         with pytest.raises(asynclock.LeaseLost, match="released"):
             lease.check()
         assert "released" in repr(lease)
+
+
+async def test_errors_in_the_backend_block_are_not_wrapped() -> None:
+    with pytest.raises(asynclock.LeaseLost):
+        async with asynclock.testing.memory_backend() as backend:
+            async with backend.lock("w", ttl=5.0) as lease:
+                asynclock.testing.force_loss(lease, "test")
+    with pytest.raises(KeyError):
+        async with asynclock.testing.memory_backend():
+            raise KeyError("mine")
+
+
+async def test_unconfirmed_release_can_be_retried() -> None:
+    async with asynclock.connect("memory://", release_timeout=0.05) as backend:
+        real = backend.driver.release
+        hang = True
+
+        async def release(*args: Any) -> Any:
+            if hang:
+                await anyio.sleep_forever()
+            return await real(*args)
+
+        setattr(backend.driver, "release", release)  # noqa: B010
+        lease = await backend.acquire("r", ttl=5.0)
+        with pytest.raises(asynclock.BackendUnavailable, match="release timed out"):
+            await lease.release()
+        assert not lease.lost and not lease.released
+        hang = False
+        assert await lease.release() is True
+        # Inside `async with`, a failed release is logged, not turned into LeaseLost.
+        hang = True
+        async with backend.lock("r2", ttl=5.0):
+            pass
+        assert backend.stats().losses == 0

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import re
 import secrets
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -97,6 +98,7 @@ class Backend:
         self._renew_wake: anyio.CancelScope | None = None
         self._watch_wake: anyio.CancelScope | None = None
         self._next_round: float = math.inf
+        self._watch_until: float = -math.inf  # what the watchdog sleeps until, if it sleeps
         self._round_done = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
         self._open = False
@@ -133,8 +135,15 @@ class Backend:
                 await self._release(h.lease, quiet=True)
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
+        # Hand the task group only a cancellation (it may be its own, from a crashed
+        # background task); anything else the body raised propagates as it is, never
+        # wrapped in an ExceptionGroup.
+        cancelled = isinstance(exc, anyio.get_cancelled_exc_class())
         try:
-            return await self._tg.__aexit__(exc_type, exc, tb)
+            if cancelled:
+                return await self._tg.__aexit__(exc_type, exc, tb)
+            await self._tg.__aexit__(None, None, None)
+            return None
         finally:
             with anyio.CancelScope(shield=True):
                 await self.driver.aclose()
@@ -291,7 +300,8 @@ class Backend:
         if t_send + period < self._next_round:
             self._next_round = t_send + period
             _poke(self._renew_wake)
-        _poke(self._watch_wake)
+        if lease.deadline < self._watch_until:
+            _poke(self._watch_wake)
         return lease
 
     async def _wait_for_release(self, name: str, delay: float) -> None:
@@ -309,12 +319,13 @@ class Backend:
     # -- release ---------------------------------------------------------------------------
 
     async def _release(self, lease: Lease, *, quiet: bool = False) -> bool:
-        held = self._held.pop(lease.owner, None)
-        if held is not None:
-            # Stop renewing first: renewal is tied to the holder's life, never outlives it.
-            _poke(self._watch_wake)
+        # Stop renewing first: renewal is tied to the holder's life, never outlives it.
+        self._held.pop(lease.owner, None)
         if lease.released:
             return False
+        if not lease.lost and self.clock.now() >= lease.deadline:
+            # The loop was blocked past the deadline, so the watchdog never got to run.
+            self._lose_lease(lease, _deadline_reason(lease, self.clock.now()))
         was_lost = bool(lease.lost)
         ok: bool | None = None
         error: BaseException | None = None
@@ -324,9 +335,10 @@ class Backend:
             except Exception as exc:
                 error = exc
         if ok is None:
+            # Unconfirmed: keep the lease as it is so `release()` can be retried; renewal
+            # has stopped, so the server lets it expire within its ttl either way.
             why = f"release failed: {error!r}" if error else "release timed out"
-            if not was_lost:
-                self._lose_lease(lease, why + "; the server expires it within its ttl")
+            why += f"; the server expires it within its ttl ({lease.ttl:g}s)"
             if quiet or was_lost:
                 logger.warning("release of %r token=%d: %s", lease.name, lease.token, why)
                 return False
@@ -377,7 +389,7 @@ class Backend:
 
     def _count_loss(self, lease: Lease, reason: str) -> None:
         self._stats.losses += 1
-        self._stats.loss_reasons[reason.split(":")[0]] += 1
+        self._stats.loss_reasons[re.split(r"[:;(]", reason, maxsplit=1)[0].strip()] += 1
         logger.warning("lease lost: %r token=%d: %s", lease.name, lease.token, reason)
 
     def _attach_scope(self, lease: Lease, scope: anyio.CancelScope | None) -> None:
@@ -444,13 +456,14 @@ class Backend:
             earliest = min((h.lease.deadline for h in self._held.values()), default=math.inf)
             now = self.clock.now()
             if now < earliest:
+                self._watch_until = earliest
                 await self._sleep_until(earliest, "_watch_wake")
+                self._watch_until = -math.inf
                 continue
             for held in list(self._held.values()):
                 lease = held.lease
                 if now >= lease.deadline:
-                    hard = lease.hard_deadline is not None and now >= lease.hard_deadline
-                    self._lose(held, "max_hold reached" if hard else "local deadline passed")
+                    self._lose(held, _deadline_reason(lease, now))
 
     async def _sleep_until(self, when: float, slot: str) -> None:
         with anyio.CancelScope() as scope:
@@ -479,6 +492,11 @@ class Backend:
             raise
         except Exception as exc:
             raise BackendUnavailable(f"{self.driver.display}: {what} failed: {exc!r}") from exc
+
+
+def _deadline_reason(lease: Lease, now: float) -> str:
+    hard = lease.hard_deadline is not None and now >= lease.hard_deadline
+    return "max_hold reached" if hard else "local deadline passed"
 
 
 def _poke(scope: anyio.CancelScope | None) -> None:

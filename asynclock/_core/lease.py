@@ -129,6 +129,11 @@ class Lease:
             raise LeaseLost(self.name, self.token, reason)
 
     async def release(self) -> bool:
-        """Release now (shielded, bounded). True if released; False if it was already lost
-        or released (a reported no-op)."""
+        """Release now (shielded, bounded by the backend's ``release_timeout``).
+
+        Returns True if released; False if the lease was already lost or released (a
+        reported no-op). Raises :class:`~asynclock.BackendUnavailable` if the server could
+        not confirm the release; the lease is unchanged, so you may call it again (renewal
+        has stopped either way, so the server expires it within its ttl).
+        """
         return await self._release_cb(self)

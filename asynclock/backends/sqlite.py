@@ -23,6 +23,7 @@ import random
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -38,6 +39,7 @@ T = TypeVar("T")
 WAITER_TTL = 0.5
 #: Poll delay of the waiter at the head of the queue, and the cap for everyone else.
 HEAD_POLL = 0.0005
+HEAD_MAX_POLL = 0.005
 MAX_POLL = 0.05
 
 # Schema. Tokens and leases are apart so deleting a lease never resets its counter (G2).
@@ -101,6 +103,30 @@ SQL_FORGET_WAITER = "DELETE FROM asynclock_waiter WHERE name = ? AND owner = ?"
 SQL_PRUNE_WAITERS = "DELETE FROM asynclock_waiter WHERE expires_at <= ? OR boot <> ?"
 
 
+# How many live waiters are ahead of :owner: args name, boot, now, name, owner.
+SQL_AHEAD = (
+    "SELECT count(*) FROM asynclock_waiter WHERE name = ? AND boot = ? AND expires_at > ? "
+    "AND seq < (SELECT seq FROM asynclock_waiter WHERE name = ? AND owner = ?)"
+)
+
+
+@dataclass(slots=True)
+class _Waiting:
+    """What a queued waiter learned on its last attempt."""
+
+    version: tuple[int, int] = (0, 0)
+    until: float = 0.0  # the holder's expiry (no cheap skip after it)
+    refreshed: float = 0.0  # when our queue entry was last written
+    ahead: int = 0
+    attempts: int = 0
+
+    def delay(self, now: float) -> float:
+        # The head polls fast, backing off gently while the hold goes on; others slower.
+        cap = HEAD_MAX_POLL if self.ahead == 0 else MAX_POLL
+        step = HEAD_POLL * (1 + 4 * self.ahead) * 1.25 ** min(self.attempts, 30)
+        return max(0.0, min(step, cap, self.until - now if self.until > now else cap))
+
+
 def boot_id() -> str:
     """The kernel's boot id (Linux); monotonic time restarts with it."""
     try:
@@ -134,6 +160,8 @@ class SQLiteDriver(Driver):
         self.boot = boot_id()
         self._db: sqlite3.Connection | None = None
         self._queued: set[tuple[str, str]] = set()
+        self._seen: dict[tuple[str, str], _Waiting] = {}
+        self._commits = 0  # our own commits: PRAGMA data_version only counts others'
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -165,6 +193,7 @@ class SQLiteDriver(Driver):
             try:
                 result = fn(db)
                 db.execute("COMMIT")
+                self._commits += 1
                 return result
             except BaseException as exc:
                 if db.in_transaction:
@@ -172,6 +201,10 @@ class SQLiteDriver(Driver):
                 if isinstance(exc, sqlite3.Error):
                     raise self._unavailable("transaction", exc) from exc
                 raise
+
+    def _version(self) -> tuple[int, int]:
+        """Changes anyone committed to the file since we last looked (cheap: shared memory)."""
+        return (self.db.execute("PRAGMA data_version").fetchone()[0], self._commits)
 
     def _unavailable(self, what: str, exc: BaseException) -> BackendUnavailable:
         return BackendUnavailable(f"{self.display}: {what} failed: {exc}")
@@ -221,6 +254,18 @@ class SQLiteDriver(Driver):
     async def acquire(self, name: str, owner: str, ttl: float, *, queue: bool) -> int | Busy:
         boot = self.boot
         key = (name, owner)
+        now = time.monotonic()
+        seen = self._seen.get(key)
+        if (
+            seen is not None
+            and now < seen.until
+            and now - seen.refreshed < WAITER_TTL / 3
+            and self._version() == seen.version
+        ):
+            # Nothing committed since our last failed attempt (by another process, or by
+            # us) and the holder's lease has not run out: skip the write transaction.
+            seen.attempts += 1
+            return Busy(seen.delay(now))
 
         def attempt(db: sqlite3.Connection) -> int | Busy:
             now = time.monotonic()
@@ -233,21 +278,17 @@ class SQLiteDriver(Driver):
                     if key in self._queued:
                         db.execute(SQL_FORGET_WAITER, key)
                     return token
-            if queue:
-                db.execute(SQL_QUEUE, (name, owner, now + WAITER_TTL, boot))
-                position = db.execute(
-                    "SELECT count(*) FROM asynclock_waiter WHERE name = ? AND boot = ? "
-                    "AND expires_at > ? AND seq < "
-                    "(SELECT seq FROM asynclock_waiter WHERE name = ? AND owner = ?)",
-                    (name, boot, now, name, owner),
-                ).fetchone()[0]
-                poll = min(MAX_POLL, HEAD_POLL * (1 + 4 * position))
-            else:
-                poll = MAX_POLL
-            left = None if live is None else max(0.0, live[2] - now)
+            expires = now if live is None else float(live[2])
             if not queue:
-                return Busy(MAX_POLL if left is None else left)
-            return Busy(poll if left is None else min(left, poll))
+                return Busy(MAX_POLL if live is None else expires - now)
+            db.execute(SQL_QUEUE, (name, owner, now + WAITER_TTL, boot))
+            ahead: int = db.execute(SQL_AHEAD, (name, boot, now, name, owner)).fetchone()[0]
+            wait = self._seen.get(key) or _Waiting()
+            wait.until, wait.refreshed, wait.ahead = expires, now, ahead
+            # We hold the write lock: nobody else commits before our COMMIT (+1 below).
+            wait.version = (db.execute("PRAGMA data_version").fetchone()[0], self._commits + 1)
+            self._seen[key] = wait
+            return Busy(wait.delay(now))
 
         result = await self._write(attempt)
         if isinstance(result, Busy):
@@ -255,6 +296,7 @@ class SQLiteDriver(Driver):
                 self._queued.add(key)
         else:
             self._queued.discard(key)
+            self._seen.pop(key, None)
         return result
 
     async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
@@ -287,6 +329,7 @@ class SQLiteDriver(Driver):
 
     async def abandon(self, name: str, owner: str) -> None:
         key = (name, owner)
+        self._seen.pop(key, None)
         if key not in self._queued:
             return
         self._queued.discard(key)

@@ -27,7 +27,7 @@ class SphinxRoles(griffe.Extension):
         public: dict[str, str] = {}
         for name in exported:
             member = pkg.members.get(name)
-            if member is not None and member.is_alias:
+            if isinstance(member, griffe.Alias):
                 public[member.target_path] = f"asynclock.{name}"
 
         def exists(path: str) -> bool:

@@ -196,3 +196,13 @@ async def test_released_lease_frees_the_name(backend: asynclock.Backend, lock_na
         async with backend.lock(lock_name, ttl=5.0, blocking=False) as other:
             assert other.token > lease.token
     assert backend.stats().held == 0
+
+
+async def test_deadline_passed_without_a_later_await_still_raises(
+    backend: asynclock.Backend, lock_name: str
+) -> None:
+    """No await after the pause, so no watchdog ran: the exit itself must notice."""
+    with pytest.raises(asynclock.LeaseLost, match="local deadline passed"):
+        async with backend.lock(lock_name, ttl=0.3):
+            time.sleep(0.4)  # noqa: ASYNC251 - the simulated pause, then straight to exit
+    assert backend.stats().released == 0
