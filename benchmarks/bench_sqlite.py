@@ -27,12 +27,15 @@ This is a comparison table, not a pass/fail test.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import itertools
 import json
 import os
 import platform
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 import anyio.to_thread
 from anyio.streams.buffered import BufferedByteReceiveStream
 
@@ -53,6 +57,10 @@ PROCESSES = 4
 HOLD = 0.001
 NAIVE_RETRY = 0.001
 TARGET_RATIO = 0.5
+#: Bounded retries when several processes open one file at the same moment (see README).
+OPEN_ATTEMPTS = 200
+OPEN_RETRY = 0.005
+SCRIPT = str(Path(__file__).resolve())
 
 # Floor / naive schema: one lease row per name, the minimum a lease lock must write.
 FLOOR_SCHEMA = (
@@ -87,7 +95,16 @@ def open_plain(path: Path) -> sqlite3.Connection:
     """A connection configured like asynclock's: autocommit, no busy wait, WAL, NORMAL."""
     db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=0)
     db.execute("PRAGMA busy_timeout = 0")
-    mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+    # Processes opening one file at once can see SQLITE_BUSY on this pragma; retry briefly.
+    for attempt in range(OPEN_ATTEMPTS):
+        try:
+            mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            break
+        except sqlite3.OperationalError as exc:
+            if not is_busy(exc) or attempt == OPEN_ATTEMPTS - 1:
+                db.close()
+                raise
+            time.sleep(OPEN_RETRY)
     if str(mode).lower() != "wal":
         raise RuntimeError(f"{path}: could not switch to WAL (got {mode!r})")
     db.execute("PRAGMA synchronous = NORMAL")
@@ -300,7 +317,7 @@ def part_a(cycles: int, reps: int, tmp: Path) -> None:
                 variant.note,
             ]
         )
-    print_table(["variant", "cycles/s", "p50 us", "p99 us", "x floor", "target", "note"], rows)
+    print_table(["variant", "cycles/s", "p50 µs", "p99 µs", "x floor", "target", "note"], rows)
 
 
 # -- Part B: contention between processes -------------------------------------------------
@@ -313,6 +330,7 @@ class WorkerResult:
     tokens: list[int]
     attempts: int
     pending: float | None  # a wait still unfinished when time ran out
+    open_retries: int  # failed opens before the backend opened
 
     def to_json(self) -> str:
         return json.dumps(
@@ -322,6 +340,7 @@ class WorkerResult:
                 "tokens": self.tokens,
                 "attempts": self.attempts,
                 "pending": self.pending,
+                "open_retries": self.open_retries,
             }
         )
 
@@ -334,6 +353,7 @@ class WorkerResult:
             tokens=[int(t) for t in raw["tokens"]],
             attempts=int(raw["attempts"]),
             pending=None if raw["pending"] is None else float(raw["pending"]),
+            open_retries=int(raw["open_retries"]),
         )
 
 
@@ -353,12 +373,33 @@ def wait_for_start() -> float:
     return float(line)
 
 
+async def open_backend(stack: contextlib.AsyncExitStack, url: str) -> tuple[asynclock.Backend, int]:
+    """Open a backend, retrying BackendUnavailable a bounded number of times.
+
+    asynclock's SQLite open runs ``PRAGMA journal_mode = WAL`` with no busy retry, so a
+    process that opens the file while another is doing the same can fail with
+    "database is locked". The retries are counted and printed so the problem stays visible.
+    """
+    for attempt in range(OPEN_ATTEMPTS):
+        backend = asynclock.connect(url)
+        try:
+            await stack.enter_async_context(backend)
+        except asynclock.BackendUnavailable:
+            if attempt == OPEN_ATTEMPTS - 1:
+                raise
+            await anyio.sleep(OPEN_RETRY)
+            continue
+        return backend, attempt
+    raise AssertionError("unreachable")
+
+
 async def worker_asynclock(db_path: str, seconds: float, hold: float) -> WorkerResult:
     waits: list[float] = []
     intervals: list[tuple[float, float]] = []
     tokens: list[int] = []
     pending: float | None = None
-    async with asynclock.connect(f"sqlite:///{db_path}") as backend:
+    async with contextlib.AsyncExitStack() as stack:
+        backend, open_retries = await open_backend(stack, f"sqlite:///{db_path}")
         async with backend.lock(f"warmup-{os.getpid()}", ttl=TTL):
             pass
         warm = backend.stats()
@@ -382,7 +423,7 @@ async def worker_asynclock(db_path: str, seconds: float, hold: float) -> WorkerR
             tokens.append(lease.token)
         stats = backend.stats()
     attempts = (stats.acquired - warm.acquired) + (stats.busy_attempts - warm.busy_attempts)
-    return WorkerResult(waits, intervals, tokens, attempts, pending)
+    return WorkerResult(waits, intervals, tokens, attempts, pending, open_retries)
 
 
 def worker_naive(db_path: str, seconds: float, hold: float) -> WorkerResult:
@@ -445,7 +486,7 @@ def worker_naive(db_path: str, seconds: float, hold: float) -> WorkerResult:
                     time.sleep(NAIVE_RETRY)
     finally:
         db.close()
-    return WorkerResult(waits, intervals, [], attempts, pending)
+    return WorkerResult(waits, intervals, [], attempts, pending, 0)
 
 
 def worker_main(mode: str, db_path: str, seconds: float, hold: float, out: str) -> None:
@@ -459,15 +500,13 @@ def worker_main(mode: str, db_path: str, seconds: float, hold: float, out: str) 
 
 
 async def run_contention(
-    mode: str, db_path: Path, seconds: float, hold: float, tmp: Path
-) -> list[WorkerResult]:
-    """Start PROCESSES workers, release them at one instant, collect their results."""
-    outs = [tmp / f"{mode}-{i}.json" for i in range(PROCESSES)]
-    script = str(Path(__file__).resolve())
+    mode: str, db_path: Path, seconds: float, hold: float, outs: Sequence[Path]
+) -> None:
+    """Start one worker per ``outs`` file, release them at one instant, wait for them."""
     procs: list[anyio.abc.Process] = []
     try:
         for out in outs:
-            cmd = [sys.executable, script, "--worker", mode, str(db_path), str(seconds)]
+            cmd = [sys.executable, SCRIPT, "--worker", mode, str(db_path), str(seconds)]
             cmd += [str(hold), str(out)]
             procs.append(await anyio.open_process(cmd, stderr=None))
         with anyio.fail_after(60):  # start-up: imports, open, schema
@@ -491,11 +530,10 @@ async def run_contention(
                 proc.kill()
             with anyio.CancelScope(shield=True):
                 await proc.aclose()
-    return [WorkerResult.from_json(out.read_text()) for out in outs]
 
 
 def count_overlaps(results: Sequence[WorkerResult]) -> int:
-    """Pairs of holds (from different processes) whose [start, end] intervals intersect."""
+    """Holds that start before another process's earlier hold has ended (0 = exclusion held)."""
     spans = sorted((a, b, p) for p, r in enumerate(results) for a, b in r.intervals)
     overlaps = 0
     end_so_far, owner_so_far = -1.0, -1
@@ -510,12 +548,12 @@ def count_overlaps(results: Sequence[WorkerResult]) -> int:
 def handoff_gaps(results: Sequence[WorkerResult]) -> list[float]:
     """Sorted idle times between one hold's end and the next hold's start (any process)."""
     spans = sorted(span for r in results for span in r.intervals)
-    return sorted(b[0] - a[1] for a, b in zip(spans, spans[1:], strict=False))
+    return sorted(b[0] - a[1] for a, b in itertools.pairwise(spans))
 
 
 def tokens_increase(results: Sequence[WorkerResult]) -> bool:
     pairs = sorted((a, t) for r in results for (a, _), t in zip(r.intervals, r.tokens, strict=True))
-    return all(x[1] < y[1] for x, y in zip(pairs, pairs[1:], strict=False))
+    return all(x[1] < y[1] for x, y in itertools.pairwise(pairs))
 
 
 def part_b(seconds: float, hold: float, tmp: Path) -> None:
@@ -529,6 +567,7 @@ def part_b(seconds: float, hold: float, tmp: Path) -> None:
     ]
     rows: list[list[str]] = []
     summaries: list[list[str]] = []
+    checks: list[str] = []
     for mode, label in runs:
         db_path = tmp / f"b-{mode}.db"
         # Create the file (WAL mode, schema) before the race so every worker opens an
@@ -542,7 +581,9 @@ def part_b(seconds: float, hold: float, tmp: Path) -> None:
             anyio.run(init)
         else:
             open_plain(db_path).close()
-        results = anyio.run(run_contention, mode, db_path, seconds, hold, tmp)
+        outs = [tmp / f"{mode}-{i}.json" for i in range(PROCESSES)]
+        anyio.run(run_contention, mode, db_path, seconds, hold, outs)
+        results = [WorkerResult.from_json(out.read_text()) for out in outs]
         counts = [len(r.waits) for r in results]
         for i, r in enumerate(results):
             waits = sorted(r.waits)
@@ -563,6 +604,10 @@ def part_b(seconds: float, hold: float, tmp: Path) -> None:
         if mode == "asynclock":
             tokens = "yes" if tokens_increase(results) else "NO"
         gaps = handoff_gaps(results)
+        checks.append(
+            f"  {label}: overlaps: {overlaps} ({sum(counts)} holds checked); "
+            f"open retries: {sum(r.open_retries for r in results)}"
+        )
         summaries.append(
             [
                 label,
@@ -576,21 +621,61 @@ def part_b(seconds: float, hold: float, tmp: Path) -> None:
             ]
         )
     print_table(
-        ["peer", "proc", "acquisitions", "attempts/acq", "p50 wait ms", "p99 wait ms", "max wait ms"],
+        [
+            "peer",
+            "proc",
+            "acquisitions",
+            "attempts/acq",
+            "p50 wait ms",
+            "p99 wait ms",
+            "max wait ms",
+        ],
         rows,
     )
     print("  (* = the longest wait was still unfinished when time ran out)")
     print()
     print("  gap = idle time between one hold's end and the next hold's start")
     print_table(
-        ["peer", "total acq/s", "gap p50 ms", "gap p99 ms", "fairness", "min/max acq", "overlaps", "tokens increase"],
+        [
+            "peer",
+            "total acq/s",
+            "gap p50 ms",
+            "gap p99 ms",
+            "fairness",
+            "min/max acq",
+            "overlaps",
+            "tokens increase",
+        ],
         summaries,
     )
-    for label, *_, overlaps_s, _ in summaries:
-        print(f"  {label}: overlaps: {overlaps_s}")
+    for line in checks:
+        print(line)
 
 
 # -- entry point ---------------------------------------------------------------------------
+
+
+def asynclock_revision() -> str:
+    """The git commit of the asynclock being measured (+ "dirty" if asynclock/ has edits)."""
+    repo = Path(asynclock.__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain", "--", "asynclock"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown revision"
+    return f"commit {head}{' + uncommitted asynclock/ edits' if dirty else ''}"
 
 
 def machine_note() -> str:
@@ -598,7 +683,7 @@ def machine_note() -> str:
     return (
         f"{platform.system()} {platform.machine()}, {cores} cores, Python "
         f"{platform.python_version()}, SQLite {sqlite3.sqlite_version}, "
-        f"anyio asyncio backend"
+        f"anyio asyncio backend, load average {os.getloadavg()[0]:.2f} at start"
     )
 
 
@@ -613,8 +698,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.cycles, args.reps, args.seconds = 300, 3, 1.0
-    if args.cycles < 1 or args.reps < 1 or not (0 < args.seconds <= 3600):
-        parser.error("--cycles and --reps must be >= 1 and --seconds in (0, 3600]")
+    if args.cycles < 1 or args.reps < 3 or not (0 < args.seconds <= 3600):
+        parser.error("need --cycles >= 1, --reps >= 3 (a median) and --seconds in (0, 3600]")
     return args
 
 
@@ -624,7 +709,10 @@ def main(argv: Sequence[str]) -> None:
         worker_main(mode, db_path, float(seconds), float(hold), out)
         return
     args = parse_args(argv)
-    print(f"asynclock {asynclock.__version__} SQLite benchmark — {machine_note()}")
+    print(
+        f"asynclock {asynclock.__version__} ({asynclock_revision()}) SQLite benchmark\n"
+        f"{machine_note()}"
+    )
     with tempfile.TemporaryDirectory(prefix="asynclock-bench-") as tmp:
         if not args.skip_a:
             part_a(args.cycles, args.reps, Path(tmp))

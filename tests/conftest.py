@@ -16,10 +16,14 @@ import pytest
 import asynclock
 from tests.support.spec import BackendSpec
 
-pytest_plugins = ["tests.support.local_backends"]
+pytest_plugins = [
+    "tests.support.local_backends",
+    "tests.support.pg_servers",
+    "tests.support.redis_servers",
+]
 
 #: Every backend the conformance suite runs on (each needs a ``spec_<id>`` fixture).
-BACKENDS = ["memory", "sqlite"]
+BACKENDS = ["memory", "sqlite", "postgres", "postgres_lease", "redis", "redlock"]
 #: Backends whose locks live inside one process (no multi-process tests for them).
 IN_PROCESS_ONLY = {"memory"}
 

@@ -5,6 +5,7 @@ atomically with the write. Equal tokens pass (the same holder writing again); lo
 raise :class:`~asynclock.StaleToken` and nothing is written.
 """
 
+from .redis import RedisFence
 from .sql import SQLFence
 
-__all__ = ("SQLFence",)
+__all__ = ("RedisFence", "SQLFence")

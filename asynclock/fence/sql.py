@@ -19,7 +19,9 @@ class _AioSqlite(Protocol):
 
 
 class _AsyncPG(Protocol):
-    async def fetchval(self, query: str, *args: Any, column: int = 0, timeout: Any = None) -> Any: ...
+    async def fetchval(
+        self, query: str, *args: Any, column: int = 0, timeout: Any = None
+    ) -> Any: ...
 
     async def execute(self, query: str, *args: Any, timeout: Any = None) -> str: ...
 
@@ -91,7 +93,17 @@ class SQLFence:
     def sqlite_transaction(
         self, conn: sqlite3.Connection, key: str, token: int
     ) -> Iterator[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE``, check the fence, run your writes, ``COMMIT`` (or roll back)."""
+        """``BEGIN IMMEDIATE``, check the fence, run your writes, ``COMMIT`` (or roll back).
+
+        ``conn`` must not be inside a transaction already (open it with
+        ``isolation_level=None`` to manage transactions yourself); inside one, call
+        :meth:`check_sqlite` instead.
+        """
+        if conn.in_transaction:
+            raise ValueError(
+                "sqlite_transaction() starts its own transaction, but the connection is "
+                "already in one; call check_sqlite() inside your transaction instead"
+            )
         conn.execute("BEGIN IMMEDIATE")
         try:
             self.check_sqlite(conn, key, token)

@@ -1,0 +1,721 @@
+"""``redis://`` — one Redis (or Valkey) server; also ``rediss://`` (TLS) and ``unix://``.
+
+* Acquire is one round trip: a Lua script sets the lock key and bumps the name's fence
+  counter, both in one hash slot (``asynclock:{name}`` and ``asynclock:{name}:fence``), so
+  Redis Cluster keeps them together. A missing counter is seeded from the server's ``TIME``
+  (ms * 1000) so tokens keep rising after a restart that lost data (G2).
+* Waiters queue first come, first served in a sorted set next to the lock. A release hands
+  the name to the oldest live waiter with a short reservation and publishes that waiter's id
+  on the name's channel, so only that waiter wakes (no herd, no barging). Queue entries
+  expire, so a waiter that died can delay the name by at most about one ttl, like a holder
+  that died.
+* The renewer's batch of leases is extended in one Lua call; each lease gets its own answer.
+* One pub/sub connection per driver carries every watched name.
+
+URL: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://…`` for TLS,
+``unix:///path/to/redis.sock?db=0``; query options as in redis-py (``ssl_ca_certs``, …).
+Driver options (keyword arguments to :func:`asynclock.connect`): ``socket_timeout`` (per
+call, seconds, default 1.0 — keep it small relative to your ttls), ``connect_timeout``
+(default 1.0), ``prefix`` (key prefix, default ``"asynclock:"``), ``fair`` (FIFO waiter
+queue, default True); anything else goes to ``redis.asyncio.ConnectionPool.from_url``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import anyio
+import redis.asyncio
+import redis.exceptions
+from redis.asyncio.connection import AbstractConnection, ConnectionPool
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
+from .._core.exceptions import BackendUnavailable
+
+logger = logging.getLogger("asynclock.redis")
+
+# -- Lua ----------------------------------------------------------------------------------
+#
+# Values: the lock key holds "owner:token" while held, or "~owner" while a release has
+# reserved the name for the waiter ``owner`` (who then claims it with ACQUIRE). Waiters are
+# members "owner:ttl_ms" of two sorted sets: by arrival (queue) and by expiry (queue_exp).
+
+# Shared helpers for the scripts that hand a free name to the next waiter.
+_HANDOFF = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
+end
+-- Forget waiters that stopped asking (their entry expired); return the oldest live one.
+local function head(q, qx, now)
+  if redis.call('EXISTS', q) == 0 then return nil end
+  local dead = redis.call('ZRANGEBYSCORE', qx, '-inf', now, 'LIMIT', 0, 100)
+  for _, m in ipairs(dead) do
+    redis.call('ZREM', q, m)
+    redis.call('ZREM', qx, m)
+  end
+  return redis.call('ZRANGE', q, 0, 0)[1]
+end
+-- Reserve the free name for waiter member m (for its own ttl) and wake only it.
+-- With no waiter, publish '' so any watcher may try. Returns the reservation in ms or nil.
+local function handoff(lock, q, qx, chan, m)
+  if m then
+    redis.call('ZREM', q, m)
+    redis.call('ZREM', qx, m)
+    local owner, ttl = string.match(m, '^(.*):(%d+)$')
+    redis.call('SET', lock, '~' .. owner, 'PX', ttl)
+    redis.call('PUBLISH', chan, owner)
+    return tonumber(ttl)
+  end
+  redis.call('PUBLISH', chan, '')
+  return nil
+end
+"""
+
+# ACQUIRE (G1 exclusion, G2 monotonic tokens, fair queue).
+# KEYS: lock, fence, queue, queue_exp. ARGV: owner, ttl_ms, mode, channel; mode 0 = no
+# queue (Redlock), 1 = respect the queue, 2 = respect it and wait in it.
+# Returns {token} when granted, {0, retry_after_ms} when busy.
+# The fence counter is never deleted; when missing (data loss) it is seeded from TIME in
+# ms * 1000 before the INCR, so tokens keep rising across a restart that lost it.
+ACQUIRE = (
+    _HANDOFF
+    + """
+local lock, fence, q, qx = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local owner, ttl, mode, chan = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local member = owner .. ':' .. ttl
+local cur = redis.call('GET', lock)
+local now, t = now_ms()
+local function grant()
+  if redis.call('EXISTS', fence) == 0 then
+    local ms = math.floor(tonumber(t[2]) / 1000)
+    redis.call('SET', fence, t[1] .. string.format('%03d', ms) .. '000')
+  end
+  local token = redis.call('INCR', fence)
+  -- %d: plain '..' would print a large counter as 1.7e+15.
+  redis.call('SET', lock, owner .. ':' .. string.format('%d', token), 'PX', ttl)
+  if mode == '2' and redis.call('EXISTS', q) == 1 then
+    redis.call('ZREM', q, member)
+    redis.call('ZREM', qx, member)
+  end
+  return {token}
+end
+if cur == '~' .. owner then return grant() end
+if cur and string.sub(cur, 1, #owner + 1) == owner .. ':' then
+  -- Already ours: this is a retry of an attempt whose reply was lost. Same answer.
+  return {tonumber(string.sub(cur, #owner + 2))}
+end
+local left
+if cur == false then
+  if mode == '0' then return grant() end
+  local first = head(q, qx, now)
+  if first == nil or first == member then return grant() end
+  left = handoff(lock, q, qx, chan, first)
+else
+  left = redis.call('PTTL', lock)
+end
+if left == nil or left < 0 then left = 0 end
+if mode == '2' then
+  redis.call('ZADD', q, 'NX', t[1] .. string.format('%06d', tonumber(t[2])), member)
+  local life = left + math.floor(left / 5) + 200
+  redis.call('ZADD', qx, now + life, member)
+  if redis.call('PTTL', q) < life then
+    redis.call('PEXPIRE', q, life)
+    redis.call('PEXPIRE', qx, life)
+  end
+end
+return {0, left}
+"""
+)
+
+# EXTEND (G5 owner-checked, G7 same token): renew every lease of a batch in one call.
+# KEYS: lock keys. ARGV: for lease i, ARGV[2i-1] = "owner:token", ARGV[2i] = ttl_ms.
+# Returns one entry per lease: 1 extended, 0 key gone, -1 held by someone else.
+# Never re-creates a missing key: a lease that expired stays lost.
+EXTEND = """
+local out = {}
+for i = 1, #KEYS do
+  local cur = redis.call('GET', KEYS[i])
+  if cur == ARGV[2 * i - 1] then
+    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
+    out[i] = 1
+  elseif cur == false then
+    out[i] = 0
+  else
+    out[i] = -1
+  end
+end
+return out
+"""
+
+# RELEASE (G5): delete the lock only if it is ours, then hand the name to the next waiter.
+# KEYS: lock, queue, queue_exp. ARGV: owner, token ('' = unknown: an interrupted acquire,
+# match any token of ours or our reservation), channel.
+# Returns 1 if our lease was removed, 0 if it was not ours (or only a reservation).
+RELEASE = (
+    _HANDOFF
+    + """
+local lock, q, qx = KEYS[1], KEYS[2], KEYS[3]
+local owner, token, chan = ARGV[1], ARGV[2], ARGV[3]
+local cur = redis.call('GET', lock)
+if cur == false then return 0 end
+local held
+if token == '' then
+  held = string.sub(cur, 1, #owner + 1) == owner .. ':'
+  if not held and cur ~= '~' .. owner then return 0 end
+else
+  held = cur == owner .. ':' .. token
+  if not held then return 0 end
+end
+redis.call('DEL', lock)
+if redis.call('EXISTS', q) == 1 then
+  handoff(lock, q, qx, chan, head(q, qx, (now_ms())))
+else
+  redis.call('PUBLISH', chan, '')
+end
+if held then return 1 end
+return 0
+"""
+)
+
+# ABANDON: a queued waiter gave up. KEYS: lock, queue, queue_exp.
+# ARGV: member ("owner:ttl_ms"), owner, channel. If the name was reserved for this waiter,
+# pass the reservation on to the next one. Returns 1.
+ABANDON = (
+    _HANDOFF
+    + """
+local lock, q, qx = KEYS[1], KEYS[2], KEYS[3]
+redis.call('ZREM', q, ARGV[1])
+redis.call('ZREM', qx, ARGV[1])
+if redis.call('GET', lock) == '~' .. ARGV[2] then
+  redis.call('DEL', lock)
+  handoff(lock, q, qx, ARGV[3], head(q, qx, (now_ms())))
+end
+return 1
+"""
+)
+
+# RAISE_FENCE (Redlock phase 2, G2): where this node still holds our key, raise the fence
+# counter to the agreed token t (never lower it) and record t in the lock value.
+# KEYS: lock, fence. ARGV: owner, t. Returns 1 if done, 0 if the key is no longer ours.
+RAISE_FENCE = """
+local cur = redis.call('GET', KEYS[1])
+local owner = ARGV[1]
+if not cur or string.sub(cur, 1, #owner + 1) ~= owner .. ':' then return 0 end
+local f = tonumber(redis.call('GET', KEYS[2]) or '0')
+if f < tonumber(ARGV[2]) then redis.call('SET', KEYS[2], ARGV[2]) end
+redis.call('SET', KEYS[1], owner .. ':' .. ARGV[2], 'KEEPTTL')
+return 1
+"""
+
+SCRIPTS = {
+    "acquire": ACQUIRE,
+    "extend": EXTEND,
+    "release": RELEASE,
+    "abandon": ABANDON,
+    "raise_fence": RAISE_FENCE,
+}
+
+# Modes of ACQUIRE.
+NO_QUEUE, RESPECT_QUEUE, JOIN_QUEUE = "0", "1", "2"
+
+#: Idle pub/sub subscriptions kept open (so a name locked again soon costs no SUBSCRIBE).
+MAX_IDLE_SUBSCRIPTIONS = 256
+
+_DRIVER_OPTIONS = {"socket_timeout", "connect_timeout", "prefix", "fair"}
+
+
+# -- keys ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """The keys and channel of one lock name; all share the hash tag ``{name}``."""
+
+    lock: str
+    fence: str
+    queue: str
+    queue_exp: str
+    channel: str
+
+
+def hash_tag(name: str) -> str:
+    """``name`` escaped so it is a valid, complete Redis Cluster hash tag (no braces)."""
+    return name.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+def keys_for(name: str, prefix: str = "asynclock:") -> Keys:
+    base = f"{prefix}{{{hash_tag(name)}}}"
+    return Keys(base, base + ":fence", base + ":q", base + ":qx", base + ":released")
+
+
+def ms(seconds: float) -> int:
+    """Seconds to whole milliseconds, rounded up (a server ttl never shorter than asked)."""
+    return max(1, math.ceil(seconds * 1000))
+
+
+# -- one server -----------------------------------------------------------------------------
+
+
+def display_url(url: str) -> str:
+    """``url`` without its password (and without the query string)."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return f"unix://{parts.path}"
+    host = parts.hostname or "localhost"
+    if ":" in host:
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port else ""
+    user = f"{unquote(parts.username)}@" if parts.username else ""
+    path = parts.path if parts.path not in ("", "/") else "/0"
+    return f"{parts.scheme}://{user}{host}{port}{path}"
+
+
+class Node:
+    """One Redis server: a connection pool, loaded scripts, error translation."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        socket_timeout: float,
+        connect_timeout: float,
+        options: dict[str, Any],
+    ) -> None:
+        self.url = url
+        self.display = display_url(url)
+        self.socket_timeout = socket_timeout
+        self.connect_timeout = connect_timeout
+        self._secret = unquote(urlsplit(url).password or "") or str(options.get("password") or "")
+        try:
+            self.pool: ConnectionPool = ConnectionPool.from_url(
+                url,
+                socket_timeout=socket_timeout,
+                socket_connect_timeout=connect_timeout,
+                # One immediate retry, on connection errors only: a pooled connection may
+                # be stale after a server restart. Every script is safe to run twice.
+                retry=Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),
+                decode_responses=False,
+                **options,
+            )
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"bad Redis URL {self.display!r}: {self.scrub(str(exc))}") from None
+        self.client = redis.asyncio.Redis(connection_pool=self.pool)
+        self._sha: dict[str, str] = {}
+
+    def scrub(self, text: str) -> str:
+        return text.replace(self._secret, "***") if self._secret else text
+
+    def error(self, what: str, exc: BaseException) -> BackendUnavailable:
+        """A driver error as BackendUnavailable, with no password in the message."""
+        if isinstance(
+            exc, redis.exceptions.AuthenticationError | redis.exceptions.NoPermissionError
+        ):
+            why = "authentication failed: check the user name and password in the URL"
+        elif isinstance(exc, redis.exceptions.TimeoutError | TimeoutError):
+            why = f"timed out after {self.socket_timeout:g}s (socket_timeout)"
+        elif "NOAUTH" in str(exc) or "WRONGPASS" in str(exc):
+            why = "authentication failed: check the user name and password in the URL"
+        else:
+            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return BackendUnavailable(f"{self.display}: {what} failed: {self.scrub(why)}")
+
+    def reason(self, exc: BaseException) -> str:
+        """A short, password-free reason for one node's failure."""
+        msg = str(exc)
+        prefix = f"{self.display}: "
+        return msg[len(prefix) :] if msg.startswith(prefix) else self.scrub(msg or repr(exc))
+
+    async def load(self) -> None:
+        try:
+            for key, text in SCRIPTS.items():
+                self._sha[key] = str(await self.client.script_load(text))
+        except Exception as exc:
+            raise self.error("connect", exc) from exc
+
+    async def run(self, script: str, keys: Sequence[str], args: Sequence[str | int]) -> Any:
+        """EVALSHA ``script``; load it again on NOSCRIPT (after a restart or SCRIPT FLUSH)."""
+        try:
+            sha = self._sha.get(script)
+            if sha is not None:
+                try:
+                    return await self.client.evalsha(sha, len(keys), *keys, *args)
+                except redis.exceptions.NoScriptError:
+                    pass
+            self._sha[script] = sha = str(await self.client.script_load(SCRIPTS[script]))
+            return await self.client.evalsha(sha, len(keys), *keys, *args)
+        except Exception as exc:
+            raise self.error(script, exc) from exc
+
+    async def get(self, key: str) -> bytes | None:
+        try:
+            value = await self.client.get(key)
+        except Exception as exc:
+            raise self.error("get", exc) from exc
+        return value if isinstance(value, bytes) or value is None else str(value).encode()
+
+    def make_connection(self) -> AbstractConnection:
+        """A dedicated connection (for pub/sub) that waits for messages without a timeout."""
+        # RESP2: messages come back as plain replies (RESP3 routes them to a push handler).
+        kwargs = {**self.pool.connection_kwargs, "socket_timeout": None, "protocol": 2}
+        kwargs["socket_connect_timeout"] = self.connect_timeout
+        conn: AbstractConnection = self.pool.connection_class(**kwargs)
+        return conn
+
+    async def aclose(self) -> None:
+        try:
+            await self.client.aclose()
+            await self.pool.disconnect()
+        except Exception as exc:  # pragma: no cover - best effort
+            logger.debug("closing %s: %r", self.display, exc)
+
+
+class Listener:
+    """One pub/sub connection to a node, carrying every channel its driver watches.
+
+    ``on_message(channel, payload)`` runs for each message; ``on_reset()`` after the
+    connection drops (messages may have been missed). It reconnects with backoff.
+    """
+
+    def __init__(
+        self,
+        node: Node,
+        on_message: Callable[[str, bytes], None],
+        on_reset: Callable[[], None],
+    ) -> None:
+        self.node = node
+        self.on_message = on_message
+        self.on_reset = on_reset
+        self.wanted: set[str] = set()
+        self.confirmed: set[str] = set()
+        #: Bumped on every (re)connect: a subscription confirmed in an older epoch is void.
+        self.epoch = 0
+        self._conn: AbstractConnection | None = None
+        self._confirm_events: dict[str, anyio.Event] = {}
+        self._write = anyio.Lock()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        # A plain asyncio task (redis.asyncio is asyncio-only): a task group entered in
+        # Driver.open() could not be exited in aclose(), which runs in a nested scope.
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"asynclock pub/sub {self.node.display}"
+            )
+
+    async def aclose(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def subscribe(self, channel: str, wait: float) -> None:
+        """Subscribe; wait up to ``wait`` seconds for the server to confirm. Never raises."""
+        self.wanted.add(channel)
+        if channel in self.confirmed:
+            return
+        event = self._confirm_events.setdefault(channel, anyio.Event())
+        await self._send("SUBSCRIBE", channel)
+        with anyio.move_on_after(wait):
+            await event.wait()
+
+    async def unsubscribe(self, channel: str) -> None:
+        self.wanted.discard(channel)
+        self.confirmed.discard(channel)
+        await self._send("UNSUBSCRIBE", channel)
+
+    async def _send(self, *args: str) -> None:
+        conn = self._conn
+        if conn is None:
+            return  # the reader subscribes to everything wanted when it connects
+        try:
+            async with self._write:
+                await conn.send_command(*args, check_health=False)
+        except Exception as exc:
+            logger.debug("pub/sub %s on %s failed: %r", args[0], self.node.display, exc)
+
+    async def _run(self) -> None:
+        backoff = 0.02
+        while True:
+            conn = self.node.make_connection()
+            try:
+                await conn.connect()  # type: ignore[no-untyped-call]
+                self._conn = conn
+                if self.wanted:
+                    async with self._write:
+                        await conn.send_command("SUBSCRIBE", *self.wanted, check_health=False)
+                backoff = 0.02
+                while True:
+                    reply = await conn.read_response(timeout=math.inf)
+                    self._handle(reply)
+            except Exception as exc:
+                logger.debug("pub/sub connection to %s dropped: %r", self.node.display, exc)
+            finally:
+                self._conn = None
+                self.confirmed.clear()
+                self.epoch += 1
+                with anyio.CancelScope(shield=True):
+                    with contextlib.suppress(Exception):
+                        await conn.disconnect()
+            self.on_reset()
+            await anyio.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
+
+    def _handle(self, reply: Any) -> None:
+        if not isinstance(reply, list) or len(reply) < 3:
+            return
+        kind = reply[0]
+        channel = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+        if kind == b"message":
+            self.on_message(channel, reply[2] if isinstance(reply[2], bytes) else b"")
+        elif kind == b"subscribe":
+            if channel in self.wanted:
+                self.confirmed.add(channel)
+            event = self._confirm_events.pop(channel, None)
+            if event is not None:
+                event.set()
+
+
+def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(driver options, redis-py options) with the driver's defaults filled in."""
+    ours = {k: options[k] for k in _DRIVER_OPTIONS if k in options}
+    rest = {k: v for k, v in options.items() if k not in _DRIVER_OPTIONS}
+    for key in ("socket_timeout", "connect_timeout"):
+        value = ours.get(key, 1.0)
+        if isinstance(value, str):
+            value = float(value)
+        if not isinstance(value, int | float) or not (0 < value < math.inf):
+            raise ValueError(f"{key} must be a number of seconds > 0, got {value!r}")
+        ours[key] = float(value)
+    prefix = ours.get("prefix", "asynclock:")
+    if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
+        raise ValueError(f"prefix must be a str without braces, got {prefix!r}")
+    ours["prefix"] = prefix
+    ours["fair"] = bool(ours.get("fair", True))
+    return ours, rest
+
+
+# -- the driver -----------------------------------------------------------------------------
+
+
+@dataclass(slots=True, eq=False)
+class _Wait:
+    """A local waiter of the fair queue, and the last answer the server gave it."""
+
+    member: str
+    #: Bumped when a message may concern this waiter (it was handed the name, or a broadcast).
+    bumps: int = 0
+    joined: bool = False
+    #: A Busy answer stays true until this clock time, unless ``bumps`` moves.
+    valid_until: float = -math.inf
+    valid_bumps: int = -1
+
+
+class RedisDriver(Driver):
+    """Locks on one Redis server (see the module docstring)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        socket_timeout: float = 1.0,
+        connect_timeout: float = 1.0,
+        prefix: str = "asynclock:",
+        fair: bool = True,
+        **redis_options: Any,
+    ) -> None:
+        super().__init__()
+        self.node = Node(
+            url,
+            socket_timeout=socket_timeout,
+            connect_timeout=connect_timeout,
+            options=redis_options,
+        )
+        self.display = self.node.display
+        self.prefix = prefix
+        self.fair = fair
+        self.listener = Listener(self.node, self._on_message, self._on_reset)
+        self._channels: dict[str, str] = {}  # channel -> name
+        self._watchers: dict[str, int] = {}
+        self._idle: OrderedDict[str, None] = OrderedDict()
+        self._waits: dict[str, dict[str, _Wait]] = {}
+        self._open = False
+
+    def keys(self, name: str) -> Keys:
+        return keys_for(name, self.prefix)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        await self.node.load()
+        self._open = True
+
+    async def aclose(self) -> None:
+        self._open = False
+        await self.listener.aclose()
+        await self.node.aclose()
+
+    # -- primitives ------------------------------------------------------------------------
+
+    async def acquire(self, name: str, owner: str, ttl: float, *, queue: bool) -> int | Busy:
+        k = self.keys(name)
+        ttl_ms = ms(ttl)
+        mode = (JOIN_QUEUE if queue else RESPECT_QUEUE) if self.fair else NO_QUEUE
+        wait: _Wait | None = None
+        if mode == JOIN_QUEUE:
+            waits = self._waits.setdefault(name, {})
+            wait = waits.get(owner)
+            now = self.clock.now()
+            if wait is None:
+                wait = waits[owner] = _Wait(f"{owner}:{ttl_ms}")
+            elif wait.valid_bumps == wait.bumps and now < wait.valid_until:
+                # Nothing that concerns us was published since the server said "busy"
+                # (and we were subscribed before asking): that answer still holds.
+                return Busy(wait.valid_until - now)
+        listener = self.listener
+        trusted = k.channel in listener.confirmed
+        epoch = listener.epoch
+        bumps = wait.bumps if wait is not None else 0
+        t_send = self.clock.now()
+        reply = await self.node.run(
+            "acquire",
+            (k.lock, k.fence, k.queue, k.queue_exp),
+            (owner, ttl_ms, mode, k.channel),
+        )
+        if reply[0]:
+            if wait is not None:
+                self._forget_wait(name, owner)
+            return int(reply[0])
+        retry = int(reply[1]) / 1000
+        if wait is not None:
+            wait.joined = True
+            if trusted and listener.epoch == epoch and k.channel in listener.confirmed:
+                wait.valid_until = t_send + retry
+                wait.valid_bumps = bumps
+        return Busy(retry)
+
+    async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
+        if not leases:
+            return []
+        keys = [self.keys(ref.name).lock for ref in leases]
+        args: list[str | int] = []
+        for ref in leases:
+            args.append(f"{ref.owner}:{ref.token}")
+            args.append(ms(ref.ttl))
+        reply = await self.node.run("extend", keys, args)
+        return [_extend_result(int(code)) for code in reply]
+
+    async def release(self, name: str, owner: str, token: int | None) -> bool:
+        k = self.keys(name)
+        reply = await self.node.run(
+            "release",
+            (k.lock, k.queue, k.queue_exp),
+            (owner, "" if token is None else str(token), k.channel),
+        )
+        return bool(reply)
+
+    async def validate(self, name: str, token: int) -> bool:
+        value = await self.node.get(self.keys(name).lock)
+        return value is not None and _token_of(value) == token
+
+    async def abandon(self, name: str, owner: str) -> None:
+        wait = self._forget_wait(name, owner)
+        if wait is None or not wait.joined:
+            return
+        k = self.keys(name)
+        await self.node.run(
+            "abandon", (k.lock, k.queue, k.queue_exp), (wait.member, owner, k.channel)
+        )
+
+    # -- waking ----------------------------------------------------------------------------
+
+    async def watch(self, name: str) -> None:
+        if not self._open:
+            return
+        channel = self.keys(name).channel
+        self._channels[channel] = name
+        self._watchers[name] = self._watchers.get(name, 0) + 1
+        self._idle.pop(name, None)
+        self.listener.start()
+        await self.listener.subscribe(channel, self.node.socket_timeout)
+
+    async def unwatch(self, name: str) -> None:
+        count = self._watchers.get(name, 0) - 1
+        if count > 0:
+            self._watchers[name] = count
+            return
+        self._watchers.pop(name, None)
+        # Stay subscribed for a while: a name locked again soon needs no new SUBSCRIBE.
+        self._idle[name] = None
+        while len(self._idle) > MAX_IDLE_SUBSCRIPTIONS:
+            old, _ = self._idle.popitem(last=False)
+            channel = self.keys(old).channel
+            self._channels.pop(channel, None)
+            await self.listener.unsubscribe(channel)
+
+    def _on_message(self, channel: str, payload: bytes) -> None:
+        name = self._channels.get(channel)
+        if name is None:
+            return
+        waits = self._waits.get(name)
+        if payload:
+            # The name was handed to one waiter: wake only if it is ours.
+            wait = waits.get(payload.decode()) if waits else None
+            if wait is None:
+                return
+            wait.bumps += 1
+        elif waits:
+            for wait in waits.values():
+                wait.bumps += 1
+        self._wake(name)
+
+    def _on_reset(self) -> None:
+        for name, waits in list(self._waits.items()):
+            for wait in waits.values():
+                wait.bumps += 1
+            self._wake(name)
+
+    def _forget_wait(self, name: str, owner: str) -> _Wait | None:
+        waits = self._waits.get(name)
+        if waits is None:
+            return None
+        wait = waits.pop(owner, None)
+        if not waits:
+            del self._waits[name]
+        return wait
+
+
+def _extend_result(code: int) -> ExtendResult:
+    if code == 1:
+        return True
+    if code == 0:
+        return Refused("the lock key is gone (expired or deleted)")
+    return Refused("the lock is held by another owner")
+
+
+def _token_of(value: bytes) -> int | None:
+    head, sep, tail = value.rpartition(b":")
+    if not sep or not head or value.startswith(b"~"):
+        return None
+    try:
+        return int(tail)
+    except ValueError:
+        return None
+
+
+def driver_from_url(url: str, **options: Any) -> RedisDriver:
+    ours, rest = split_options(options)
+    return RedisDriver(url, **ours, **rest)
+
+
+__all__ = ("RedisDriver", "driver_from_url", "keys_for")

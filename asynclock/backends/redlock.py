@@ -1,0 +1,370 @@
+"""``redlock://host1:port,host2:port,…`` — N independent Redis servers, quorum ⌊N/2⌋+1.
+
+Every request goes to all nodes at once (an anyio task group), each bounded by a per-node
+timeout of ``min(node_timeout, ttl / 3)``, and waits for every node's answer or timeout —
+so a failed attempt gives back what it got only after no late ``SET`` can still land.
+
+**Fencing tokens** (DESIGN section 4). Phase 1 runs the single-node acquire script on each
+node: ``SET`` + ``INCR`` of that node's counter. With a quorum, ``t`` is the largest counter
+returned. If every granting node returned the same counter, each of them already holds
+``t`` and phase 2 is skipped (one round trip, the common case). Otherwise phase 2 raises
+each granting node's counter to ``t`` where it still holds our key, and needs a quorum of
+acknowledgements. Two valid holders whose windows are ordered get ordered tokens: their
+quorums meet at some node, where the later holder's ``INCR`` runs after the earlier
+holder's counter reached its token. Assumptions: a node never loses its counter without
+re-seeding it from a clock that does not run backwards (persistence, or the ``TIME`` seed),
+and node clocks run at rates within the drift bound.
+
+URL: ``redlock://[[user]:password@]h1:p1,h2:p2,…[/db][?tls=1]``. Options: ``node_timeout``
+(seconds, default 0.25), ``connect_timeout``, ``prefix``; others go to redis-py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+import anyio
+
+from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
+from .._core.exceptions import BackendUnavailable, QuorumNotReached
+from .redis import (
+    MAX_IDLE_SUBSCRIPTIONS,
+    NO_QUEUE,
+    Keys,
+    Listener,
+    Node,
+    keys_for,
+    ms,
+)
+
+T = TypeVar("T")
+
+_OPTIONS = {"node_timeout", "connect_timeout", "prefix"}
+
+#: An acquisition that took longer than this fraction of its ttl is given back: the
+#: lease would be lost before its first renewal.
+MAX_ACQUIRE_FRACTION = 0.5
+
+
+class RedlockDriver(Driver):
+    """Locks on a quorum of independent Redis nodes (see the module docstring)."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        display: str,
+        node_timeout: float = 0.25,
+        connect_timeout: float = 1.0,
+        prefix: str = "asynclock:",
+        **redis_options: Any,
+    ) -> None:
+        super().__init__()
+        if len(urls) < 1:
+            raise ValueError("redlock:// needs at least one node (use 3 or 5)")
+        self.nodes = [
+            Node(
+                url,
+                socket_timeout=node_timeout,
+                connect_timeout=min(connect_timeout, node_timeout),
+                options=dict(redis_options),
+            )
+            for url in urls
+        ]
+        self.quorum = len(self.nodes) // 2 + 1
+        self.node_timeout = node_timeout
+        self.prefix = prefix
+        self.display = display
+        self.listeners = [Listener(n, self._on_message, self._on_reset) for n in self.nodes]
+        self._channels: dict[str, str] = {}
+        self._watchers: dict[str, int] = {}
+        self._idle: OrderedDict[str, None] = OrderedDict()
+        self._open = False
+
+    def keys(self, name: str) -> Keys:
+        return keys_for(name, self.prefix)
+
+    def _timeout(self, ttl: float) -> float:
+        return max(0.001, min(self.node_timeout, ttl / 3))
+
+    # -- fan-out ---------------------------------------------------------------------------
+
+    async def _each(
+        self,
+        call: Callable[[Node], Awaitable[T]],
+        timeout: float,
+        nodes: Sequence[int] | None = None,
+    ) -> dict[int, T | BaseException]:
+        """Run ``call`` on every node in parallel; wait for each answer or its timeout."""
+        indexes = range(len(self.nodes)) if nodes is None else nodes
+        results: dict[int, T | BaseException] = {}
+
+        async def one(i: int) -> None:
+            node = self.nodes[i]
+            with anyio.move_on_after(timeout):
+                try:
+                    results[i] = await call(node)
+                except Exception as exc:
+                    results[i] = exc
+                return
+            results[i] = BackendUnavailable(f"no answer within {timeout:g}s")
+
+        async with anyio.create_task_group() as tg:
+            for i in indexes:
+                tg.start_soon(one, i)
+        return results
+
+    def _failures(self, results: dict[int, Any]) -> dict[str, str]:
+        return {
+            self.nodes[i].display: self.nodes[i].reason(r)
+            for i, r in results.items()
+            if isinstance(r, BaseException)
+        }
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        async def load(node: Node) -> None:
+            await node.load()
+
+        results = await self._each(load, max(self.node_timeout, 1.0))
+        ok = sum(1 for r in results.values() if not isinstance(r, BaseException))
+        if ok < self.quorum:
+            raise QuorumNotReached(
+                f"{self.display}: only {ok} of {len(self.nodes)} nodes reachable, "
+                f"a quorum is {self.quorum}",
+                self._failures(results),
+            )
+        self._open = True
+
+    async def aclose(self) -> None:
+        self._open = False
+        for listener in self.listeners:
+            await listener.aclose()
+        for node in self.nodes:
+            await node.aclose()
+
+    # -- primitives ------------------------------------------------------------------------
+
+    async def acquire(self, name: str, owner: str, ttl: float, *, queue: bool) -> int | Busy:
+        k = self.keys(name)
+        timeout = self._timeout(ttl)
+        started = self.clock.now()
+        args = (owner, ms(ttl), NO_QUEUE, k.channel)
+        keys = (k.lock, k.fence, k.queue, k.queue_exp)
+
+        async def phase1(node: Node) -> Any:
+            return await node.run("acquire", keys, args)
+
+        results = await self._each(phase1, timeout)
+        tokens: dict[int, int] = {}
+        busy: list[float] = []
+        for i, r in results.items():
+            if isinstance(r, BaseException):
+                continue
+            if r[0]:
+                tokens[i] = int(r[0])
+            else:
+                busy.append(int(r[1]) / 1000)
+        failures = self._failures(results)
+        if len(tokens) >= self.quorum:
+            token = max(tokens.values())
+            if any(v != token for v in tokens.values()):
+                # Phase 2: the quorum disagrees; raise every granting node to t.
+                async def phase2(node: Node) -> Any:
+                    return await node.run("raise_fence", (k.lock, k.fence), (owner, token))
+
+                acks = await self._each(phase2, timeout, list(tokens))
+                ok = sum(1 for r in acks.values() if r == 1)
+                if ok < self.quorum:
+                    await self.release(name, owner, None)
+                    failures.update(self._failures(acks))
+                    if len(failures) > len(self.nodes) - self.quorum:
+                        raise self._no_quorum(f"phase 2 of acquire of {name!r}", ok, failures)
+                    return Busy(timeout)
+            elapsed = self.clock.now() - started
+            if elapsed >= ttl * MAX_ACQUIRE_FRACTION:
+                await self.release(name, owner, None)
+                raise QuorumNotReached(
+                    f"{self.display}: acquire of {name!r} took {elapsed:.3f}s, more than "
+                    f"{MAX_ACQUIRE_FRACTION:.0%} of its ttl {ttl:g}s; the lease would be "
+                    "lost at once (nodes too slow; raise ttl or lower node_timeout)",
+                    failures,
+                )
+            return token
+        # No quorum: give back what we got (and whatever a node we did not hear from may
+        # still grant), then say why.
+        if len(busy) < len(self.nodes):
+            await self.release(name, owner, None)
+        if len(tokens) + len(busy) >= self.quorum and busy:
+            needed = self.quorum - len(tokens)
+            busy.sort()
+            return Busy(busy[min(needed, len(busy)) - 1])
+        raise self._no_quorum(f"acquire of {name!r}", len(tokens), failures)
+
+    def _no_quorum(self, what: str, ok: int, failures: dict[str, str]) -> QuorumNotReached:
+        return QuorumNotReached(
+            f"{self.display}: {what} reached {ok} of {len(self.nodes)} nodes, "
+            f"a quorum is {self.quorum}",
+            failures,
+        )
+
+    async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
+        if not leases:
+            return []
+        keys = [self.keys(ref.name).lock for ref in leases]
+        args: list[str | int] = []
+        for ref in leases:
+            args.append(f"{ref.owner}:{ref.token}")
+            args.append(ms(ref.ttl))
+
+        async def extend(node: Node) -> Any:
+            return await node.run("extend", keys, args)
+
+        results = await self._each(extend, self._timeout(min(r.ttl for r in leases)))
+        n = len(self.nodes)
+        out: list[ExtendResult] = []
+        failures = self._failures(results)
+        for j in range(len(leases)):
+            ok = refused = 0
+            for r in results.values():
+                if isinstance(r, BaseException):
+                    continue
+                if int(r[j]) == 1:
+                    ok += 1
+                else:
+                    refused += 1
+            if ok >= self.quorum:
+                out.append(True)
+            elif refused > n - self.quorum:
+                out.append(Refused(f"extended on {ok} of {n} nodes, refused on {refused}"))
+            else:
+                out.append(self._no_quorum("extend", ok, failures))
+        return out
+
+    async def release(self, name: str, owner: str, token: int | None) -> bool:
+        k = self.keys(name)
+        args = (owner, "" if token is None else str(token), k.channel)
+
+        async def release(node: Node) -> Any:
+            return await node.run("release", (k.lock, k.queue, k.queue_exp), args)
+
+        results = await self._each(release, self.node_timeout)
+        removed = sum(1 for r in results.values() if r == 1)
+        answered = sum(1 for r in results.values() if not isinstance(r, BaseException))
+        if removed >= self.quorum:
+            return True
+        if answered >= self.quorum or token is None:
+            return False
+        raise self._no_quorum(f"release of {name!r}", answered, self._failures(results))
+
+    async def validate(self, name: str, token: int) -> bool:
+        lock = self.keys(name).lock
+
+        async def get(node: Node) -> bytes | None:
+            return await node.get(lock)
+
+        results = await self._each(get, self.node_timeout)
+        suffix = f":{token}".encode()
+        agree = sum(
+            1
+            for r in results.values()
+            if isinstance(r, bytes) and r.endswith(suffix) and not r.startswith(b"~")
+        )
+        if agree >= self.quorum:
+            return True
+        answered = sum(1 for r in results.values() if not isinstance(r, BaseException))
+        if answered >= self.quorum:
+            return False
+        raise self._no_quorum(f"validate of {name!r}", answered, self._failures(results))
+
+    # -- waking ----------------------------------------------------------------------------
+
+    async def watch(self, name: str) -> None:
+        if not self._open:
+            return
+        channel = self.keys(name).channel
+        self._channels[channel] = name
+        self._watchers[name] = self._watchers.get(name, 0) + 1
+        self._idle.pop(name, None)
+        wait = self.node_timeout
+        async with anyio.create_task_group() as tg:
+            for listener in self.listeners:
+                listener.start()
+                tg.start_soon(listener.subscribe, channel, wait)
+
+    async def unwatch(self, name: str) -> None:
+        count = self._watchers.get(name, 0) - 1
+        if count > 0:
+            self._watchers[name] = count
+            return
+        self._watchers.pop(name, None)
+        self._idle[name] = None
+        while len(self._idle) > MAX_IDLE_SUBSCRIPTIONS:
+            old, _ = self._idle.popitem(last=False)
+            channel = self.keys(old).channel
+            self._channels.pop(channel, None)
+            for listener in self.listeners:
+                await listener.unsubscribe(channel)
+
+    def _on_message(self, channel: str, payload: bytes) -> None:
+        name = self._channels.get(channel)
+        if name is not None:
+            self._wake(name)
+
+    def _on_reset(self) -> None:
+        for name in list(self._watchers):
+            self._wake(name)
+
+
+def parse_url(url: str) -> tuple[list[str], str, dict[str, str]]:
+    """``redlock://`` URL -> (one redis:// URL per node, display without password, query)."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    userinfo, _, hosts = netloc.rpartition("@")
+    if not hosts:
+        raise ValueError(
+            "redlock:// needs at least one host: redlock://host1:6379,host2:6379,host3:6379"
+        )
+    query = dict(parse_qsl(parts.query))
+    tls = query.pop("tls", "").lower() in ("1", "true", "yes", "on")
+    scheme = "rediss" if tls else "redis"
+    db = parts.path.strip("/") or "0"
+    if not db.isdigit():
+        raise ValueError(f"redlock:// database must be a number, got {db!r}")
+    rest = f"?{urlencode(query)}" if query else ""
+    urls = []
+    shown = []
+    for host in hosts.split(","):
+        host = host.strip()
+        if not host:
+            raise ValueError(f"empty host in redlock URL host list {hosts!r}")
+        if ":" not in host.rsplit("]", 1)[-1]:
+            host += ":6379"
+        urls.append(f"{scheme}://{userinfo + '@' if userinfo else ''}{host}/{db}{rest}")
+        shown.append(host)
+    user = userinfo.split(":", 1)[0]
+    display = f"redlock://{user + '@' if user else ''}{','.join(shown)}/{db}"
+    return urls, display, query
+
+
+def driver_from_url(url: str, **options: Any) -> RedlockDriver:
+    urls, display, _ = parse_url(url)
+    for key in ("node_timeout", "connect_timeout"):
+        if key in options:
+            value = options[key]
+            value = float(value) if isinstance(value, str) else value
+            if not isinstance(value, int | float) or not (0 < value < math.inf):
+                raise ValueError(f"{key} must be a number of seconds > 0, got {value!r}")
+            options[key] = float(value)
+    prefix = options.get("prefix", "asynclock:")
+    if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
+        raise ValueError(f"prefix must be a str without braces, got {prefix!r}")
+    return RedlockDriver(urls, display=display, **options)
+
+
+__all__ = ("RedlockDriver", "driver_from_url", "parse_url")

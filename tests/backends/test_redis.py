@@ -1,0 +1,312 @@
+"""What is particular to the single-node ``redis://`` backend, against real servers."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+import time
+
+import anyio
+import anyio.lowlevel
+import pytest
+import redis.asyncio
+from redis.crc import key_slot
+
+import asynclock
+from asynclock.backends.redis import RedisDriver, display_url, keys_for
+from tests.support.procs import start_worker
+from tests.support.redis_servers import RedisFactory, RedisServer, wait_until
+from tests.support.spec import BackendSpec
+
+pytestmark = pytest.mark.anyio
+
+
+def crc16(data: bytes) -> int:
+    """CRC16-XMODEM, as Redis Cluster computes it (written out here, not imported)."""
+    crc = 0
+    for byte in data:
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xFFFF
+    return crc
+
+
+def cluster_slot(key: str) -> int:
+    raw = key.encode()
+    start = raw.find(b"{")
+    if start >= 0:
+        end = raw.find(b"}", start + 1)
+        if end > start + 1:
+            raw = raw[start + 1 : end]
+    return crc16(raw) % 16384
+
+
+def raw_client(server: RedisServer) -> redis.asyncio.Redis:
+    return redis.asyncio.Redis.from_url(server.url)
+
+
+def _has_waited(backend: asynclock.Backend) -> bool:
+    return backend.stats().busy_attempts >= 1
+
+
+async def _queued(client: redis.asyncio.Redis, key: str) -> bool:
+    return int(await client.zcard(key)) >= 1
+
+
+async def commands(client: redis.asyncio.Redis, name: str) -> int:
+    stats = await client.info("commandstats")
+    entry = stats.get(f"cmdstat_{name}")
+    return int(entry["calls"]) if entry else 0
+
+
+@pytest.mark.parametrize(
+    "name", ["invoice:42", "{user1}:x", "}starts-with-brace", "a{}b", "50%{x}", "ünï"]
+)
+def test_all_keys_of_a_lock_share_one_hash_slot(name: str) -> None:
+    k = keys_for(name)
+    keys = [k.lock, k.fence, k.queue, k.queue_exp]
+    assert len({cluster_slot(key) for key in keys}) == 1, keys
+    assert len({key_slot(key.encode()) for key in keys}) == 1, keys
+
+
+def test_distinct_names_get_distinct_keys() -> None:
+    names = ["a}", "a%7D", "a{", "a%7B", "a%", "a%25", "a"]
+    assert len({keys_for(n).lock for n in names}) == len(names)
+
+
+def test_display_never_shows_the_password() -> None:
+    assert display_url("redis://bob:s3cret@h:6380/2") == "redis://bob@h:6380/2"
+    assert "s3cret" not in display_url("rediss://:s3cret@h")
+    assert display_url("unix:///tmp/r.sock?db=1&password=s3cret") == "unix:///tmp/r.sock"
+
+
+async def test_acquire_and_release_are_one_command_each(
+    redis_server: RedisServer, lock_name: str
+) -> None:
+    client = raw_client(redis_server)
+    async with asynclock.connect(redis_server.url) as backend:
+        before = await commands(client, "evalsha")
+        async with backend.lock(lock_name, ttl=5.0) as lease:
+            assert await backend.validate(lock_name, lease.token)
+            assert not await backend.validate(lock_name, lease.token - 1)
+        assert await commands(client, "evalsha") - before == 2
+        assert not await backend.validate(lock_name, lease.token)
+    await client.aclose()
+
+
+async def test_scripts_are_reloaded_after_script_flush(
+    redis_server: RedisServer, lock_name: str
+) -> None:
+    client = raw_client(redis_server)
+    async with asynclock.connect(redis_server.url) as backend:
+        async with backend.lock(lock_name, ttl=5.0):
+            pass
+        await client.script_flush()
+        async with backend.lock(lock_name, ttl=5.0):
+            pass
+    await client.aclose()
+
+
+async def test_unix_socket_and_database_number(redis_factory: RedisFactory) -> None:
+    server = redis_factory(unixsocket=True)
+    url = f"unix://{server.socket_path}?db=3"
+    async with asynclock.connect(url) as backend:
+        assert backend.driver.display == f"unix://{server.socket_path}"
+        async with backend.lock("u", ttl=5.0) as lease:
+            client = redis.asyncio.Redis.from_url(url)
+            assert await client.exists(keys_for("u").lock) == 1
+            other = redis.asyncio.Redis.from_url(server.url)
+            assert await other.exists(keys_for("u").lock) == 0
+            await client.aclose()
+            await other.aclose()
+            assert lease.token > 0
+
+
+async def test_password_and_wrong_password(redis_factory: RedisFactory) -> None:
+    secret = "correct-horse-battery"
+    server = redis_factory(password=secret)
+    async with asynclock.connect(server.url) as backend:
+        async with backend.lock("auth", ttl=5.0) as lease:
+            assert lease.token > 0
+        assert secret not in repr(backend) and secret not in backend.driver.display
+    for url in (
+        f"redis://:wrong-{secret}@127.0.0.1:{server.port}/0",
+        f"redis://127.0.0.1:{server.port}/0",
+    ):
+        with pytest.raises(asynclock.BackendUnavailable) as info:
+            async with asynclock.connect(url):
+                pass
+        message = str(info.value)
+        assert "authentication failed" in message
+        assert secret not in message and "wrong-" not in message
+
+
+async def test_unreachable_server_is_a_clear_error() -> None:
+    from tests.support.redis_servers import free_port
+
+    started = time.monotonic()
+    with pytest.raises(asynclock.BackendUnavailable, match=r"redis://127\.0\.0\.1:\d+/0"):
+        async with asynclock.connect(f"redis://127.0.0.1:{free_port()}/0"):
+            pass
+    assert time.monotonic() - started < 5
+
+
+async def test_missing_driver_says_which_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "redis", None)
+    monkeypatch.delitem(sys.modules, "asynclock.backends.redis", raising=False)
+    with pytest.raises(ModuleNotFoundError, match=r'pip install "asynclock\[redis\]"'):
+        asynclock.connect("redis://localhost")
+
+
+async def test_release_hands_off_at_once_without_polling(
+    redis_server: RedisServer, lock_name: str
+) -> None:
+    """A waiter behind a 30 s lease gets the lock right after release (pub/sub, no PTTL wait)."""
+    async with (
+        asynclock.connect(redis_server.url) as a,
+        asynclock.connect(redis_server.url) as b,
+    ):
+        lease = await a.acquire(lock_name, ttl=30.0)
+        waiting = anyio.Event()
+        got: list[float] = []
+
+        async def waiter() -> None:
+            waiting.set()
+            async with b.lock(lock_name, ttl=5.0, timeout=10):
+                got.append(time.monotonic())
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await waiting.wait()
+            await wait_until(lambda: b.stats().busy_attempts >= 2)  # queued, subscribed
+            released = time.monotonic()
+            await lease.release()
+        assert got[0] - released < 0.5
+
+
+async def test_waiters_are_served_in_arrival_order(
+    redis_server: RedisServer, lock_name: str
+) -> None:
+    async with asynclock.connect(redis_server.url) as holder:
+        lease = await holder.acquire(lock_name, ttl=10.0)
+        order: list[int] = []
+        async with contextlib.AsyncExitStack() as stack:
+            backends = [
+                await stack.enter_async_context(asynclock.connect(redis_server.url))
+                for _ in range(4)
+            ]
+            async with anyio.create_task_group() as tg:
+                for i, b in enumerate(backends):
+
+                    async def wait(i: int = i, b: asynclock.Backend = b) -> None:
+                        async with b.lock(lock_name, ttl=5.0, timeout=10):
+                            order.append(i)
+
+                    tg.start_soon(wait)
+                    await wait_until(functools.partial(_has_waited, b))  # i is queued
+                await lease.release()
+        assert order == [0, 1, 2, 3]
+
+
+async def test_a_dead_waiter_delays_the_name_at_most_about_its_ttl(
+    redis_server: RedisServer, lock_name: str
+) -> None:
+    """A waiter killed with -9 while queued must not block the lock for ever."""
+    spec = BackendSpec("redis", redis_server.url, lambda b, n: anyio.lowlevel.checkpoint())
+    client = raw_client(redis_server)
+    async with asynclock.connect(redis_server.url) as backend:
+        lease = await backend.acquire(lock_name, ttl=10.0)
+        worker = await start_worker(spec, mode="hold", name=lock_name, ttl=0.5)
+        k = keys_for(lock_name)
+        await wait_until(lambda: _queued(client, k.queue))  # the worker is queued
+        worker.signal(__import__("signal").SIGKILL)
+        await worker.wait()
+        await lease.release()  # hands the name to the dead worker for its ttl (0.5 s)
+        started = time.monotonic()
+        async with backend.lock(lock_name, ttl=5.0, timeout=5):
+            waited = time.monotonic() - started
+    await client.aclose()
+    assert waited < 0.5 + 0.5
+
+
+async def test_restart_with_data_loss_tokens_still_increase(
+    redis_factory: RedisFactory,
+) -> None:
+    server = redis_factory()
+    async with asynclock.connect(server.url) as backend:
+        for _ in range(3):
+            async with backend.lock("restart", ttl=5.0) as lease:
+                before = lease.token
+    server.restart(keep_data=False)
+    client = raw_client(server)
+    assert await client.dbsize() == 0  # the counter really is gone
+    await client.aclose()
+    async with asynclock.connect(server.url) as backend:
+        async with backend.lock("restart", ttl=5.0) as lease:
+            assert lease.token > before
+
+
+async def test_kill_9_while_held_loses_the_lease_then_recovers(
+    redis_factory: RedisFactory,
+) -> None:
+    server = redis_factory()
+    async with asynclock.connect(server.url, socket_timeout=0.2) as backend:
+        lease = await backend.acquire("kill", ttl=1.0)
+        server.kill()
+        reason = await lease.lost
+        # Lost no later than the local deadline, before the server could hand it on.
+        assert backend.clock.now() < lease.acquired_at + 1.0
+        assert "deadline" in reason or "renewal" in reason
+        assert not await lease.release()
+        server.start()
+        async with backend.lock("kill", ttl=1.0) as again:
+            assert again.token > lease.token
+
+
+async def test_sigstop_node_times_out_and_nothing_hangs(redis_factory: RedisFactory) -> None:
+    server = redis_factory()
+    async with asynclock.connect(server.url, socket_timeout=0.2) as backend:
+        with pytest.raises(asynclock.LeaseLost):
+            async with backend.lock("frozen", ttl=0.9) as lease:
+                server.freeze()
+                await anyio.sleep_forever()
+        assert lease.lost.reason == "local deadline passed"
+        try:
+            started = time.monotonic()
+            with pytest.raises(asynclock.BackendUnavailable, match="timed out"):
+                await backend.acquire("frozen-2", ttl=5.0, timeout=1)
+            assert time.monotonic() - started < 1.5
+            with pytest.raises(asynclock.BackendUnavailable):
+                await backend.validate("frozen-2", 1)
+        finally:
+            server.thaw()
+        async with backend.lock("frozen-2", ttl=5.0) as lease:
+            assert lease.token > 0
+
+
+async def test_ten_thousand_leases_renewed_with_one_call_per_interval(
+    redis_server: RedisServer,
+) -> None:
+    client = raw_client(redis_server)
+    ttl = 3.0
+    async with asynclock.connect(redis_server.url) as backend:
+        driver = backend.driver
+        assert isinstance(driver, RedisDriver)
+        leases = [await backend.acquire(f"many:{i}", ttl=ttl) for i in range(10_000)]
+        await backend._renewal_round()  # a round that may have started mid-acquisition
+        before_calls = await commands(client, "evalsha")
+        before_rounds = backend.stats().renewal_round_trips
+        for _ in range(2):
+            await backend._renewal_round()
+        rounds = backend.stats().renewal_round_trips - before_rounds
+        calls = await commands(client, "evalsha") - before_calls
+        assert rounds == 2 and calls == 2
+        assert not any(lease.lost for lease in leases)
+        assert backend.stats().losses == 0
+        pttl = await client.pttl(keys_for("many:9999").lock)
+        assert pttl > ttl * 1000 * 0.5
+        for lease in leases[:100]:
+            await lease.release()
+    await client.aclose()

@@ -1,0 +1,216 @@
+"""What is particular to ``redlock://``: quorum, node failures and the two-phase tokens."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+
+import anyio
+import pytest
+import redis.asyncio
+
+import asynclock
+from asynclock.backends.redis import keys_for
+from asynclock.backends.redlock import RedlockDriver, parse_url
+from tests.support.redis_servers import RedisFactory, RedisServer, redlock_url, wait_until
+
+pytestmark = pytest.mark.anyio
+
+#: Per-node timeout for these tests: small, so dead or frozen nodes cost little time.
+NODE_TIMEOUT = 0.15
+
+
+async def info_calls(server: RedisServer, command: str) -> int:
+    client = redis.asyncio.Redis.from_url(server.url)
+    try:
+        stats = await client.info("commandstats")
+    finally:
+        await client.aclose()
+    entry = stats.get(f"cmdstat_{command}")
+    return int(entry["calls"]) if entry else 0
+
+
+def test_url_parsing_hides_the_password() -> None:
+    urls, display, _ = parse_url("redlock://bob:pw@a:1,b,c:3/2?tls=1")
+    assert urls == ["rediss://bob:pw@a:1/2", "rediss://bob:pw@b:6379/2", "rediss://bob:pw@c:3/2"]
+    assert display == "redlock://bob@a:1,b:6379,c:3/2"
+    with pytest.raises(ValueError, match="at least one host"):
+        parse_url("redlock://")
+
+
+async def test_one_round_trip_per_node_when_counters_agree(
+    redis_factory: RedisFactory,
+) -> None:
+    servers = redis_factory.many(5)
+    async with asynclock.connect(redlock_url(servers)) as backend:
+        before = [await info_calls(s, "evalsha") for s in servers]
+        async with backend.lock("agree", ttl=5.0) as lease:
+            assert await backend.validate("agree", lease.token)
+        after = [await info_calls(s, "evalsha") for s in servers]
+    # Fresh counters are seeded from each node's TIME, so they may differ on the first
+    # acquisition; phase 2 then runs once. Afterwards they agree and it is skipped.
+    async with asynclock.connect(redlock_url(servers)) as backend:
+        before = [await info_calls(s, "evalsha") for s in servers]
+        async with backend.lock("agree", ttl=5.0) as second:
+            assert second.token == lease.token + 1
+        after = [await info_calls(s, "evalsha") for s in servers]
+    assert [a - b for a, b in zip(after, before, strict=True)] == [2] * 5
+
+
+async def test_phase_two_lifts_lagging_counters(redis_factory: RedisFactory) -> None:
+    servers = redis_factory.many(5)
+    url = redlock_url(servers)
+    high = redis.asyncio.Redis.from_url(servers[0].url)
+    async with asynclock.connect(url) as backend:
+        async with backend.lock("lift", ttl=5.0) as first:
+            pass
+        await high.set(keys_for("lift").fence, first.token + 1000)
+        async with backend.lock("lift", ttl=5.0) as second:
+            assert second.token == first.token + 1001
+            assert await backend.validate("lift", second.token)
+    await high.aclose()
+    servers[0].kill()  # the node that had the high counter is gone for good
+    async with asynclock.connect(url, node_timeout=NODE_TIMEOUT) as backend:
+        async with backend.lock("lift", ttl=5.0) as third:
+            assert third.token > second.token
+
+
+async def test_two_of_five_dead_everything_works(redis_factory: RedisFactory) -> None:
+    servers = redis_factory.many(5)
+    servers[1].kill()
+    servers[3].kill()
+    async with asynclock.connect(redlock_url(servers), node_timeout=NODE_TIMEOUT) as backend:
+        async with backend.lock("two-dead", ttl=0.6) as lease:
+            for _ in range(3):  # renewed across more than a ttl
+                await backend._renewal_round()
+            assert not lease.lost
+            assert await backend.validate("two-dead", lease.token)
+        assert not lease.lost
+        async with backend.lock("two-dead", ttl=0.6, blocking=False) as again:
+            assert again.token > lease.token
+
+
+async def test_three_of_five_dead_raises_quorum_not_reached_fast(
+    redis_factory: RedisFactory,
+) -> None:
+    servers = redis_factory.many(5)
+    async with asynclock.connect(redlock_url(servers), node_timeout=NODE_TIMEOUT) as backend:
+        dead = servers[:2]
+        for s in dead:
+            s.kill()
+        servers[2].freeze()  # hung, not dead: it answers nothing
+        try:
+            started = time.monotonic()
+            with pytest.raises(asynclock.QuorumNotReached) as info:
+                async with backend.lock("three-dead", ttl=5.0, timeout=10):
+                    pass
+            assert time.monotonic() - started < 3 * NODE_TIMEOUT + 0.5
+            failures = info.value.failures
+            assert set(failures) == {f"redis://{s.address}/0" for s in servers[:3]}
+            assert "no answer within" in failures[f"redis://{servers[2].address}/0"]
+            assert "reached 2 of 5 nodes" in str(info.value)
+            with pytest.raises(asynclock.QuorumNotReached):
+                await backend.validate("three-dead", 1)
+        finally:
+            servers[2].thaw()
+
+
+async def test_holder_loses_the_lease_when_extends_reach_less_than_a_quorum(
+    redis_factory: RedisFactory,
+) -> None:
+    servers = redis_factory.many(5)
+    async with asynclock.connect(redlock_url(servers), node_timeout=NODE_TIMEOUT) as backend:
+        lease = await backend.acquire("minority", ttl=1.0)
+        for s in servers[:3]:
+            s.freeze()
+        try:
+            reason = await lease.lost
+            assert backend.clock.now() < lease.acquired_at + 1.0
+            assert reason == "local deadline passed"
+        finally:
+            for s in servers[:3]:
+                s.thaw()
+        await lease.release()
+
+
+async def test_sabotaged_majority_refuses_the_renewal(redis_factory: RedisFactory) -> None:
+    servers = redis_factory.many(5)
+    async with asynclock.connect(redlock_url(servers), node_timeout=NODE_TIMEOUT) as backend:
+        lease = await backend.acquire("sab", ttl=3.0)
+        for s in servers[:3]:
+            client = redis.asyncio.Redis.from_url(s.url)
+            await client.delete(keys_for("sab").lock)
+            await client.aclose()
+        reason = await lease.lost
+        assert "refused" in reason and "2 of 5" in reason
+
+
+async def test_tokens_strictly_increase_while_nodes_die_and_lose_data(
+    redis_factory: RedisFactory,
+) -> None:
+    """G2 for Redlock: restarts without persistence (the TIME seed) and kill -9 between
+    acquisitions, with counters pushed apart so phase 2 has work to do."""
+    servers = redis_factory.many(5)
+    rng = random.Random(1234)
+    tokens: list[int] = []
+    down: set[int] = set()
+    url = redlock_url(servers)
+    async with asynclock.connect(url, node_timeout=NODE_TIMEOUT) as backend:
+        for round_ in range(40):
+            action = rng.choice(["kill", "restart", "bump", "revive", "none"])
+            i = rng.randrange(5)
+            if action == "kill" and len(down | {i}) <= 2:
+                servers[i].kill()
+                down.add(i)
+            elif action == "restart" and i not in down:
+                servers[i].restart(keep_data=False)
+            elif action == "revive" and i in down:
+                servers[i].start()
+                down.discard(i)
+            elif action == "bump" and i not in down:
+                client = redis.asyncio.Redis.from_url(servers[i].url)
+                await client.incrby(keys_for("mono").fence, rng.randrange(1, 50))
+                await client.aclose()
+            async with backend.lock("mono", ttl=2.0, timeout=5) as lease:
+                tokens.append(lease.token)
+            assert len(tokens) == round_ + 1
+    assert all(a < b for a, b in itertools.pairwise(tokens)), tokens
+
+
+async def test_failed_attempt_gives_back_what_it_got(redis_factory: RedisFactory) -> None:
+    servers = redis_factory.many(5)
+    # Someone else holds the name on three nodes: our attempt gets the other two.
+    url = redlock_url(servers)
+    owner_clients = [redis.asyncio.Redis.from_url(s.url) for s in servers[:3]]
+    for c in owner_clients:
+        await c.set(keys_for("split").lock, "someone:1", px=10_000)
+    async with asynclock.connect(url, node_timeout=NODE_TIMEOUT) as backend:
+        with pytest.raises(asynclock.LockHeld):
+            async with backend.lock("split", ttl=5.0, blocking=False):
+                pass
+    for s in servers[3:]:
+        c = redis.asyncio.Redis.from_url(s.url)
+        assert await c.exists(keys_for("split").lock) == 0
+        await c.aclose()
+    for c in owner_clients:
+        await c.aclose()
+
+
+async def test_watchers_wake_on_release(redlock_servers: list[RedisServer], lock_name: str) -> None:
+    url = redlock_url(redlock_servers)
+    async with asynclock.connect(url) as a, asynclock.connect(url) as b:
+        assert isinstance(b.driver, RedlockDriver)
+        lease = await a.acquire(lock_name, ttl=30.0)
+        got: list[float] = []
+
+        async def waiter() -> None:
+            async with b.lock(lock_name, ttl=5.0, timeout=10):
+                got.append(time.monotonic())
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await wait_until(lambda: b.stats().busy_attempts >= 2)
+            released = time.monotonic()
+            await lease.release()
+        assert got[0] - released < 0.5
