@@ -20,12 +20,14 @@ import random
 import re
 import secrets
 from collections.abc import Awaitable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 
 from .clock import Clock, MonotonicClock
 from .driver import Busy, Driver, LeaseRef, Refused
@@ -44,6 +46,8 @@ logger = logging.getLogger("asynclock")
 
 #: How long a waiter sleeps between attempts when the driver gives no hint.
 DEFAULT_POLL = 0.05
+#: How long the idle renewer and watchdog sleep before looking again (no leases held).
+IDLE_NAP = 1.0
 
 
 @dataclass(slots=True, eq=False)
@@ -116,6 +120,7 @@ class Backend:
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._open = True
+        self._tg.start_soon(self.driver.background, name=f"asynclock {self.driver.display}")
         self._tg.start_soon(self._renew_loop, name="asynclock renewer")
         self._tg.start_soon(self._watchdog_loop, name="asynclock watchdog")
         return self
@@ -220,6 +225,7 @@ class Backend:
         max_hold: float | None,
     ) -> Lease:
         self._require_open()
+        await anyio.lowlevel.checkpoint_if_cancelled()
         if ttl * (1 - self.drift) - self.margin <= 0:
             raise ValueError(
                 f"ttl={ttl:g}s leaves no time after drift ({self.drift:.0%}) and margin "
@@ -254,17 +260,22 @@ class Backend:
                 if give_up_at is not None and now >= give_up_at:
                     assert timeout is not None
                     raise AcquireTimeout(name, timeout)
+                # Listen for local releases from now on (no await since the attempt).
+                released = self._release_events.get(name)
+                if released is None:
+                    released = self._release_events[name] = anyio.Event()
                 if not watching:
-                    # Subscribe, then try again at once: a release between the failed
-                    # attempt and the subscription must not be missed.
-                    await self._call("watch", driver.watch(name))
                     watching = True
-                    continue
+                    # A release between the failed attempt and a new subscription could
+                    # be missed: the driver says whether to try again at once.
+                    if await self._call("watch", driver.watch(name)):
+                        continue
                 delay = DEFAULT_POLL if result.retry_after is None else result.retry_after
                 delay = delay * (1 + 0.1 * random.random()) + 0.0005 * random.random()
                 if give_up_at is not None:
                     delay = min(delay, give_up_at - now)
-                await self._wait_for_release(name, delay)
+                with anyio.move_on_after(max(0.0, delay)):
+                    await released.wait()
         finally:
             if watching:
                 await self._shielded(driver.unwatch(name), "unwatch")
@@ -303,13 +314,6 @@ class Backend:
         if lease.deadline < self._watch_until:
             _poke(self._watch_wake)
         return lease
-
-    async def _wait_for_release(self, name: str, delay: float) -> None:
-        event = self._release_events.get(name)
-        if event is None:
-            event = self._release_events[name] = anyio.Event()
-        with anyio.move_on_after(max(0.0, delay)):
-            await event.wait()
 
     def _wake_waiters(self, name: str) -> None:
         event = self._release_events.pop(name, None)
@@ -401,9 +405,12 @@ class Backend:
 
     async def _renew_loop(self) -> None:
         failures = 0
+        idle = IDLE_NAP
         while True:
-            if not self._held:
-                self._next_round = math.inf
+            if not self._held and self._next_round <= self.clock.now():
+                # Nap instead of parking at infinity: a grant within the nap then needs no
+                # wake-up call (tight acquire/release loops stay cheap).
+                self._next_round = self.clock.now() + idle
             await self._sleep_until(self._next_round, "_renew_wake")
             if not self._held:
                 continue
@@ -412,6 +419,7 @@ class Backend:
                 continue
             batch = list(self._held.values())
             period = min(h.lease.ttl for h in batch) * self.heartbeat
+            idle = min(period, IDLE_NAP)
             refs = [
                 LeaseRef(h.lease.name, h.lease.owner, h.lease.token, h.lease.ttl) for h in batch
             ]
@@ -453,8 +461,8 @@ class Backend:
 
     async def _watchdog_loop(self) -> None:
         while True:
-            earliest = min((h.lease.deadline for h in self._held.values()), default=math.inf)
             now = self.clock.now()
+            earliest = min((h.lease.deadline for h in self._held.values()), default=now + IDLE_NAP)
             if now < earliest:
                 self._watch_until = earliest
                 await self._sleep_until(earliest, "_watch_wake")
@@ -492,6 +500,13 @@ class Backend:
             raise
         except Exception as exc:
             raise BackendUnavailable(f"{self.driver.display}: {what} failed: {exc!r}") from exc
+
+
+#: The holds this task is inside, innermost last. A context variable is per task (child
+#: tasks get a copy), so a Lock shared by tasks never confuses their leases.
+_HOLDS: ContextVar[tuple[tuple[Lock, Lease, anyio.CancelScope], ...]] = ContextVar(
+    "asynclock_holds", default=()
+)
 
 
 def _deadline_reason(lease: Lease, now: float) -> str:
@@ -537,7 +552,6 @@ class Lock:
     ) -> None:
         self._backend = backend
         self._args = _check_lock_args(name, ttl, timeout, blocking, max_hold)
-        self._active: dict[object, list[tuple[Lease, anyio.CancelScope]]] = {}
 
     @property
     def name(self) -> str:
@@ -553,8 +567,7 @@ class Lock:
         self._backend._attach_scope(lease, scope)
         if lease.lost:
             scope.cancel()
-        key = anyio.get_current_task().id
-        self._active.setdefault(key, []).append((lease, scope))
+        _HOLDS.set((*_HOLDS.get(), (self, lease, scope)))
         return lease
 
     async def __aexit__(
@@ -563,11 +576,10 @@ class Lock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        key = anyio.get_current_task().id
-        stack = self._active[key]
-        lease, scope = stack.pop()
-        if not stack:
-            del self._active[key]
+        holds = _HOLDS.get()
+        index = max(i for i, hold in enumerate(holds) if hold[0] is self)
+        _, lease, scope = holds[index]
+        _HOLDS.set(holds[:index] + holds[index + 1 :])
         self._backend._attach_scope(lease, None)
         try:
             swallowed = bool(scope.__exit__(exc_type, exc, tb))

@@ -101,8 +101,20 @@ class Driver:
         """Is ``token`` the live holder's token of ``name`` right now (G9)?"""
         raise NotImplementedError
 
-    async def watch(self, name: str) -> None:
-        """Start calling ``wake(name)`` on releases of ``name`` (pub/sub, LISTEN, watch)."""
+    async def background(self) -> None:
+        """Runs in the backend's task group for the backend's life (readers, listeners).
+
+        Return at once if there is nothing to run; it is cancelled when the backend closes.
+        """
+
+    async def watch(self, name: str) -> bool:
+        """Start calling ``wake(name)`` on releases of ``name`` (pub/sub, LISTEN, watch).
+
+        Return True if a release that happened after the last failed attempt may have
+        been missed (the subscription is new), so the core should try again at once;
+        False if nothing can have been missed (already subscribed, or no notifications).
+        """
+        return False
 
     async def unwatch(self, name: str) -> None:
         """Stop what :meth:`watch` started (called once per :meth:`watch`)."""

@@ -469,14 +469,14 @@ class PostgresDriver(Driver):
         for name in list(self._channels.get(channel, ())):
             self._wake(name)
 
-    async def watch(self, name: str) -> None:
+    async def watch(self, name: str) -> bool:
         if self._pooled:
-            return  # LISTEN does not work through a transaction pooler: poll instead
+            return False  # LISTEN does not work through a transaction pooler: poll instead
         channel = notify_channel(name)
         names = self._channels.setdefault(channel, {})
         names[name] = names.get(name, 0) + 1
         if len(names) > 1 or names[name] > 1:
-            return
+            return True
         try:
             async with self._listen_io:
                 conn = await self._listener()
@@ -484,6 +484,7 @@ class PostgresDriver(Driver):
                     await conn.add_listener(channel, self._on_notify)
         except Exception as exc:  # polling still works; a waiter just hears later
             logger.warning("%s: LISTEN failed, waiters will poll: %r", self.display, exc)
+        return True
 
     async def unwatch(self, name: str) -> None:
         channel = notify_channel(name)

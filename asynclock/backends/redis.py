@@ -639,15 +639,16 @@ class RedisDriver(Driver):
 
     # -- waking ----------------------------------------------------------------------------
 
-    async def watch(self, name: str) -> None:
+    async def watch(self, name: str) -> bool:
         if not self._open:
-            return
+            return False
         channel = self.keys(name).channel
         self._channels[channel] = name
         self._watchers[name] = self._watchers.get(name, 0) + 1
         self._idle.pop(name, None)
         self.listener.start()
         await self.listener.subscribe(channel, self.node.socket_timeout)
+        return True
 
     async def unwatch(self, name: str) -> None:
         count = self._watchers.get(name, 0) - 1

@@ -284,9 +284,9 @@ class RedlockDriver(Driver):
 
     # -- waking ----------------------------------------------------------------------------
 
-    async def watch(self, name: str) -> None:
+    async def watch(self, name: str) -> bool:
         if not self._open:
-            return
+            return False
         channel = self.keys(name).channel
         self._channels[channel] = name
         self._watchers[name] = self._watchers.get(name, 0) + 1
@@ -296,6 +296,7 @@ class RedlockDriver(Driver):
             for listener in self.listeners:
                 listener.start()
                 tg.start_soon(listener.subscribe, channel, wait)
+        return True
 
     async def unwatch(self, name: str) -> None:
         count = self._watchers.get(name, 0) - 1
