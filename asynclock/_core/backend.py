@@ -19,11 +19,11 @@ import math
 import random
 import re
 import secrets
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine, Generator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Generic, Self, TypeVar, cast
 
 import anyio
 import anyio.abc
@@ -43,6 +43,7 @@ from .stats import BackendStats, StatsRecorder
 from .validation import check_name, check_timeout, check_token, check_ttl
 
 logger = logging.getLogger("asynclock")
+T = TypeVar("T")
 
 #: How long a waiter sleeps between attempts when the driver gives no hint.
 DEFAULT_POLL = 0.05
@@ -306,7 +307,8 @@ class Backend:
         )
         self._held[owner] = _Held(lease)
         self._stats.acquired += 1
-        logger.debug("acquired %r token=%d ttl=%gs", name, token, ttl)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("acquired %r token=%d ttl=%gs", name, token, ttl)
         period = ttl * self.heartbeat
         if t_send + period < self._next_round:
             self._next_round = t_send + period
@@ -333,11 +335,12 @@ class Backend:
         was_lost = bool(lease.lost)
         ok: bool | None = None
         error: BaseException | None = None
-        with anyio.move_on_after(self.release_timeout, shield=True):
-            try:
-                ok = await self.driver.release(lease.name, lease.owner, lease.token)
-            except Exception as exc:
-                error = exc
+        try:
+            ok = await _shielded_call(
+                self.driver.release(lease.name, lease.owner, lease.token), self.release_timeout
+            )
+        except Exception as exc:
+            error = exc
         if ok is None:
             # Unconfirmed: keep the lease as it is so `release()` can be retried; renewal
             # has stopped, so the server lets it expire within its ttl either way.
@@ -352,7 +355,8 @@ class Backend:
             lease._released = True
             self._stats.released += 1
             self._wake_waiters(lease.name)
-            logger.debug("released %r token=%d", lease.name, lease.token)
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug("released %r token=%d", lease.name, lease.token)
             return True
         if ok:
             # Lost locally (deadline) but still ours at the server: freed early, still lost.
@@ -509,6 +513,51 @@ _HOLDS: ContextVar[tuple[tuple[Lock, Lease, anyio.CancelScope], ...]] = ContextV
 )
 
 
+class _Resume(Generic[T]):
+    """Await the rest of a coroutine whose first step already ran (like ``yield from``)."""
+
+    __slots__ = ("_coro", "_first")
+
+    def __init__(self, coro: Coroutine[Any, Any, T], first: Any) -> None:
+        self._coro = coro
+        self._first = first
+
+    def __await__(self) -> Generator[Any, Any, T]:
+        coro, value = self._coro, self._first
+        while True:
+            try:
+                sent = yield value
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:
+                try:
+                    value = coro.throw(exc)
+                except StopIteration as done:
+                    return cast(T, done.value)
+            else:
+                try:
+                    value = coro.send(sent)
+                except StopIteration as done:
+                    return cast(T, done.value)
+
+
+async def _shielded_call(coro: Coroutine[Any, Any, T], timeout: float) -> T | None:
+    """Run ``coro`` shielded from cancellation, for at most ``timeout`` seconds (G6).
+
+    Returns None if it timed out. A coroutine that finishes without suspending (SQLite,
+    memory) cannot be cancelled at all, so it runs before any cancel scope is built; only
+    one that suspends is resumed inside a shielded scope with a deadline.
+    """
+    try:
+        first = coro.send(None)
+    except StopIteration as done:
+        return cast(T, done.value)
+    with anyio.CancelScope(shield=True, deadline=anyio.current_time() + timeout):
+        return await _Resume(coro, first)
+    return None
+
+
 def _deadline_reason(lease: Lease, now: float) -> str:
     hard = lease.hard_deadline is not None and now >= lease.hard_deadline
     return "max_hold reached" if hard else "local deadline passed"
@@ -577,7 +626,10 @@ class Lock:
         tb: TracebackType | None,
     ) -> bool:
         holds = _HOLDS.get()
-        index = max(i for i, hold in enumerate(holds) if hold[0] is self)
+        if holds[-1][0] is self:  # the usual case: the innermost hold
+            index = len(holds) - 1
+        else:
+            index = max(i for i, hold in enumerate(holds) if hold[0] is self)
         _, lease, scope = holds[index]
         _HOLDS.set(holds[:index] + holds[index + 1 :])
         self._backend._attach_scope(lease, None)

@@ -17,18 +17,21 @@ class LossSignal:
     __slots__ = ("_event", "reason")
 
     def __init__(self) -> None:
-        self._event = anyio.Event()
+        self._event: anyio.Event | None = None  # made on first wait: most leases never lose
         self.reason: str | None = None
 
     def is_set(self) -> bool:
-        return self._event.is_set()
+        return self.reason is not None
 
     def __bool__(self) -> bool:
-        return self._event.is_set()
+        return self.reason is not None
 
     async def wait(self) -> str:
         """Wait until the lease is lost and return the reason."""
-        await self._event.wait()
+        if self.reason is None:
+            if self._event is None:
+                self._event = anyio.Event()
+            await self._event.wait()
         assert self.reason is not None
         return self.reason
 
@@ -38,7 +41,8 @@ class LossSignal:
     def _set(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
-            self._event.set()
+            if self._event is not None:
+                self._event.set()
 
 
 class Lease:

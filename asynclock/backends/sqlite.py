@@ -1,15 +1,20 @@
 """``sqlite:///path`` — the embedded default: processes on one host share locks via one file.
 
-* WAL journal; every write is a short ``BEGIN IMMEDIATE`` transaction run on the event
-  loop's own thread (a thread hop per call costs more than the SQL itself). When another
-  process holds the write lock we do not block the loop in SQLite's busy handler: we
-  yield and retry with a short jittered backoff, for at most ``busy_timeout`` seconds.
-* Expiry is on ``CLOCK_MONOTONIC`` (system-wide on Linux), tagged with the kernel's boot
-  id so rows written before a reboot count as expired.
-* Tokens come from a counter row per name, bumped in the acquiring transaction and never
-  deleted, so release, expiry and a ``kill -9`` never reset them.
-* Waiters queue in a table (first come, first served); a queued waiter refreshes its
-  place on each attempt and loses it if it stops asking (process gone).
+* WAL journal. Every statement runs on the event loop's own thread (a thread hop per call
+  costs more than the SQL itself). When another process holds the write lock we do not
+  block the loop in SQLite's busy handler: we yield and retry with a short jittered
+  backoff, for at most ``busy_timeout`` seconds.
+* An uncontended acquire is one statement (an upsert that only takes a free row) and a
+  release is one statement (an owner-checked update). The token lives in the lease row and
+  is bumped in place; rows are never deleted, so release, expiry and a ``kill -9`` never
+  reset it (G2).
+* Expiry is on ``CLOCK_MONOTONIC`` (system-wide on Linux), tagged with the kernel's boot id
+  so rows written before a reboot count as expired.
+* Waiters queue in a table (first come, first served) and refresh their place on each
+  attempt; a waiter that stops asking (process gone) drops out after ``WAITER_TTL``. On
+  Linux each backend listens on an abstract Unix datagram socket named in its queue rows,
+  and a release sends one datagram to the head waiter, so handoff across processes does
+  not wait for a poll. Elsewhere waiters poll with a short backoff.
 
 URL: ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``; options
 ``?synchronous=normal|full`` (default normal: survives process crashes; ``full`` also
@@ -18,9 +23,13 @@ survives power loss, at an fsync per transaction) and ``?busy_timeout=SECONDS`` 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import secrets
+import socket
 import sqlite3
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,17 +46,15 @@ T = TypeVar("T")
 
 #: How long a queued waiter keeps its place without asking again.
 WAITER_TTL = 0.5
-#: Poll delay of the waiter at the head of the queue, and the cap for everyone else.
+#: Poll delays: the head of the queue polls fast, backing off while the hold goes on.
 HEAD_POLL = 0.0005
 HEAD_MAX_POLL = 0.005
 MAX_POLL = 0.05
+#: With release datagrams the head only polls as a fallback (lost datagram, expiry).
+NOTIFIED_MAX_POLL = 0.05
+SCHEMA_VERSION = 1
 
-# Schema. Tokens and leases are apart so deleting a lease never resets its counter (G2).
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS asynclock_token (
-    name  TEXT PRIMARY KEY,
-    token INTEGER NOT NULL
-) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS asynclock_lease (
     name       TEXT PRIMARY KEY,
     owner      TEXT NOT NULL,
@@ -61,53 +68,70 @@ CREATE TABLE IF NOT EXISTS asynclock_waiter (
     seq        INTEGER NOT NULL,
     expires_at REAL NOT NULL,
     boot       TEXT NOT NULL,
+    wake       TEXT,
     PRIMARY KEY (name, owner)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS asynclock_waiter_order ON asynclock_waiter (name, seq);
 """
 
-# The live lease of :name (G1): args name, boot, now. Returns owner, token, expires_at.
+# G1/G2, the uncontended path in one statement: take :name if its row is free (released,
+# expired, or from before a reboot) and nobody is queued for it; bump the token in place.
+# Args: name, owner, expires_at, boot, now. Returns the new token, or no row if busy.
+SQL_TRY = (
+    "INSERT INTO asynclock_lease (name, owner, token, expires_at, boot) "
+    "VALUES (?1, ?2, 1, ?3, ?4) "
+    "ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, "
+    "token = asynclock_lease.token + 1, expires_at = excluded.expires_at, boot = excluded.boot "
+    "WHERE (asynclock_lease.expires_at <= ?5 OR asynclock_lease.boot <> ?4) "
+    "AND NOT EXISTS (SELECT 1 FROM asynclock_waiter w "
+    "WHERE w.name = ?1 AND w.boot = ?4 AND w.expires_at > ?5) "
+    "RETURNING token"
+)
+# G1/G2 inside a transaction that already checked the row is free and we are first in
+# line. Args: name, owner, expires_at, boot. Returns the new token.
+SQL_GRANT = (
+    "INSERT INTO asynclock_lease (name, owner, token, expires_at, boot) "
+    "VALUES (?1, ?2, 1, ?3, ?4) "
+    "ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, "
+    "token = asynclock_lease.token + 1, expires_at = excluded.expires_at, boot = excluded.boot "
+    "RETURNING token"
+)
+# The live lease of :name (G1, G9): args name, boot, now. Returns owner, token, expires_at.
 SQL_LIVE = (
     "SELECT owner, token, expires_at FROM asynclock_lease "
     "WHERE name = ? AND boot = ? AND expires_at > ?"
 )
 # Head of the fair queue, ignoring waiters that stopped asking: args name, boot, now.
+# Returns owner, wake address.
 SQL_HEAD = (
-    "SELECT owner FROM asynclock_waiter WHERE name = ? AND boot = ? AND expires_at > ? "
+    "SELECT owner, wake FROM asynclock_waiter WHERE name = ? AND boot = ? AND expires_at > ? "
     "ORDER BY seq LIMIT 1"
 )
-# Queue or refresh a waiter, keeping its place: args name, owner, expires_at, boot.
+# Queue or refresh a waiter, keeping its place: args name, owner, expires_at, boot, wake.
 SQL_QUEUE = (
-    "INSERT INTO asynclock_waiter (name, owner, seq, expires_at, boot) "
-    "VALUES (?1, ?2, (SELECT coalesce(max(seq), 0) + 1 FROM asynclock_waiter), ?3, ?4) "
+    "INSERT INTO asynclock_waiter (name, owner, seq, expires_at, boot, wake) "
+    "VALUES (?1, ?2, (SELECT coalesce(max(seq), 0) + 1 FROM asynclock_waiter), ?3, ?4, ?5) "
     "ON CONFLICT (name, owner) DO UPDATE SET expires_at = excluded.expires_at"
 )
-# G2: next token of :name, in the acquiring transaction. Returns the new token.
-SQL_NEXT_TOKEN = (
-    "INSERT INTO asynclock_token (name, token) VALUES (?, 1) "
-    "ON CONFLICT (name) DO UPDATE SET token = token + 1 RETURNING token"
-)
-# Grant: args name, owner, token, expires_at, boot (the row was checked free above).
-SQL_GRANT = "INSERT OR REPLACE INTO asynclock_lease VALUES (?, ?, ?, ?, ?)"
-# G5/G7: extend only our own live lease: args expires_at, name, owner, token, boot, now.
-SQL_EXTEND = (
-    "UPDATE asynclock_lease SET expires_at = ? "
-    "WHERE name = ? AND owner = ? AND token = ? AND boot = ? AND expires_at > ?"
-)
-# G5: owner-checked release (token may be NULL after an interrupted acquire).
-SQL_RELEASE = (
-    "DELETE FROM asynclock_lease WHERE name = ?1 AND owner = ?2 AND (?3 IS NULL OR token = ?3)"
-)
-SQL_FORGET_WAITER = "DELETE FROM asynclock_waiter WHERE name = ? AND owner = ?"
-# Housekeeping: waiters that stopped asking. Args now, boot.
-SQL_PRUNE_WAITERS = "DELETE FROM asynclock_waiter WHERE expires_at <= ? OR boot <> ?"
-
-
 # How many live waiters are ahead of :owner: args name, boot, now, name, owner.
 SQL_AHEAD = (
     "SELECT count(*) FROM asynclock_waiter WHERE name = ? AND boot = ? AND expires_at > ? "
     "AND seq < (SELECT seq FROM asynclock_waiter WHERE name = ? AND owner = ?)"
 )
+# G5/G7: extend only our own live lease: args expires_at, name, owner, token, boot, now.
+SQL_EXTEND = (
+    "UPDATE asynclock_lease SET expires_at = ? "
+    "WHERE name = ? AND owner = ? AND token = ? AND boot = ? AND expires_at > ?"
+)
+# G5: owner-checked release; the row (and its token) stays. Token may be NULL after an
+# interrupted acquire. Args: name, owner, token. One row changed if it was ours.
+SQL_RELEASE = (
+    "UPDATE asynclock_lease SET expires_at = 0 "
+    "WHERE name = ?1 AND owner = ?2 AND (?3 IS NULL OR token = ?3) AND expires_at > 0"
+)
+SQL_FORGET_WAITER = "DELETE FROM asynclock_waiter WHERE name = ? AND owner = ?"
+# Housekeeping: waiters that stopped asking. Args now, boot.
+SQL_PRUNE_WAITERS = "DELETE FROM asynclock_waiter WHERE expires_at <= ? OR boot <> ?"
 
 
 @dataclass(slots=True)
@@ -119,12 +143,17 @@ class _Waiting:
     refreshed: float = 0.0  # when our queue entry was last written
     ahead: int = 0
     attempts: int = 0
+    notified: bool = False  # a release datagram will wake us
 
     def delay(self, now: float) -> float:
-        # The head polls fast, backing off gently while the hold goes on; others slower.
-        cap = HEAD_MAX_POLL if self.ahead == 0 else MAX_POLL
-        step = HEAD_POLL * (1 + 4 * self.ahead) * 1.25 ** min(self.attempts, 30)
-        return max(0.0, min(step, cap, self.until - now if self.until > now else cap))
+        if self.notified:
+            cap = NOTIFIED_MAX_POLL
+            step = cap
+        else:
+            cap = HEAD_MAX_POLL if self.ahead == 0 else MAX_POLL
+            step = HEAD_POLL * (1 + 4 * self.ahead) * 1.25 ** min(self.attempts, 30)
+        left = self.until - now if self.until > now else cap
+        return max(0.0, min(step, cap, left, WAITER_TTL / 3))
 
 
 def boot_id() -> str:
@@ -140,6 +169,21 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
     if code is not None:
         return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
     return "locked" in str(exc) or "busy" in str(exc)
+
+
+def _wake_socket() -> tuple[socket.socket, str] | None:
+    """A datagram socket in Linux's abstract namespace (no file to clean up), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    address = f"asynclock-{os.getpid()}-{secrets.token_hex(8)}"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        sock.bind("\0" + address)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        return None
+    return sock, address
 
 
 class SQLiteDriver(Driver):
@@ -162,6 +206,8 @@ class SQLiteDriver(Driver):
         self._queued: set[tuple[str, str]] = set()
         self._seen: dict[tuple[str, str], _Waiting] = {}
         self._commits = 0  # our own commits: PRAGMA data_version only counts others'
+        self._sock: socket.socket | None = None
+        self._address: str | None = None
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -171,36 +217,54 @@ class SQLiteDriver(Driver):
             raise BackendUnavailable(f"{self.display}: the backend is closed")
         return self._db
 
-    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn`` in one BEGIN IMMEDIATE transaction; retry (async) while busy."""
+    async def _retry_busy(self, fn: Callable[[], T], what: str) -> T:
+        """Call ``fn`` until it does not hit a locked database, yielding between tries."""
         give_up = time.monotonic() + self.busy_timeout
         delay = 0.0001
         while True:
-            db = self.db
             try:
-                db.execute("BEGIN IMMEDIATE")
+                return fn()
             except sqlite3.OperationalError as exc:
                 if not _is_busy(exc):
-                    raise self._unavailable("begin", exc) from exc
+                    raise self._unavailable(what, exc) from exc
                 if time.monotonic() >= give_up:
                     raise BackendUnavailable(
-                        f"{self.display}: database stayed locked for {self.busy_timeout:g}s "
-                        "(busy_timeout); another process holds a write transaction"
+                        f"{self.display}: {what}: the database stayed locked for "
+                        f"{self.busy_timeout:g}s (busy_timeout); another process holds a "
+                        "write transaction"
                     ) from exc
-                await anyio.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 0.005)
-                continue
+            except sqlite3.Error as exc:
+                raise self._unavailable(what, exc) from exc
+            await anyio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 0.005)
+
+    async def _write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` in one BEGIN IMMEDIATE transaction; retry (async) while busy."""
+
+        def transaction() -> T:
+            db = self.db
+            db.execute("BEGIN IMMEDIATE")
             try:
                 result = fn(db)
                 db.execute("COMMIT")
-                self._commits += 1
-                return result
-            except BaseException as exc:
+            except BaseException:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.Error):
-                    raise self._unavailable("transaction", exc) from exc
                 raise
+            self._commits += 1
+            return result
+
+        return await self._retry_busy(transaction, "transaction")
+
+    async def _statement(self, sql: str, args: tuple[Any, ...]) -> sqlite3.Cursor:
+        """One statement in its own (implicit) transaction; retry while busy."""
+
+        def run() -> sqlite3.Cursor:
+            cursor = self.db.execute(sql, args)
+            self._commits += 1
+            return cursor
+
+        return await self._retry_busy(run, "statement")
 
     def _version(self) -> tuple[int, int]:
         """Changes anyone committed to the file since we last looked (cheap: shared memory)."""
@@ -221,33 +285,81 @@ class SQLiteDriver(Driver):
             db = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=0
             )
-            db.execute("PRAGMA busy_timeout = 0")
-            mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            db.execute(f"PRAGMA synchronous = {self.synchronous}")
         except sqlite3.Error as exc:
             raise BackendUnavailable(
                 f"cannot open SQLite lock file {self.path!r}: {exc} "
                 "(the directory must exist and be writable by this process)"
             ) from exc
-        if str(mode).lower() != "wal":
+        self._db = db
+        try:
+            await self._retry_busy(self._prepare, "open")
+            await self._write(self._create_schema)
+        except BaseException:
+            self._db = None
             db.close()
+            raise
+        wake = _wake_socket()
+        if wake is not None:
+            self._sock, self._address = wake
+
+    def _prepare(self) -> None:
+        db = self.db
+        db.execute("PRAGMA busy_timeout = 0")
+        # Switching to WAL needs a moment of exclusive access; skip it when already WAL.
+        mode = str(db.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+        if mode != "wal":
+            mode = str(db.execute("PRAGMA journal_mode = WAL").fetchone()[0]).lower()
+        if mode != "wal":
             raise BackendUnavailable(
                 f"{self.display}: could not switch to WAL journal mode (got {mode!r}); "
                 "SQLite locks need a local file system"
             )
-        self._db = db
+        db.execute(f"PRAGMA synchronous = {self.synchronous}")
 
-        def create(c: sqlite3.Connection) -> None:
-            for statement in SCHEMA.split(";"):
-                if statement.strip():
-                    c.execute(statement)
-
-        await self._write(create)
+    def _create_schema(self, db: sqlite3.Connection) -> None:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version not in (0, SCHEMA_VERSION):
+            raise BackendUnavailable(
+                f"{self.display}: lock file has schema version {version}; this asynclock "
+                f"understands version {SCHEMA_VERSION} (upgrade asynclock or use a new file)"
+            )
+        for statement in SCHEMA.split(";"):
+            if statement.strip():
+                db.execute(statement)
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     async def aclose(self) -> None:
         db, self._db = self._db, None
         if db is not None:
             db.close()
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+
+    async def background(self) -> None:
+        """Wake local waiters when another process's release names us as next in line."""
+        sock = self._sock
+        if sock is None:
+            return
+        while True:
+            await anyio.wait_readable(sock)
+            while True:
+                try:
+                    data = sock.recv(4096)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError:
+                    return
+                self._wake(data.decode("utf-8", "replace"))
+
+    def _notify_next(self, name: str) -> None:
+        """After a release: tell the first live waiter (any process) to try now."""
+        head = self.db.execute(SQL_HEAD, (name, self.boot, time.monotonic())).fetchone()
+        if head is None or not head[1] or self._sock is None:
+            return
+        # If that waiter is gone or its buffer is full, it polls as a fallback.
+        with contextlib.suppress(OSError):
+            self._sock.sendto(name.encode(), "\0" + head[1])
 
     # -- primitives ------------------------------------------------------------------------
 
@@ -255,6 +367,13 @@ class SQLiteDriver(Driver):
         boot = self.boot
         key = (name, owner)
         now = time.monotonic()
+        if key not in self._queued:
+            row = (await self._statement(SQL_TRY, (name, owner, now + ttl, boot, now))).fetchone()
+            if row is not None:
+                return int(row[0])
+            if not queue:
+                live = self.db.execute(SQL_LIVE, (name, boot, time.monotonic())).fetchone()
+                return Busy(MAX_POLL if live is None else float(live[2]) - time.monotonic())
         seen = self._seen.get(key)
         if (
             seen is not None
@@ -273,17 +392,13 @@ class SQLiteDriver(Driver):
             if live is None:
                 head = db.execute(SQL_HEAD, (name, boot, now)).fetchone()
                 if head is None or head[0] == owner:
-                    token: int = db.execute(SQL_NEXT_TOKEN, (name,)).fetchone()[0]
-                    db.execute(SQL_GRANT, (name, owner, token, now + ttl, boot))
-                    if key in self._queued:
-                        db.execute(SQL_FORGET_WAITER, key)
+                    token: int = db.execute(SQL_GRANT, (name, owner, now + ttl, boot)).fetchone()[0]
+                    db.execute(SQL_FORGET_WAITER, key)
                     return token
             expires = now if live is None else float(live[2])
-            if not queue:
-                return Busy(MAX_POLL if live is None else expires - now)
-            db.execute(SQL_QUEUE, (name, owner, now + WAITER_TTL, boot))
+            db.execute(SQL_QUEUE, (name, owner, now + WAITER_TTL, boot, self._address))
             ahead: int = db.execute(SQL_AHEAD, (name, boot, now, name, owner)).fetchone()[0]
-            wait = self._seen.get(key) or _Waiting()
+            wait = self._seen.get(key) or _Waiting(notified=self._address is not None)
             wait.until, wait.refreshed, wait.ahead = expires, now, ahead
             # We hold the write lock: nobody else commits before our COMMIT (+1 below).
             wait.version = (db.execute("PRAGMA data_version").fetchone()[0], self._commits + 1)
@@ -292,8 +407,7 @@ class SQLiteDriver(Driver):
 
         result = await self._write(attempt)
         if isinstance(result, Busy):
-            if queue:
-                self._queued.add(key)
+            self._queued.add(key)
         else:
             self._queued.discard(key)
             self._seen.pop(key, None)
@@ -315,10 +429,10 @@ class SQLiteDriver(Driver):
         return await self._write(renew)
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
-        def delete(db: sqlite3.Connection) -> bool:
-            return db.execute(SQL_RELEASE, (name, owner, token)).rowcount == 1
-
-        return await self._write(delete)
+        released = (await self._statement(SQL_RELEASE, (name, owner, token))).rowcount == 1
+        if released:
+            self._notify_next(name)
+        return released
 
     async def validate(self, name: str, token: int) -> bool:
         try:
@@ -340,6 +454,8 @@ class SQLiteDriver(Driver):
             db.execute(SQL_PRUNE_WAITERS, (time.monotonic(), boot))
 
         await self._write(forget)
+        # If we were first in line, the next waiter may go now.
+        self._notify_next(name)
 
 
 def driver_from_url(url: str, **options: Any) -> SQLiteDriver:

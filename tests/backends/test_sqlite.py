@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -43,14 +44,15 @@ async def test_relative_path_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert (tmp_path / "relative.db").exists()
 
 
-async def test_token_counter_outlives_lease_rows(url: str) -> None:
+async def test_release_keeps_the_row_and_its_token(url: str) -> None:
     async with asynclock.connect(url) as backend:
         async with backend.lock("c", ttl=5.0) as first:
             pass
-        conn = raw(url)
-        conn.execute("DELETE FROM asynclock_lease")
-        conn.close()
-    async with asynclock.connect(url) as backend:  # a new process would see the same
+    conn = raw(url)
+    rows = conn.execute("SELECT name, token, expires_at FROM asynclock_lease").fetchall()
+    conn.close()
+    assert rows == [("c", first.token, 0)]
+    async with asynclock.connect(url) as backend:  # a new process sees the same counter
         async with backend.lock("c", ttl=5.0) as second:
             assert second.token == first.token + 1
 
@@ -67,7 +69,7 @@ async def test_rows_from_before_a_reboot_count_as_expired(url: str) -> None:
     conn.close()
     async with asynclock.connect(url) as backend:
         async with backend.lock("boot", ttl=5.0, blocking=False) as lease:
-            assert lease.token == 1
+            assert lease.token == 8  # free again, and the token still goes up
 
 
 async def test_busy_database_never_blocks_the_event_loop(url: str) -> None:
@@ -152,11 +154,13 @@ async def test_waiters_are_served_first_come_first_served(url: str) -> None:
 
 async def test_a_dead_waiter_does_not_block_the_queue(url: str) -> None:
     async with asynclock.connect(url) as backend:
+        async with backend.lock("q", ttl=5.0):
+            pass  # the name has a row, as it does whenever someone could be queued
         conn = raw(url)
         driver = backend.driver
         assert isinstance(driver, SQLiteDriver)
         conn.execute(
-            "INSERT INTO asynclock_waiter VALUES ('q', 'ghost', 0, ?, ?)",
+            "INSERT INTO asynclock_waiter VALUES ('q', 'ghost', 0, ?, ?, NULL)",
             (time.monotonic() + WAITER_TTL, driver.boot),
         )
         conn.close()
@@ -165,3 +169,40 @@ async def test_a_dead_waiter_does_not_block_the_queue(url: str) -> None:
         started = time.monotonic()
         async with backend.lock("q", ttl=5.0, timeout=10):
             assert time.monotonic() - started <= WAITER_TTL + 0.5
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract sockets are Linux-only")
+async def test_release_wakes_the_next_waiter_in_another_backend(url: str) -> None:
+    """Handoff across processes does not wait for a poll: the releaser sends a datagram."""
+    async with asynclock.connect(url) as holder, asynclock.connect(url) as waiter:
+        woken: list[str] = []
+        wake = waiter.driver._wake
+
+        def record(name: str) -> None:
+            woken.append(name)
+            wake(name)
+
+        waiter.driver._wake = record
+        queued = anyio.Event()
+        real = waiter.driver.acquire
+
+        async def acquire(*args: Any, **kwargs: Any) -> Any:
+            result = await real(*args, **kwargs)
+            if isinstance(result, Busy):
+                queued.set()
+            return result
+
+        setattr(waiter.driver, "acquire", acquire)  # noqa: B010
+        got = anyio.Event()
+
+        async def wait() -> None:
+            async with waiter.lock("handoff", ttl=5.0, timeout=10):
+                got.set()
+
+        lease = await holder.acquire("handoff", ttl=5.0)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait)
+            await queued.wait()
+            assert await lease.release()
+            await got.wait()
+        assert "handoff" in woken

@@ -31,7 +31,9 @@ def spec_sqlite(tmp_path_factory: pytest.TempPathFactory) -> BackendSpec:
     async def sabotage(backend: asynclock.Backend, name: str) -> None:
         conn = sqlite3.connect(path, isolation_level=None, timeout=5)
         try:
-            conn.execute("DELETE FROM asynclock_lease WHERE name = ?", (name,))
+            # Expire the row behind the holder's back (rows are never deleted: they keep the
+            # token counter).
+            conn.execute("UPDATE asynclock_lease SET expires_at = 0 WHERE name = ?", (name,))
         finally:
             conn.close()
 
