@@ -47,6 +47,13 @@ def test_submodule_all() -> None:
             assert hasattr(module, name)
 
 
+def test_driver_api_for_backend_authors() -> None:
+    import asynclock.backends as backends
+
+    assert set(backends.__all__) == {"Busy", "Driver", "ExtendResult", "LeaseRef", "Refused"}
+    assert backends.Driver is asynclock.Driver
+
+
 def test_exception_hierarchy() -> None:
     for name in (
         "AcquireTimeout",
