@@ -13,8 +13,9 @@ Rows, side by side in one run against one server:
 
 Each row is the median of ``--reps`` runs of ``--cycles`` cycles (tooz: a tenth as many).
 By default the script starts a throwaway PostgreSQL on a free loopback port with the
-server's durable defaults (``fsync=on``, ``synchronous_commit=on``: every token bump is a
-WAL flush, as in production); ``--fast`` turns durability off, ``--url`` uses your server.
+server's durable defaults (``fsync=on``, ``synchronous_commit=on``, as in production: a
+mode=lease acquire is a WAL flush; a mode=session acquire only every 1,000th of a name);
+``--fast`` turns durability off, ``--url`` uses your server.
 
 Usage::
 

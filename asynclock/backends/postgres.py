@@ -4,9 +4,9 @@ Two modes, chosen with ``?mode=`` in the URL:
 
 ``mode=session`` (default): **session advisory locks.** One pinned connection per backend
 carries every lock it holds (``pg_try_advisory_lock``). The key is 64 bits of SHA-256 of
-the name (:func:`lock_key`). The fencing token is a per-name counter row in
-``asynclock_token``, bumped in the same statement that takes the lock and only when the
-lock was granted, so tokens survive restarts (G2). Each heartbeat asks ``pg_locks``, in
+the name (:func:`lock_key`). The fencing token is bumped per name in the same statement
+that takes the lock, and only when the lock was granted (see "Tokens" below). Each
+heartbeat asks ``pg_locks``, in
 one statement for every lease, whether *this backend pid* still holds each key, so a
 dropped connection, a ``pg_terminate_backend`` or a pooler that moved the session is a
 definite loss (G4, G5). Every statement sets ``idle_session_timeout`` to the longest ttl
@@ -20,6 +20,20 @@ sequence ``asynclock_lease_token``, ``expires_at`` on the server's clock,
 ``clock_timestamp()``). Acquire, extend and release are single conditional statements, so
 it works through any pooler (with a transaction pooler: no LISTEN, bounded polling, and
 asyncpg's statement cache off). Expiry trusts the server's wall clock not to jump.
+
+Tokens (mode session and :func:`xact_lock`): the last token of a name lives in the
+UNLOGGED table ``asynclock_token_live`` (no WAL, so the acquiring commit waits for no WAL
+flush); the logged table ``asynclock_token`` holds a *ceiling* per name, and every token
+ever handed out is <= its ceiling. Once a name's reservation is used up (every
+:data:`TOKEN_RESERVE` acquisitions), or when its live row is missing, the acquiring
+statement takes ``greatest(live, ceiling) + 1``, raises the ceiling to that +
+``TOKEN_RESERVE - 1`` and commits synchronously (``synchronous_commit`` forced on for that
+transaction). A ceiling is only written by synchronous commits, so any ceiling a
+transaction can see is already on disk. PostgreSQL empties unlogged tables in crash
+recovery, so after a crash every name restarts above its ceiling, above every token
+handed out before the crash (G2) without any clock assumption. A clean restart keeps the
+live rows. Mode lease keeps one WAL flush per acquire: its lease row must survive a crash
+(G1), not only its token.
 
 Waiting: releases ``NOTIFY asynclock_<16 hex digits of the key>``; waiters ``LISTEN`` on a
 second connection (one per backend) and retry at least every ``poll`` seconds (a holder
@@ -36,6 +50,7 @@ URL: ``postgresql://user:password@host:port/database?mode=session|lease&poll=0.2
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import math
@@ -73,6 +88,7 @@ KEY_SQL = "('x' || left(encode(sha256(convert_to($1, 'UTF8')), 'hex'), 16))::bit
 _SCHEMA_KEY = 0x6173796E636C6F63  # "asynclock" in ASCII, first 8 bytes
 
 
+@functools.lru_cache(maxsize=4096)
 def lock_key(name: str) -> int:
     """The advisory-lock key of ``name``: the first 8 bytes of SHA-256 of its UTF-8
     encoding, read as a big-endian *signed* 64-bit integer (PostgreSQL's ``bigint``).
@@ -85,6 +101,7 @@ def lock_key(name: str) -> int:
     return int.from_bytes(digest[:8], "big", signed=True)
 
 
+@functools.lru_cache(maxsize=4096)
 def notify_channel(name: str) -> str:
     """The LISTEN/NOTIFY channel that announces releases of ``name``."""
     return f"asynclock_{lock_key(name) & _MASK64:016x}"
@@ -97,10 +114,21 @@ def _name_bytes(name: str) -> bytes:
 
 # -- schema ------------------------------------------------------------------------------
 
-# Per-name token counter of mode session (and of xact_lock). Never deleted (G2).
-SCHEMA_SESSION = (
-    "CREATE TABLE IF NOT EXISTS asynclock_token (name bytea PRIMARY KEY, token bigint NOT NULL)"
+#: How many tokens one durable reservation covers (see "Tokens" in the module docstring).
+TOKEN_RESERVE = 1000
+
+# Tokens of mode session (and of xact_lock), per name. Never deleted (G2):
+# ``asynclock_token.ceiling`` (logged, written only with a synchronous commit) is >= every
+# token ever handed out for the name; ``asynclock_token_live.token`` (UNLOGGED: no WAL, so
+# no WAL flush per acquisition; emptied by PostgreSQL's crash recovery) is the last token
+# handed out since the last crash.
+SCHEMA_SESSION = """
+CREATE TABLE IF NOT EXISTS asynclock_token (name bytea PRIMARY KEY, ceiling bigint NOT NULL);
+CREATE UNLOGGED TABLE IF NOT EXISTS asynclock_token_live (
+    name  bytea PRIMARY KEY,
+    token bigint NOT NULL
 )
+"""
 # Leases of mode lease; tokens from one sequence (strictly increasing for every name, G2).
 SCHEMA_LEASE = """
 CREATE SEQUENCE IF NOT EXISTS asynclock_lease_token;
@@ -114,25 +142,43 @@ CREATE TABLE IF NOT EXISTS asynclock_lease (
 
 # -- mode session: statements ------------------------------------------------------------
 
+# The token bump, after a CTE ``l`` that says whether we got the lock (``l.ok``). Args: $2
+# name bytea. A name's next token is live.token + 1 while that stays <= ceiling: an
+# UNLOGGED write, so the commit writes no WAL of ours and does not wait for a flush. When
+# the reservation is used up, or the live row is missing (first use, or emptied by crash
+# recovery), the token is greatest(live, ceiling) + 1 and the ceiling moves to token +
+# TOKEN_RESERVE - 1 in the same transaction, committed synchronously (forced on if the
+# session has synchronous_commit = off). The ceiling read from the snapshot can only be
+# older, so smaller, than the latest one: that reserves early, never hands out more.
+# ON CONFLICT reads the latest live row, so the statement snapshot predating the lock
+# can't make two holders compute the same token.
+_BUMP = f"""
+c AS (SELECT coalesce((SELECT ceiling FROM asynclock_token WHERE name = $2), 0) AS ceiling
+      FROM l WHERE l.ok),
+live AS (
+    INSERT INTO asynclock_token_live AS t (name, token) SELECT $2, c.ceiling + 1 FROM c
+    ON CONFLICT (name) DO UPDATE SET token = t.token + 1
+    RETURNING t.token
+),
+reserve AS (
+    INSERT INTO asynclock_token AS r (name, ceiling)
+    SELECT $2, live.token + {TOKEN_RESERVE - 1} FROM live, c WHERE live.token > c.ceiling
+    ON CONFLICT (name) DO UPDATE SET ceiling = greatest(r.ceiling, EXCLUDED.ceiling)
+    RETURNING set_config('synchronous_commit',
+                         CASE current_setting('synchronous_commit')
+                         WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END,
+                         true)
+)
+SELECT token FROM live
+"""
 # G1 + G2 in one round trip. Args: $1 key bigint, $2 name bytea, $3 idle_session_timeout
-# (ms, text). Takes the session lock if free and only then bumps the name's counter.
+# (ms, text). Takes the session lock if free and only then bumps the name's token.
 # Returns the new token, or no row when another session holds the key.
-SQL_S_ACQUIRE = """
+SQL_S_ACQUIRE = f"""
 WITH s AS (SELECT set_config('idle_session_timeout', $3, false)),
-     l AS (SELECT pg_try_advisory_lock($1) AS ok FROM s)
-INSERT INTO asynclock_token AS t (name, token)
-SELECT $2, 1 FROM l WHERE l.ok
-ON CONFLICT (name) DO UPDATE SET token = t.token + 1
-RETURNING t.token
-"""
+     l AS (SELECT pg_try_advisory_lock($1) AS ok FROM s),{_BUMP}"""
 # The same when idle_session_timeout is already right (or the server predates it, < 14).
-SQL_S_ACQUIRE_PLAIN = """
-WITH l AS (SELECT pg_try_advisory_lock($1) AS ok)
-INSERT INTO asynclock_token AS t (name, token)
-SELECT $2, 1 FROM l WHERE l.ok
-ON CONFLICT (name) DO UPDATE SET token = t.token + 1
-RETURNING t.token
-"""
+SQL_S_ACQUIRE_PLAIN = f"WITH l AS (SELECT pg_try_advisory_lock($1) AS ok),{_BUMP}"
 # G4/G7 renewal of every lease in one round trip. Args: $1 keys bigint[], $2 idle ms (text).
 # Returns one row: the keys of $1 that *this backend pid* no longer holds.
 _MISSING = """array(SELECT k FROM unnest($1::bigint[]) AS k
@@ -153,28 +199,18 @@ SELECT u.ok FROM (SELECT set_config('synchronous_commit', 'off', true),
 LEFT JOIN LATERAL (SELECT pg_notify($2, '') WHERE u.ok) AS n ON true
 """
 # G9. Args: $1 key, $2 name, $3 token. True if some session holds the key and $3 is the
-# newest token issued for the name (the counter only moves when the lock is granted).
+# newest token issued for the name (tokens only move when the lock is granted).
 SQL_S_VALIDATE = """
 SELECT EXISTS (SELECT 1 FROM pg_locks AS l
                WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
                  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
                  AND (l.classid::bigint << 32) | l.objid::bigint = $1)
-   AND EXISTS (SELECT 1 FROM asynclock_token WHERE name = $2 AND token = $3)
+   AND EXISTS (SELECT 1 FROM asynclock_token_live WHERE name = $2 AND token = $3)
 """
-# xact_lock: args $1 key, $2 name. Waits for the transaction lock, then bumps the counter.
-SQL_X_LOCK = """
-WITH l AS (SELECT pg_advisory_xact_lock($1))
-INSERT INTO asynclock_token AS t (name, token) SELECT $2, 1 FROM l
-ON CONFLICT (name) DO UPDATE SET token = t.token + 1
-RETURNING t.token
-"""
+# xact_lock: args $1 key, $2 name. Waits for the transaction lock, then bumps the token.
+SQL_X_LOCK = f"WITH l AS (SELECT true AS ok FROM pg_advisory_xact_lock($1)),{_BUMP}"
 # xact_lock(wait=False): the same with pg_try_advisory_xact_lock; no row when busy.
-SQL_X_TRY = """
-WITH l AS (SELECT pg_try_advisory_xact_lock($1) AS ok)
-INSERT INTO asynclock_token AS t (name, token) SELECT $2, 1 FROM l WHERE l.ok
-ON CONFLICT (name) DO UPDATE SET token = t.token + 1
-RETURNING t.token
-"""
+SQL_X_TRY = f"WITH l AS (SELECT pg_try_advisory_xact_lock($1) AS ok),{_BUMP}"
 
 # -- mode lease: statements --------------------------------------------------------------
 
@@ -742,12 +778,14 @@ async def ensure_schema(conn: asyncpg.Connection, *, mode: str = "session") -> N
     transaction behind a transaction advisory lock. When the tables exist this is one
     read-only query (no CREATE privilege needed).
     """
-    table, schema = (
-        ("asynclock_token", SCHEMA_SESSION)
+    tables, schema = (
+        (["asynclock_token", "asynclock_token_live"], SCHEMA_SESSION)
         if mode == "session"
-        else ("asynclock_lease", SCHEMA_LEASE)
+        else (["asynclock_lease"], SCHEMA_LEASE)
     )
-    if await conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table):
+    if await conn.fetchval(
+        "SELECT bool_and(to_regclass(t) IS NOT NULL) FROM unnest($1::text[]) t", tables
+    ):
         return
     async with conn.transaction():
         await conn.execute(f"SELECT pg_advisory_xact_lock({_SCHEMA_KEY})")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import anyio
@@ -16,6 +19,7 @@ import pytest
 import asynclock
 from asynclock.backends.postgres import (
     KEY_SQL,
+    TOKEN_RESERVE,
     PoolerDetected,
     PostgresDriver,
     ensure_schema,
@@ -23,7 +27,7 @@ from asynclock.backends.postgres import (
     xact_lock,
 )
 from asynclock.fence import SQLFence
-from tests.support.pg_servers import PASSWORD, PgBouncer, PgServer
+from tests.support.pg_servers import PASSWORD, PgBouncer, PgServer, _own, find_pg_bin, free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -112,6 +116,79 @@ async def test_server_restart_loses_holders_and_tokens_keep_rising(
             pass
         async with lease_backend.lock(name, ttl=3.0) as two:
             assert two.token > one.token
+
+
+@pytest.fixture
+def crashable_pg() -> Iterator[PgServer]:
+    """A server of its own that this test may crash. ``synchronous_commit = off`` for every
+    session (the hardest case: the reservation must force its own flush) and a 10 s
+    ``wal_writer_delay``, so the WAL of asynchronous commits sits in shared memory and an
+    immediate shutdown really loses it."""
+    root = Path(tempfile.mkdtemp(prefix="asynclock-pg-crash-"))
+    _own(root)
+    server = PgServer(find_pg_bin(), root, free_port())
+    try:
+        server.init()
+        with open(server.data / "postgresql.conf", "a") as conf:
+            conf.write("wal_writer_delay = 10000ms\n")
+        server.start()
+        server.psql_setup()
+        yield server
+    finally:
+        with contextlib.suppress(Exception):
+            server.stop("immediate")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_tokens_keep_rising_across_a_server_crash(crashable_pg: PgServer) -> None:
+    """G2 across a crash: tokens are committed without a WAL flush, so an immediate
+    shutdown (no checkpoint, WAL buffers lost, crash recovery at start) loses the newest
+    ones; every token after the restart must still exceed every token before it."""
+    before: dict[str, int] = {}
+    async with asynclock.connect(crashable_pg.url()) as backend:
+
+        async def take(name: str) -> None:
+            async with backend.lock(name, ttl=5.0, blocking=False) as lease:
+                assert lease.token > before.get(name, 0)
+                before[name] = lease.token
+
+        # "middle" stops halfway through a reservation, "edge" right after taking a new
+        # one (a synchronous commit), "xact" uses xact_lock. The last acquisitions come
+        # just before the crash, so their commits are still in the WAL page it loses.
+        conn = await asyncpg.connect(crashable_pg.url())
+        try:
+            await conn.execute("SET synchronous_commit = on")
+            await conn.execute("CREATE TABLE control (n int); INSERT INTO control VALUES (0)")
+            await conn.execute("SET synchronous_commit = off")
+            for _ in range(TOKEN_RESERVE + TOKEN_RESERVE // 2 - 5):
+                await take("middle")
+            for _ in range(2 * TOKEN_RESERVE):
+                await take("edge")
+            for _ in range(3):
+                async with conn.transaction():
+                    before["xact"] = await xact_lock(conn, "xact")
+            await take("edge")
+            for _ in range(5):
+                await take("middle")
+            # Control: an ordinary asynchronous commit just before the crash must be lost.
+            await conn.execute("UPDATE control SET n = 1")
+        finally:
+            await conn.close()
+        assert before["edge"] == 2 * TOKEN_RESERVE + 1
+        await anyio.to_thread.run_sync(crashable_pg.stop, "immediate")
+        await anyio.to_thread.run_sync(crashable_pg.start)
+        after: dict[str, int] = {}
+        for name in before:
+            async with backend.lock(name, ttl=5.0, timeout=10) as lease:
+                after[name] = lease.token
+    conn = await asyncpg.connect(crashable_pg.url())
+    try:
+        lost_control = await conn.fetchval("SELECT n FROM control") == 0
+    finally:
+        await conn.close()
+    assert lost_control, "the crash lost no asynchronous commit, so it proves nothing"
+    for name in before:
+        assert after[name] > before[name], (name, before[name], after[name])
 
 
 async def test_released_lock_wakes_a_waiter_via_notify(pg_server: PgServer, name: str) -> None:

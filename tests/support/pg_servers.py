@@ -256,15 +256,33 @@ def pg_server() -> Iterator[PgServer]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def pgbouncer(pg_server: PgServer) -> Iterator[PgBouncer]:
-    binary = shutil.which("pgbouncer") or (
+def _find_pgbouncer() -> str | None:
+    return shutil.which("pgbouncer") or (
         "/usr/sbin/pgbouncer" if Path("/usr/sbin/pgbouncer").exists() else None
     )
+
+
+def _install_pgbouncer() -> str | None:
+    """PgBouncer is packaged only by Debian: install it when we are root on a Debian-like box,
+    so the README's single test command works on a fresh machine."""
+    apt = shutil.which("apt-get")
+    if apt is None or os.geteuid() != 0:
+        return None
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for args in ([apt, "update", "-qq"], [apt, "install", "-y", "-qq", "pgbouncer"]):
+        done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            return None
+    return _find_pgbouncer()
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(pg_server: PgServer) -> Iterator[PgBouncer]:
+    binary = _find_pgbouncer() or _install_pgbouncer()
     if binary is None:
         pytest.fail(
-            "pgbouncer is not installed; the PostgreSQL pooler tests need a real one: "
-            "run `apt-get install -y pgbouncer` (.ci/run does this)"
+            "pgbouncer is not installed and could not be installed here; the PostgreSQL "
+            "pooler tests need a real one: run `apt-get install -y pgbouncer` (.ci/run does this)"
         )
     bouncer = PgBouncer(pg_server, pg_server.root / "pgbouncer", free_port())
     try:
