@@ -12,6 +12,8 @@ def check_name(name: object) -> str:
         raise TypeError(f"lock name must be a str, not {type(name).__name__}")
     if not name:
         raise ValueError("lock name must be a non-empty str (1 to 512 UTF-8 bytes)")
+    if len(name) <= MAX_NAME_BYTES // 4:
+        return name  # at most 4 UTF-8 bytes per character: no need to encode
     size = len(name.encode("utf-8", "surrogatepass"))
     if size > MAX_NAME_BYTES:
         raise ValueError(f"lock name is {size} UTF-8 bytes; at most {MAX_NAME_BYTES} are allowed")

@@ -124,10 +124,13 @@ SQL_EXTEND = (
     "WHERE name = ? AND owner = ? AND token = ? AND boot = ? AND expires_at > ?"
 )
 # G5: owner-checked release; the row (and its token) stays. Token may be NULL after an
-# interrupted acquire. Args: name, owner, token. One row changed if it was ours.
+# interrupted acquire. Args: name, owner, token, boot, now. One row back if it was ours,
+# carrying the wake address of the first live waiter (or NULL) to notify.
 SQL_RELEASE = (
     "UPDATE asynclock_lease SET expires_at = 0 "
-    "WHERE name = ?1 AND owner = ?2 AND (?3 IS NULL OR token = ?3) AND expires_at > 0"
+    "WHERE name = ?1 AND owner = ?2 AND (?3 IS NULL OR token = ?3) AND expires_at > 0 "
+    "RETURNING (SELECT wake FROM asynclock_waiter WHERE name = ?1 AND boot = ?4 "
+    "AND expires_at > ?5 ORDER BY seq LIMIT 1)"
 )
 SQL_FORGET_WAITER = "DELETE FROM asynclock_waiter WHERE name = ? AND owner = ?"
 # Housekeeping: waiters that stopped asking. Args now, boot.
@@ -355,11 +358,15 @@ class SQLiteDriver(Driver):
     def _notify_next(self, name: str) -> None:
         """After a release: tell the first live waiter (any process) to try now."""
         head = self.db.execute(SQL_HEAD, (name, self.boot, time.monotonic())).fetchone()
-        if head is None or not head[1] or self._sock is None:
+        if head is not None and head[1]:
+            self._send_wake(name, head[1])
+
+    def _send_wake(self, name: str, address: str) -> None:
+        if self._sock is None:
             return
         # If that waiter is gone or its buffer is full, it polls as a fallback.
         with contextlib.suppress(OSError):
-            self._sock.sendto(name.encode(), "\0" + head[1])
+            self._sock.sendto(name.encode(), "\0" + address)
 
     # -- primitives ------------------------------------------------------------------------
 
@@ -429,10 +436,13 @@ class SQLiteDriver(Driver):
         return await self._write(renew)
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
-        released = (await self._statement(SQL_RELEASE, (name, owner, token))).rowcount == 1
-        if released:
-            self._notify_next(name)
-        return released
+        args = (name, owner, token, self.boot, time.monotonic())
+        row = (await self._statement(SQL_RELEASE, args)).fetchone()
+        if row is None:
+            return False
+        if row[0] is not None:
+            self._send_wake(name, row[0])
+        return True
 
     async def validate(self, name: str, token: int) -> bool:
         try:
