@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import math
 import os
 import statistics
 import sys
@@ -53,6 +54,18 @@ def _install_counter() -> None:
             return _original(self, *args)
 
         cls.pack_command = pack  # type: ignore[method-assign]
+    # asynclock's drivers pack their commands themselves (one function, used by both).
+    import asynclock.backends.redis as ours
+    import asynclock.backends.redlock as ours_redlock
+
+    original_pack = ours.pack
+
+    def pack_counted(*args: bytes) -> bytes:
+        COUNT[0] += 1
+        return original_pack(*args)
+
+    ours.pack = pack_counted
+    ours_redlock.pack = pack_counted  # type: ignore[attr-defined]
 
 
 def cpu_seconds() -> float:
@@ -213,16 +226,23 @@ async def uncontended(
         ("pottery Redlock (sync)", "5", pottery_sync, five),
         ("aioredlock", "5", aioredlock_cycle, five),
     ]
-    results: dict[tuple[str, str], float] = {}
-    for name, nodes, make, servers in rows:
-        samples = []
-        for _ in range(reps):
+    # Repetitions are interleaved (rep 1 of every row, then rep 2, ...) so that a slow
+    # phase of a shared machine does not land on one row only.
+    samples: dict[tuple[str, str], list[float]] = {(name, nodes): [] for name, nodes, *_ in rows}
+    broken: set[tuple[str, str]] = set()
+    for _ in range(reps):
+        for name, nodes, make, servers in rows:
+            if (name, nodes) in broken:
+                continue
             try:
-                samples.append(await cycles_per_second(make, servers, seconds))
+                samples[(name, nodes)].append(await cycles_per_second(make, servers, seconds))
             except Exception as exc:  # a peer that does not run here: say so, go on
                 print(f"  {name} ({nodes} nodes) failed: {exc!r}", file=sys.stderr)
-                break
-        results[(name, nodes)] = statistics.median(samples) if samples else float("nan")
+                broken.add((name, nodes))
+    results = {
+        key: statistics.median(values) if values else float("nan")
+        for key, values in samples.items()
+    }
     base = results[("floor (SET NX PX + Lua del)", "1")]
     print("\n## Uncontended acquire+release (median of", reps, "runs)\n")
     print("| library | nodes | cycles/s | x floor |")
@@ -237,6 +257,31 @@ async def uncontended(
 
 
 # -- 2. contention ----------------------------------------------------------------------------
+
+#: (commands, acquisitions) when every worker had held the lock once: what comes after is
+#: the steady state, without one-time set-up (connections, subscriptions).
+WARM: list[tuple[int, int] | None] = [None]
+SEEN: set[int] = set()
+
+
+def mark_warm(worker: int, events: list[Any]) -> None:
+    SEEN.add(worker)
+    if WARM[0] is None and len(SEEN) == 8:
+        WARM[0] = (COUNT[0], len(events))
+
+
+def _num(value: float) -> str:
+    """A ratio, or "never" when some worker never got the lock (no steady state)."""
+    return "never" if math.isnan(value) else f"{value:.2f}"
+
+
+def _steady(commands: int, acquisitions: int) -> float:
+    warm = WARM[0]
+    WARM[0] = None
+    SEEN.clear()
+    if warm is None or acquisitions <= warm[1]:
+        return float("nan")
+    return (commands - warm[0]) / (acquisitions - warm[1])
 
 
 async def contention(server: RedisServer, seconds: float, hold: float = 0.001) -> dict[str, float]:
@@ -271,6 +316,7 @@ async def contention(server: RedisServer, seconds: float, hold: float = 0.001) -
                         await anyio.lowlevel.checkpoint()
                     inside[0] -= 1
                     events.append((got, time.monotonic(), i if others_waiting else -1 - i))
+                    mark_warm(i, events)
 
         async with anyio.create_task_group() as tg:
             for i, b in enumerate(backends):
@@ -279,6 +325,7 @@ async def contention(server: RedisServer, seconds: float, hold: float = 0.001) -
         for b in reversed(backends):
             await b.__aexit__(None, None, None)
     commands = COUNT[0]
+    steady = _steady(commands, len(events))
     gaps = [b[0] - a[1] for a, b in itertools.pairwise(events)]
     possible = sum(1 for e in events[:-1] if e[2] >= 0)
     handed = sum(
@@ -293,6 +340,7 @@ async def contention(server: RedisServer, seconds: float, hold: float = 0.001) -
         "handoffs": handed / max(possible, 1),
         "max_wait_ms": max(waits) * 1000,
         "commands_per_acq": commands / max(len(events), 1),
+        "steady_commands_per_acq": steady,
         "overlap": overlap[0],
     }
 
@@ -323,6 +371,7 @@ async def contention_redis_py(
             while time.monotonic() < deadline:
                 await anyio.lowlevel.checkpoint()
             events.append((got, time.monotonic(), i if others else -1 - i))
+            mark_warm(i, events)
             await lock.release()
 
     async with anyio.create_task_group() as tg:
@@ -342,6 +391,7 @@ async def contention_redis_py(
         "handoffs": handed / max(possible, 1),
         "max_wait_ms": max(waits) * 1000,
         "commands_per_acq": COUNT[0] / max(len(events), 1),
+        "steady_commands_per_acq": _steady(COUNT[0], len(events)),
         "overlap": 0,
     }
 
@@ -400,9 +450,9 @@ async def main() -> None:
                 print("\n## 8 workers, one name, 1 ms hold (median of", args.reps, "runs)\n")
                 print(
                     "| library | acquisitions | gap p50 ms | gap p99 ms | handoffs | max wait ms "
-                    "| commands/acq | overlap |"
+                    "| commands/acq | after warm-up | overlap |"
                 )
-                print("|---|---|---|---|---|---|---|---|")
+                print("|---|---|---|---|---|---|---|---|---|")
                 for label, run in (
                     ("asynclock redis://", contention),
                     ("redis-py asyncio Lock", contention_redis_py),
@@ -413,6 +463,7 @@ async def main() -> None:
                         f"| {label} | {med['acquisitions']:.0f} | {med['gap_p50_ms']:.2f} | "
                         f"{med['gap_p99_ms']:.2f} | {med['handoffs']:.1%} | "
                         f"{med['max_wait_ms']:.1f} | {med['commands_per_acq']:.2f} | "
+                        f"{_num(med['steady_commands_per_acq'])} | "
                         f"{max(s['overlap'] for s in samples):.0f} |"
                     )
             if "leases" not in skip:

@@ -222,3 +222,21 @@ async def test_unconfirmed_release_can_be_retried() -> None:
         async with backend.lock("r2", ttl=5.0):
             pass
         assert backend.stats().losses == 0
+
+
+async def test_driver_release_may_open_cancel_scopes() -> None:
+    """The core's shielded release must not break a driver that opens scopes of its own."""
+
+    class ScopedRelease(MemoryDriver):
+        async def release(self, name: str, owner: str, token: int | None) -> bool:
+            with anyio.move_on_after(1.0):
+                async with anyio.create_task_group():
+                    pass
+                return await super().release(name, owner, token)
+            return False
+
+    async with asynclock.Backend(ScopedRelease()) as backend:
+        for _ in range(3):
+            async with backend.lock("scoped", ttl=5.0):
+                pass
+        assert backend.stats().released == 3

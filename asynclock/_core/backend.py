@@ -19,11 +19,11 @@ import math
 import random
 import re
 import secrets
-from collections.abc import Awaitable, Coroutine, Generator
+from collections.abc import Awaitable, Coroutine
 from contextvars import ContextVar
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Generic, Self, TypeVar, cast
+from typing import Any, Self, TypeVar
 
 import anyio
 import anyio.abc
@@ -513,48 +513,13 @@ _HOLDS: ContextVar[tuple[tuple[Lock, Lease, anyio.CancelScope], ...]] = ContextV
 )
 
 
-class _Resume(Generic[T]):
-    """Await the rest of a coroutine whose first step already ran (like ``yield from``)."""
-
-    __slots__ = ("_coro", "_first")
-
-    def __init__(self, coro: Coroutine[Any, Any, T], first: Any) -> None:
-        self._coro = coro
-        self._first = first
-
-    def __await__(self) -> Generator[Any, Any, T]:
-        coro, value = self._coro, self._first
-        while True:
-            try:
-                sent = yield value
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:
-                try:
-                    value = coro.throw(exc)
-                except StopIteration as done:
-                    return cast(T, done.value)
-            else:
-                try:
-                    value = coro.send(sent)
-                except StopIteration as done:
-                    return cast(T, done.value)
-
-
 async def _shielded_call(coro: Coroutine[Any, Any, T], timeout: float) -> T | None:
     """Run ``coro`` shielded from cancellation, for at most ``timeout`` seconds (G6).
 
-    Returns None if it timed out. A coroutine that finishes without suspending (SQLite,
-    memory) cannot be cancelled at all, so it runs before any cancel scope is built; only
-    one that suspends is resumed inside a shielded scope with a deadline.
+    Returns None if it timed out.
     """
-    try:
-        first = coro.send(None)
-    except StopIteration as done:
-        return cast(T, done.value)
     with anyio.CancelScope(shield=True, deadline=anyio.current_time() + timeout):
-        return await _Resume(coro, first)
+        return await coro
     return None
 
 

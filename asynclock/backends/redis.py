@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import math
 from collections import OrderedDict
@@ -36,8 +37,6 @@ import anyio
 import redis.asyncio
 import redis.exceptions
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
 from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
 from .._core.exceptions import BackendUnavailable
@@ -225,9 +224,11 @@ SCRIPTS = {
     "abandon": ABANDON,
     "raise_fence": RAISE_FENCE,
 }
+#: EVALSHA digests (the same on every server: SHA1 of the script text).
+SHAS = {key: hashlib.sha1(text.encode()).hexdigest().encode() for key, text in SCRIPTS.items()}
 
 # Modes of ACQUIRE.
-NO_QUEUE, RESPECT_QUEUE, JOIN_QUEUE = "0", "1", "2"
+NO_QUEUE, RESPECT_QUEUE, JOIN_QUEUE = b"0", b"1", b"2"
 
 #: Idle pub/sub subscriptions kept open (so a name locked again soon costs no SUBSCRIBE).
 MAX_IDLE_SUBSCRIPTIONS = 256
@@ -259,6 +260,49 @@ def keys_for(name: str, prefix: str = "asynclock:") -> Keys:
     return Keys(base, base + ":fence", base + ":q", base + ":qx", base + ":released")
 
 
+@dataclass(frozen=True, slots=True)
+class WireKeys:
+    """The keys of one name as the scripts take them (bytes), and its channel's name."""
+
+    lock: bytes
+    fence: bytes
+    queue: bytes
+    queue_exp: bytes
+    channel: bytes
+    channel_name: str
+    acquire_keys: tuple[bytes, bytes, bytes, bytes]
+    release_keys: tuple[bytes, bytes, bytes]
+
+
+class KeyCache:
+    """``keys_for`` per name, encoded once (bounded; hot names stay cached)."""
+
+    LIMIT = 4096
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self._cache: dict[str, WireKeys] = {}
+
+    def __call__(self, name: str) -> WireKeys:
+        k = self._cache.get(name)
+        if k is None:
+            if len(self._cache) >= self.LIMIT:
+                self._cache.clear()
+            s = keys_for(name, self.prefix)
+            lock, fence, q, qx = (x.encode() for x in (s.lock, s.fence, s.queue, s.queue_exp))
+            k = self._cache[name] = WireKeys(
+                lock,
+                fence,
+                q,
+                qx,
+                s.channel.encode(),
+                s.channel,
+                (lock, fence, q, qx),
+                (lock, q, qx),
+            )
+        return k
+
+
 def ms(seconds: float) -> int:
     """Seconds to whole milliseconds, rounded up (a server ttl never shorter than asked)."""
     return max(1, math.ceil(seconds * 1000))
@@ -281,8 +325,27 @@ def display_url(url: str) -> str:
     return f"{parts.scheme}://{user}{host}{port}{path}"
 
 
+def pack(*args: bytes) -> bytes:
+    """One command in the Redis protocol (RESP). Every command the drivers send on their
+    command connections goes through here (benchmarks count commands at this point)."""
+    out = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        out.append(b"$%d\r\n%b\r\n" % (len(arg), arg))
+    return b"".join(out)
+
+
+#: Idle command connections a node keeps open (more are opened while calls overlap).
+MAX_IDLE_CONNECTIONS = 256
+
+
 class Node:
-    """One Redis server: a connection pool, loaded scripts, error translation."""
+    """One Redis server: command connections, scripts, error translation.
+
+    Commands go out on dedicated redis-py connections that this node hands out one call at
+    a time (no pool lock, no per-call task): ``send`` writes a packed command, ``receive``
+    reads its reply under a deadline. A connection whose call did not end with a complete
+    reply (timeout, cancellation, I/O error) is closed, never reused.
+    """
 
     def __init__(
         self,
@@ -302,22 +365,23 @@ class Node:
                 url,
                 socket_timeout=socket_timeout,
                 socket_connect_timeout=connect_timeout,
-                # One immediate retry, on connection errors only: a pooled connection may
-                # be stale after a server restart. Every script is safe to run twice.
-                retry=Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),
                 decode_responses=False,
                 **options,
             )
         except (ValueError, TypeError) as exc:
             raise ValueError(f"bad Redis URL {self.display!r}: {self.scrub(str(exc))}") from None
-        self.client = redis.asyncio.Redis(connection_pool=self.pool)
-        self._sha: dict[str, str] = {}
+        # Our calls bound themselves (connect, send and read under one deadline).
+        self._kwargs = {**self.pool.connection_kwargs, "socket_timeout": None}
+        self._idle: list[AbstractConnection] = []
+        self._closed = False
 
     def scrub(self, text: str) -> str:
         return text.replace(self._secret, "***") if self._secret else text
 
     def error(self, what: str, exc: BaseException) -> BackendUnavailable:
         """A driver error as BackendUnavailable, with no password in the message."""
+        if isinstance(exc, BackendUnavailable):
+            return exc
         if isinstance(
             exc, redis.exceptions.AuthenticationError | redis.exceptions.NoPermissionError
         ):
@@ -336,30 +400,128 @@ class Node:
         prefix = f"{self.display}: "
         return msg[len(prefix) :] if msg.startswith(prefix) else self.scrub(msg or repr(exc))
 
-    async def load(self) -> None:
+    # -- the command path ----------------------------------------------------------------
+
+    async def _connect(self) -> AbstractConnection:
+        conn: AbstractConnection = self.pool.connection_class(**self._kwargs)
+        await conn.connect()  # type: ignore[no-untyped-call]
+        return conn
+
+    def send(self, packed: bytes) -> AbstractConnection | None:
+        """Write ``packed`` on an idle connection; None if there is none.
+
+        Never waits, so callers can start one command on many nodes in a row. The bytes
+        go to the connection's transport, which sends at once or buffers; a connection
+        that died meanwhile shows up as a ConnectionError when its reply is read.
+        """
+        if not self._idle:
+            return None
+        # redis-py's asyncio.StreamWriter (private, present since redis-py 4.2); if a
+        # release ever drops it, ``receive`` sends through the public path instead.
+        writer = getattr(self._idle[-1], "_writer", None)
+        if not isinstance(writer, asyncio.StreamWriter):
+            return None
+        writer.write(packed)
+        return self._idle.pop()
+
+    def keep(self, conn: AbstractConnection) -> bool:
+        """Put a connection whose reply was read in full back for reuse (False: full)."""
+        if self._closed or len(self._idle) >= MAX_IDLE_CONNECTIONS:
+            return False
+        self._idle.append(conn)
+        return True
+
+    async def receive(
+        self, conn: AbstractConnection | None, packed: bytes, deadline: float | None
+    ) -> Any:
+        """The reply to ``packed`` sent on ``conn`` (None: not sent yet), by ``deadline``
+        (event-loop time; None: the caller bounds the wait). A reused connection that
+        turns out dead (the server restarted) is replaced once; every script is safe to
+        run twice."""
+        if deadline is None:
+            return await self._receive(conn, packed)
+        async with asyncio.timeout_at(deadline):
+            return await self._receive(conn, packed)
+
+    async def _receive(self, conn: AbstractConnection | None, packed: bytes) -> Any:
+        if conn is not None:
+            try:
+                return await self._read(conn)
+            except redis.exceptions.ConnectionError:
+                pass
+        elif self._idle:  # not sent yet (see ``send``): the public path
+            conn = self._idle.pop()
+            try:
+                await conn.send_packed_command(packed, check_health=False)
+                return await self._read(conn)
+            except redis.exceptions.ConnectionError:
+                await drop_connection(conn)
+        conn = await self._connect()
         try:
-            for key, text in SCRIPTS.items():
-                self._sha[key] = str(await self.client.script_load(text))
+            await conn.send_packed_command(packed, check_health=False)
+        except BaseException:
+            await drop_connection(conn)
+            raise
+        return await self._read(conn)
+
+    async def _read(self, conn: AbstractConnection) -> Any:
+        try:
+            reply = await conn.read_response()
+        except redis.exceptions.ResponseError:
+            await self._keep(conn)  # a complete (error) reply: the connection is fine
+            raise
+        except BaseException:
+            await drop_connection(conn)
+            raise
+        await self._keep(conn)
+        return reply
+
+    async def _keep(self, conn: AbstractConnection) -> None:
+        if not self.keep(conn):
+            await drop_connection(conn)
+
+    async def call(self, packed: bytes, deadline: float) -> Any:
+        """Send ``packed`` and return its reply (raw driver exceptions)."""
+        return await self.receive(self.send(packed), packed, deadline)
+
+    def deadline(self, timeout: float | None = None) -> float:
+        return asyncio.get_running_loop().time() + (
+            self.socket_timeout if timeout is None else timeout
+        )
+
+    # -- scripts -------------------------------------------------------------------------
+
+    async def load(self, timeout: float | None = None) -> None:
+        """Load every script (also checks that the server is reachable and lets us in)."""
+        deadline = self.deadline(timeout)
+        try:
+            for text in SCRIPTS.values():
+                await self.call(pack(b"SCRIPT", b"LOAD", text.encode()), deadline)
         except Exception as exc:
             raise self.error("connect", exc) from exc
 
-    async def run(self, script: str, keys: Sequence[str], args: Sequence[str | int]) -> Any:
+    async def run(
+        self,
+        script: str,
+        keys: Sequence[bytes],
+        args: Sequence[bytes],
+        timeout: float | None = None,
+    ) -> Any:
         """EVALSHA ``script``; load it again on NOSCRIPT (after a restart or SCRIPT FLUSH)."""
+        deadline = self.deadline(timeout)
+        packed = pack_script(script, keys, args)
         try:
-            sha = self._sha.get(script)
-            if sha is not None:
-                try:
-                    return await self.client.evalsha(sha, len(keys), *keys, *args)
-                except redis.exceptions.NoScriptError:
-                    pass
-            self._sha[script] = sha = str(await self.client.script_load(SCRIPTS[script]))
-            return await self.client.evalsha(sha, len(keys), *keys, *args)
+            try:
+                return await self.call(packed, deadline)
+            except redis.exceptions.NoScriptError:
+                await self.call(pack(b"SCRIPT", b"LOAD", SCRIPTS[script].encode()), deadline)
+                return await self.call(packed, deadline)
         except Exception as exc:
             raise self.error(script, exc) from exc
 
-    async def get(self, key: str) -> bytes | None:
+    async def get(self, key: bytes) -> bytes | None:
         try:
-            value = await self.client.get(key)
+            value = await self.call(pack(b"GET", key), self.deadline())
         except Exception as exc:
             raise self.error("get", exc) from exc
         return value if isinstance(value, bytes) or value is None else str(value).encode()
@@ -367,24 +529,38 @@ class Node:
     def make_connection(self) -> AbstractConnection:
         """A dedicated connection (for pub/sub) that waits for messages without a timeout."""
         # RESP2: messages come back as plain replies (RESP3 routes them to a push handler).
-        kwargs = {**self.pool.connection_kwargs, "socket_timeout": None, "protocol": 2}
-        kwargs["socket_connect_timeout"] = self.connect_timeout
+        kwargs = {**self._kwargs, "protocol": 2}
         conn: AbstractConnection = self.pool.connection_class(**kwargs)
         return conn
 
     async def aclose(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await drop_connection(conn)
         try:
-            await self.client.aclose()
             await self.pool.disconnect()
         except Exception as exc:  # pragma: no cover - best effort
             logger.debug("closing %s: %r", self.display, exc)
+
+
+async def drop_connection(conn: AbstractConnection) -> None:
+    """Close a connection whose state is unknown (does not wait: safe while cancelled)."""
+    with contextlib.suppress(Exception):
+        await conn.disconnect(nowait=True)
+
+
+def pack_script(script: str, keys: Sequence[bytes], args: Sequence[bytes]) -> bytes:
+    return pack(b"EVALSHA", SHAS[script], b"%d" % len(keys), *keys, *args)
 
 
 class Listener:
     """One pub/sub connection to a node, carrying every channel its driver watches.
 
     ``on_message(channel, payload)`` runs for each message; ``on_reset()`` after the
-    connection drops (messages may have been missed). It reconnects with backoff.
+    connection drops (messages may have been missed). :meth:`run` is the reader; the driver
+    runs it from :meth:`Driver.background`. It connects on the first subscription and
+    reconnects with backoff.
     """
 
     def __init__(
@@ -403,27 +579,14 @@ class Listener:
         self._conn: AbstractConnection | None = None
         self._confirm_events: dict[str, anyio.Event] = {}
         self._write = anyio.Lock()
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        # A plain asyncio task (redis.asyncio is asyncio-only): a task group entered in
-        # Driver.open() could not be exited in aclose(), which runs in a nested scope.
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(), name=f"asynclock pub/sub {self.node.display}"
-            )
-
-    async def aclose(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        self._needed = anyio.Event()
 
     async def subscribe(self, channel: str, wait: float) -> None:
         """Subscribe; wait up to ``wait`` seconds for the server to confirm. Never raises."""
         self.wanted.add(channel)
         if channel in self.confirmed:
             return
+        self._needed.set()
         event = self._confirm_events.setdefault(channel, anyio.Event())
         await self._send("SUBSCRIBE", channel)
         with anyio.move_on_after(wait):
@@ -444,7 +607,9 @@ class Listener:
         except Exception as exc:
             logger.debug("pub/sub %s on %s failed: %r", args[0], self.node.display, exc)
 
-    async def _run(self) -> None:
+    async def run(self) -> None:
+        """Read messages until cancelled (the backend closing)."""
+        await self._needed.wait()
         backoff = 0.02
         while True:
             conn = self.node.make_connection()
@@ -464,9 +629,7 @@ class Listener:
                 self._conn = None
                 self.confirmed.clear()
                 self.epoch += 1
-                with anyio.CancelScope(shield=True):
-                    with contextlib.suppress(Exception):
-                        await conn.disconnect()
+                await drop_connection(conn)
             self.on_reset()
             await anyio.sleep(backoff)
             backoff = min(backoff * 2, 1.0)
@@ -545,14 +708,16 @@ class RedisDriver(Driver):
         self.prefix = prefix
         self.fair = fair
         self.listener = Listener(self.node, self._on_message, self._on_reset)
+        self.keys = KeyCache(prefix)
         self._channels: dict[str, str] = {}  # channel -> name
         self._watchers: dict[str, int] = {}
         self._idle: OrderedDict[str, None] = OrderedDict()
         self._waits: dict[str, dict[str, _Wait]] = {}
+        #: Wake-ups delivered per subscribed name (messages and resets).
+        self._heard: dict[str, int] = {}
+        #: The name whose last Busy answer cannot have missed a release (see ``watch``).
+        self._quiet: str | None = None
         self._open = False
-
-    def keys(self, name: str) -> Keys:
-        return keys_for(name, self.prefix)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -560,9 +725,11 @@ class RedisDriver(Driver):
         await self.node.load()
         self._open = True
 
+    async def background(self) -> None:
+        await self.listener.run()
+
     async def aclose(self) -> None:
         self._open = False
-        await self.listener.aclose()
         await self.node.aclose()
 
     # -- primitives ------------------------------------------------------------------------
@@ -581,37 +748,48 @@ class RedisDriver(Driver):
             elif wait.valid_bumps == wait.bumps and now < wait.valid_until:
                 # Nothing that concerns us was published since the server said "busy"
                 # (and we were subscribed before asking): that answer still holds.
+                self._quiet = name
                 return Busy(wait.valid_until - now)
         listener = self.listener
-        trusted = k.channel in listener.confirmed
+        trusted = k.channel_name in listener.confirmed
         epoch = listener.epoch
+        heard = self._heard.get(name, 0)
         bumps = wait.bumps if wait is not None else 0
         t_send = self.clock.now()
         reply = await self.node.run(
             "acquire",
-            (k.lock, k.fence, k.queue, k.queue_exp),
-            (owner, ttl_ms, mode, k.channel),
+            k.acquire_keys,
+            (owner.encode(), b"%d" % ttl_ms, mode, k.channel),
         )
         if reply[0]:
             if wait is not None:
                 self._forget_wait(name, owner)
             return int(reply[0])
         retry = int(reply[1]) / 1000
+        # Subscribed before we asked, still subscribed, and no wake-up for this name came
+        # in while we asked: any release after our attempt will reach us as a message.
+        quiet = (
+            trusted
+            and listener.epoch == epoch
+            and k.channel_name in listener.confirmed
+            and self._heard.get(name, 0) == heard
+        )
         if wait is not None:
             wait.joined = True
-            if trusted and listener.epoch == epoch and k.channel in listener.confirmed:
+            if quiet:
                 wait.valid_until = t_send + retry
                 wait.valid_bumps = bumps
+        self._quiet = name if quiet else None
         return Busy(retry)
 
     async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
         if not leases:
             return []
         keys = [self.keys(ref.name).lock for ref in leases]
-        args: list[str | int] = []
+        args: list[bytes] = []
         for ref in leases:
-            args.append(f"{ref.owner}:{ref.token}")
-            args.append(ms(ref.ttl))
+            args.append(f"{ref.owner}:{ref.token}".encode())
+            args.append(b"%d" % ms(ref.ttl))
         reply = await self.node.run("extend", keys, args)
         return [_extend_result(int(code)) for code in reply]
 
@@ -619,8 +797,8 @@ class RedisDriver(Driver):
         k = self.keys(name)
         reply = await self.node.run(
             "release",
-            (k.lock, k.queue, k.queue_exp),
-            (owner, "" if token is None else str(token), k.channel),
+            k.release_keys,
+            (owner.encode(), b"" if token is None else b"%d" % token, k.channel),
         )
         return bool(reply)
 
@@ -634,19 +812,24 @@ class RedisDriver(Driver):
             return
         k = self.keys(name)
         await self.node.run(
-            "abandon", (k.lock, k.queue, k.queue_exp), (wait.member, owner, k.channel)
+            "abandon", k.release_keys, (wait.member.encode(), owner.encode(), k.channel)
         )
 
     # -- waking ----------------------------------------------------------------------------
 
     async def watch(self, name: str) -> bool:
+        # Called right after a Busy answer with no await in between, so ``_quiet`` is
+        # that answer's verdict.
+        quiet, self._quiet = self._quiet == name, None
         if not self._open:
             return False
-        channel = self.keys(name).channel
+        channel = self.keys(name).channel_name
         self._channels[channel] = name
+        self._heard.setdefault(name, 0)
         self._watchers[name] = self._watchers.get(name, 0) + 1
         self._idle.pop(name, None)
-        self.listener.start()
+        if quiet:
+            return False
         await self.listener.subscribe(channel, self.node.socket_timeout)
         return True
 
@@ -660,8 +843,9 @@ class RedisDriver(Driver):
         self._idle[name] = None
         while len(self._idle) > MAX_IDLE_SUBSCRIPTIONS:
             old, _ = self._idle.popitem(last=False)
-            channel = self.keys(old).channel
+            channel = self.keys(old).channel_name
             self._channels.pop(channel, None)
+            self._heard.pop(old, None)
             await self.listener.unsubscribe(channel)
 
     def _on_message(self, channel: str, payload: bytes) -> None:
@@ -678,12 +862,15 @@ class RedisDriver(Driver):
         elif waits:
             for wait in waits.values():
                 wait.bumps += 1
+        self._heard[name] = self._heard.get(name, 0) + 1
         self._wake(name)
 
     def _on_reset(self) -> None:
-        for name, waits in list(self._waits.items()):
+        for waits in self._waits.values():
             for wait in waits.values():
                 wait.bumps += 1
+        for name in {*self._waits, *self._watchers}:
+            self._heard[name] = self._heard.get(name, 0) + 1
             self._wake(name)
 
     def _forget_wait(self, name: str, owner: str) -> _Wait | None:

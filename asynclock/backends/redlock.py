@@ -1,8 +1,10 @@
 """``redlock://host1:port,host2:port,…`` — N independent Redis servers, quorum ⌊N/2⌋+1.
 
-Every request goes to all nodes at once (an anyio task group), each bounded by a per-node
-timeout of ``min(node_timeout, ttl / 3)``, and waits for every node's answer or timeout —
-so a failed attempt gives back what it got only after no late ``SET`` can still land.
+Every request goes to all nodes at once — written to each node's idle connection in turn,
+then each reply read under one shared deadline (a node without an idle connection connects
+in a task meanwhile) — bounded by a per-node timeout of ``min(node_timeout, ttl / 3)``, and
+waits for every node's answer or timeout, so a failed attempt gives back what it got only
+after no late ``SET`` can still land.
 
 **Fencing tokens** (DESIGN section 4). Phase 1 runs the single-node acquire script on each
 node: ``SET`` + ``INCR`` of that node's counter. With a quorum, ``t`` is the largest counter
@@ -21,6 +23,7 @@ URL: ``redlock://[[user]:password@]h1:p1,h2:p2,…[/db][?tls=1]``. Options: ``no
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -28,17 +31,22 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import anyio
+import redis.exceptions
+from redis.asyncio.connection import AbstractConnection
 
 from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
 from .._core.exceptions import BackendUnavailable, QuorumNotReached
 from .redis import (
     MAX_IDLE_SUBSCRIPTIONS,
     NO_QUEUE,
-    Keys,
+    SCRIPTS,
+    KeyCache,
     Listener,
     Node,
-    keys_for,
+    drop_connection,
     ms,
+    pack,
+    pack_script,
 )
 
 T = TypeVar("T")
@@ -80,13 +88,15 @@ class RedlockDriver(Driver):
         self.prefix = prefix
         self.display = display
         self.listeners = [Listener(n, self._on_message, self._on_reset) for n in self.nodes]
+        self.keys = KeyCache(prefix)
         self._channels: dict[str, str] = {}
         self._watchers: dict[str, int] = {}
         self._idle: OrderedDict[str, None] = OrderedDict()
+        #: Wake-ups delivered per subscribed name (messages and resets).
+        self._heard: dict[str, int] = {}
+        #: The name whose last Busy answer cannot have missed a release (see ``watch``).
+        self._quiet: str | None = None
         self._open = False
-
-    def keys(self, name: str) -> Keys:
-        return keys_for(name, self.prefix)
 
     def _timeout(self, ttl: float) -> float:
         return max(0.001, min(self.node_timeout, ttl / 3))
@@ -99,7 +109,7 @@ class RedlockDriver(Driver):
         timeout: float,
         nodes: Sequence[int] | None = None,
     ) -> dict[int, T | BaseException]:
-        """Run ``call`` on every node in parallel; wait for each answer or its timeout."""
+        """Run ``call`` on every node in parallel tasks (rare paths: open)."""
         indexes = range(len(self.nodes)) if nodes is None else nodes
         results: dict[int, T | BaseException] = {}
 
@@ -117,6 +127,95 @@ class RedlockDriver(Driver):
             for i in indexes:
                 tg.start_soon(one, i)
         return results
+
+    async def _fan(
+        self,
+        script: str,
+        packed: bytes,
+        timeout: float,
+        nodes: Sequence[int] | None = None,
+    ) -> dict[int, Any]:
+        """Send one command to every node at once; each node's reply, or its exception
+        (:class:`BackendUnavailable`) when it failed or gave no answer within ``timeout``.
+
+        Returns only when every node has answered or timed out. The command is written to
+        each node's idle connection in turn (a write does not wait), then the replies are
+        read under one shared deadline; replies that arrive meanwhile wait in their socket
+        buffers. A node without an idle connection connects in a task of its own.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        indexes = range(len(self.nodes)) if nodes is None else nodes
+        pending: list[tuple[int, AbstractConnection]] = []
+        tasks: list[tuple[int, asyncio.Task[Any]]] = []
+        results: dict[int, Any] = {}
+        try:
+            for i in indexes:
+                conn = self.nodes[i].send(packed)
+                if conn is None:
+                    one = self._one(i, None, script, packed, deadline, timeout)
+                    tasks.append((i, loop.create_task(one)))
+                else:
+                    pending.append((i, conn))
+            pending.reverse()
+            try:
+                # One timer for all of them (every node's timeout ends at the same moment).
+                async with asyncio.timeout_at(deadline):
+                    while pending:
+                        i, conn = pending[-1]
+                        try:
+                            reply = await conn.read_response()
+                        except Exception:
+                            pending.pop()
+                            await drop_connection(conn)
+                            # Stale connection, NOSCRIPT, an error reply: the careful path.
+                            results[i] = await self._one(i, None, script, packed, None, timeout)
+                            continue
+                        pending.pop()
+                        results[i] = reply
+                        if not self.nodes[i].keep(conn):
+                            await drop_connection(conn)
+            except TimeoutError:
+                i, conn = pending.pop()
+                await drop_connection(conn)  # cut off mid-reply
+                results[i] = BackendUnavailable(f"no answer within {timeout:g}s")
+                while pending:  # past the deadline: only replies already here count
+                    i, conn = pending.pop()
+                    results[i] = await self._one(i, conn, script, packed, deadline, timeout)
+            for i, task in tasks:
+                results[i] = await task
+        finally:
+            for _, task in tasks:
+                task.cancel()  # only if we were interrupted (a no-op on a finished task)
+            for _, conn in pending:
+                await drop_connection(conn)  # a reply we will never read
+        return results
+
+    async def _one(
+        self,
+        i: int,
+        conn: AbstractConnection | None,
+        script: str,
+        packed: bytes,
+        deadline: float | None,
+        timeout: float,
+    ) -> Any:
+        """One node's reply (``deadline`` None: the caller's timer bounds the wait)."""
+        node = self.nodes[i]
+        try:
+            try:
+                return await node.receive(conn, packed, deadline)
+            except redis.exceptions.NoScriptError:
+                text = SCRIPTS[script].encode()
+                until = (
+                    asyncio.get_running_loop().time() + timeout if deadline is None else deadline
+                )
+                await node.call(pack(b"SCRIPT", b"LOAD", text), until)
+                return await node.call(packed, until)
+        except TimeoutError:
+            return BackendUnavailable(f"no answer within {timeout:g}s")
+        except Exception as exc:
+            return node.error(script, exc)
 
     def _failures(self, results: dict[int, Any]) -> dict[str, str]:
         return {
@@ -141,10 +240,13 @@ class RedlockDriver(Driver):
             )
         self._open = True
 
+    async def background(self) -> None:
+        async with anyio.create_task_group() as tg:
+            for listener in self.listeners:
+                tg.start_soon(listener.run)
+
     async def aclose(self) -> None:
         self._open = False
-        for listener in self.listeners:
-            await listener.aclose()
         for node in self.nodes:
             await node.aclose()
 
@@ -154,13 +256,14 @@ class RedlockDriver(Driver):
         k = self.keys(name)
         timeout = self._timeout(ttl)
         started = self.clock.now()
-        args = (owner, ms(ttl), NO_QUEUE, k.channel)
-        keys = (k.lock, k.fence, k.queue, k.queue_exp)
-
-        async def phase1(node: Node) -> Any:
-            return await node.run("acquire", keys, args)
-
-        results = await self._each(phase1, timeout)
+        trusted = self._subscribed(k.channel_name)
+        epochs = [listener.epoch for listener in self.listeners]
+        heard = self._heard.get(name, 0)
+        ownerb = owner.encode()
+        packed = pack_script(
+            "acquire", k.acquire_keys, (ownerb, b"%d" % ms(ttl), NO_QUEUE, k.channel)
+        )
+        results = await self._fan("acquire", packed, timeout)
         tokens: dict[int, int] = {}
         busy: list[float] = []
         for i, r in results.items():
@@ -175,17 +278,15 @@ class RedlockDriver(Driver):
             token = max(tokens.values())
             if any(v != token for v in tokens.values()):
                 # Phase 2: the quorum disagrees; raise every granting node to t.
-                async def phase2(node: Node) -> Any:
-                    return await node.run("raise_fence", (k.lock, k.fence), (owner, token))
-
-                acks = await self._each(phase2, timeout, list(tokens))
+                packed = pack_script("raise_fence", (k.lock, k.fence), (ownerb, b"%d" % token))
+                acks = await self._fan("raise_fence", packed, timeout, list(tokens))
                 ok = sum(1 for r in acks.values() if r == 1)
                 if ok < self.quorum:
                     await self.release(name, owner, None)
                     failures.update(self._failures(acks))
                     if len(failures) > len(self.nodes) - self.quorum:
                         raise self._no_quorum(f"phase 2 of acquire of {name!r}", ok, failures)
-                    return Busy(timeout)
+                    return self._busy(name, timeout, quiet=False)
             elapsed = self.clock.now() - started
             if elapsed >= ttl * MAX_ACQUIRE_FRACTION:
                 await self.release(name, owner, None)
@@ -203,8 +304,23 @@ class RedlockDriver(Driver):
         if len(tokens) + len(busy) >= self.quorum and busy:
             needed = self.quorum - len(tokens)
             busy.sort()
-            return Busy(busy[min(needed, len(busy)) - 1])
+            # Subscribed everywhere before we asked, still, and no wake-up came meanwhile:
+            # any release after our attempt will reach us as a message.
+            quiet = (
+                trusted
+                and epochs == [listener.epoch for listener in self.listeners]
+                and self._subscribed(k.channel_name)
+                and self._heard.get(name, 0) == heard
+            )
+            return self._busy(name, busy[min(needed, len(busy)) - 1], quiet=quiet)
         raise self._no_quorum(f"acquire of {name!r}", len(tokens), failures)
+
+    def _busy(self, name: str, retry_after: float, *, quiet: bool) -> Busy:
+        self._quiet = name if quiet else None
+        return Busy(retry_after)
+
+    def _subscribed(self, channel: str) -> bool:
+        return all(channel in listener.confirmed for listener in self.listeners)
 
     def _no_quorum(self, what: str, ok: int, failures: dict[str, str]) -> QuorumNotReached:
         return QuorumNotReached(
@@ -217,15 +333,12 @@ class RedlockDriver(Driver):
         if not leases:
             return []
         keys = [self.keys(ref.name).lock for ref in leases]
-        args: list[str | int] = []
+        args: list[bytes] = []
         for ref in leases:
-            args.append(f"{ref.owner}:{ref.token}")
-            args.append(ms(ref.ttl))
-
-        async def extend(node: Node) -> Any:
-            return await node.run("extend", keys, args)
-
-        results = await self._each(extend, self._timeout(min(r.ttl for r in leases)))
+            args.append(f"{ref.owner}:{ref.token}".encode())
+            args.append(b"%d" % ms(ref.ttl))
+        packed = pack_script("extend", keys, args)
+        results = await self._fan("extend", packed, self._timeout(min(r.ttl for r in leases)))
         n = len(self.nodes)
         out: list[ExtendResult] = []
         failures = self._failures(results)
@@ -248,12 +361,9 @@ class RedlockDriver(Driver):
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         k = self.keys(name)
-        args = (owner, "" if token is None else str(token), k.channel)
-
-        async def release(node: Node) -> Any:
-            return await node.run("release", (k.lock, k.queue, k.queue_exp), args)
-
-        results = await self._each(release, self.node_timeout)
+        args = (owner.encode(), b"" if token is None else b"%d" % token, k.channel)
+        packed = pack_script("release", k.release_keys, args)
+        results = await self._fan("release", packed, self.node_timeout)
         removed = sum(1 for r in results.values() if r == 1)
         answered = sum(1 for r in results.values() if not isinstance(r, BaseException))
         if removed >= self.quorum:
@@ -263,13 +373,8 @@ class RedlockDriver(Driver):
         raise self._no_quorum(f"release of {name!r}", answered, self._failures(results))
 
     async def validate(self, name: str, token: int) -> bool:
-        lock = self.keys(name).lock
-
-        async def get(node: Node) -> bytes | None:
-            return await node.get(lock)
-
-        results = await self._each(get, self.node_timeout)
-        suffix = f":{token}".encode()
+        results = await self._fan("get", pack(b"GET", self.keys(name).lock), self.node_timeout)
+        suffix = b":%d" % token
         agree = sum(
             1
             for r in results.values()
@@ -285,17 +390,23 @@ class RedlockDriver(Driver):
     # -- waking ----------------------------------------------------------------------------
 
     async def watch(self, name: str) -> bool:
+        # Called right after a Busy answer with no await in between, so ``_quiet`` is
+        # that answer's verdict.
+        quiet, self._quiet = self._quiet == name, None
         if not self._open:
             return False
-        channel = self.keys(name).channel
+        channel = self.keys(name).channel_name
         self._channels[channel] = name
+        self._heard.setdefault(name, 0)
         self._watchers[name] = self._watchers.get(name, 0) + 1
         self._idle.pop(name, None)
+        if quiet:
+            return False
         wait = self.node_timeout
         async with anyio.create_task_group() as tg:
             for listener in self.listeners:
-                listener.start()
-                tg.start_soon(listener.subscribe, channel, wait)
+                if channel not in listener.confirmed:
+                    tg.start_soon(listener.subscribe, channel, wait)
         return True
 
     async def unwatch(self, name: str) -> None:
@@ -307,18 +418,21 @@ class RedlockDriver(Driver):
         self._idle[name] = None
         while len(self._idle) > MAX_IDLE_SUBSCRIPTIONS:
             old, _ = self._idle.popitem(last=False)
-            channel = self.keys(old).channel
+            channel = self.keys(old).channel_name
             self._channels.pop(channel, None)
+            self._heard.pop(old, None)
             for listener in self.listeners:
                 await listener.unsubscribe(channel)
 
     def _on_message(self, channel: str, payload: bytes) -> None:
         name = self._channels.get(channel)
         if name is not None:
+            self._heard[name] = self._heard.get(name, 0) + 1
             self._wake(name)
 
     def _on_reset(self) -> None:
         for name in list(self._watchers):
+            self._heard[name] = self._heard.get(name, 0) + 1
             self._wake(name)
 
 

@@ -6,6 +6,7 @@ import contextlib
 import functools
 import sys
 import time
+from pathlib import Path
 
 import anyio
 import anyio.lowlevel
@@ -20,6 +21,8 @@ from tests.support.redis_servers import RedisFactory, RedisServer, wait_until
 from tests.support.spec import BackendSpec
 
 pytestmark = pytest.mark.anyio
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def crc16(data: bytes) -> int:
@@ -45,6 +48,10 @@ def cluster_slot(key: str) -> int:
 
 def raw_client(server: RedisServer) -> redis.asyncio.Redis:
     return redis.asyncio.Redis.from_url(server.url)
+
+
+def _waited_more(backend: asynclock.Backend, than: int) -> bool:
+    return backend.stats().busy_attempts > than
 
 
 def _has_waited(backend: asynclock.Backend) -> bool:
@@ -186,6 +193,39 @@ async def test_release_hands_off_at_once_without_polling(
         assert got[0] - released < 0.5
 
 
+async def test_a_subscribed_waiter_asks_once_then_waits(
+    redis_server: RedisServer, lock_name: str
+) -> None:
+    """Already subscribed before its attempt, a waiter needs no second look (watch() says
+    nothing can have been missed): busy, claim after the handoff, release."""
+    client = raw_client(redis_server)
+    async with (
+        asynclock.connect(redis_server.url) as a,
+        asynclock.connect(redis_server.url) as b,
+    ):
+        used = []
+        for _ in range(2):  # the first round subscribes b (the subscription is kept)
+            lease = await a.acquire(lock_name, ttl=30.0)
+            before = await commands(client, "evalsha")
+            attempts = b.stats().busy_attempts
+            got = anyio.Event()
+
+            async def waiter(got: anyio.Event = got) -> None:
+                async with b.lock(lock_name, ttl=30.0, timeout=10):
+                    got.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(waiter)
+                await wait_until(functools.partial(_waited_more, b, attempts))
+                await lease.release()
+                await got.wait()
+            used.append(await commands(client, "evalsha") - before)
+        # b: busy + claim + release, a: release.
+        assert used[1] == 4, used
+        assert b.stats().busy_attempts - attempts == 1
+    await client.aclose()
+
+
 async def test_waiters_are_served_in_arrival_order(
     redis_server: RedisServer, lock_name: str
 ) -> None:
@@ -310,3 +350,18 @@ async def test_ten_thousand_leases_renewed_with_one_call_per_interval(
         for lease in leases[:100]:
             await lease.release()
     await client.aclose()
+
+
+async def test_example_redis_fenced_write(redis_server: RedisServer) -> None:
+    example = EXAMPLES / "redis_fenced_write.py"
+    with anyio.fail_after(60):
+        done = await anyio.run_process(
+            [sys.executable, str(example), redis_server.url], check=False
+        )
+    out = done.stdout.decode()
+    assert done.returncode == 0, out + done.stderr.decode()
+    lines = out.splitlines()
+    assert lines[0].startswith("first holder wrote total=100 with token ")
+    assert lines[1].startswith("second holder wrote total=200 with token ")
+    assert "late write rejected: stale fencing token" in lines[2]
+    assert lines[-1] == "invoice: total=200"

@@ -241,4 +241,8 @@ def spec_redlock(redlock_servers: list[RedisServer]) -> BackendSpec:
     async def sabotage(backend: asynclock.Backend, name: str) -> None:
         await delete_lock_keys(urls, name)
 
-    return BackendSpec("redlock", redlock_url(redlock_servers), sabotage)
+    # A generous per-node timeout: the suite shares 2 cores with six redis-servers, and a
+    # burst of new connections must not read as dead nodes (failure tests set their own).
+    return BackendSpec(
+        "redlock", redlock_url(redlock_servers), sabotage, options={"node_timeout": 1.0}
+    )
