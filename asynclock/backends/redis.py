@@ -684,7 +684,68 @@ class _Wait:
     valid_bumps: int = -1
 
 
-class RedisDriver(Driver):
+class SubscribingDriver(Driver):
+    """Pub/sub bookkeeping shared by the Redis and Redlock drivers.
+
+    One subscription per watched name, kept for a while after its last waiter leaves (a
+    name locked again soon needs no new SUBSCRIBE). Subclasses subscribe and unsubscribe
+    a channel on their node(s).
+    """
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.keys = KeyCache(prefix)
+        self._channels: dict[str, str] = {}  # channel -> name
+        self._watchers: dict[str, int] = {}
+        self._idle: OrderedDict[str, None] = OrderedDict()
+        #: Wake-ups delivered per subscribed name (messages and resets).
+        self._heard: dict[str, int] = {}
+        #: The name whose last Busy answer cannot have missed a release (see ``watch``).
+        self._quiet: str | None = None
+        self._open = False
+
+    async def _subscribe(self, channel: str) -> None:
+        raise NotImplementedError
+
+    async def _unsubscribe(self, channel: str) -> None:
+        raise NotImplementedError
+
+    async def watch(self, name: str) -> bool:
+        # Called right after a Busy answer with no await in between, so ``_quiet`` is
+        # that answer's verdict.
+        quiet, self._quiet = self._quiet == name, None
+        if not self._open:
+            return False
+        channel = self.keys(name).channel_name
+        self._channels[channel] = name
+        self._heard.setdefault(name, 0)
+        self._watchers[name] = self._watchers.get(name, 0) + 1
+        self._idle.pop(name, None)
+        if quiet:
+            return False
+        await self._subscribe(channel)
+        return True
+
+    async def unwatch(self, name: str) -> None:
+        count = self._watchers.get(name, 0) - 1
+        if count > 0:
+            self._watchers[name] = count
+            return
+        self._watchers.pop(name, None)
+        self._idle[name] = None
+        while len(self._idle) > MAX_IDLE_SUBSCRIPTIONS:
+            old, _ = self._idle.popitem(last=False)
+            channel = self.keys(old).channel_name
+            self._channels.pop(channel, None)
+            self._heard.pop(old, None)
+            await self._unsubscribe(channel)
+
+    def _heard_from(self, name: str) -> None:
+        self._heard[name] = self._heard.get(name, 0) + 1
+        self._wake(name)
+
+
+class RedisDriver(SubscribingDriver):
     """Locks on one Redis server (see the module docstring)."""
 
     def __init__(
@@ -697,7 +758,7 @@ class RedisDriver(Driver):
         fair: bool = True,
         **redis_options: Any,
     ) -> None:
-        super().__init__()
+        super().__init__(prefix)
         self.node = Node(
             url,
             socket_timeout=socket_timeout,
@@ -708,16 +769,7 @@ class RedisDriver(Driver):
         self.prefix = prefix
         self.fair = fair
         self.listener = Listener(self.node, self._on_message, self._on_reset)
-        self.keys = KeyCache(prefix)
-        self._channels: dict[str, str] = {}  # channel -> name
-        self._watchers: dict[str, int] = {}
-        self._idle: OrderedDict[str, None] = OrderedDict()
         self._waits: dict[str, dict[str, _Wait]] = {}
-        #: Wake-ups delivered per subscribed name (messages and resets).
-        self._heard: dict[str, int] = {}
-        #: The name whose last Busy answer cannot have missed a release (see ``watch``).
-        self._quiet: str | None = None
-        self._open = False
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -817,36 +869,11 @@ class RedisDriver(Driver):
 
     # -- waking ----------------------------------------------------------------------------
 
-    async def watch(self, name: str) -> bool:
-        # Called right after a Busy answer with no await in between, so ``_quiet`` is
-        # that answer's verdict.
-        quiet, self._quiet = self._quiet == name, None
-        if not self._open:
-            return False
-        channel = self.keys(name).channel_name
-        self._channels[channel] = name
-        self._heard.setdefault(name, 0)
-        self._watchers[name] = self._watchers.get(name, 0) + 1
-        self._idle.pop(name, None)
-        if quiet:
-            return False
+    async def _subscribe(self, channel: str) -> None:
         await self.listener.subscribe(channel, self.node.socket_timeout)
-        return True
 
-    async def unwatch(self, name: str) -> None:
-        count = self._watchers.get(name, 0) - 1
-        if count > 0:
-            self._watchers[name] = count
-            return
-        self._watchers.pop(name, None)
-        # Stay subscribed for a while: a name locked again soon needs no new SUBSCRIBE.
-        self._idle[name] = None
-        while len(self._idle) > MAX_IDLE_SUBSCRIPTIONS:
-            old, _ = self._idle.popitem(last=False)
-            channel = self.keys(old).channel_name
-            self._channels.pop(channel, None)
-            self._heard.pop(old, None)
-            await self.listener.unsubscribe(channel)
+    async def _unsubscribe(self, channel: str) -> None:
+        await self.listener.unsubscribe(channel)
 
     def _on_message(self, channel: str, payload: bytes) -> None:
         name = self._channels.get(channel)
@@ -862,16 +889,14 @@ class RedisDriver(Driver):
         elif waits:
             for wait in waits.values():
                 wait.bumps += 1
-        self._heard[name] = self._heard.get(name, 0) + 1
-        self._wake(name)
+        self._heard_from(name)
 
     def _on_reset(self) -> None:
         for waits in self._waits.values():
             for wait in waits.values():
                 wait.bumps += 1
         for name in {*self._waits, *self._watchers}:
-            self._heard[name] = self._heard.get(name, 0) + 1
-            self._wake(name)
+            self._heard_from(name)
 
     def _forget_wait(self, name: str, owner: str) -> _Wait | None:
         waits = self._waits.get(name)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit
@@ -34,15 +33,14 @@ import anyio
 import redis.exceptions
 from redis.asyncio.connection import AbstractConnection
 
-from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
+from .._core.driver import Busy, ExtendResult, LeaseRef, Refused
 from .._core.exceptions import BackendUnavailable, QuorumNotReached
 from .redis import (
-    MAX_IDLE_SUBSCRIPTIONS,
     NO_QUEUE,
     SCRIPTS,
-    KeyCache,
     Listener,
     Node,
+    SubscribingDriver,
     drop_connection,
     ms,
     pack,
@@ -58,7 +56,7 @@ _OPTIONS = {"node_timeout", "connect_timeout", "prefix"}
 MAX_ACQUIRE_FRACTION = 0.5
 
 
-class RedlockDriver(Driver):
+class RedlockDriver(SubscribingDriver):
     """Locks on a quorum of independent Redis nodes (see the module docstring)."""
 
     def __init__(
@@ -71,7 +69,7 @@ class RedlockDriver(Driver):
         prefix: str = "asynclock:",
         **redis_options: Any,
     ) -> None:
-        super().__init__()
+        super().__init__(prefix)
         if len(urls) < 1:
             raise ValueError("redlock:// needs at least one node (use 3 or 5)")
         self.nodes = [
@@ -88,15 +86,6 @@ class RedlockDriver(Driver):
         self.prefix = prefix
         self.display = display
         self.listeners = [Listener(n, self._on_message, self._on_reset) for n in self.nodes]
-        self.keys = KeyCache(prefix)
-        self._channels: dict[str, str] = {}
-        self._watchers: dict[str, int] = {}
-        self._idle: OrderedDict[str, None] = OrderedDict()
-        #: Wake-ups delivered per subscribed name (messages and resets).
-        self._heard: dict[str, int] = {}
-        #: The name whose last Busy answer cannot have missed a release (see ``watch``).
-        self._quiet: str | None = None
-        self._open = False
 
     def _timeout(self, ttl: float) -> float:
         return max(0.001, min(self.node_timeout, ttl / 3))
@@ -389,51 +378,24 @@ class RedlockDriver(Driver):
 
     # -- waking ----------------------------------------------------------------------------
 
-    async def watch(self, name: str) -> bool:
-        # Called right after a Busy answer with no await in between, so ``_quiet`` is
-        # that answer's verdict.
-        quiet, self._quiet = self._quiet == name, None
-        if not self._open:
-            return False
-        channel = self.keys(name).channel_name
-        self._channels[channel] = name
-        self._heard.setdefault(name, 0)
-        self._watchers[name] = self._watchers.get(name, 0) + 1
-        self._idle.pop(name, None)
-        if quiet:
-            return False
-        wait = self.node_timeout
+    async def _subscribe(self, channel: str) -> None:
         async with anyio.create_task_group() as tg:
             for listener in self.listeners:
                 if channel not in listener.confirmed:
-                    tg.start_soon(listener.subscribe, channel, wait)
-        return True
+                    tg.start_soon(listener.subscribe, channel, self.node_timeout)
 
-    async def unwatch(self, name: str) -> None:
-        count = self._watchers.get(name, 0) - 1
-        if count > 0:
-            self._watchers[name] = count
-            return
-        self._watchers.pop(name, None)
-        self._idle[name] = None
-        while len(self._idle) > MAX_IDLE_SUBSCRIPTIONS:
-            old, _ = self._idle.popitem(last=False)
-            channel = self.keys(old).channel_name
-            self._channels.pop(channel, None)
-            self._heard.pop(old, None)
-            for listener in self.listeners:
-                await listener.unsubscribe(channel)
+    async def _unsubscribe(self, channel: str) -> None:
+        for listener in self.listeners:
+            await listener.unsubscribe(channel)
 
     def _on_message(self, channel: str, payload: bytes) -> None:
         name = self._channels.get(channel)
         if name is not None:
-            self._heard[name] = self._heard.get(name, 0) + 1
-            self._wake(name)
+            self._heard_from(name)
 
     def _on_reset(self) -> None:
         for name in list(self._watchers):
-            self._heard[name] = self._heard.get(name, 0) + 1
-            self._wake(name)
+            self._heard_from(name)
 
 
 def parse_url(url: str) -> tuple[list[str], str, dict[str, str]]:
