@@ -22,4 +22,4 @@ def force_loss(lease: Lease, reason: str = "forced by asynclock.testing") -> Non
     The holder's ``async with`` body is cancelled and the block raises ``LeaseLost`` with
     ``reason``. The server-side lease is left to be released on exit (owner-checked).
     """
-    lease._lose_cb(lease, reason)
+    lease._backend._lose(lease, reason)

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 import re
-import secrets
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Coroutine, Generator
 from contextvars import ContextVar
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Generic, Self, TypeVar, cast
 
 import anyio
 import anyio.abc
@@ -49,12 +48,6 @@ T = TypeVar("T")
 DEFAULT_POLL = 0.05
 #: How long the idle renewer and watchdog sleep before looking again (no leases held).
 IDLE_NAP = 1.0
-
-
-@dataclass(slots=True, eq=False)
-class _Held:
-    lease: Lease
-    scope: anyio.CancelScope | None = None
 
 
 class Backend:
@@ -97,7 +90,7 @@ class Backend:
         self.margin = margin
         self.heartbeat = heartbeat
         self.release_timeout = release_timeout
-        self._held: dict[str, _Held] = {}
+        self._held: dict[str, Lease] = {}
         self._stats = StatsRecorder()
         self._release_events: dict[str, anyio.Event] = {}
         self._renew_wake: anyio.CancelScope | None = None
@@ -134,11 +127,11 @@ class Backend:
     ) -> bool | None:
         self._open = False
         held = list(self._held.values())
-        for h in held:
-            self._lose(h, "backend closed")
+        for lease in held:
+            self._lose(lease, "backend closed")
         with anyio.CancelScope(shield=True):
-            for h in held:
-                await self._release(h.lease, quiet=True)
+            for lease in held:
+                await self._release(lease, quiet=True)
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
         # Hand the task group only a cancellation (it may be its own, from a crashed
@@ -209,7 +202,7 @@ class Backend:
 
     def held(self) -> list[Lease]:
         """The leases this backend currently holds (and renews)."""
-        return [h.lease for h in self._held.values()]
+        return list(self._held.values())
 
     async def _renewal_round(self) -> None:
         """Wait until the renewer finishes its next round trip (for tests and tools)."""
@@ -233,7 +226,7 @@ class Backend:
                 f"({self.margin:g}s); use a ttl of at least {2 * self.margin + 0.001:g}s"
             )
         driver, clock = self.driver, self.clock
-        owner = secrets.token_hex(16)
+        owner = os.urandom(16).hex()  # 128 random bits per acquisition
         started = clock.now()
         give_up_at = None if timeout is None else started + timeout
         watching = False
@@ -302,10 +295,9 @@ class Backend:
             acquired_at=t_send,
             deadline=deadline,
             hard_deadline=None if max_hold is None else t_send + max_hold,
-            release=self._release,
-            lose=self._lose_lease,
+            backend=self,
         )
-        self._held[owner] = _Held(lease)
+        self._held[owner] = lease
         self._stats.acquired += 1
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("acquired %r token=%d ttl=%gs", name, token, ttl)
@@ -331,7 +323,7 @@ class Backend:
             return False
         if not lease.lost and self.clock.now() >= lease.deadline:
             # The loop was blocked past the deadline, so the watchdog never got to run.
-            self._lose_lease(lease, _deadline_reason(lease, self.clock.now()))
+            self._lose(lease, _deadline_reason(lease, self.clock.now()))
         was_lost = bool(lease.lost)
         ok: bool | None = None
         error: BaseException | None = None
@@ -364,7 +356,7 @@ class Backend:
             self._wake_waiters(lease.name)
             return False
         if not was_lost:
-            self._lose_lease(lease, "lease had already ended at the server when released")
+            self._lose(lease, "lease had already ended at the server when released")
         logger.info(
             "release of %r token=%d was a no-op: lease already lost", lease.name, lease.token
         )
@@ -373,37 +365,24 @@ class Backend:
     # -- loss ------------------------------------------------------------------------------
 
     def _lost_out_of_band(self, name: str, owner: str, reason: str) -> None:
-        held = self._held.get(owner)
-        if held is not None and held.lease.name == name:
-            self._lose(held, reason)
+        lease = self._held.get(owner)
+        if lease is not None and lease.name == name:
+            self._lose(lease, reason)
 
-    def _lose_lease(self, lease: Lease, reason: str) -> None:
-        held = self._held.get(lease.owner)
-        if held is not None:
-            self._lose(held, reason)
-        elif not lease.lost:
-            lease.lost._set(reason)
-            self._count_loss(lease, reason)
-
-    def _lose(self, held: _Held, reason: str) -> None:
-        lease = held.lease
+    def _lose(self, lease: Lease, reason: str) -> None:
+        """Mark ``lease`` lost (once), stop renewing it and cancel its holder (G4)."""
         self._held.pop(lease.owner, None)
         if lease.lost:
             return
         lease.lost._set(reason)
         self._count_loss(lease, reason)
-        if held.scope is not None:
-            held.scope.cancel()
+        if lease._scope is not None:
+            lease._scope.cancel()
 
     def _count_loss(self, lease: Lease, reason: str) -> None:
         self._stats.losses += 1
         self._stats.loss_reasons[re.split(r"[:;(]", reason, maxsplit=1)[0].strip()] += 1
         logger.warning("lease lost: %r token=%d: %s", lease.name, lease.token, reason)
-
-    def _attach_scope(self, lease: Lease, scope: anyio.CancelScope | None) -> None:
-        held = self._held.get(lease.owner)
-        if held is not None:
-            held.scope = scope
 
     # -- background loops ------------------------------------------------------------------
 
@@ -422,11 +401,9 @@ class Backend:
             if now < self._next_round:
                 continue
             batch = list(self._held.values())
-            period = min(h.lease.ttl for h in batch) * self.heartbeat
+            period = min(lease.ttl for lease in batch) * self.heartbeat
             idle = min(period, IDLE_NAP)
-            refs = [
-                LeaseRef(h.lease.name, h.lease.owner, h.lease.token, h.lease.ttl) for h in batch
-            ]
+            refs = [LeaseRef(lease.name, lease.owner, lease.token, lease.ttl) for lease in batch]
             t_send = self.clock.now()
             results: list[object]
             try:
@@ -438,9 +415,8 @@ class Backend:
                 results = [exc] * len(refs)
             self._stats.renewal_round_trips += 1
             errors = 0
-            for held, result in zip(batch, results, strict=True):
-                lease = held.lease
-                if self._held.get(lease.owner) is not held:
+            for lease, result in zip(batch, results, strict=True):
+                if self._held.get(lease.owner) is not lease:
                     continue  # released or lost while we were asking
                 if result is True:
                     deadline = t_send + lease.ttl * (1 - self.drift) - self.margin
@@ -448,7 +424,7 @@ class Backend:
                         lease._deadline = deadline
                     self._stats.renewals += 1
                 elif isinstance(result, Refused):
-                    self._lose(held, f"renewal refused: {result.reason}")
+                    self._lose(lease, f"renewal refused: {result.reason}")
                 else:
                     errors += 1
                     logger.debug("renewal of %r failed, will retry: %r", lease.name, result)
@@ -466,16 +442,17 @@ class Backend:
     async def _watchdog_loop(self) -> None:
         while True:
             now = self.clock.now()
-            earliest = min((h.lease.deadline for h in self._held.values()), default=now + IDLE_NAP)
+            earliest = min(
+                (lease.deadline for lease in self._held.values()), default=now + IDLE_NAP
+            )
             if now < earliest:
                 self._watch_until = earliest
                 await self._sleep_until(earliest, "_watch_wake")
                 self._watch_until = -math.inf
                 continue
-            for held in list(self._held.values()):
-                lease = held.lease
+            for lease in list(self._held.values()):
                 if now >= lease.deadline:
-                    self._lose(held, _deadline_reason(lease, now))
+                    self._lose(lease, _deadline_reason(lease, now))
 
     async def _sleep_until(self, when: float, slot: str) -> None:
         with anyio.CancelScope() as scope:
@@ -513,13 +490,49 @@ _HOLDS: ContextVar[tuple[tuple[Lock, Lease, anyio.CancelScope], ...]] = ContextV
 )
 
 
+class _ArmOnSuspend(Generic[T]):
+    """Await ``coro`` (like ``yield from``), arming ``scope``'s deadline the first time it
+    suspends: a call that finishes without suspending never pays for a timer."""
+
+    __slots__ = ("_coro", "_scope", "_timeout")
+
+    def __init__(self, coro: Coroutine[Any, Any, T], scope: anyio.CancelScope, timeout: float):
+        self._coro, self._scope, self._timeout = coro, scope, timeout
+
+    def __await__(self) -> Generator[Any, Any, T]:
+        coro = self._coro
+        try:
+            value = coro.send(None)
+        except StopIteration as done:
+            return cast(T, done.value)
+        self._scope.deadline = anyio.current_time() + self._timeout
+        while True:
+            try:
+                sent = yield value
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:
+                try:
+                    value = coro.throw(exc)
+                except StopIteration as done:
+                    return cast(T, done.value)
+            else:
+                try:
+                    value = coro.send(sent)
+                except StopIteration as done:
+                    return cast(T, done.value)
+
+
 async def _shielded_call(coro: Coroutine[Any, Any, T], timeout: float) -> T | None:
     """Run ``coro`` shielded from cancellation, for at most ``timeout`` seconds (G6).
 
-    Returns None if it timed out.
+    Returns None if it timed out. The coroutine runs entirely inside the shielded scope
+    (so a driver may open cancel scopes of its own); the deadline is armed only once it
+    suspends.
     """
-    with anyio.CancelScope(shield=True, deadline=anyio.current_time() + timeout):
-        return await coro
+    with anyio.CancelScope(shield=True) as scope:
+        return await _ArmOnSuspend(coro, scope, timeout)
     return None
 
 
@@ -578,7 +591,7 @@ class Lock:
         lease = await self._backend._acquire(*self._args)
         scope = anyio.CancelScope()
         scope.__enter__()
-        self._backend._attach_scope(lease, scope)
+        lease._scope = scope
         if lease.lost:
             scope.cancel()
         _HOLDS.set((*_HOLDS.get(), (self, lease, scope)))
@@ -597,7 +610,7 @@ class Lock:
             index = max(i for i, hold in enumerate(holds) if hold[0] is self)
         _, lease, scope = holds[index]
         _HOLDS.set(holds[:index] + holds[index + 1 :])
-        self._backend._attach_scope(lease, None)
+        lease._scope = None
         try:
             swallowed = bool(scope.__exit__(exc_type, exc, tb))
         finally:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator
-from typing import Any
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from .clock import Clock
 from .exceptions import LeaseLost
+
+if TYPE_CHECKING:
+    from .backend import Backend
 
 
 class LossSignal:
@@ -53,11 +56,11 @@ class Lease:
     """
 
     __slots__ = (
+        "_backend",
         "_clock",
         "_deadline",
-        "_lose_cb",
-        "_release_cb",
         "_released",
+        "_scope",
         "acquired_at",
         "hard_deadline",
         "lost",
@@ -78,8 +81,7 @@ class Lease:
         acquired_at: float,
         deadline: float,
         hard_deadline: float | None,
-        release: Callable[[Lease], Awaitable[bool]],
-        lose: Callable[[Lease, str], None],
+        backend: Backend,
     ) -> None:
         self.name = name
         self.owner = owner
@@ -91,8 +93,9 @@ class Lease:
         self.lost = LossSignal()
         self._clock = clock
         self._deadline = deadline
-        self._release_cb = release
-        self._lose_cb = lose
+        self._backend = backend
+        #: The holder's cancel scope while inside ``async with backend.lock(...)``.
+        self._scope: anyio.CancelScope | None = None
         self._released = False
 
     def __repr__(self) -> str:
@@ -140,4 +143,4 @@ class Lease:
         not confirm the release; the lease is unchanged, so you may call it again (renewal
         has stopped either way, so the server expires it within its ttl).
         """
-        return await self._release_cb(self)
+        return await self._backend._release(self)
