@@ -5,7 +5,8 @@ Rows, side by side in one run against one server:
 * floor: raw asyncpg on one connection, ``SELECT pg_try_advisory_lock($1)`` then
   ``SELECT pg_advisory_unlock($1)`` (no token, no loss detection);
 * asynclock ``postgresql://`` (session advisory lock + token counter upsert in one
-  statement; release with NOTIFY): ``async with backend.lock(name, ttl=10): pass``;
+  statement; release NOTIFYs only if a waiter announced itself):
+  ``async with backend.lock(name, ttl=10): pass``;
 * asynclock ``postgresql://...?mode=lease`` (lease-table upsert + owner-checked delete);
 * tooz's PostgreSQL driver (psycopg2; a new connection per acquire, 16-bit keys, no
   token), if ``tooz`` and ``psycopg2`` import (``uv run --group bench --with

@@ -9,11 +9,12 @@ free loopback port themselves.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 import asynclock
+from tests.support.procs import kill_leftovers
 from tests.support.spec import BackendSpec
 
 pytest_plugins = [
@@ -50,6 +51,12 @@ def shared_spec(request: pytest.FixtureRequest) -> BackendSpec:
 async def backend(spec: BackendSpec) -> AsyncIterator[asynclock.Backend]:
     async with spec.connect() as b:
         yield b
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_workers() -> Iterator[None]:
+    yield
+    kill_leftovers()
 
 
 @pytest.fixture

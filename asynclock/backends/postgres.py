@@ -35,9 +35,10 @@ handed out before the crash (G2) without any clock assumption. A clean restart k
 live rows. Mode lease keeps one WAL flush per acquire: its lease row must survive a crash
 (G1), not only its token.
 
-Waiting: releases ``NOTIFY asynclock_<16 hex digits of the key>``; waiters ``LISTEN`` on a
-second connection (one per backend) and retry at least every ``poll`` seconds (a holder
-whose connection died sends no notification).
+Waiting: waiters ``LISTEN`` on ``asynclock_<16 hex digits of the key>`` on a second
+connection (one per backend), hold the name's :func:`waiter_key` shared there, and retry at
+least every ``poll`` seconds (a holder whose connection died sends no notification). A
+release NOTIFYs only when its probe of the waiter key finds a waiter.
 
 Tables are created on first use (idempotent, serialised by a transaction advisory lock so
 concurrent first use is safe); :func:`ensure_schema` does the same for migrations.
@@ -73,6 +74,7 @@ __all__ = (
     "ensure_schema",
     "lock_key",
     "notify_channel",
+    "waiter_key",
     "xact_lock",
 )
 
@@ -107,6 +109,17 @@ def notify_channel(name: str) -> str:
     return f"asynclock_{lock_key(name) & _MASK64:016x}"
 
 
+@functools.lru_cache(maxsize=4096)
+def waiter_key(name: str) -> tuple[int, int]:
+    """The advisory-lock key a backend waiting for ``name`` holds *shared* on its LISTEN
+    connection, so that a release NOTIFYs only when someone may be waiting: the two-int4
+    form of :func:`lock_key` (its high and low 32 bits, signed). In ``pg_locks`` it has the
+    same ``classid``/``objid`` as the lock and ``objsubid = 2``."""
+    key = lock_key(name)
+    low = key & 0xFFFFFFFF
+    return key >> 32, low - (1 << 32) if low >= 1 << 31 else low
+
+
 def _name_bytes(name: str) -> bytes:
     # Names are stored as their UTF-8 bytes (bytea): any str the core accepts, NUL included.
     return name.encode("utf-8", "surrogatepass")
@@ -125,9 +138,11 @@ TOKEN_RESERVE = 1000
 SCHEMA_SESSION = """
 CREATE TABLE IF NOT EXISTS asynclock_token (name bytea PRIMARY KEY, ceiling bigint NOT NULL);
 CREATE UNLOGGED TABLE IF NOT EXISTS asynclock_token_live (
-    name  bytea PRIMARY KEY,
-    token bigint NOT NULL
-)
+    name    bytea PRIMARY KEY,
+    token   bigint NOT NULL,
+    ceiling bigint NOT NULL DEFAULT 0
+);
+ALTER TABLE asynclock_token_live ADD COLUMN IF NOT EXISTS ceiling bigint NOT NULL DEFAULT 0
 """
 # Leases of mode lease; tokens from one sequence (strictly increasing for every name, G2).
 SCHEMA_LEASE = """
@@ -142,27 +157,38 @@ CREATE TABLE IF NOT EXISTS asynclock_lease (
 
 # -- mode session: statements ------------------------------------------------------------
 
-# The token bump, after a CTE ``l`` that says whether we got the lock (``l.ok``). Args: $2
-# name bytea. A name's next token is live.token + 1 while that stays <= ceiling: an
-# UNLOGGED write, so the commit writes no WAL of ours and does not wait for a flush. When
-# the reservation is used up, or the live row is missing (first use, or emptied by crash
-# recovery), the token is greatest(live, ceiling) + 1 and the ceiling moves to token +
-# TOKEN_RESERVE - 1 in the same transaction, committed synchronously (forced on if the
-# session has synchronous_commit = off). The ceiling read from the snapshot can only be
-# older, so smaller, than the latest one: that reserves early, never hands out more.
-# ON CONFLICT reads the latest live row, so the statement snapshot predating the lock
-# can't make two holders compute the same token.
-_BUMP = f"""
-c AS (SELECT coalesce((SELECT ceiling FROM asynclock_token WHERE name = $2), 0) AS ceiling
+
+def _bump(name: str) -> str:
+    """The full token bump, after a CTE ``l`` that says whether we got the lock (``l.ok``);
+    ``name`` is the parameter holding the name (bytea).
+
+    A name's next token is live.token + 1. The live row keeps a copy of a ceiling that is
+    already on disk (``live.ceiling <= asynclock_token.ceiling``), so while the next token
+    stays <= that copy nothing but the UNLOGGED row is written: no WAL of ours, no flush.
+    Otherwise, or when the live row is missing (first use, emptied by crash recovery, or a
+    copy of 0 from an older version), the durable ceiling is read: if it covers the next
+    token (missing row: ceiling + 1), the copy just catches up; if not, the ceiling moves
+    to token + TOKEN_RESERVE - 1 in the same transaction, committed synchronously (forced
+    on if the session has synchronous_commit = off). The ceiling read from the snapshot
+    can only be older, so smaller, than the latest one: that reserves early and copies a
+    smaller ceiling, never hands out more. ON CONFLICT reads the latest live row, so the
+    statement snapshot predating the lock can't make two holders compute the same token.
+    """
+    return f"""
+c AS (SELECT coalesce((SELECT ceiling FROM asynclock_token WHERE name = {name}), 0) AS ceiling
       FROM l WHERE l.ok),
 live AS (
-    INSERT INTO asynclock_token_live AS t (name, token) SELECT $2, c.ceiling + 1 FROM c
-    ON CONFLICT (name) DO UPDATE SET token = t.token + 1
-    RETURNING t.token
+    INSERT INTO asynclock_token_live AS t (name, token, ceiling)
+    SELECT {name}, c.ceiling + 1, c.ceiling + {TOKEN_RESERVE} FROM c
+    ON CONFLICT (name) DO UPDATE SET
+        token = t.token + 1,
+        ceiling = CASE WHEN t.token + 1 <= EXCLUDED.token - 1 THEN EXCLUDED.token - 1
+                       ELSE t.token + {TOKEN_RESERVE} END
+    RETURNING t.token, t.ceiling
 ),
 reserve AS (
     INSERT INTO asynclock_token AS r (name, ceiling)
-    SELECT $2, live.token + {TOKEN_RESERVE - 1} FROM live, c WHERE live.token > c.ceiling
+    SELECT {name}, live.ceiling FROM live, c WHERE live.token > c.ceiling
     ON CONFLICT (name) DO UPDATE SET ceiling = greatest(r.ceiling, EXCLUDED.ceiling)
     RETURNING set_config('synchronous_commit',
                          CASE current_setting('synchronous_commit')
@@ -171,14 +197,32 @@ reserve AS (
 )
 SELECT token FROM live
 """
-# G1 + G2 in one round trip. Args: $1 key bigint, $2 name bytea, $3 idle_session_timeout
-# (ms, text). Takes the session lock if free and only then bumps the name's token.
-# Returns the new token, or no row when another session holds the key.
+
+
+# The common case of the bump: the next token is within the live row's copy of the
+# ceiling, so only the UNLOGGED row changes (one index lookup, a HOT update, no WAL of
+# ours). After the CTE ``l``; args $2 name bytea. Returns (ok, token): (false, NULL) busy,
+# (true, token) granted, (true, NULL) granted but the token needs the full bump
+# (SQL_S_BUMP). In READ COMMITTED a row updated after the snapshot is re-read at its
+# latest version (EvalPlanQual) with the same ``l`` row, so the lock is tried only once.
+_FAST_BUMP = """
+u AS (
+    UPDATE asynclock_token_live AS t SET token = t.token + 1
+    FROM l WHERE l.ok AND t.name = $2 AND t.token < t.ceiling
+    RETURNING t.token
+)
+SELECT l.ok, u.token FROM l LEFT JOIN u ON true
+"""
+# G1 + G2 in one round trip (two, once per TOKEN_RESERVE acquisitions of a name). Args: $1
+# key bigint, $2 name bytea, $3 idle_session_timeout (ms, text). Takes the session lock if
+# free and only then bumps the name's token.
 SQL_S_ACQUIRE = f"""
 WITH s AS (SELECT set_config('idle_session_timeout', $3, false)),
-     l AS (SELECT pg_try_advisory_lock($1) AS ok FROM s),{_BUMP}"""
+     l AS (SELECT pg_try_advisory_lock($1) AS ok FROM s),{_FAST_BUMP}"""
 # The same when idle_session_timeout is already right (or the server predates it, < 14).
-SQL_S_ACQUIRE_PLAIN = f"WITH l AS (SELECT pg_try_advisory_lock($1) AS ok),{_BUMP}"
+SQL_S_ACQUIRE_PLAIN = f"WITH l AS (SELECT pg_try_advisory_lock($1) AS ok),{_FAST_BUMP}"
+# The full bump, with the lock already held. Args: $1 name bytea. Returns the token.
+SQL_S_BUMP = f"WITH l AS (SELECT true AS ok),{_bump('$1')}"
 # G4/G7 renewal of every lease in one round trip. Args: $1 keys bigint[], $2 idle ms (text).
 # Returns one row: the keys of $1 that *this backend pid* no longer holds.
 _MISSING = """array(SELECT k FROM unnest($1::bigint[]) AS k
@@ -189,14 +233,20 @@ _MISSING = """array(SELECT k FROM unnest($1::bigint[]) AS k
 SQL_S_CHECK = f"SELECT set_config('idle_session_timeout', $2, false) AS idle, {_MISSING}"
 # The same when idle_session_timeout needs no change. Args: $1 keys bigint[].
 SQL_S_CHECK_PLAIN = f"SELECT {_MISSING}"
-# G5 release. Args: $1 key, $2 channel. Unlocks our session's hold; notifies waiters only
-# if it was held. Returns whether it was held. NOTIFY makes the commit write WAL; nothing
-# here needs to survive a crash (the unlock is not transactional), so this one commit
-# does not wait for the WAL flush.
+# G5 release. Args: $1 key, $2 channel, $3 and $4 the waiter key (:func:`waiter_key`).
+# Unlocks our session's hold. Returns NULL if it was not held, false if it was and nobody
+# waits, true if it was and waiters were notified. A waiting backend holds a shared lock on
+# the waiter key (taken after its LISTEN, before its next try), so the exclusive probe
+# fails exactly when someone may be waiting; only then does the statement NOTIFY, which
+# costs a transaction id, a commit record and the notify queue's lock. That commit does
+# not wait for the WAL flush: nothing here needs to survive a crash (the unlock is not
+# transactional). Without a NOTIFY the statement writes nothing.
 SQL_S_RELEASE = """
-SELECT u.ok FROM (SELECT set_config('synchronous_commit', 'off', true),
-                         pg_advisory_unlock($1) AS ok) AS u
-LEFT JOIN LATERAL (SELECT pg_notify($2, '') WHERE u.ok) AS n ON true
+SELECT CASE WHEN NOT pg_advisory_unlock($1) THEN NULL
+            WHEN pg_try_advisory_xact_lock($3, $4) THEN false
+            ELSE (set_config('synchronous_commit', 'off', true) || pg_notify($2, '')::text)
+                 IS NOT NULL
+       END
 """
 # G9. Args: $1 key, $2 name, $3 token. True if some session holds the key and $3 is the
 # newest token issued for the name (tokens only move when the lock is granted).
@@ -208,9 +258,9 @@ SELECT EXISTS (SELECT 1 FROM pg_locks AS l
    AND EXISTS (SELECT 1 FROM asynclock_token_live WHERE name = $2 AND token = $3)
 """
 # xact_lock: args $1 key, $2 name. Waits for the transaction lock, then bumps the token.
-SQL_X_LOCK = f"WITH l AS (SELECT true AS ok FROM pg_advisory_xact_lock($1)),{_BUMP}"
+SQL_X_LOCK = f"WITH l AS (SELECT true AS ok FROM pg_advisory_xact_lock($1)),{_bump('$2')}"
 # xact_lock(wait=False): the same with pg_try_advisory_xact_lock; no row when busy.
-SQL_X_TRY = f"WITH l AS (SELECT pg_try_advisory_xact_lock($1) AS ok),{_BUMP}"
+SQL_X_TRY = f"WITH l AS (SELECT pg_try_advisory_xact_lock($1) AS ok),{_bump('$2')}"
 
 # -- mode lease: statements --------------------------------------------------------------
 
@@ -243,9 +293,10 @@ WHERE l.name = x.name AND l.owner = x.owner AND l.token = x.token
   AND l.expires_at > clock_timestamp()
 RETURNING x.i
 """
-# G5: owner-checked delete; args $1 name, $2 owner, $3 token or NULL, $4 channel.
-# Returns one row (was it still live?) if it was our row; notifies waiters. The commit does
-# not wait for the WAL flush: if a crash undid the delete, the row would just expire.
+# G5: owner-checked delete; args $1 name, $2 owner, $3 token or NULL, $4 channel, $5 and
+# $6 the waiter key. Returns one row (was it still live?) if it was our row; notifies
+# waiters if some backend announced one (as SQL_S_RELEASE). The commit does not wait for
+# the WAL flush: if a crash undid the delete, the row would just expire.
 SQL_L_RELEASE = """
 WITH c AS (SELECT set_config('synchronous_commit', 'off', true)),
 d AS (
@@ -253,7 +304,9 @@ d AS (
     WHERE name = $1 AND owner = $2 AND ($3::bigint IS NULL OR token = $3)
     RETURNING expires_at > clock_timestamp() AS live
 )
-SELECT d.live FROM c, d LEFT JOIN LATERAL (SELECT pg_notify($4, '')) AS n ON true
+SELECT d.live FROM c, d
+LEFT JOIN LATERAL (SELECT pg_notify($4, '') WHERE NOT pg_try_advisory_xact_lock($5, $6)) AS n
+    ON true
 """
 # G9: args $1 name, $2 token.
 SQL_L_VALIDATE = """
@@ -325,6 +378,8 @@ class PostgresDriver(Driver):
         self._expires: dict[str, float] = {}
         # LISTEN bookkeeping: channel -> {name: number of watchers}.
         self._channels: dict[str, dict[str, int]] = {}
+        # Channels LISTENed to, with their waiter key held, on the current listener.
+        self._announced: set[str] = set()
 
     def __repr__(self) -> str:
         return f"<PostgresDriver {self.display} mode={self.mode}>"
@@ -488,16 +543,41 @@ class PostgresDriver(Driver):
             conn = await self._connect(statement_cache_size=0)
             conn.add_termination_listener(self._on_listener_terminated)
             self._listen_conn = conn
-            for channel in self._channels:
-                await conn.add_listener(channel, self._on_notify)
+            self._announced = set()
+            for channel, names in list(self._channels.items()):
+                await self._announce(conn, channel, next(iter(names)))
         return conn
+
+    async def _announce(self, conn: asyncpg.Connection, channel: str, name: str) -> None:
+        """LISTEN on ``channel``, then hold ``name``'s waiter key shared on the listener
+        connection, so that releases of ``name`` NOTIFY (call with ``_listen_io`` held, or
+        from :meth:`_listener`). The order matters: a release that sees the waiter key
+        notifies a channel already listened to; one that does not see it unlocked before
+        the key was taken, so the waiter's next try (right after :meth:`watch`) finds
+        the lock free."""
+        if channel in self._announced:
+            return
+        await conn.add_listener(channel, self._on_notify)
+        high, low = waiter_key(name)  # ints: safe to inline (simple protocol, one trip)
+        await conn.execute(f"SELECT pg_advisory_lock_shared({high}, {low})")
+        self._announced.add(channel)
+
+    async def _unannounce(self, conn: asyncpg.Connection, channel: str, name: str) -> None:
+        if channel not in self._announced:
+            return
+        self._announced.discard(channel)
+        high, low = waiter_key(name)
+        await conn.execute(f"SELECT pg_advisory_unlock_shared({high}, {low})")
+        await conn.remove_listener(channel, self._on_notify)
 
     def _on_listener_terminated(self, conn: Any) -> None:
         if conn is self._listen_conn:
             self._listen_conn = None
+            self._announced = set()
 
     async def _close_listener(self) -> None:
         conn, self._listen_conn = self._listen_conn, None
+        self._announced = set()
         if conn is not None:
             await _close(conn)
 
@@ -517,7 +597,7 @@ class PostgresDriver(Driver):
             async with self._listen_io:
                 conn = await self._listener()
                 if channel in self._channels:
-                    await conn.add_listener(channel, self._on_notify)
+                    await self._announce(conn, channel, name)
         except Exception as exc:  # polling still works; a waiter just hears later
             logger.warning("%s: LISTEN failed, waiters will poll: %r", self.display, exc)
         return True
@@ -540,7 +620,7 @@ class PostgresDriver(Driver):
         try:
             async with self._listen_io:
                 if channel not in self._channels:
-                    await conn.remove_listener(channel, self._on_notify)
+                    await self._unannounce(conn, channel, name)
         except Exception as exc:
             logger.debug("%s: UNLISTEN failed: %r", self.display, exc)
 
@@ -591,18 +671,25 @@ class PostgresDriver(Driver):
         # Reserve before asking: if we are interrupted the server may have granted the
         # lock, and release(name, owner, None) must know to unlock it (G6).
         self._holders[name] = owner
+        name_bytes = _name_bytes(name)
         try:
             idle = self._idle_change(ttl)
             if idle is None:
-                token = await conn.fetchval(SQL_S_ACQUIRE_PLAIN, lock_key(name), _name_bytes(name))
+                row = await conn.fetchrow(SQL_S_ACQUIRE_PLAIN, lock_key(name), name_bytes)
             else:
-                token = await conn.fetchval(SQL_S_ACQUIRE, lock_key(name), _name_bytes(name), idle)
+                row = await conn.fetchrow(SQL_S_ACQUIRE, lock_key(name), name_bytes, idle)
         except BaseException:
             self._idle_set = None  # unknown whether the setting stuck
             raise
-        if token is None:
+        assert row is not None
+        ok, token = row
+        if not ok:
             del self._holders[name]
             return Busy(self.poll)
+        if token is None:
+            # Granted; the token needs a new reservation (or the live row is missing).
+            # Interrupted here, the core's release(name, owner, None) unlocks (G6).
+            token = await conn.fetchval(SQL_S_BUMP, name_bytes)
         self._ttls[name] = ttl
         self._expires[name] = t_send + ttl
         self._tokens[name] = token = int(token)
@@ -662,7 +749,9 @@ class PostgresDriver(Driver):
         """Unlock holds whose ttl passed without a renewal (call with ``_io`` held)."""
         for name in names:
             try:
-                await conn.fetchval(SQL_S_RELEASE, lock_key(name), notify_channel(name))
+                await conn.fetchval(
+                    SQL_S_RELEASE, lock_key(name), notify_channel(name), *waiter_key(name)
+                )
             except BaseException as exc:
                 self._broken(conn, exc)
                 raise
@@ -688,16 +777,18 @@ class PostgresDriver(Driver):
             if conn is None or conn.is_closed():
                 return False
             try:
-                held = await conn.fetchval(SQL_S_RELEASE, lock_key(name), notify_channel(name))
+                held = await conn.fetchval(
+                    SQL_S_RELEASE, lock_key(name), notify_channel(name), *waiter_key(name)
+                )
             except BaseException as exc:
                 # Unknown whether the unlock ran: ending the session is the only sure way
                 # to free the key (and it frees it now, not at some later ttl).
                 self._broken(conn, exc)
                 raise
             self._forget(name)
-        if held:
+        if held is not None:
             self._wake(name)
-        return bool(held)
+        return held is not None
 
     async def validate(self, name: str, token: int) -> bool:
         async with self._io:
@@ -754,7 +845,12 @@ class PostgresDriver(Driver):
             conn = await self._main()
             try:
                 live = await conn.fetchval(
-                    SQL_L_RELEASE, _name_bytes(name), owner, token, notify_channel(name)
+                    SQL_L_RELEASE,
+                    _name_bytes(name),
+                    owner,
+                    token,
+                    notify_channel(name),
+                    *waiter_key(name),
                 )
             except _CONNECTION_ERRORS as exc:
                 raise self._unavailable("release failed", exc) from exc
@@ -785,6 +881,13 @@ async def ensure_schema(conn: asyncpg.Connection, *, mode: str = "session") -> N
     )
     if await conn.fetchval(
         "SELECT bool_and(to_regclass(t) IS NOT NULL) FROM unnest($1::text[]) t", tables
+    ) and (
+        mode != "session"
+        # asynclock_token_live.ceiling (added later; an older table gets it here)
+        or await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attname = 'ceiling'"
+            " AND attrelid = to_regclass('asynclock_token_live') AND NOT attisdropped)"
+        )
     ):
         return
     async with conn.transaction():

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import inspect
 import logging
 import math
 from collections import OrderedDict
@@ -338,6 +339,20 @@ def pack(*args: bytes) -> bytes:
 MAX_IDLE_CONNECTIONS = 256
 
 
+def _no_client_info() -> dict[str, Any]:
+    """Connection keywords that turn redis-py's ``CLIENT SETINFO`` off: ``driver_info=None``
+    (redis-py >= 7), else ``lib_name=None, lib_version=None`` (redis-py 5 and 6)."""
+    params = inspect.signature(AbstractConnection.__init__).parameters
+    if "driver_info" in params:
+        return {"driver_info": None}
+    if "lib_name" in params:
+        return {"lib_name": None, "lib_version": None}
+    return {}  # pragma: no cover - older than redis-py 5: it sends no CLIENT SETINFO
+
+
+_NO_CLIENT_INFO = _no_client_info()
+
+
 class Node:
     """One Redis server: command connections, scripts, error translation.
 
@@ -372,6 +387,9 @@ class Node:
             raise ValueError(f"bad Redis URL {self.display!r}: {self.scrub(str(exc))}") from None
         # Our calls bound themselves (connect, send and read under one deadline).
         self._kwargs = {**self.pool.connection_kwargs, "socket_timeout": None}
+        if not {"driver_info", "lib_name", "lib_version"} & set(self._kwargs):
+            # No CLIENT SETINFO (two commands on every new connection) unless asked for.
+            self._kwargs.update(_NO_CLIENT_INFO)
         self._idle: list[AbstractConnection] = []
         self._closed = False
 
@@ -530,6 +548,11 @@ class Node:
         """A dedicated connection (for pub/sub) that waits for messages without a timeout."""
         # RESP2: messages come back as plain replies (RESP3 routes them to a push handler).
         kwargs = {**self._kwargs, "protocol": 2}
+        # Maintenance notifications need RESP3 or hiredis; this connection speaks RESP2
+        # and may use the pure-Python parser, so turn them off (redis-py >= 7 passes them).
+        for key in ("maint_notifications_config", "maint_notifications_pool_handler"):
+            if key in kwargs:
+                kwargs[key] = None
         conn: AbstractConnection = self.pool.connection_class(**kwargs)
         return conn
 

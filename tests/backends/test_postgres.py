@@ -19,11 +19,14 @@ import pytest
 import asynclock
 from asynclock.backends.postgres import (
     KEY_SQL,
+    SQL_S_RELEASE,
     TOKEN_RESERVE,
     PoolerDetected,
     PostgresDriver,
     ensure_schema,
     lock_key,
+    notify_channel,
+    waiter_key,
     xact_lock,
 )
 from asynclock.fence import SQLFence
@@ -224,6 +227,93 @@ async def check_notify_wakes_waiter(url: str, key: str) -> None:
             with anyio.fail_after(5):
                 await got.wait()
             assert time.monotonic() - started < 2.0
+
+
+async def test_release_notifies_only_when_a_waiter_announced_itself(
+    pg_server: PgServer, admin: asyncpg.Connection, name: str
+) -> None:
+    """NOTIFY costs a transaction id and a commit, so an uncontended release skips it; a
+    backend that waits holds the waiter key shared (from its LISTEN until unwatch), and
+    then the release notifies and the waiter hears it."""
+    key, channel, (high, low) = lock_key(name), notify_channel(name), waiter_key(name)
+    conn = await asyncpg.connect(pg_server.url())
+    try:
+        async with asynclock.connect(pg_server.url()) as backend:
+            driver = backend.driver
+            assert isinstance(driver, PostgresDriver)
+            heard = anyio.Event()
+            setattr(driver, "_wake", lambda n: heard.set() if n == name else None)  # noqa: B010
+
+            async def cycle() -> bool | None:
+                assert await conn.fetchval("SELECT pg_try_advisory_lock($1)", key)
+                notified: bool | None = await conn.fetchval(SQL_S_RELEASE, key, channel, high, low)
+                return notified
+
+            assert await cycle() is False  # held, nobody waits: no NOTIFY
+            assert await conn.fetchval(SQL_S_RELEASE, key, channel, high, low) is None
+            assert await driver.watch(name)
+            shared = await admin.fetchval(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2"
+                " AND mode = 'ShareLock' AND granted AND classid = $1::bigint::oid"
+                " AND objid = $2::bigint::oid",
+                high & 0xFFFFFFFF,
+                low & 0xFFFFFFFF,
+            )
+            assert shared == 1
+            assert await cycle() is True
+            with anyio.fail_after(5):
+                await heard.wait()
+            await driver.unwatch(name)
+            assert await cycle() is False
+    finally:
+        await conn.close()
+
+
+async def test_live_ceiling_copy_stays_below_the_durable_ceiling(
+    pg_server: PgServer, admin: asyncpg.Connection, name: str
+) -> None:
+    """The fast path hands out tokens up to the live row's copy of the ceiling: that copy
+    must never exceed the ceiling on disk. A missing or zero copy (an older version's
+    row, or a table from before the column) falls back to the full bump."""
+    db = f"old_{uuid.uuid4().hex[:8]}"
+    await admin.execute(f"CREATE DATABASE {db} OWNER locker")
+    url = pg_server.url().replace("/asynclock", f"/{db}")
+    try:
+        old = await asyncpg.connect(url)
+        try:  # the schema and rows of the previous version (no ceiling copy)
+            await old.execute(
+                "CREATE TABLE asynclock_token (name bytea PRIMARY KEY, ceiling bigint NOT NULL);"
+                "CREATE UNLOGGED TABLE asynclock_token_live"
+                " (name bytea PRIMARY KEY, token bigint NOT NULL)"
+            )
+            await old.execute("INSERT INTO asynclock_token VALUES ($1, 1499)", name.encode())
+            await old.execute("INSERT INTO asynclock_token_live VALUES ($1, 600)", name.encode())
+        finally:
+            await old.close()
+        tokens = []
+        async with asynclock.connect(url) as backend:
+            driver = backend.driver
+            assert isinstance(driver, PostgresDriver)
+            for _ in range(TOKEN_RESERVE + 10):
+                async with backend.lock(name, ttl=5.0, blocking=False) as lease:
+                    tokens.append(lease.token)
+                check = await driver._raw_fetchval(
+                    "SELECT (l.token <= l.ceiling AND l.ceiling <= d.ceiling)"
+                    " FROM asynclock_token_live l JOIN asynclock_token d USING (name)"
+                    " WHERE name = $1",
+                    name.encode(),
+                )
+                assert check, tokens[-1]
+        assert tokens == list(range(601, 601 + TOKEN_RESERVE + 10))
+        conn = await asyncpg.connect(url)
+        try:  # one reservation when 1499 ran out, none while the old ceiling covered
+            assert await conn.fetchval(
+                "SELECT ceiling FROM asynclock_token WHERE name = $1", name.encode()
+            ) == (1500 + TOKEN_RESERVE - 1)
+        finally:
+            await conn.close()
+    finally:
+        await admin.execute(f"DROP DATABASE {db} WITH (FORCE)")
 
 
 async def test_idle_session_timeout_tracks_the_longest_ttl(pg_server: PgServer, name: str) -> None:

@@ -17,6 +17,8 @@ import anyio.abc
 from .spec import BackendSpec
 
 WORKER = Path(__file__).with_name("worker.py")
+#: Workers started by the running test; the suite kills leftovers after each test.
+STARTED: list[anyio.abc.Process] = []
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -63,4 +65,17 @@ async def start_worker(spec: BackendSpec, **config: Any) -> Worker:
         stderr=None,
         env=env,
     )
+    STARTED.append(process)
     return Worker(process)
+
+
+def kill_leftovers() -> None:
+    """Kill workers a failed test left behind (SIGCONT first: one may be stopped)."""
+    while STARTED:
+        process = STARTED.pop()
+        if process.returncode is None:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(process.pid, sig)
+                except ProcessLookupError:
+                    break

