@@ -324,8 +324,14 @@ async def contention(server: RedisServer, seconds: float, hold: float = 0.001) -
     finally:
         for b in reversed(backends):
             await b.__aexit__(None, None, None)
-    commands = COUNT[0]
-    steady = _steady(commands, len(events))
+    return contention_summary(events, waits, COUNT[0], overlap[0])
+
+
+def contention_summary(
+    events: list[tuple[float, float, int]], waits: list[float], commands: int, overlap: int
+) -> dict[str, float]:
+    """Gap, handoff and wait statistics of one contention run. ``events`` are holds
+    (start, end, worker), the worker as ``-1 - i`` when nobody else was waiting."""
     gaps = [b[0] - a[1] for a, b in itertools.pairwise(events)]
     possible = sum(1 for e in events[:-1] if e[2] >= 0)
     handed = sum(
@@ -340,8 +346,8 @@ async def contention(server: RedisServer, seconds: float, hold: float = 0.001) -
         "handoffs": handed / max(possible, 1),
         "max_wait_ms": max(waits) * 1000,
         "commands_per_acq": commands / max(len(events), 1),
-        "steady_commands_per_acq": steady,
-        "overlap": overlap[0],
+        "steady_commands_per_acq": _steady(commands, len(events)),
+        "overlap": overlap,
     }
 
 
@@ -377,23 +383,7 @@ async def contention_redis_py(
     async with anyio.create_task_group() as tg:
         for i, c in enumerate(clients):
             tg.start_soon(worker, i, c)
-    gaps = [b[0] - a[1] for a, b in itertools.pairwise(events)]
-    possible = sum(1 for e in events[:-1] if e[2] >= 0)
-    handed = sum(
-        1
-        for a, b in itertools.pairwise(events)
-        if a[2] >= 0 and (b[2] if b[2] >= 0 else -1 - b[2]) != a[2]
-    )
-    return {
-        "acquisitions": len(events),
-        "gap_p50_ms": statistics.median(gaps) * 1000,
-        "gap_p99_ms": statistics.quantiles(gaps, n=100)[98] * 1000,
-        "handoffs": handed / max(possible, 1),
-        "max_wait_ms": max(waits) * 1000,
-        "commands_per_acq": COUNT[0] / max(len(events), 1),
-        "steady_commands_per_acq": _steady(COUNT[0], len(events)),
-        "overlap": 0,
-    }
+    return contention_summary(events, waits, COUNT[0], 0)
 
 
 # -- 3. many leases ----------------------------------------------------------------------------

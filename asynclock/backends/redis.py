@@ -860,11 +860,7 @@ class RedisDriver(SubscribingDriver):
     async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
         if not leases:
             return []
-        keys = [self.keys(ref.name).lock for ref in leases]
-        args: list[bytes] = []
-        for ref in leases:
-            args.append(f"{ref.owner}:{ref.token}".encode())
-            args.append(b"%d" % ms(ref.ttl))
+        keys, args = extend_call(self.keys, leases)
         reply = await self.node.run("extend", keys, args)
         return [_extend_result(int(code)) for code in reply]
 
@@ -929,6 +925,16 @@ class RedisDriver(SubscribingDriver):
         if not waits:
             del self._waits[name]
         return wait
+
+
+def extend_call(keys: KeyCache, leases: Sequence[LeaseRef]) -> tuple[list[bytes], list[bytes]]:
+    """KEYS and ARGV of the batched ``extend`` script: per lease its lock key, and
+    ``owner:token`` plus the ttl in ms."""
+    args: list[bytes] = []
+    for ref in leases:
+        args.append(f"{ref.owner}:{ref.token}".encode())
+        args.append(b"%d" % ms(ref.ttl))
+    return [keys(ref.name).lock for ref in leases], args
 
 
 def _extend_result(code: int) -> ExtendResult:

@@ -42,6 +42,7 @@ from .redis import (
     Node,
     SubscribingDriver,
     drop_connection,
+    extend_call,
     ms,
     pack,
     pack_script,
@@ -321,12 +322,7 @@ class RedlockDriver(SubscribingDriver):
     async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
         if not leases:
             return []
-        keys = [self.keys(ref.name).lock for ref in leases]
-        args: list[bytes] = []
-        for ref in leases:
-            args.append(f"{ref.owner}:{ref.token}".encode())
-            args.append(b"%d" % ms(ref.ttl))
-        packed = pack_script("extend", keys, args)
+        packed = pack_script("extend", *extend_call(self.keys, leases))
         results = await self._fan("extend", packed, self._timeout(min(r.ttl for r in leases)))
         n = len(self.nodes)
         out: list[ExtendResult] = []
