@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -30,7 +27,7 @@ from asynclock.backends.postgres import (
     xact_lock,
 )
 from asynclock.fence import SQLFence
-from tests.support.pg_servers import PASSWORD, PgBouncer, PgServer, _own, find_pg_bin, free_port
+from tests.support.pg_servers import PASSWORD, PgBouncer, PgServer, running_pg
 
 pytestmark = pytest.mark.anyio
 
@@ -127,20 +124,8 @@ def crashable_pg() -> Iterator[PgServer]:
     session (the hardest case: the reservation must force its own flush) and a 10 s
     ``wal_writer_delay``, so the WAL of asynchronous commits sits in shared memory and an
     immediate shutdown really loses it."""
-    root = Path(tempfile.mkdtemp(prefix="asynclock-pg-crash-"))
-    _own(root)
-    server = PgServer(find_pg_bin(), root, free_port())
-    try:
-        server.init()
-        with open(server.data / "postgresql.conf", "a") as conf:
-            conf.write("wal_writer_delay = 10000ms\n")
-        server.start()
-        server.psql_setup()
+    with running_pg("asynclock-pg-crash-", "wal_writer_delay = 10000ms\n") as server:
         yield server
-    finally:
-        with contextlib.suppress(Exception):
-            server.stop("immediate")
-        shutil.rmtree(root, ignore_errors=True)
 
 
 async def test_tokens_keep_rising_across_a_server_crash(crashable_pg: PgServer) -> None:

@@ -239,14 +239,18 @@ class PgBouncer:
                 self.process.wait()
 
 
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[PgServer]:
-    bin_dir = find_pg_bin()
-    root = Path(tempfile.mkdtemp(prefix="asynclock-pg-"))
+@contextlib.contextmanager
+def running_pg(prefix: str = "asynclock-pg-", extra_conf: str = "") -> Iterator[PgServer]:
+    """A fresh PostgreSQL in a temp dir on a free port (``extra_conf`` is appended to
+    postgresql.conf); stopped (immediate) and removed afterwards."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
     _own(root)
-    server = PgServer(bin_dir, root, free_port())
+    server = PgServer(find_pg_bin(), root, free_port())
     try:
         server.init()
+        if extra_conf:
+            with open(server.data / "postgresql.conf", "a") as conf:
+                conf.write(extra_conf)
         server.start()
         server.psql_setup()
         yield server
@@ -254,6 +258,12 @@ def pg_server() -> Iterator[PgServer]:
         with contextlib.suppress(Exception):
             server.stop("immediate")
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    with running_pg() as server:
+        yield server
 
 
 def _find_pgbouncer() -> str | None:
