@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import sys
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ import asynclock
 from asynclock.backends.redis import RedisDriver, display_url, keys_for
 from tests.support.procs import start_worker
 from tests.support.redis_servers import RedisFactory, RedisServer, wait_until
+from tests.support.signals import BusyWatch
 from tests.support.spec import BackendSpec
 
 pytestmark = pytest.mark.anyio
@@ -48,14 +48,6 @@ def cluster_slot(key: str) -> int:
 
 def raw_client(server: RedisServer) -> redis.asyncio.Redis:
     return redis.asyncio.Redis.from_url(server.url)
-
-
-def _waited_more(backend: asynclock.Backend, than: int) -> bool:
-    return backend.stats().busy_attempts > than
-
-
-def _has_waited(backend: asynclock.Backend) -> bool:
-    return backend.stats().busy_attempts >= 1
 
 
 async def _queued(client: redis.asyncio.Redis, key: str) -> bool:
@@ -184,10 +176,11 @@ async def test_release_hands_off_at_once_without_polling(
             async with b.lock(lock_name, ttl=5.0, timeout=10):
                 got.append(time.monotonic())
 
+        busy = BusyWatch(b)
         async with anyio.create_task_group() as tg:
             tg.start_soon(waiter)
             await waiting.wait()
-            await wait_until(lambda: b.stats().busy_attempts >= 2)  # queued, subscribed
+            await busy.reached(2)  # queued, subscribed
             released = time.monotonic()
             await lease.release()
         assert got[0] - released < 0.5
@@ -204,6 +197,7 @@ async def test_a_subscribed_waiter_asks_once_then_waits(
         asynclock.connect(redis_server.url) as b,
     ):
         used = []
+        busy = BusyWatch(b)
         for _ in range(2):  # the first round subscribes b (the subscription is kept)
             lease = await a.acquire(lock_name, ttl=30.0)
             before = await commands(client, "evalsha")
@@ -216,7 +210,7 @@ async def test_a_subscribed_waiter_asks_once_then_waits(
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(waiter)
-                await wait_until(functools.partial(_waited_more, b, attempts))
+                await busy.reached(attempts + 1)
                 await lease.release()
                 await got.wait()
             used.append(await commands(client, "evalsha") - before)
@@ -244,8 +238,9 @@ async def test_waiters_are_served_in_arrival_order(
                         async with b.lock(lock_name, ttl=5.0, timeout=10):
                             order.append(i)
 
+                    busy = BusyWatch(b)
                     tg.start_soon(wait)
-                    await wait_until(functools.partial(_has_waited, b))  # i is queued
+                    await busy.reached(1)  # i is queued
                 await lease.release()
         assert order == [0, 1, 2, 3]
 

@@ -13,7 +13,8 @@ import redis.asyncio
 import asynclock
 from asynclock.backends.redis import keys_for
 from asynclock.backends.redlock import RedlockDriver, parse_url
-from tests.support.redis_servers import RedisFactory, RedisServer, redlock_url, wait_until
+from tests.support.redis_servers import RedisFactory, RedisServer, redlock_url
+from tests.support.signals import BusyWatch
 
 pytestmark = pytest.mark.anyio
 
@@ -208,9 +209,10 @@ async def test_watchers_wake_on_release(redlock_servers: list[RedisServer], lock
             async with b.lock(lock_name, ttl=5.0, timeout=10):
                 got.append(time.monotonic())
 
+        busy = BusyWatch(b)
         async with anyio.create_task_group() as tg:
             tg.start_soon(waiter)
-            await wait_until(lambda: b.stats().busy_attempts >= 2)
+            await busy.reached(2)
             released = time.monotonic()
             await lease.release()
         assert got[0] - released < 0.5

@@ -6,15 +6,14 @@ import sqlite3
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import anyio
 import anyio.lowlevel
 import pytest
 
 import asynclock
-from asynclock._core.driver import Busy
 from asynclock.backends.sqlite import WAITER_TTL, SQLiteDriver
+from tests.support.signals import BusyWatch
 
 pytestmark = pytest.mark.anyio
 
@@ -122,17 +121,7 @@ async def test_waiters_are_served_first_come_first_served(url: str) -> None:
         asynclock.connect(url) as first,
         asynclock.connect(url) as second,
     ):
-        queued = {"first": anyio.Event(), "second": anyio.Event()}
-        for label, backend in (("first", first), ("second", second)):
-            real = backend.driver.acquire
-
-            async def acquire(*args: Any, _real: Any = real, _label: str = label, **kw: Any) -> Any:
-                result = await _real(*args, **kw)
-                if isinstance(result, Busy):
-                    queued[_label].set()
-                return result
-
-            setattr(backend.driver, "acquire", acquire)  # noqa: B010
+        queued = {"first": BusyWatch(first), "second": BusyWatch(second)}
 
         async def wait(label: str, backend: asynclock.Backend) -> None:
             async with backend.lock("fifo", ttl=5.0, timeout=10):
@@ -141,9 +130,9 @@ async def test_waiters_are_served_first_come_first_served(url: str) -> None:
         async with holder.lock("fifo", ttl=5.0):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(wait, "first", first)
-                await queued["first"].wait()
+                await queued["first"].reached(1)
                 tg.start_soon(wait, "second", second)
-                await queued["second"].wait()
+                await queued["second"].reached(1)
                 # A newcomer may not barge ahead of the queue, even once the name is free.
                 await holder.held()[0].release()
                 with pytest.raises(asynclock.LockHeld):
@@ -183,16 +172,7 @@ async def test_release_wakes_the_next_waiter_in_another_backend(url: str) -> Non
             wake(name)
 
         waiter.driver._wake = record
-        queued = anyio.Event()
-        real = waiter.driver.acquire
-
-        async def acquire(*args: Any, **kwargs: Any) -> Any:
-            result = await real(*args, **kwargs)
-            if isinstance(result, Busy):
-                queued.set()
-            return result
-
-        setattr(waiter.driver, "acquire", acquire)  # noqa: B010
+        queued = BusyWatch(waiter)
         got = anyio.Event()
 
         async def wait() -> None:
@@ -202,7 +182,7 @@ async def test_release_wakes_the_next_waiter_in_another_backend(url: str) -> Non
         lease = await holder.acquire("handoff", ttl=5.0)
         async with anyio.create_task_group() as tg:
             tg.start_soon(wait)
-            await queued.wait()
+            await queued.reached(1)
             assert await lease.release()
             await got.wait()
         assert "handoff" in woken

