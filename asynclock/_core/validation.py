@@ -36,6 +36,16 @@ def check_ttl(ttl: object, *, what: str = "ttl") -> float:
     return f
 
 
+def check_seconds(value: object, what: str) -> float:
+    """A backend's duration option, as a number or (from a URL query) a string: finite, > 0."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ValueError(f"{what} must be a number of seconds, got {value!r}") from None
+    return check_ttl(value, what=what)
+
+
 def check_timeout(timeout: object) -> float | None:
     if timeout is None:
         return None

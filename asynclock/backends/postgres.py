@@ -64,7 +64,7 @@ import asyncpg  # type: ignore[import-untyped]  # no stubs; see fence/sql.py Pro
 
 from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
 from .._core.exceptions import BackendUnavailable, LockHeld
-from .._core.validation import check_name
+from .._core.validation import check_name, check_seconds
 
 __all__ = (
     "KEY_SQL",
@@ -344,15 +344,10 @@ class PostgresDriver(Driver):
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"postgres mode must be 'session' or 'lease', got {mode!r}")
-        for what, value in (("poll", poll), ("connect_timeout", connect_timeout)):
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
-            if not (0 < value < math.inf):
-                raise ValueError(f"{what} must be a finite number of seconds > 0, got {value!r}")
         self.dsn = dsn
         self.mode = mode
-        self.poll = float(poll)
-        self.connect_timeout = float(connect_timeout)
+        self.poll = check_seconds(poll, "poll")
+        self.connect_timeout = check_seconds(connect_timeout, "connect_timeout")
         self.check_pooler = check_pooler
         self.display = display or "postgresql://"
         self._password = password
@@ -951,10 +946,7 @@ def driver_from_url(url: str, **options: Any) -> PostgresDriver:
     rest = [(k, v) for k, v in query if k not in _OPTIONS]
     for key in ("poll", "connect_timeout"):
         if key in ours:
-            try:
-                ours[key] = float(ours[key])
-            except ValueError:
-                raise ValueError(f"{key} must be a number of seconds, got {ours[key]!r}") from None
+            ours[key] = check_seconds(ours[key], key)
     if "check_pooler" in ours:
         flag = str(ours["check_pooler"]).lower()
         if flag not in ("true", "false", "1", "0", "yes", "no", "on", "off"):

@@ -41,6 +41,7 @@ from redis.asyncio.connection import AbstractConnection, ConnectionPool
 
 from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
 from .._core.exceptions import BackendUnavailable
+from .._core.validation import check_seconds
 
 logger = logging.getLogger("asynclock.redis")
 
@@ -672,21 +673,21 @@ class Listener:
                 event.set()
 
 
+def check_prefix(prefix: object) -> str:
+    """The key prefix: braces would break the ``{name}`` hash tag that keeps a lock's keys
+    in one cluster slot."""
+    if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
+        raise ValueError(f"prefix must be a str without braces, got {prefix!r}")
+    return prefix
+
+
 def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(driver options, redis-py options) with the driver's defaults filled in."""
     ours = {k: options[k] for k in _DRIVER_OPTIONS if k in options}
     rest = {k: v for k, v in options.items() if k not in _DRIVER_OPTIONS}
     for key in ("socket_timeout", "connect_timeout"):
-        value = ours.get(key, 1.0)
-        if isinstance(value, str):
-            value = float(value)
-        if not isinstance(value, int | float) or not (0 < value < math.inf):
-            raise ValueError(f"{key} must be a number of seconds > 0, got {value!r}")
-        ours[key] = float(value)
-    prefix = ours.get("prefix", "asynclock:")
-    if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
-        raise ValueError(f"prefix must be a str without braces, got {prefix!r}")
-    ours["prefix"] = prefix
+        ours[key] = check_seconds(ours.get(key, 1.0), key)
+    ours["prefix"] = check_prefix(ours.get("prefix", "asynclock:"))
     ours["fair"] = bool(ours.get("fair", True))
     return ours, rest
 

@@ -24,7 +24,6 @@ URL: ``redlock://[[user]:password@]h1:p1,h2:p2,…[/db][?tls=1]``. Options: ``no
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit
@@ -35,12 +34,14 @@ from redis.asyncio.connection import AbstractConnection
 
 from .._core.driver import Busy, ExtendResult, LeaseRef, Refused
 from .._core.exceptions import BackendUnavailable, QuorumNotReached
+from .._core.validation import check_seconds
 from .redis import (
     NO_QUEUE,
     SCRIPTS,
     Listener,
     Node,
     SubscribingDriver,
+    check_prefix,
     drop_connection,
     extend_call,
     ms,
@@ -395,7 +396,8 @@ class RedlockDriver(SubscribingDriver):
 
 
 def parse_url(url: str) -> tuple[list[str], str, dict[str, str]]:
-    """``redlock://`` URL -> (one redis:// URL per node, display without password, query)."""
+    """``redlock://`` URL -> (one redis:// URL per node, display without password, the
+    driver's own options found in the query)."""
     parts = urlsplit(url)
     netloc = parts.netloc
     userinfo, _, hosts = netloc.rpartition("@")
@@ -405,6 +407,7 @@ def parse_url(url: str) -> tuple[list[str], str, dict[str, str]]:
         )
     query = dict(parse_qsl(parts.query))
     tls = query.pop("tls", "").lower() in ("1", "true", "yes", "on")
+    ours = {k: query.pop(k) for k in list(query) if k in _OPTIONS}  # not for redis-py
     scheme = "rediss" if tls else "redis"
     db = parts.path.strip("/") or "0"
     if not db.isdigit():
@@ -422,21 +425,16 @@ def parse_url(url: str) -> tuple[list[str], str, dict[str, str]]:
         shown.append(host)
     user = userinfo.split(":", 1)[0]
     display = f"redlock://{user + '@' if user else ''}{','.join(shown)}/{db}"
-    return urls, display, query
+    return urls, display, ours
 
 
 def driver_from_url(url: str, **options: Any) -> RedlockDriver:
-    urls, display, _ = parse_url(url)
+    urls, display, from_url = parse_url(url)
+    options = {**from_url, **options}
     for key in ("node_timeout", "connect_timeout"):
         if key in options:
-            value = options[key]
-            value = float(value) if isinstance(value, str) else value
-            if not isinstance(value, int | float) or not (0 < value < math.inf):
-                raise ValueError(f"{key} must be a number of seconds > 0, got {value!r}")
-            options[key] = float(value)
-    prefix = options.get("prefix", "asynclock:")
-    if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
-        raise ValueError(f"prefix must be a str without braces, got {prefix!r}")
+            options[key] = check_seconds(options[key], key)
+    check_prefix(options.get("prefix", "asynclock:"))
     return RedlockDriver(urls, display=display, **options)
 
 

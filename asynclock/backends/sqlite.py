@@ -41,6 +41,7 @@ import anyio
 
 from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
 from .._core.exceptions import BackendUnavailable
+from .._core.validation import check_seconds
 
 T = TypeVar("T")
 
@@ -198,11 +199,9 @@ class SQLiteDriver(Driver):
         super().__init__()
         if synchronous.lower() not in ("normal", "full"):
             raise ValueError(f"synchronous must be 'normal' or 'full', got {synchronous!r}")
-        if not (0 < busy_timeout < float("inf")):
-            raise ValueError(f"busy_timeout must be a number of seconds > 0, got {busy_timeout!r}")
         self.path = path
         self.synchronous = synchronous.upper()
-        self.busy_timeout = busy_timeout
+        self.busy_timeout = check_seconds(busy_timeout, "busy_timeout")
         self.display = f"sqlite:///{path}"
         self.boot = boot_id()
         self._db: sqlite3.Connection | None = None
@@ -487,12 +486,5 @@ def driver_from_url(url: str, **options: Any) -> SQLiteDriver:
         raise ValueError(
             f"unknown sqlite URL option(s) {sorted(unknown)}; allowed: synchronous, busy_timeout"
         )
-    if "busy_timeout" in query:
-        try:
-            query["busy_timeout"] = float(query["busy_timeout"])
-        except ValueError:
-            raise ValueError(
-                f"busy_timeout must be a number of seconds, got {query['busy_timeout']!r}"
-            ) from None
     query.update(options)
     return SQLiteDriver(os.fspath(path), **query)

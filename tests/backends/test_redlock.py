@@ -40,6 +40,20 @@ def test_url_parsing_hides_the_password() -> None:
         parse_url("redlock://")
 
 
+def test_driver_options_in_the_url_stay_out_of_the_node_urls() -> None:
+    backend = asynclock.connect("redlock://a:1,b:2?node_timeout=0.5&prefix=app:&tls=0")
+    driver = backend.driver
+    assert isinstance(driver, RedlockDriver)
+    assert (driver.node_timeout, driver.prefix) == (0.5, "app:")
+    assert [node.url for node in driver.nodes] == ["redis://a:1/0", "redis://b:2/0"]
+    with pytest.raises(ValueError, match="node_timeout must be a finite number of seconds"):
+        asynclock.connect("redlock://a:1?node_timeout=-1")
+    with pytest.raises(ValueError, match="node_timeout must be a number of seconds"):
+        asynclock.connect("redlock://a:1?node_timeout=soon")
+    with pytest.raises(ValueError, match="prefix must be a str without braces"):
+        asynclock.connect("redlock://a:1?prefix={x}")
+
+
 async def test_one_round_trip_per_node_when_counters_agree(
     redis_factory: RedisFactory,
 ) -> None:
