@@ -333,12 +333,11 @@ async def test_transaction_pooler_is_refused_for_session_locks(pgbouncer: PgBoun
     assert isinstance(info.value, asynclock.BackendUnavailable)
 
 
-async def test_lease_mode_works_through_a_transaction_pooler(
-    pgbouncer: PgBouncer, name: str
-) -> None:
-    url = pgbouncer.url("transaction", query="?mode=lease")
+async def _exclusive_renewed_and_handed_on(url: str, name: str) -> asynclock.Backend:
+    """Through a pooler: a second client is refused, renewals keep the lease, validate()
+    sees it from the other client, the next holder gets a larger token. Returns one backend
+    (closed) for further checks."""
     async with asynclock.connect(url) as a, asynclock.connect(url) as b:
-        assert isinstance(a.driver, PostgresDriver) and a.driver._pooled
         async with a.lock(name, ttl=0.6) as first:
             with pytest.raises(asynclock.LockHeld):
                 async with b.lock(name, ttl=1.0, blocking=False):
@@ -349,20 +348,20 @@ async def test_lease_mode_works_through_a_transaction_pooler(
             assert await b.validate(name, first.token)
         async with b.lock(name, ttl=1.0, timeout=5) as second:
             assert second.token > first.token
+    return a
+
+
+async def test_lease_mode_works_through_a_transaction_pooler(
+    pgbouncer: PgBouncer, name: str
+) -> None:
+    url = pgbouncer.url("transaction", query="?mode=lease")
+    backend = await _exclusive_renewed_and_handed_on(url, name)
+    assert isinstance(backend.driver, PostgresDriver) and backend.driver._pooled
 
 
 async def test_session_mode_works_through_a_session_pooler(pgbouncer: PgBouncer, name: str) -> None:
-    url = pgbouncer.url("session")
-    async with asynclock.connect(url) as a, asynclock.connect(url) as b:
-        async with a.lock(name, ttl=0.6) as first:
-            with pytest.raises(asynclock.LockHeld):
-                async with b.lock(name, ttl=1.0, blocking=False):
-                    pass
-            await a._renewal_round()
-            await a._renewal_round()
-            assert not first.lost
-        async with b.lock(name, ttl=1.0, timeout=5) as second:
-            assert second.token > first.token
+    backend = await _exclusive_renewed_and_handed_on(pgbouncer.url("session"), name)
+    assert isinstance(backend.driver, PostgresDriver) and not backend.driver._pooled
 
 
 # -- scale ------------------------------------------------------------------------------
