@@ -52,8 +52,6 @@ class Driver:
 
     #: URL scheme(s) for messages; never contains a password.
     display: str = "driver"
-    #: Whether processes other than this one can share the locks (not the memory driver).
-    shared_between_processes: bool = True
 
     def __init__(self) -> None:
         self.clock: Clock = MonotonicClock()

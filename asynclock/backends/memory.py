@@ -24,7 +24,6 @@ class MemoryDriver(Driver):
     """State lives in this object; share one backend to share locks between tasks."""
 
     display = "memory://"
-    shared_between_processes = False
 
     def __init__(self) -> None:
         super().__init__()
