@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 import asynclock
@@ -222,6 +223,42 @@ async def test_unconfirmed_release_can_be_retried() -> None:
         async with backend.lock("r2", ttl=5.0):
             pass
         assert backend.stats().losses == 0
+
+
+async def test_release_timeout_keeps_the_body_exception_and_shields_outer_cancel() -> None:
+    """Release runs in the holder's own scope, shielded after the body (one scope per
+    hold): its deadline must not swallow the body's exception, and an outer cancel must
+    not cut the release short."""
+    finished = False
+    async with asynclock.connect("memory://", release_timeout=0.05) as backend:
+        real = backend.driver.release
+        entered = anyio.Event()
+        hang = True
+
+        async def release(*args: Any) -> Any:
+            entered.set()
+            if hang:
+                await anyio.sleep_forever()
+            await anyio.lowlevel.checkpoint()  # must be shielded from the outer cancel
+            return await real(*args)
+
+        setattr(backend.driver, "release", release)  # noqa: B010
+        with pytest.raises(KeyError, match="body"):
+            async with backend.lock("t", ttl=5.0):
+                raise KeyError("body")
+        assert backend.stats().losses == 0
+
+        hang = False
+        entered = anyio.Event()
+        with anyio.CancelScope() as outer:
+            async with backend.lock("u", ttl=5.0):
+                outer.cancel()
+                await anyio.sleep_forever()
+        assert outer.cancelled_caught
+        assert backend.stats().released == 1
+        assert not backend.held()
+        finished = True
+    assert finished  # a stray cancellation must not have skipped the checks above
 
 
 async def test_driver_release_may_open_cancel_scopes() -> None:

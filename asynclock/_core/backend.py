@@ -22,7 +22,7 @@ import re
 from collections.abc import Awaitable, Coroutine, Generator
 from contextvars import ContextVar
 from types import TracebackType
-from typing import Any, Generic, Self, TypeVar, cast
+from typing import Any, Generic, Self, TypeVar
 
 import anyio
 import anyio.abc
@@ -99,6 +99,7 @@ class Backend:
         self._watch_until: float = -math.inf  # what the watchdog sleeps until, if it sleeps
         self._round_done = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
+        self._scope_type: type[anyio.CancelScope] = anyio.CancelScope
         self._open = False
         driver.bind(self.clock, self._wake_waiters, self._lost_out_of_band)
 
@@ -111,6 +112,9 @@ class Backend:
         if self._open:
             raise RuntimeError("this backend is already open; use one `async with` per backend")
         await self.driver.open()
+        # The running event loop's cancel scope class: holder scopes are made directly,
+        # skipping anyio's per-call back-end lookup (a measurable part of a fast hold).
+        self._scope_type = type(anyio.CancelScope())
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._open = True
@@ -218,35 +222,61 @@ class Backend:
         blocking: bool,
         max_hold: float | None,
     ) -> Lease:
-        self._require_open()
+        if not self._open:
+            self._require_open()
         await anyio.lowlevel.checkpoint_if_cancelled()
         if ttl * (1 - self.drift) - self.margin <= 0:
             raise ValueError(
                 f"ttl={ttl:g}s leaves no time after drift ({self.drift:.0%}) and margin "
                 f"({self.margin:g}s); use a ttl of at least {2 * self.margin + 0.001:g}s"
             )
-        driver, clock = self.driver, self.clock
         owner = os.urandom(16).hex()  # 128 random bits per acquisition
-        started = clock.now()
+        # The first attempt, inline: most acquisitions succeed here.
+        t_send = self.clock.now()
+        try:
+            result = await self.driver.acquire(name, owner, ttl, queue=blocking)
+        except BaseException as exc:
+            await self._undo_acquire(name, owner, exc, abandon=blocking)
+            raise  # _undo_acquire raised the wrapped error for plain exceptions
+        if not isinstance(result, Busy):
+            return self._grant(name, owner, result, ttl, t_send, max_hold)
+        try:
+            return await self._wait(name, owner, ttl, t_send, timeout, blocking, max_hold, result)
+        except BaseException:
+            if blocking:
+                await self._shielded(self.driver.abandon(name, owner), "abandon wait")
+            raise
+
+    async def _undo_acquire(
+        self, name: str, owner: str, exc: BaseException, *, abandon: bool
+    ) -> None:
+        """An attempt was interrupted or failed: the server may have granted it (G6)."""
+        driver = self.driver
+        await self._shielded(driver.release(name, owner, None), "clean up acquire")
+        if abandon:
+            await self._shielded(driver.abandon(name, owner), "abandon wait")
+        if isinstance(exc, Exception) and not isinstance(exc, AsynclockError):
+            raise BackendUnavailable(
+                f"{driver.display}: acquire of {name!r} failed: {exc!r}"
+            ) from exc
+
+    async def _wait(
+        self,
+        name: str,
+        owner: str,
+        ttl: float,
+        started: float,
+        timeout: float | None,
+        blocking: bool,
+        max_hold: float | None,
+        result: Busy,
+    ) -> Lease:
+        """After a failed first attempt: wait for a release and try again (or give up)."""
+        driver, clock = self.driver, self.clock
         give_up_at = None if timeout is None else started + timeout
         watching = False
-        acquired = False
         try:
             while True:
-                t_send = clock.now()
-                try:
-                    result = await driver.acquire(name, owner, ttl, queue=blocking)
-                except BaseException as exc:
-                    # The server may have granted the lock before we were interrupted (G6).
-                    await self._shielded(driver.release(name, owner, None), "clean up acquire")
-                    if isinstance(exc, Exception) and not isinstance(exc, AsynclockError):
-                        raise BackendUnavailable(
-                            f"{driver.display}: acquire of {name!r} failed: {exc!r}"
-                        ) from exc
-                    raise
-                if not isinstance(result, Busy):
-                    acquired = True
-                    return self._grant(name, owner, result, ttl, t_send, max_hold)
                 self._stats.busy_attempts += 1
                 if not blocking:
                     raise LockHeld(name, result.retry_after)
@@ -258,23 +288,31 @@ class Backend:
                 released = self._release_events.get(name)
                 if released is None:
                     released = self._release_events[name] = anyio.Event()
+                retry_now = False
                 if not watching:
                     watching = True
                     # A release between the failed attempt and a new subscription could
                     # be missed: the driver says whether to try again at once.
-                    if await self._call("watch", driver.watch(name)):
-                        continue
-                delay = DEFAULT_POLL if result.retry_after is None else result.retry_after
-                delay = delay * (1 + 0.1 * random.random()) + 0.0005 * random.random()
-                if give_up_at is not None:
-                    delay = min(delay, give_up_at - now)
-                with anyio.move_on_after(max(0.0, delay)):
-                    await released.wait()
+                    retry_now = bool(await self._call("watch", driver.watch(name)))
+                if not retry_now:
+                    delay = DEFAULT_POLL if result.retry_after is None else result.retry_after
+                    delay = delay * (1 + 0.1 * random.random()) + 0.0005 * random.random()
+                    if give_up_at is not None:
+                        delay = min(delay, give_up_at - now)
+                    with anyio.move_on_after(max(0.0, delay)):
+                        await released.wait()
+                t_send = clock.now()
+                try:
+                    attempt = await driver.acquire(name, owner, ttl, queue=blocking)
+                except BaseException as exc:
+                    await self._undo_acquire(name, owner, exc, abandon=False)
+                    raise
+                if not isinstance(attempt, Busy):
+                    return self._grant(name, owner, attempt, ttl, t_send, max_hold)
+                result = attempt
         finally:
             if watching:
                 await self._shielded(driver.unwatch(name), "unwatch")
-            if blocking and not acquired:
-                await self._shielded(driver.abandon(name, owner), "abandon wait")
 
     def _grant(
         self,
@@ -316,23 +354,46 @@ class Backend:
 
     # -- release ---------------------------------------------------------------------------
 
-    async def _release(self, lease: Lease, *, quiet: bool = False) -> bool:
+    async def _release(
+        self, lease: Lease, *, quiet: bool = False, scope: anyio.CancelScope | None = None
+    ) -> bool:
+        """Release ``lease`` at the server (G6).
+
+        ``scope``: a shielded cancel scope the caller is inside and owns (the holder's own
+        scope, shield turned on after the body); the release then runs in it instead of a
+        new one, and its deadline bounds the call.
+        """
         # Stop renewing first: renewal is tied to the holder's life, never outlives it.
         self._held.pop(lease.owner, None)
-        if lease.released:
+        if lease._released:
             return False
-        if not lease.lost and self.clock.now() >= lease.deadline:
+        now = self.clock.now()
+        if lease.lost.reason is None and now >= lease.deadline:
             # The loop was blocked past the deadline, so the watchdog never got to run.
-            self._lose(lease, _deadline_reason(lease, self.clock.now()))
-        was_lost = bool(lease.lost)
+            self._lose(lease, _deadline_reason(lease, now))
+        was_lost = lease.lost.reason is not None
         ok: bool | None = None
         error: BaseException | None = None
+        call = self.driver.release(lease.name, lease.owner, lease.token)
         try:
-            ok = await _shielded_call(
-                self.driver.release(lease.name, lease.owner, lease.token), self.release_timeout
-            )
+            if scope is None:
+                ok = await _shielded_call(call, self.release_timeout)
+            else:
+                # Run the call up to its first suspension right here: most releases
+                # (SQLite, memory) finish without one and need no timer at all.
+                try:
+                    first = call.send(None)
+                except StopIteration as done:
+                    ok = done.value
+                else:
+                    ok = await _ArmOnSuspend(call, scope, self.release_timeout, first)
         except Exception as exc:
             error = exc
+        except anyio.get_cancelled_exc_class():
+            if scope is None or not scope.cancel_called:
+                raise
+            # Our own deadline (release_timeout) fired: report it as a timeout below; the
+            # caller exits the scope next, with no await in between.
         if ok is None:
             # Unconfirmed: keep the lease as it is so `release()` can be retried; renewal
             # has stopped, so the server lets it expire within its ttl either way.
@@ -342,7 +403,7 @@ class Backend:
                 logger.warning("release of %r token=%d: %s", lease.name, lease.token, why)
                 return False
             raise BackendUnavailable(f"{self.driver.display}: {why}") from error
-        self._stats.hold_ended(self.clock.now() - lease.acquired_at)
+        self._stats.hold_ended(now - lease.acquired_at)
         if ok and not was_lost:
             lease._released = True
             self._stats.released += 1
@@ -492,19 +553,32 @@ _HOLDS: ContextVar[tuple[tuple[Lock, Lease, anyio.CancelScope], ...]] = ContextV
 
 class _ArmOnSuspend(Generic[T]):
     """Await ``coro`` (like ``yield from``), arming ``scope``'s deadline the first time it
-    suspends: a call that finishes without suspending never pays for a timer."""
+    suspends: a call that finishes without suspending never pays for a timer.
 
-    __slots__ = ("_coro", "_scope", "_timeout")
+    ``first``: what ``coro.send(None)`` already yielded, when the caller started it.
+    """
 
-    def __init__(self, coro: Coroutine[Any, Any, T], scope: anyio.CancelScope, timeout: float):
-        self._coro, self._scope, self._timeout = coro, scope, timeout
+    __slots__ = ("_coro", "_first", "_scope", "_timeout")
+
+    _NOT_STARTED: Any = object()
+
+    def __init__(
+        self,
+        coro: Coroutine[Any, Any, T],
+        scope: anyio.CancelScope,
+        timeout: float,
+        first: Any = _NOT_STARTED,
+    ):
+        self._coro, self._scope, self._timeout, self._first = coro, scope, timeout, first
 
     def __await__(self) -> Generator[Any, Any, T]:
         coro = self._coro
-        try:
-            value = coro.send(None)
-        except StopIteration as done:
-            return cast(T, done.value)
+        value = self._first
+        if value is _ArmOnSuspend._NOT_STARTED:
+            try:
+                value = coro.send(None)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
         self._scope.deadline = anyio.current_time() + self._timeout
         while True:
             try:
@@ -516,12 +590,12 @@ class _ArmOnSuspend(Generic[T]):
                 try:
                     value = coro.throw(exc)
                 except StopIteration as done:
-                    return cast(T, done.value)
+                    return done.value  # type: ignore[no-any-return]
             else:
                 try:
                     value = coro.send(sent)
                 except StopIteration as done:
-                    return cast(T, done.value)
+                    return done.value  # type: ignore[no-any-return]
 
 
 async def _shielded_call(coro: Coroutine[Any, Any, T], timeout: float) -> T | None:
@@ -588,11 +662,12 @@ class Lock:
         return f"<asynclock.Lock {self.name!r} ttl={self._args[1]:g}>"
 
     async def __aenter__(self) -> Lease:
-        lease = await self._backend._acquire(*self._args)
-        scope = anyio.CancelScope()
+        backend = self._backend
+        lease = await backend._acquire(*self._args)
+        scope = backend._scope_type()
         scope.__enter__()
         lease._scope = scope
-        if lease.lost:
+        if lease.lost.reason is not None:
             scope.cancel()
         _HOLDS.set((*_HOLDS.get(), (self, lease, scope)))
         return lease
@@ -605,17 +680,31 @@ class Lock:
     ) -> bool:
         holds = _HOLDS.get()
         if holds[-1][0] is self:  # the usual case: the innermost hold
-            index = len(holds) - 1
+            _, lease, scope = holds[-1]
+            _HOLDS.set(holds[:-1])
         else:
             index = max(i for i, hold in enumerate(holds) if hold[0] is self)
-        _, lease, scope = holds[index]
-        _HOLDS.set(holds[:index] + holds[index + 1 :])
+            _, lease, scope = holds[index]
+            _HOLDS.set(holds[:index] + holds[index + 1 :])
         lease._scope = None
-        try:
-            swallowed = bool(scope.__exit__(exc_type, exc, tb))
-        finally:
-            await self._backend._release(lease, quiet=True)
-        if lease.lost:
+        if scope.cancel_called:
+            # Lost (or cancelled from inside): leave the cancelled scope, then release in
+            # a fresh shielded one.
+            try:
+                swallowed = bool(scope.__exit__(exc_type, exc, tb))
+            finally:
+                await self._backend._release(lease, quiet=True)
+        else:
+            # The usual case: release inside the holder's own scope, shielded from outer
+            # cancellation from here on — one cancel scope per hold, not two. Nothing can
+            # cancel this scope now but the release deadline: the lease left the renewer
+            # and watchdog (`_held`) first thing in `_release`, and `_scope` is unset.
+            scope.shield = True
+            try:
+                await self._backend._release(lease, quiet=True, scope=scope)
+            finally:
+                swallowed = bool(scope.__exit__(exc_type, exc, tb))
+        if lease.lost.reason is not None:
             if swallowed or exc_type is None:
                 reason = lease.lost.reason or "lost"
                 raise LeaseLost(lease.name, lease.token, reason) from None

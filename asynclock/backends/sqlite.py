@@ -261,6 +261,19 @@ class SQLiteDriver(Driver):
     async def _statement(self, sql: str, args: tuple[Any, ...]) -> sqlite3.Cursor:
         """One statement in its own (implicit) transaction; retry while busy."""
 
+        db = self._db
+        if db is not None:  # first try inline: the usual, uncontended case
+            try:
+                cursor = db.execute(sql, args)
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc):
+                    raise self._unavailable("statement", exc) from exc
+            except sqlite3.Error as exc:
+                raise self._unavailable("statement", exc) from exc
+            else:
+                self._commits += 1
+                return cursor
+
         def run() -> sqlite3.Cursor:
             cursor = self.db.execute(sql, args)
             self._commits += 1
