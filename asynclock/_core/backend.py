@@ -19,10 +19,11 @@ import math
 import os
 import random
 import re
-from collections.abc import Awaitable, Coroutine, Generator
+import sys
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from contextvars import ContextVar
 from types import TracebackType
-from typing import Any, Generic, Self, TypeVar
+from typing import Any, Generic, Self, TypeVar, cast
 
 import anyio
 import anyio.abc
@@ -39,7 +40,7 @@ from .exceptions import (
 )
 from .lease import Lease
 from .stats import BackendStats, StatsRecorder
-from .validation import check_name, check_timeout, check_token, check_ttl
+from .validation import MAX_NAME_BYTES, check_name, check_timeout, check_token, check_ttl
 
 logger = logging.getLogger("asynclock")
 T = TypeVar("T")
@@ -100,6 +101,9 @@ class Backend:
         self._round_done = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
         self._scope_type: type[anyio.CancelScope] = anyio.CancelScope
+        self._checkpoint_if_cancelled: Callable[[], Awaitable[None]] = (
+            anyio.lowlevel.checkpoint_if_cancelled
+        )
         self._open = False
         driver.bind(self.clock, self._wake_waiters, self._lost_out_of_band)
 
@@ -115,6 +119,7 @@ class Backend:
         # The running event loop's cancel scope class: holder scopes are made directly,
         # skipping anyio's per-call back-end lookup (a measurable part of a fast hold).
         self._scope_type = type(anyio.CancelScope())
+        self._checkpoint_if_cancelled = _checkpoint_if_cancelled_for(self._scope_type)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._open = True
@@ -174,7 +179,10 @@ class Backend:
         ``async with`` then raises :class:`LeaseLost`. Busy with ``blocking=False`` raises
         :class:`LockHeld`; not acquired within ``timeout`` raises :class:`AcquireTimeout`.
         """
-        return Lock(self, name, ttl=ttl, timeout=timeout, blocking=blocking, max_hold=max_hold)
+        lock = Lock.__new__(Lock)  # skip a frame: one Lock is often made per hold
+        lock._backend = self
+        lock._args = _check_lock_args(name, ttl, timeout, blocking, max_hold)
+        return lock
 
     async def acquire(
         self,
@@ -224,7 +232,7 @@ class Backend:
     ) -> Lease:
         if not self._open:
             self._require_open()
-        await anyio.lowlevel.checkpoint_if_cancelled()
+        await self._checkpoint_if_cancelled()
         if ttl * (1 - self.drift) - self.margin <= 0:
             raise ValueError(
                 f"ttl={ttl:g}s leaves no time after drift ({self.drift:.0%}) and margin "
@@ -324,26 +332,17 @@ class Backend:
         max_hold: float | None,
     ) -> Lease:
         deadline = t_send + ttl * (1 - self.drift) - self.margin
-        lease = Lease(
-            name=name,
-            owner=owner,
-            token=token,
-            ttl=ttl,
-            clock=self.clock,
-            acquired_at=t_send,
-            deadline=deadline,
-            hard_deadline=None if max_hold is None else t_send + max_hold,
-            backend=self,
-        )
+        hard = None if max_hold is None else t_send + max_hold
+        lease = Lease(name, owner, token, ttl, self.clock, t_send, deadline, hard, self)
         self._held[owner] = lease
         self._stats.acquired += 1
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("acquired %r token=%d ttl=%gs", name, token, ttl)
-        period = ttl * self.heartbeat
-        if t_send + period < self._next_round:
-            self._next_round = t_send + period
+        first_renewal = t_send + ttl * self.heartbeat
+        if first_renewal < self._next_round:
+            self._next_round = first_renewal
             _poke(self._renew_wake)
-        if lease.deadline < self._watch_until:
+        if (deadline if hard is None else min(deadline, hard)) < self._watch_until:
             _poke(self._watch_wake)
         return lease
 
@@ -403,11 +402,12 @@ class Backend:
                 logger.warning("release of %r token=%d: %s", lease.name, lease.token, why)
                 return False
             raise BackendUnavailable(f"{self.driver.display}: {why}") from error
-        self._stats.hold_ended(now - lease.acquired_at)
+        self._stats.hold_times.append(now - lease.acquired_at)
         if ok and not was_lost:
             lease._released = True
             self._stats.released += 1
-            self._wake_waiters(lease.name)
+            if self._release_events:
+                self._wake_waiters(lease.name)
             if logger.isEnabledFor(logging.DEBUG):
                 logger.debug("released %r token=%d", lease.name, lease.token)
             return True
@@ -610,6 +610,22 @@ async def _shielded_call(coro: Coroutine[Any, Any, T], timeout: float) -> T | No
     return None
 
 
+def _checkpoint_if_cancelled_for(
+    scope_type: type[anyio.CancelScope],
+) -> Callable[[], Awaitable[None]]:
+    """``anyio.lowlevel.checkpoint_if_cancelled`` without its per-call event loop lookup.
+
+    A backend is bound to one event loop, so the loop's anyio back-end class (found the
+    way anyio finds it: the ``backend_class`` of the module defining its cancel scope) is
+    looked up once; the public function is the fallback if that ever changes.
+    """
+    backend_class = getattr(sys.modules.get(scope_type.__module__), "backend_class", None)
+    method = getattr(backend_class, "checkpoint_if_cancelled", None)
+    if callable(method):
+        return cast(Callable[[], Awaitable[None]], method)
+    return anyio.lowlevel.checkpoint_if_cancelled
+
+
 def _deadline_reason(lease: Lease, now: float) -> str:
     hard = lease.hard_deadline is not None and now >= lease.hard_deadline
     return "max_hold reached" if hard else "local deadline passed"
@@ -623,6 +639,17 @@ def _poke(scope: anyio.CancelScope | None) -> None:
 def _check_lock_args(
     name: object, ttl: object, timeout: object, blocking: object, max_hold: object
 ) -> tuple[str, float, float | None, bool, float | None]:
+    # Fast path for the usual call, `backend.lock(name, ttl=...)` (made on every hold).
+    if (
+        type(name) is str
+        and 0 < len(name) <= MAX_NAME_BYTES // 4
+        and (type(ttl) is float or type(ttl) is int)
+        and 0 < ttl < math.inf
+        and timeout is None
+        and blocking is True
+        and max_hold is None
+    ):
+        return name, float(ttl), None, True, None
     name = check_name(name)
     ttl_f = check_ttl(ttl)
     timeout_f = check_timeout(timeout)
@@ -640,6 +667,8 @@ class Lock:
     Reusable and safe to share: each entering task gets its own lease (ownership lives on
     the lease, per task; never in thread-locals).
     """
+
+    __slots__ = ("_args", "_backend")
 
     def __init__(
         self,

@@ -72,7 +72,6 @@ class Lease:
 
     def __init__(
         self,
-        *,
         name: str,
         owner: str,
         token: int,

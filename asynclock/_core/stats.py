@@ -56,13 +56,11 @@ class StatsRecorder:
         self.renewal_errors = 0
         self.losses = 0
         self.loss_reasons: Counter[str] = Counter()
-        self._holds: deque[float] = deque(maxlen=window)
-
-    def hold_ended(self, seconds: float) -> None:
-        self._holds.append(seconds)
+        #: Durations of the most recent completed holds (append a hold's seconds).
+        self.hold_times: deque[float] = deque(maxlen=window)
 
     def snapshot(self, held: int) -> BackendStats:
-        ordered = sorted(self._holds)
+        ordered = sorted(self.hold_times)
         holds = HoldTimes(
             count=len(ordered),
             p50=_percentile(ordered, 0.50),

@@ -21,7 +21,7 @@ def check_name(name: object) -> str:
 
 
 def _number(what: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
     f = float(value)
     if math.isnan(f):

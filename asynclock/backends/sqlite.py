@@ -258,21 +258,24 @@ class SQLiteDriver(Driver):
 
         return await self._retry_busy(transaction, "transaction")
 
+    def _try_statement(self, sql: str, args: tuple[Any, ...]) -> sqlite3.Cursor | None:
+        """One statement in its own (implicit) transaction, tried once: None if busy."""
+        db = self._db
+        if db is None:
+            return None  # the retrying path raises the "closed" error
+        try:
+            cursor = db.execute(sql, args)
+        except sqlite3.OperationalError as exc:
+            if _is_busy(exc):
+                return None
+            raise self._unavailable("statement", exc) from exc
+        except sqlite3.Error as exc:
+            raise self._unavailable("statement", exc) from exc
+        self._commits += 1
+        return cursor
+
     async def _statement(self, sql: str, args: tuple[Any, ...]) -> sqlite3.Cursor:
         """One statement in its own (implicit) transaction; retry while busy."""
-
-        db = self._db
-        if db is not None:  # first try inline: the usual, uncontended case
-            try:
-                cursor = db.execute(sql, args)
-            except sqlite3.OperationalError as exc:
-                if not _is_busy(exc):
-                    raise self._unavailable("statement", exc) from exc
-            except sqlite3.Error as exc:
-                raise self._unavailable("statement", exc) from exc
-            else:
-                self._commits += 1
-                return cursor
 
         def run() -> sqlite3.Cursor:
             cursor = self.db.execute(sql, args)
@@ -387,7 +390,9 @@ class SQLiteDriver(Driver):
         key = (name, owner)
         now = time.monotonic()
         if key not in self._queued:
-            row = (await self._statement(SQL_TRY, (name, owner, now + ttl, boot, now))).fetchone()
+            args = (name, owner, now + ttl, boot, now)
+            cursor = self._try_statement(SQL_TRY, args) or await self._statement(SQL_TRY, args)
+            row = cursor.fetchone()
             if row is not None:
                 return int(row[0])
             if not queue:
@@ -449,7 +454,8 @@ class SQLiteDriver(Driver):
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         args = (name, owner, token, self.boot, time.monotonic())
-        row = (await self._statement(SQL_RELEASE, args)).fetchone()
+        cursor = self._try_statement(SQL_RELEASE, args) or await self._statement(SQL_RELEASE, args)
+        row = cursor.fetchone()
         if row is None:
             return False
         if row[0] is not None:
