@@ -141,21 +141,33 @@ EPOCH_SPAN = 1 << 40
 # (logged, append-only) reserves ``[epoch * EPOCH_SPAN, (epoch + 1) * EPOCH_SPAN)`` per row;
 # a range row is written only in the transaction that inserts the epoch row backing its
 # ``lim``, committed synchronously. Never delete these (tokens would go back to 1).
+# The range row also carries mode lease's crash grace (G1, "Leases across crashes"):
+# ``lease_ttl_ms``, a copy of ``asynclock_lease_ttl.ttl_ms`` (logged, written only by
+# synchronous commits: the longest lease ttl ever granted), and ``grace_until``, set when
+# the row is created: no lease is granted before it.
 SCHEMA_TOKENS = """
 CREATE {persistence} SEQUENCE IF NOT EXISTS asynclock_token_seq;
 CREATE TABLE IF NOT EXISTS asynclock_token_epoch (
     epoch      bigint PRIMARY KEY,
     started_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
+CREATE TABLE IF NOT EXISTS asynclock_lease_ttl (
+    one    boolean PRIMARY KEY DEFAULT true CHECK (one),
+    ttl_ms float8 NOT NULL
+);
 CREATE UNLOGGED TABLE IF NOT EXISTS asynclock_token_range (
-    one  boolean PRIMARY KEY DEFAULT true CHECK (one),
-    base bigint NOT NULL,
-    lim  bigint NOT NULL
+    one          boolean PRIMARY KEY DEFAULT true CHECK (one),
+    base         bigint NOT NULL,
+    lim          bigint NOT NULL,
+    lease_ttl_ms float8 NOT NULL,
+    grace_until  timestamptz NOT NULL
 )
 """
-# Leases of mode lease (tokens from the shared source above).
+# Leases of mode lease (tokens from the shared source above). UNLOGGED: a lease commits
+# without waiting for a WAL flush, and crash recovery empties the table; the grace on the
+# range row keeps a holder from before the crash and a new one apart.
 SCHEMA_LEASE = """
-CREATE TABLE IF NOT EXISTS asynclock_lease (
+CREATE UNLOGGED TABLE IF NOT EXISTS asynclock_lease (
     name       bytea PRIMARY KEY,
     owner      text NOT NULL,
     token      bigint NOT NULL,
@@ -170,7 +182,8 @@ CREATE TABLE IF NOT EXISTS asynclock_lease (
 # or with no row, run SQL_TOKEN_EPOCH first. nextval is not transactional: a token is never
 # handed out twice, even when the caller's transaction rolls back.
 _NEXT = """
-t AS (SELECT r.base + nextval('asynclock_token_seq') AS token, r.lim
+t AS (SELECT r.base + nextval('asynclock_token_seq') AS token, r.lim, r.lease_ttl_ms,
+             r.grace_until
       FROM l, asynclock_token_range AS r WHERE l.ok)"""
 # The hold's *token lock*: a shared session advisory lock (``_XACT_`` for xact_lock) on
 # ``hashint8extended(token, key)``, taken with the lock and released with it, so that
@@ -185,11 +198,15 @@ _TOKEN_LOCKED = """(SELECT CASE WHEN t.token > t.lim THEN NULL
 # transaction waits for its WAL flush), then creates the range row with base = epoch *
 # EPOCH_SPAN - nextval (so the next token is epoch * EPOCH_SPAN + 1) or, if a range row
 # exists (tokens reached ``lim``, or a concurrent first use won), raises its ``lim`` to the
-# new epoch's end and keeps its base. Returns (base, lim), or no row if a concurrent caller
+# new epoch's end and keeps the rest. Returns (base, lim), or no row if a concurrent caller
 # appended the same epoch first (ON CONFLICT waited for it): run it again. Tokens handed
 # out are <= lim <= (max epoch + 1) * EPOCH_SPAN - 1, and that epoch row is on disk before
 # any lim it backs is visible, so after crash recovery (which empties the range row and
 # resets the sequence) every new token is above every earlier one.
+# G1 for mode lease: a new range row (so: after crash recovery, which also emptied
+# asynclock_lease) starts a grace of the longest lease ttl ever granted, read from the
+# durable table; every lease from before the crash had ttl <= it and was granted before
+# now, so it has expired when the grace ends.
 SQL_TOKEN_EPOCH = f"""
 WITH e AS (
     INSERT INTO asynclock_token_epoch (epoch)
@@ -197,11 +214,13 @@ WITH e AS (
     ON CONFLICT (epoch) DO NOTHING
     RETURNING epoch
 ),
+d AS (SELECT coalesce((SELECT ttl_ms FROM asynclock_lease_ttl), 0) AS ttl_ms),
 r AS (
-    INSERT INTO asynclock_token_range AS r (one, base, lim)
+    INSERT INTO asynclock_token_range AS r (one, base, lim, lease_ttl_ms, grace_until)
     SELECT true, e.epoch * {EPOCH_SPAN} - nextval('asynclock_token_seq'),
-           (e.epoch + 1) * {EPOCH_SPAN} - 1
-    FROM e
+           (e.epoch + 1) * {EPOCH_SPAN} - 1,
+           d.ttl_ms, clock_timestamp() + d.ttl_ms * interval '1 millisecond'
+    FROM e, d
     ON CONFLICT (one) DO UPDATE SET lim = greatest(r.lim, EXCLUDED.lim)
     RETURNING r.base, r.lim
 )
@@ -211,6 +230,21 @@ SELECT base, lim,
                   WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END,
                   true) AS sync
 FROM r
+"""
+# Before the first lease whose ttl exceeds the range row's copy of the longest ttl: raise
+# the durable maximum (forced synchronous commit of a logged row) and the copy, so the
+# copy never exceeds what is on disk. Args: $1 ttl (ms).
+SQL_L_TTL = """
+WITH d AS (
+    INSERT INTO asynclock_lease_ttl AS d (one, ttl_ms) VALUES (true, $1)
+    ON CONFLICT (one) DO UPDATE SET ttl_ms = greatest(d.ttl_ms, EXCLUDED.ttl_ms)
+    RETURNING d.ttl_ms,
+              set_config('synchronous_commit',
+                         CASE current_setting('synchronous_commit')
+                         WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END,
+                         true) AS sync
+)
+UPDATE asynclock_token_range AS r SET lease_ttl_ms = greatest(r.lease_ttl_ms, d.ttl_ms) FROM d
 """
 
 # -- mode session: statements ------------------------------------------------------------
@@ -293,16 +327,21 @@ SQL_X_TOKEN = f"WITH l AS (SELECT true AS ok),{_X_TAKE}"
 # -- mode lease: statements --------------------------------------------------------------
 
 # G1 + G2: args $1 name, $2 owner, $3 ttl (ms). Takes the row if absent or expired on the
-# server's clock. Returns (token, NULL) when granted, (NULL, seconds left) when busy, no
-# row if the row vanished meanwhile (try again), and (NULL, NULL) when the token range
-# needs SQL_TOKEN_EPOCH first. The token comes from the shared source (a value taken by a
-# busy attempt is skipped, never reused); the row's commit waits for the WAL flush.
+# server's clock, unless the crash grace still runs. Returns (token, NULL) when granted,
+# (NULL, seconds left) when busy or in the grace, no row if the row vanished meanwhile
+# (try again), (NULL, NULL) when the range needs SQL_TOKEN_EPOCH (missing or used up) and
+# (NULL, -1) when it needs SQL_L_TTL ($3 above its copy of the longest ttl) first. The
+# token comes from the shared source (a value taken by a busy attempt is skipped, never
+# reused). The lease table is unlogged: the commit waits for no WAL flush.
 SQL_L_ACQUIRE = f"""
 WITH l AS (SELECT true AS ok),{_NEXT},
+g AS (SELECT t.token, $3::float8 <= t.lease_ttl_ms AS ttl_ok,
+             t.grace_until > clock_timestamp() AS in_grace, t.grace_until
+      FROM t WHERE t.token <= t.lim),
 ins AS (
     INSERT INTO asynclock_lease AS x (name, owner, token, expires_at)
-    SELECT $1, $2, t.token, clock_timestamp() + $3::float8 * interval '1 millisecond'
-    FROM t WHERE t.token <= t.lim
+    SELECT $1, $2, g.token, clock_timestamp() + $3::float8 * interval '1 millisecond'
+    FROM g WHERE g.ttl_ok AND NOT g.in_grace
     ON CONFLICT (name) DO UPDATE
         SET owner = EXCLUDED.owner, token = EXCLUDED.token, expires_at = EXCLUDED.expires_at
         WHERE x.expires_at <= clock_timestamp()
@@ -311,9 +350,15 @@ ins AS (
 SELECT token, NULL::float8 AS left_s FROM ins
 UNION ALL
 SELECT NULL, greatest(0, extract(epoch FROM expires_at - clock_timestamp()))::float8
-FROM asynclock_lease WHERE name = $1 AND NOT EXISTS (SELECT 1 FROM ins)
+FROM asynclock_lease
+WHERE name = $1 AND NOT EXISTS (SELECT 1 FROM ins)
+  AND EXISTS (SELECT 1 FROM g WHERE ttl_ok AND NOT in_grace)
 UNION ALL
-SELECT NULL, NULL WHERE NOT EXISTS (SELECT 1 FROM t WHERE t.token <= t.lim)
+SELECT NULL, CASE WHEN NOT ttl_ok THEN -1
+                  ELSE greatest(0.001, extract(epoch FROM grace_until - clock_timestamp())) END
+FROM g WHERE NOT ttl_ok OR in_grace
+UNION ALL
+SELECT NULL, NULL WHERE NOT EXISTS (SELECT 1 FROM g)
 """
 # G5/G7: every lease in one statement. Args: names bytea[], owners text[], tokens
 # bigint[], ttls (ms) float8[]. Extends only live rows that are still ours; returns the
@@ -856,9 +901,13 @@ class PostgresDriver(Driver):
             try:
                 for _ in range(_EPOCH_TRIES):
                     rows = await conn.fetch(SQL_L_ACQUIRE, _name_bytes(name), owner, ttl * 1000.0)
-                    if not any(r["token"] is None and r["left_s"] is None for r in rows):
+                    if any(r["token"] is None and r["left_s"] is None for r in rows):
+                        await _new_epoch(conn)  # the token range is missing or used up
+                    elif any(r["left_s"] == -1 for r in rows):
+                        # The longest lease ttl yet: on disk before such a lease exists.
+                        await conn.execute(SQL_L_TTL, ttl * 1000.0)
+                    else:
                         break
-                    await _new_epoch(conn)  # the token range is missing or used up
                 else:
                     raise _no_range(self.display)
             except _CONNECTION_ERRORS as exc:
