@@ -19,7 +19,11 @@ a transaction-mode pooler is detected at open and refused.
 on the server's clock, ``clock_timestamp()``). Acquire, extend and release are single
 conditional statements, so it works through any pooler (with a transaction pooler: no
 LISTEN, bounded polling, and asyncpg's statement cache off). Expiry trusts the server's
-wall clock not to jump. The lease row is logged: each acquire waits for one WAL flush.
+wall clock not to jump. The lease table is UNLOGGED, so an acquire waits for no WAL
+flush; crash recovery empties it, and then no lease is granted for the longest lease ttl
+ever granted (kept in the logged ``asynclock_lease_ttl``, raised with a synchronous commit
+before the first lease that needs it), counted from the first acquire after recovery (the
+range row's ``grace_until``): every lease from before the crash has expired by then (G1).
 
 Tokens (every mode and :func:`xact_lock`): ``token = base + nextval('asynclock_token_seq')``,
 valid while ``token <= lim``, where ``(base, lim)`` is the one row of
