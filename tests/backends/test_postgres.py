@@ -141,8 +141,8 @@ async def test_tokens_keep_rising_across_a_server_crash(crashable_pg: PgServer) 
         asynclock.connect(url + "?mode=lease") as leases,
     ):
 
-        async def take(backend: asynclock.Backend, name: str) -> None:
-            async with backend.lock(name, ttl=5.0, blocking=False) as lease:
+        async def take(backend: asynclock.Backend, name: str, ttl: float = 5.0) -> None:
+            async with backend.lock(name, ttl=ttl, blocking=False) as lease:
                 assert lease.token > before.get(name, 0)
                 before[name] = lease.token
 
@@ -156,7 +156,7 @@ async def test_tokens_keep_rising_across_a_server_crash(crashable_pg: PgServer) 
             for _ in range(100):
                 await take(session, "session")
             for _ in range(3):
-                await take(leases, "lease")
+                await take(leases, "lease", ttl=1.0)  # the crash grace after restart
                 async with conn.transaction():
                     before["xact"] = await xact_lock(conn, "xact")
             for _ in range(40):
@@ -192,7 +192,7 @@ async def test_no_lease_is_granted_over_one_from_before_a_crash(crashable_pg: Pg
     durably, committed synchronously although this server commits asynchronously),
     counted from the first acquire after recovery."""
     url = crashable_pg.url() + "?mode=lease"
-    ttl = 4.0
+    ttl = 6.0
     async with asynclock.connect(url) as first, asynclock.connect(url) as second:
         t_send = time.monotonic()
         holder = await first.acquire("crash-held", ttl=ttl)
