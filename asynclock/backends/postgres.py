@@ -27,9 +27,10 @@ range row's ``grace_until``): every lease from before the crash has expired by t
 
 Tokens (every mode and :func:`xact_lock`): ``token = base + nextval('asynclock_token_seq')``,
 valid while ``token <= lim``, where ``(base, lim)`` is the one row of
-``asynclock_token_range``. The sequence and the range row are UNLOGGED (the sequence is
-logged before PostgreSQL 15), so the usual acquire writes no WAL, takes no transaction id
-and waits for no flush. Crash recovery empties the range row (and resets the sequence).
+``asynclock_token_range``. The sequence and the range row are UNLOGGED (before PostgreSQL
+15 the sequence is logged: as safe, since recovery still empties the range row, only
+slower), so taking a token writes no WAL, takes no transaction id and waits for no flush.
+Crash recovery empties the range row (and resets the sequence).
 Then, on first use, and every :data:`EPOCH_SPAN` (2**40) tokens, :data:`SQL_TOKEN_EPOCH`
 appends epoch ``max + 1`` to the logged table ``asynclock_token_epoch`` and sets ``lim``
 to that epoch's end, ``(epoch + 1) * 2**40 - 1`` (a new range row starts at ``epoch *
