@@ -4,8 +4,9 @@ Rows, side by side in one run against one server:
 
 * floor: raw asyncpg on one connection, ``SELECT pg_try_advisory_lock($1)`` then
   ``SELECT pg_advisory_unlock($1)`` (no token, no loss detection);
-* asynclock ``postgresql://`` (session advisory lock + token counter upsert in one
-  statement; release NOTIFYs only if a waiter announced itself):
+* asynclock ``postgresql://`` (session advisory lock + token from the shared unlogged
+  sequence + token lock in one statement, no WAL; release NOTIFYs only if a waiter
+  announced itself):
   ``async with backend.lock(name, ttl=10): pass``;
 * asynclock ``postgresql://...?mode=lease`` (lease-table upsert + owner-checked delete);
 * tooz's PostgreSQL driver (psycopg2; a new connection per acquire, 16-bit keys, no
@@ -15,7 +16,7 @@ Rows, side by side in one run against one server:
 Each row is the median of ``--reps`` runs of ``--cycles`` cycles (tooz: a tenth as many).
 By default the script starts a throwaway PostgreSQL on a free loopback port with the
 server's durable defaults (``fsync=on``, ``synchronous_commit=on``, as in production: a
-mode=lease acquire is a WAL flush; a mode=session acquire only every 1,000th of a name);
+mode=lease acquire is a WAL flush; a mode=session acquire writes no WAL);
 ``--fast`` turns durability off, ``--url`` uses your server.
 
 Usage::

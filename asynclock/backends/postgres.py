@@ -4,9 +4,9 @@ Two modes, chosen with ``?mode=`` in the URL:
 
 ``mode=session`` (default): **session advisory locks.** One pinned connection per backend
 carries every lock it holds (``pg_try_advisory_lock``). The key is 64 bits of SHA-256 of
-the name (:func:`lock_key`). The fencing token is bumped per name in the same statement
-that takes the lock, and only when the lock was granted (see "Tokens" below). Each
-heartbeat asks ``pg_locks``, in
+the name (:func:`lock_key`). The fencing token is taken in the same statement that takes
+the lock, and only when the lock was granted (see "Tokens" below), together with a
+*token lock* that lets other sessions validate it. Each heartbeat asks ``pg_locks``, in
 one statement for every lease, whether *this backend pid* still holds each key, so a
 dropped connection, a ``pg_terminate_backend`` or a pooler that moved the session is a
 definite loss (G4, G5). Every statement sets ``idle_session_timeout`` to the longest ttl
@@ -15,25 +15,33 @@ partitioned, SIGSTOPped) at most ``ttl`` after its last statement, which is afte
 client's own local deadline (G3). Needs a direct connection or a *session*-mode pooler;
 a transaction-mode pooler is detected at open and refused.
 
-``mode=lease``: **a lease table** (``asynclock_lease``: name, owner, token from the
-sequence ``asynclock_lease_token``, ``expires_at`` on the server's clock,
-``clock_timestamp()``). Acquire, extend and release are single conditional statements, so
-it works through any pooler (with a transaction pooler: no LISTEN, bounded polling, and
-asyncpg's statement cache off). Expiry trusts the server's wall clock not to jump.
+``mode=lease``: **a lease table** (``asynclock_lease``: name, owner, token, ``expires_at``
+on the server's clock, ``clock_timestamp()``). Acquire, extend and release are single
+conditional statements, so it works through any pooler (with a transaction pooler: no
+LISTEN, bounded polling, and asyncpg's statement cache off). Expiry trusts the server's
+wall clock not to jump. The lease table is UNLOGGED, so an acquire waits for no WAL
+flush; crash recovery empties it, and then no lease is granted for the longest lease ttl
+ever granted (kept in the logged ``asynclock_lease_ttl``, raised with a synchronous commit
+before the first lease that needs it), counted from the first acquire after recovery (the
+range row's ``grace_until``): every lease from before the crash has expired by then (G1).
 
-Tokens (mode session and :func:`xact_lock`): the last token of a name lives in the
-UNLOGGED table ``asynclock_token_live`` (no WAL, so the acquiring commit waits for no WAL
-flush); the logged table ``asynclock_token`` holds a *ceiling* per name, and every token
-ever handed out is <= its ceiling. Once a name's reservation is used up (every
-:data:`TOKEN_RESERVE` acquisitions), or when its live row is missing, the acquiring
-statement takes ``greatest(live, ceiling) + 1``, raises the ceiling to that +
-``TOKEN_RESERVE - 1`` and commits synchronously (``synchronous_commit`` forced on for that
-transaction). A ceiling is only written by synchronous commits, so any ceiling a
-transaction can see is already on disk. PostgreSQL empties unlogged tables in crash
-recovery, so after a crash every name restarts above its ceiling, above every token
-handed out before the crash (G2) without any clock assumption. A clean restart keeps the
-live rows. Mode lease keeps one WAL flush per acquire: its lease row must survive a crash
-(G1), not only its token.
+Tokens (every mode and :func:`xact_lock`): ``token = base + nextval('asynclock_token_seq')``,
+valid while ``token <= lim``, where ``(base, lim)`` is the one row of
+``asynclock_token_range``. The sequence and the range row are UNLOGGED (before PostgreSQL
+15 the sequence is logged: as safe, since recovery still empties the range row, only
+slower), so taking a token writes no WAL, takes no transaction id and waits for no flush.
+Crash recovery empties the range row (and resets the sequence).
+Then, on first use, and every :data:`EPOCH_SPAN` (2**40) tokens, :data:`SQL_TOKEN_EPOCH`
+appends epoch ``max + 1`` to the logged table ``asynclock_token_epoch`` and sets ``lim``
+to that epoch's end, ``(epoch + 1) * 2**40 - 1`` (a new range row starts at ``epoch *
+2**40 + 1``), committing synchronously. So every token handed out is <= ``lim``, which is
+never visible before its epoch row is on disk, and after a crash the next epoch starts
+above all of them (G2), without a clock. One sequence for all names: a name's tokens
+rise with gaps. Not ``CACHE > 1`` (per-session caches would hand out values out of order),
+and not the sequence alone: nextval logs only every 32nd value, and the values between
+are handed out without waiting for that record's flush (with ``synchronous_commit = off``,
+or while the transaction that logged it has not committed yet), so a crash could repeat
+them.
 
 Waiting: waiters ``LISTEN`` on ``asynclock_<16 hex digits of the key>`` on a second
 connection (one per backend), hold the name's :func:`waiter_key` shared there, and retry at
@@ -127,27 +135,44 @@ def _name_bytes(name: str) -> bytes:
 
 # -- schema ------------------------------------------------------------------------------
 
-#: How many tokens one durable reservation covers (see "Tokens" in the module docstring).
-TOKEN_RESERVE = 1000
+#: Tokens of one epoch lie in ``[epoch * EPOCH_SPAN, (epoch + 1) * EPOCH_SPAN)`` (2**40).
+EPOCH_SPAN = 1 << 40
 
-# Tokens of mode session (and of xact_lock), per name. Never deleted (G2):
-# ``asynclock_token.ceiling`` (logged, written only with a synchronous commit) is >= every
-# token ever handed out for the name; ``asynclock_token_live.token`` (UNLOGGED: no WAL, so
-# no WAL flush per acquisition; emptied by PostgreSQL's crash recovery) is the last token
-# handed out since the last crash.
-SCHEMA_SESSION = """
-CREATE TABLE IF NOT EXISTS asynclock_token (name bytea PRIMARY KEY, ceiling bigint NOT NULL);
-CREATE UNLOGGED TABLE IF NOT EXISTS asynclock_token_live (
-    name    bytea PRIMARY KEY,
-    token   bigint NOT NULL,
-    ceiling bigint NOT NULL DEFAULT 0
+# The token source of every mode and of xact_lock (G2; "Tokens" in the module docstring).
+# ``asynclock_token_seq`` counts acquisitions: UNLOGGED (PostgreSQL >= 15), so nextval
+# writes no WAL and takes no transaction id; crash recovery resets it. The one row of
+# ``asynclock_token_range`` (UNLOGGED too, so it is emptied by the same recovery) says what
+# to add to it (``base``) and how far tokens may go (``lim``). ``asynclock_token_epoch``
+# (logged, append-only) reserves ``[epoch * EPOCH_SPAN, (epoch + 1) * EPOCH_SPAN)`` per row;
+# a range row is written only in the transaction that inserts the epoch row backing its
+# ``lim``, committed synchronously. Never delete these (tokens would go back to 1).
+# The range row also carries mode lease's crash grace (G1, "Leases across crashes"):
+# ``lease_ttl_ms``, a copy of ``asynclock_lease_ttl.ttl_ms`` (logged, written only by
+# synchronous commits: the longest lease ttl ever granted), and ``grace_until``, set when
+# the row is created: no lease is granted before it.
+SCHEMA_TOKENS = """
+CREATE {persistence} SEQUENCE IF NOT EXISTS asynclock_token_seq;
+CREATE TABLE IF NOT EXISTS asynclock_token_epoch (
+    epoch      bigint PRIMARY KEY,
+    started_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
-ALTER TABLE asynclock_token_live ADD COLUMN IF NOT EXISTS ceiling bigint NOT NULL DEFAULT 0
+CREATE TABLE IF NOT EXISTS asynclock_lease_ttl (
+    one    boolean PRIMARY KEY DEFAULT true CHECK (one),
+    ttl_ms float8 NOT NULL
+);
+CREATE UNLOGGED TABLE IF NOT EXISTS asynclock_token_range (
+    one          boolean PRIMARY KEY DEFAULT true CHECK (one),
+    base         bigint NOT NULL,
+    lim          bigint NOT NULL,
+    lease_ttl_ms float8 NOT NULL,
+    grace_until  timestamptz NOT NULL
+)
 """
-# Leases of mode lease; tokens from one sequence (strictly increasing for every name, G2).
+# Leases of mode lease (tokens from the shared source above). UNLOGGED: a lease commits
+# without waiting for a WAL flush, and crash recovery empties the table; the grace on the
+# range row keeps a holder from before the crash and a new one apart.
 SCHEMA_LEASE = """
-CREATE SEQUENCE IF NOT EXISTS asynclock_lease_token;
-CREATE TABLE IF NOT EXISTS asynclock_lease (
+CREATE UNLOGGED TABLE IF NOT EXISTS asynclock_lease (
     name       bytea PRIMARY KEY,
     owner      text NOT NULL,
     token      bigint NOT NULL,
@@ -155,131 +180,190 @@ CREATE TABLE IF NOT EXISTS asynclock_lease (
 )
 """
 
-# -- mode session: statements ------------------------------------------------------------
+# -- tokens: statements ------------------------------------------------------------------
 
-
-def _bump(name: str) -> str:
-    """The full token bump, after a CTE ``l`` that says whether we got the lock (``l.ok``);
-    ``name`` is the parameter holding the name (bytea).
-
-    A name's next token is live.token + 1. The live row keeps a copy of a ceiling that is
-    already on disk (``live.ceiling <= asynclock_token.ceiling``), so while the next token
-    stays <= that copy nothing but the UNLOGGED row is written: no WAL of ours, no flush.
-    Otherwise, or when the live row is missing (first use, emptied by crash recovery, or a
-    copy of 0 from an older version), the durable ceiling is read: if it covers the next
-    token (missing row: ceiling + 1), the copy just catches up; if not, the ceiling moves
-    to token + TOKEN_RESERVE - 1 in the same transaction, committed synchronously (forced
-    on if the session has synchronous_commit = off). The ceiling read from the snapshot
-    can only be older, so smaller, than the latest one: that reserves early and copies a
-    smaller ceiling, never hands out more. ON CONFLICT reads the latest live row, so the
-    statement snapshot predating the lock can't make two holders compute the same token.
-    """
-    return f"""
-c AS (SELECT coalesce((SELECT ceiling FROM asynclock_token WHERE name = {name}), 0) AS ceiling
-      FROM l WHERE l.ok),
-live AS (
-    INSERT INTO asynclock_token_live AS t (name, token, ceiling)
-    SELECT {name}, c.ceiling + 1, c.ceiling + {TOKEN_RESERVE} FROM c
-    ON CONFLICT (name) DO UPDATE SET
-        token = t.token + 1,
-        ceiling = CASE WHEN t.token + 1 <= EXCLUDED.token - 1 THEN EXCLUDED.token - 1
-                       ELSE t.token + {TOKEN_RESERVE} END
-    RETURNING t.token, t.ceiling
+# The next token, after a CTE ``l`` with a boolean ``ok`` (take one only if true): one row
+# (token, lim) if the range row exists. The token is valid only if token <= lim; otherwise,
+# or with no row, run SQL_TOKEN_EPOCH first. nextval is not transactional: a token is never
+# handed out twice, even when the caller's transaction rolls back.
+_NEXT = """
+t AS (SELECT r.base + nextval('asynclock_token_seq') AS token, r.lim, r.lease_ttl_ms,
+             r.grace_until
+      FROM l, asynclock_token_range AS r WHERE l.ok)"""
+# The hold's *token lock*: a shared session advisory lock (``_XACT_`` for xact_lock) on
+# ``hashint8extended(token, key)``, taken with the lock and released with it, so that
+# another session can tell which token the holder of a key has (G9, SQL_S_VALIDATE). It
+# shows in pg_locks as an advisory ShareLock with objsubid 1. CASE fixes the order: the
+# token lock only for a token that will be handed out. Returns the token or NULL.
+_TOKEN_LOCKED = """(SELECT CASE WHEN t.token > t.lim THEN NULL
+              WHEN pg_try_advisory_{scope}lock_shared(hashint8extended(t.token, $1)) IS NOT NULL
+              THEN t.token END FROM t)"""
+# G2 after a crash, on first use, and every EPOCH_SPAN tokens. No args. Appends epoch
+# max + 1 (durably: forced synchronous commit, and the logged insert guarantees this
+# transaction waits for its WAL flush), then creates the range row with base = epoch *
+# EPOCH_SPAN - nextval (so the next token is epoch * EPOCH_SPAN + 1) or, if a range row
+# exists (tokens reached ``lim``, or a concurrent first use won), raises its ``lim`` to the
+# new epoch's end and keeps the rest. Returns (base, lim), or no row if a concurrent caller
+# appended the same epoch first (ON CONFLICT waited for it): run it again. Tokens handed
+# out are <= lim <= (max epoch + 1) * EPOCH_SPAN - 1, and that epoch row is on disk before
+# any lim it backs is visible, so after crash recovery (which empties the range row and
+# resets the sequence) every new token is above every earlier one.
+# G1 for mode lease: a new range row (so: after crash recovery, which also emptied
+# asynclock_lease) starts a grace of the longest lease ttl ever granted, read from the
+# durable table; every lease from before the crash had ttl <= it and was granted before
+# now, so it has expired when the grace ends.
+SQL_TOKEN_EPOCH = f"""
+WITH e AS (
+    INSERT INTO asynclock_token_epoch (epoch)
+    SELECT coalesce(max(epoch) + 1, 0) FROM asynclock_token_epoch
+    ON CONFLICT (epoch) DO NOTHING
+    RETURNING epoch
 ),
-reserve AS (
-    INSERT INTO asynclock_token AS r (name, ceiling)
-    SELECT {name}, live.ceiling FROM live, c WHERE live.token > c.ceiling
-    ON CONFLICT (name) DO UPDATE SET ceiling = greatest(r.ceiling, EXCLUDED.ceiling)
-    RETURNING set_config('synchronous_commit',
+d AS (SELECT coalesce((SELECT ttl_ms FROM asynclock_lease_ttl), 0) AS ttl_ms),
+r AS (
+    INSERT INTO asynclock_token_range AS r (one, base, lim, lease_ttl_ms, grace_until)
+    SELECT true, e.epoch * {EPOCH_SPAN} - nextval('asynclock_token_seq'),
+           (e.epoch + 1) * {EPOCH_SPAN} - 1,
+           d.ttl_ms, clock_timestamp() + d.ttl_ms * interval '1 millisecond'
+    FROM e, d
+    ON CONFLICT (one) DO UPDATE SET lim = greatest(r.lim, EXCLUDED.lim)
+    RETURNING r.base, r.lim
+)
+SELECT base, lim,
+       set_config('synchronous_commit',
+                  CASE current_setting('synchronous_commit')
+                  WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END,
+                  true) AS sync
+FROM r
+"""
+# Before the first lease whose ttl exceeds the range row's copy of the longest ttl: raise
+# the durable maximum (forced synchronous commit of a logged row) and the copy, so the
+# copy never exceeds what is on disk. Args: $1 ttl (ms).
+SQL_L_TTL = """
+WITH d AS (
+    INSERT INTO asynclock_lease_ttl AS d (one, ttl_ms) VALUES (true, $1)
+    ON CONFLICT (one) DO UPDATE SET ttl_ms = greatest(d.ttl_ms, EXCLUDED.ttl_ms)
+    RETURNING d.ttl_ms,
+              set_config('synchronous_commit',
                          CASE current_setting('synchronous_commit')
                          WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END,
-                         true)
+                         true) AS sync
 )
-SELECT token FROM live
+UPDATE asynclock_token_range AS r SET lease_ttl_ms = greatest(r.lease_ttl_ms, d.ttl_ms) FROM d
 """
 
+# -- mode session: statements ------------------------------------------------------------
 
-# The common case of the bump: the next token is within the live row's copy of the
-# ceiling, so only the UNLOGGED row changes (one index lookup, a HOT update, no WAL of
-# ours). After the CTE ``l``; args $2 name bytea. Returns (ok, token): (false, NULL) busy,
-# (true, token) granted, (true, NULL) granted but the token needs the full bump
-# (SQL_S_BUMP). In READ COMMITTED a row updated after the snapshot is re-read at its
-# latest version (EvalPlanQual) with the same ``l`` row, so the lock is tried only once.
-_FAST_BUMP = """
-u AS (
-    UPDATE asynclock_token_live AS t SET token = t.token + 1
-    FROM l WHERE l.ok AND t.name = $2 AND t.token < t.ceiling
-    RETURNING t.token
-)
-SELECT l.ok, u.token FROM l LEFT JOIN u ON true
-"""
-# G1 + G2 in one round trip (two, once per TOKEN_RESERVE acquisitions of a name). Args: $1
-# key bigint, $2 name bytea, $3 idle_session_timeout (ms, text). Takes the session lock if
-# free and only then bumps the name's token.
+_S_TAKE = f"""{_NEXT}
+SELECT l.ok, {_TOKEN_LOCKED.format(scope="")} AS token FROM l"""
+# G1 + G2 in one round trip. Args: $1 key bigint, $2 idle_session_timeout (ms, text). Takes
+# the session lock if free and only then a token and its token lock. Returns (ok, token):
+# (false, NULL) busy; (true, token) granted; (true, NULL) granted, but the range row is
+# missing or used up: run SQL_TOKEN_EPOCH, then SQL_S_TOKEN. No transaction id, no WAL.
 SQL_S_ACQUIRE = f"""
-WITH s AS (SELECT set_config('idle_session_timeout', $3, false)),
-     l AS (SELECT pg_try_advisory_lock($1) AS ok FROM s),{_FAST_BUMP}"""
+WITH s AS (SELECT set_config('idle_session_timeout', $2, false)),
+     l AS (SELECT pg_try_advisory_lock($1) AS ok FROM s),{_S_TAKE}"""
 # The same when idle_session_timeout is already right (or the server predates it, < 14).
-SQL_S_ACQUIRE_PLAIN = f"WITH l AS (SELECT pg_try_advisory_lock($1) AS ok),{_FAST_BUMP}"
-# The full bump, with the lock already held. Args: $1 name bytea. Returns the token.
-SQL_S_BUMP = f"WITH l AS (SELECT true AS ok),{_bump('$1')}"
+SQL_S_ACQUIRE_PLAIN = f"WITH l AS (SELECT pg_try_advisory_lock($1) AS ok),{_S_TAKE}"
+# A token for a lock already held. Args: $1 key. Returns (ok, token) as above.
+SQL_S_TOKEN = f"WITH l AS (SELECT true AS ok),{_S_TAKE}"
 # G4/G7 renewal of every lease in one round trip. Args: $1 keys bigint[], $2 idle ms (text).
 # Returns one row: the keys of $1 that *this backend pid* no longer holds.
 _MISSING = """array(SELECT k FROM unnest($1::bigint[]) AS k
              EXCEPT
              SELECT (l.classid::bigint << 32) | l.objid::bigint FROM pg_locks AS l
              WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
-               AND l.pid = pg_backend_pid()) AS missing"""
+               AND l.mode = 'ExclusiveLock' AND l.pid = pg_backend_pid()) AS missing"""
 SQL_S_CHECK = f"SELECT set_config('idle_session_timeout', $2, false) AS idle, {_MISSING}"
 # The same when idle_session_timeout needs no change. Args: $1 keys bigint[].
 SQL_S_CHECK_PLAIN = f"SELECT {_MISSING}"
-# G5 release. Args: $1 key, $2 channel, $3 and $4 the waiter key (:func:`waiter_key`).
-# Unlocks our session's hold. Returns NULL if it was not held, false if it was and nobody
-# waits, true if it was and waiters were notified. A waiting backend holds a shared lock on
-# the waiter key (taken after its LISTEN, before its next try), so the exclusive probe
-# fails exactly when someone may be waiting; only then does the statement NOTIFY, which
-# costs a transaction id, a commit record and the notify queue's lock. That commit does
-# not wait for the WAL flush: nothing here needs to survive a crash (the unlock is not
-# transactional). Without a NOTIFY the statement writes nothing.
+# G5 release. Args: $1 key, $2 channel, $3 and $4 the waiter key (:func:`waiter_key`), $5
+# the hold's token (NULL if unknown: then run SQL_S_DROP_TOKEN_LOCKS). Drops the token lock
+# (first, so that it never outlives the lock), then unlocks our session's hold. Returns NULL
+# if the lock was not held, false if it was and nobody waits, true if it was and waiters
+# were notified. A waiting backend holds a shared lock on the waiter key (taken after its
+# LISTEN, before its next try), so the exclusive probe fails exactly when someone may be
+# waiting; only then does the statement NOTIFY, which costs a transaction id, a commit
+# record and the notify queue's lock. That commit does not wait for the WAL flush: nothing
+# here needs to survive a crash (the unlock is not transactional). Without a NOTIFY the
+# statement writes nothing.
 SQL_S_RELEASE = """
+WITH u AS (SELECT pg_advisory_unlock_shared(hashint8extended($5::bigint, $1)) AS token_lock)
 SELECT CASE WHEN NOT pg_advisory_unlock($1) THEN NULL
             WHEN pg_try_advisory_xact_lock($3, $4) THEN false
             ELSE (set_config('synchronous_commit', 'off', true) || pg_notify($2, '')::text)
                  IS NOT NULL
        END
+FROM u
 """
-# G9. Args: $1 key, $2 name, $3 token. True if some session holds the key and $3 is the
-# newest token issued for the name (tokens only move when the lock is granted).
+# After an acquire whose result never arrived (G6): drops this session's token locks that
+# belong to no hold we know of. Args: $1 keys bigint[], $2 tokens bigint[] of our holds.
+SQL_S_DROP_TOKEN_LOCKS = """
+SELECT count(pg_advisory_unlock_shared(k)) FROM (
+    SELECT (l.classid::bigint << 32) | l.objid::bigint AS k FROM pg_locks AS l
+    WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.mode = 'ShareLock'
+      AND l.pid = pg_backend_pid()
+    EXCEPT
+    SELECT hashint8extended(t, k) FROM unnest($1::bigint[], $2::bigint[]) AS x(k, t)
+) AS orphans
+"""
+# G9. Args: $1 key, $2 token. True if one session (or transaction) holds both the key and
+# the token lock of ($2, $1), i.e. $2 is the token of the live hold.
 SQL_S_VALIDATE = """
-SELECT EXISTS (SELECT 1 FROM pg_locks AS l
-               WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
-                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                 AND (l.classid::bigint << 32) | l.objid::bigint = $1)
-   AND EXISTS (SELECT 1 FROM asynclock_token_live WHERE name = $2 AND token = $3)
+SELECT EXISTS (
+    SELECT 1 FROM pg_locks AS a JOIN pg_locks AS b ON b.pid = a.pid
+    WHERE a.locktype = 'advisory' AND a.objsubid = 1 AND a.granted AND a.mode = 'ExclusiveLock'
+      AND b.locktype = 'advisory' AND b.objsubid = 1 AND b.granted AND b.mode = 'ShareLock'
+      AND a.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND b.database = a.database
+      AND (a.classid::bigint << 32) | a.objid::bigint = $1
+      AND (b.classid::bigint << 32) | b.objid::bigint = hashint8extended($2::bigint, $1))
 """
-# xact_lock: args $1 key, $2 name. Waits for the transaction lock, then bumps the token.
-SQL_X_LOCK = f"WITH l AS (SELECT true AS ok FROM pg_advisory_xact_lock($1)),{_bump('$2')}"
-# xact_lock(wait=False): the same with pg_try_advisory_xact_lock; no row when busy.
-SQL_X_TRY = f"WITH l AS (SELECT pg_try_advisory_xact_lock($1) AS ok),{_bump('$2')}"
+_X_TAKE = f"""{_NEXT}
+SELECT l.ok, {_TOKEN_LOCKED.format(scope="xact_")} AS token FROM l"""
+# xact_lock: args $1 key. Waits for the transaction lock, then takes a token (as
+# SQL_S_ACQUIRE, with a transaction-scoped token lock).
+SQL_X_LOCK = f"WITH l AS (SELECT true AS ok FROM pg_advisory_xact_lock($1)),{_X_TAKE}"
+# xact_lock(wait=False): the same with pg_try_advisory_xact_lock.
+SQL_X_TRY = f"WITH l AS (SELECT pg_try_advisory_xact_lock($1) AS ok),{_X_TAKE}"
+# A token for a transaction lock already held. Args: $1 key.
+SQL_X_TOKEN = f"WITH l AS (SELECT true AS ok),{_X_TAKE}"
 
 # -- mode lease: statements --------------------------------------------------------------
 
 # G1 + G2: args $1 name, $2 owner, $3 ttl (ms). Takes the row if absent or expired on the
-# server's clock. Returns (token, NULL) when granted, (NULL, seconds left) when busy.
-SQL_L_ACQUIRE = """
-WITH ins AS (
-    INSERT INTO asynclock_lease AS l (name, owner, token, expires_at)
-    VALUES ($1, $2, nextval('asynclock_lease_token'),
-            clock_timestamp() + $3::float8 * interval '1 millisecond')
+# server's clock, unless the crash grace still runs. Returns (token, NULL) when granted,
+# (NULL, seconds left) when busy or in the grace, no row if the row vanished meanwhile
+# (try again), (NULL, NULL) when the range needs SQL_TOKEN_EPOCH (missing or used up) and
+# (NULL, -1) when it needs SQL_L_TTL ($3 above its copy of the longest ttl) first. The
+# token comes from the shared source (a value taken by a busy attempt is skipped, never
+# reused). The lease table is unlogged: the commit waits for no WAL flush.
+SQL_L_ACQUIRE = f"""
+WITH l AS (SELECT true AS ok),{_NEXT},
+g AS (SELECT t.token, $3::float8 <= t.lease_ttl_ms AS ttl_ok,
+             t.grace_until > clock_timestamp() AS in_grace, t.grace_until
+      FROM t WHERE t.token <= t.lim),
+ins AS (
+    INSERT INTO asynclock_lease AS x (name, owner, token, expires_at)
+    SELECT $1, $2, g.token, clock_timestamp() + $3::float8 * interval '1 millisecond'
+    FROM g WHERE g.ttl_ok AND NOT g.in_grace
     ON CONFLICT (name) DO UPDATE
         SET owner = EXCLUDED.owner, token = EXCLUDED.token, expires_at = EXCLUDED.expires_at
-        WHERE l.expires_at <= clock_timestamp()
-    RETURNING l.token
+        WHERE x.expires_at <= clock_timestamp()
+    RETURNING x.token
 )
 SELECT token, NULL::float8 AS left_s FROM ins
 UNION ALL
 SELECT NULL, greatest(0, extract(epoch FROM expires_at - clock_timestamp()))::float8
-FROM asynclock_lease WHERE name = $1 AND NOT EXISTS (SELECT 1 FROM ins)
+FROM asynclock_lease
+WHERE name = $1 AND NOT EXISTS (SELECT 1 FROM ins)
+  AND EXISTS (SELECT 1 FROM g WHERE ttl_ok AND NOT in_grace)
+UNION ALL
+SELECT NULL, CASE WHEN NOT ttl_ok THEN -1
+                  ELSE greatest(0.001, extract(epoch FROM grace_until - clock_timestamp())) END
+FROM g WHERE NOT ttl_ok OR in_grace
+UNION ALL
+SELECT NULL, NULL WHERE NOT EXISTS (SELECT 1 FROM g)
 """
 # G5/G7: every lease in one statement. Args: names bytea[], owners text[], tokens
 # bigint[], ttls (ms) float8[]. Extends only live rows that are still ours; returns the
@@ -666,13 +750,13 @@ class PostgresDriver(Driver):
         # Reserve before asking: if we are interrupted the server may have granted the
         # lock, and release(name, owner, None) must know to unlock it (G6).
         self._holders[name] = owner
-        name_bytes = _name_bytes(name)
+        key = lock_key(name)
         try:
             idle = self._idle_change(ttl)
             if idle is None:
-                row = await conn.fetchrow(SQL_S_ACQUIRE_PLAIN, lock_key(name), name_bytes)
+                row = await conn.fetchrow(SQL_S_ACQUIRE_PLAIN, key)
             else:
-                row = await conn.fetchrow(SQL_S_ACQUIRE, lock_key(name), name_bytes, idle)
+                row = await conn.fetchrow(SQL_S_ACQUIRE, key, idle)
         except BaseException:
             self._idle_set = None  # unknown whether the setting stuck
             raise
@@ -681,10 +765,16 @@ class PostgresDriver(Driver):
         if not ok:
             del self._holders[name]
             return Busy(self.poll)
+        for _ in range(_EPOCH_TRIES):
+            if token is not None:
+                break
+            # Granted, but the token range is missing (first use, or emptied by crash
+            # recovery) or used up. Interrupted here, the core's release(name, owner,
+            # None) unlocks (G6).
+            await _new_epoch(conn)
+            token = await conn.fetchval(SQL_S_TOKEN, key, column=1)
         if token is None:
-            # Granted; the token needs a new reservation (or the live row is missing).
-            # Interrupted here, the core's release(name, owner, None) unlocks (G6).
-            token = await conn.fetchval(SQL_S_BUMP, name_bytes)
+            raise _no_range(self.display)  # the core's release(name, owner, None) unlocks
         self._ttls[name] = ttl
         self._expires[name] = t_send + ttl
         self._tokens[name] = token = int(token)
@@ -744,14 +834,27 @@ class PostgresDriver(Driver):
         """Unlock holds whose ttl passed without a renewal (call with ``_io`` held)."""
         for name in names:
             try:
-                await conn.fetchval(
-                    SQL_S_RELEASE, lock_key(name), notify_channel(name), *waiter_key(name)
-                )
+                await self._unlock(conn, name)
             except BaseException as exc:
                 self._broken(conn, exc)
                 raise
             self._forget(name)
             self._wake(name)
+
+    async def _unlock(self, conn: asyncpg.Connection, name: str) -> bool | None:
+        """Run SQL_S_RELEASE for our hold of ``name`` (call with ``_io`` held); if its token
+        never reached us (an interrupted acquire), drop the token lock we cannot name."""
+        key = lock_key(name)
+        token = self._tokens.get(name)
+        held: bool | None = await conn.fetchval(
+            SQL_S_RELEASE, key, notify_channel(name), *waiter_key(name), token
+        )
+        if token is None:
+            known = [(lock_key(n), t) for n, t in self._tokens.items()]
+            await conn.fetchval(
+                SQL_S_DROP_TOKEN_LOCKS, [k for k, _ in known], [t for _, t in known]
+            )
+        return held
 
     def _forget(self, name: str) -> None:
         self._holders.pop(name, None)
@@ -772,9 +875,7 @@ class PostgresDriver(Driver):
             if conn is None or conn.is_closed():
                 return False
             try:
-                held = await conn.fetchval(
-                    SQL_S_RELEASE, lock_key(name), notify_channel(name), *waiter_key(name)
-                )
+                held = await self._unlock(conn, name)
             except BaseException as exc:
                 # Unknown whether the unlock ran: ending the session is the only sure way
                 # to free the key (and it frees it now, not at some later ttl).
@@ -792,9 +893,7 @@ class PostgresDriver(Driver):
                 if self.mode == "lease":
                     ok = await conn.fetchval(SQL_L_VALIDATE, _name_bytes(name), token)
                 else:
-                    ok = await conn.fetchval(
-                        SQL_S_VALIDATE, lock_key(name), _name_bytes(name), token
-                    )
+                    ok = await conn.fetchval(SQL_S_VALIDATE, lock_key(name), token)
             except _CONNECTION_ERRORS as exc:
                 raise self._unavailable("validate failed", exc) from exc
         return bool(ok)
@@ -805,12 +904,23 @@ class PostgresDriver(Driver):
         async with self._io:
             conn = await self._main()
             try:
-                row = await conn.fetchrow(SQL_L_ACQUIRE, _name_bytes(name), owner, ttl * 1000.0)
+                for _ in range(_EPOCH_TRIES):
+                    rows = await conn.fetch(SQL_L_ACQUIRE, _name_bytes(name), owner, ttl * 1000.0)
+                    if any(r["token"] is None and r["left_s"] is None for r in rows):
+                        await _new_epoch(conn)  # the token range is missing or used up
+                    elif any(r["left_s"] == -1 for r in rows):
+                        # The longest lease ttl yet: on disk before such a lease exists.
+                        await conn.execute(SQL_L_TTL, ttl * 1000.0)
+                    else:
+                        break
+                else:
+                    raise _no_range(self.display)
             except _CONNECTION_ERRORS as exc:
                 raise self._unavailable("acquire failed", exc) from exc
-        if row is None:
+        if not rows:
             # The row vanished between the insert's conflict and our read: try again now.
             return Busy(0.0)
+        row = rows[0]
         if row["token"] is not None:
             return int(row["token"])
         left = float(row["left_s"])
@@ -863,26 +973,24 @@ async def _close(conn: asyncpg.Connection) -> None:
 
 
 async def ensure_schema(conn: asyncpg.Connection, *, mode: str = "session") -> None:
-    """Create the tables of ``mode`` ("session" or "lease") if missing.
+    """Create the tables of ``mode`` ("session" or "lease") if missing: the token source
+    that every mode and :func:`xact_lock` share, and for mode lease the lease table.
 
     Idempotent and safe when many processes start at once: creation runs in one
     transaction behind a transaction advisory lock. When the tables exist this is one
     read-only query (no CREATE privilege needed).
     """
-    tables, schema = (
-        (["asynclock_token", "asynclock_token_live"], SCHEMA_SESSION)
-        if mode == "session"
-        else (["asynclock_lease"], SCHEMA_LEASE)
+    tables = ["asynclock_token_seq", "asynclock_token_epoch", "asynclock_token_range"]
+    schema = SCHEMA_TOKENS.format(
+        # Unlogged sequences need PostgreSQL 15; a logged one is as safe, only slower
+        # (crash recovery empties the range row either way, see "Tokens").
+        persistence="UNLOGGED" if conn.get_server_version().major >= 15 else ""
     )
+    if mode == "lease":
+        tables.append("asynclock_lease")
+        schema += ";" + SCHEMA_LEASE
     if await conn.fetchval(
         "SELECT bool_and(to_regclass(t) IS NOT NULL) FROM unnest($1::text[]) t", tables
-    ) and (
-        mode != "session"
-        # asynclock_token_live.ceiling (added later; an older table gets it here)
-        or await conn.fetchval(
-            "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attname = 'ceiling'"
-            " AND attrelid = to_regclass('asynclock_token_live') AND NOT attisdropped)"
-        )
     ):
         return
     async with conn.transaction():
@@ -890,16 +998,34 @@ async def ensure_schema(conn: asyncpg.Connection, *, mode: str = "session") -> N
         await conn.execute(schema)
 
 
+async def _new_epoch(conn: asyncpg.Connection) -> None:
+    """Start a token epoch, or raise the range's limit (SQL_TOKEN_EPOCH); after it, the
+    next token statement finds a usable range unless it is used up again at once."""
+    await conn.fetchrow(SQL_TOKEN_EPOCH)
+
+
+#: How often one acquisition starts an epoch before giving up (normally once at most).
+_EPOCH_TRIES = 5
+
+
+def _no_range(where: str) -> BackendUnavailable:
+    return BackendUnavailable(
+        f"{where}: the token range (table asynclock_token_range) stays missing or used up "
+        f"after {_EPOCH_TRIES} new epochs; is something deleting it?"
+    )
+
+
 async def xact_lock(conn: asyncpg.Connection, name: str, *, wait: bool = True) -> int:
     """Take ``name``'s lock for the rest of the caller's transaction; return its token.
 
     ``pg_advisory_xact_lock`` on :func:`lock_key` (the same key as session mode, so the
-    two exclude each other) and the per-name counter bump, in one statement inside your
-    transaction. The lock is released at commit or rollback; the token counts on from
-    the same counter as session mode, so fence your writes with it. Pooler-safe.
+    two exclude each other) and a token from the source every mode shares, in one
+    statement inside your transaction. The lock is released at commit or rollback; the
+    token is above every earlier token of the name, whichever mode took it, so fence your
+    writes with it. Pooler-safe.
 
     ``wait=False`` raises :class:`~asynclock.LockHeld` instead of waiting. Call
-    :func:`ensure_schema` once beforehand (or let a session-mode backend create it)::
+    :func:`ensure_schema` once beforehand (or let a backend create it)::
 
         async with conn.transaction():
             token = await xact_lock(conn, "invoice:42")
@@ -912,17 +1038,25 @@ async def xact_lock(conn: asyncpg.Connection, name: str, *, wait: bool = True) -
             "xact_lock must run inside a transaction (`async with conn.transaction():`); "
             "outside one the lock would end with this statement"
         )
+    key = lock_key(name)
     try:
-        token = await conn.fetchval(
-            SQL_X_LOCK if wait else SQL_X_TRY, lock_key(name), _name_bytes(name)
-        )
+        ok, token = await conn.fetchrow(SQL_X_LOCK if wait else SQL_X_TRY, key)
+        if not ok:
+            raise LockHeld(name)
+        for _ in range(_EPOCH_TRIES):
+            if token is not None:
+                return int(token)
+            # First use, or the first token since crash recovery: the new epoch commits
+            # with your transaction (synchronously), see "Tokens".
+            await _new_epoch(conn)
+            token = await conn.fetchval(SQL_X_TOKEN, key, column=1)
     except asyncpg.exceptions.UndefinedTableError:
         raise BackendUnavailable(
-            "table asynclock_token does not exist: run `await ensure_schema(conn)` once "
-            "(or open a session-mode backend on this database)"
+            "the asynclock token tables do not exist: run `await ensure_schema(conn)` once "
+            "(or open a backend on this database)"
         ) from None
     if token is None:
-        raise LockHeld(name)
+        raise _no_range("xact_lock")
     return int(token)
 
 

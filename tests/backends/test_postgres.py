@@ -15,9 +15,10 @@ import pytest
 
 import asynclock
 from asynclock.backends.postgres import (
+    EPOCH_SPAN,
     KEY_SQL,
+    SQL_S_ACQUIRE_PLAIN,
     SQL_S_RELEASE,
-    TOKEN_RESERVE,
     PoolerDetected,
     PostgresDriver,
     ensure_schema,
@@ -129,54 +130,87 @@ def crashable_pg() -> Iterator[PgServer]:
 
 
 async def test_tokens_keep_rising_across_a_server_crash(crashable_pg: PgServer) -> None:
-    """G2 across a crash: tokens are committed without a WAL flush, so an immediate
-    shutdown (no checkpoint, WAL buffers lost, crash recovery at start) loses the newest
-    ones; every token after the restart must still exceed every token before it."""
+    """G2 across a crash: tokens are handed out without a WAL flush (the sequence and the
+    range row are unlogged), so an immediate shutdown (no checkpoint, WAL buffers lost,
+    crash recovery at start) loses the newest state; every token after the restart must
+    still exceed every token before it, whichever mode or helper took it."""
+    url = crashable_pg.url()
     before: dict[str, int] = {}
-    async with asynclock.connect(crashable_pg.url()) as backend:
+    async with (
+        asynclock.connect(url) as session,
+        asynclock.connect(url + "?mode=lease") as leases,
+    ):
 
-        async def take(name: str) -> None:
-            async with backend.lock(name, ttl=5.0, blocking=False) as lease:
+        async def take(backend: asynclock.Backend, name: str, ttl: float = 5.0) -> None:
+            async with backend.lock(name, ttl=ttl, blocking=False) as lease:
                 assert lease.token > before.get(name, 0)
                 before[name] = lease.token
 
-        # "middle" stops halfway through a reservation, "edge" right after taking a new
-        # one (a synchronous commit), "xact" uses xact_lock. The last acquisitions come
-        # just before the crash, so their commits are still in the WAL page it loses.
-        conn = await asyncpg.connect(crashable_pg.url())
+        conn = await asyncpg.connect(url)
         try:
             await conn.execute("SET synchronous_commit = on")
             await conn.execute("CREATE TABLE control (n int); INSERT INTO control VALUES (0)")
             await conn.execute("SET synchronous_commit = off")
-            for _ in range(TOKEN_RESERVE + TOKEN_RESERVE // 2 - 5):
-                await take("middle")
-            for _ in range(2 * TOKEN_RESERVE):
-                await take("edge")
+            # More than 32 values: a logged sequence would have written WAL (and a
+            # transaction id) for some of them; the last ones come just before the crash.
+            for _ in range(100):
+                await take(session, "session")
             for _ in range(3):
+                await take(leases, "lease", ttl=1.0)  # the crash grace after restart
                 async with conn.transaction():
                     before["xact"] = await xact_lock(conn, "xact")
-            await take("edge")
-            for _ in range(5):
-                await take("middle")
+            for _ in range(40):
+                await take(session, "session")
             # Control: an ordinary asynchronous commit just before the crash must be lost.
             await conn.execute("UPDATE control SET n = 1")
         finally:
             await conn.close()
-        assert before["edge"] == 2 * TOKEN_RESERVE + 1
         await anyio.to_thread.run_sync(crashable_pg.stop, "immediate")
         await anyio.to_thread.run_sync(crashable_pg.start)
         after: dict[str, int] = {}
-        for name in before:
+        for name, backend in (("session", session), ("lease", leases), ("xact", session)):
             async with backend.lock(name, ttl=5.0, timeout=10) as lease:
                 after[name] = lease.token
-    conn = await asyncpg.connect(crashable_pg.url())
+    conn = await asyncpg.connect(url)
     try:
         lost_control = await conn.fetchval("SELECT n FROM control") == 0
+        epochs = await conn.fetchval("SELECT count(*) FROM asynclock_token_epoch")
     finally:
         await conn.close()
     assert lost_control, "the crash lost no asynchronous commit, so it proves nothing"
     for name in before:
-        assert after[name] > before[name], (name, before[name], after[name])
+        assert after[name] > max(before.values()), (name, before, after)
+    assert epochs == 2  # first use, then the first token after crash recovery
+    assert min(after.values()) > EPOCH_SPAN
+
+
+async def test_no_lease_is_granted_over_one_from_before_a_crash(crashable_pg: PgServer) -> None:
+    """G1 across a crash in mode lease: the lease table is unlogged, so crash recovery
+    empties it, but a holder granted a lease before the crash (another connection here)
+    believes it holds until its local deadline, which is before t_send + ttl. The server
+    must refuse the name until then: a grace of the longest lease ttl ever granted (kept
+    durably, committed synchronously although this server commits asynchronously),
+    counted from the first acquire after recovery."""
+    url = crashable_pg.url() + "?mode=lease"
+    ttl = 6.0
+    async with asynclock.connect(url) as first, asynclock.connect(url) as second:
+        t_send = time.monotonic()
+        holder = await first.acquire("crash-held", ttl=ttl)
+        async with second.lock("other", ttl=1.0):
+            pass
+        await anyio.to_thread.run_sync(crashable_pg.stop, "immediate")
+        await anyio.to_thread.run_sync(crashable_pg.start)
+        assert time.monotonic() < t_send + ttl - 1.0, "the restart took too long to tell"
+        # Any name: the server cannot know which leases it lost.
+        for name in ("crash-held", "never-held"):
+            with pytest.raises(asynclock.LockHeld):
+                async with second.lock(name, ttl=1.0, blocking=False):
+                    pass
+        with anyio.fail_after(20):
+            async with second.lock("crash-held", ttl=1.0, timeout=15) as successor:
+                assert time.monotonic() >= t_send + ttl
+                assert successor.token > holder.token
+            assert holder.remaining() == 0
 
 
 async def test_released_lock_wakes_a_waiter_via_notify(pg_server: PgServer, name: str) -> None:
@@ -231,11 +265,13 @@ async def test_release_notifies_only_when_a_waiter_announced_itself(
 
             async def cycle() -> bool | None:
                 assert await conn.fetchval("SELECT pg_try_advisory_lock($1)", key)
-                notified: bool | None = await conn.fetchval(SQL_S_RELEASE, key, channel, high, low)
+                notified: bool | None = await conn.fetchval(
+                    SQL_S_RELEASE, key, channel, high, low, None
+                )
                 return notified
 
             assert await cycle() is False  # held, nobody waits: no NOTIFY
-            assert await conn.fetchval(SQL_S_RELEASE, key, channel, high, low) is None
+            assert await conn.fetchval(SQL_S_RELEASE, key, channel, high, low, None) is None
             assert await driver.watch(name)
             shared = await admin.fetchval(
                 "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2"
@@ -254,51 +290,125 @@ async def test_release_notifies_only_when_a_waiter_announced_itself(
         await conn.close()
 
 
-async def test_live_ceiling_copy_stays_below_the_durable_ceiling(
-    pg_server: PgServer, admin: asyncpg.Connection, name: str
-) -> None:
-    """The fast path hands out tokens up to the live row's copy of the ceiling: that copy
-    must never exceed the ceiling on disk. A missing or zero copy (an older version's
-    row, or a table from before the column) falls back to the full bump."""
-    db = f"old_{uuid.uuid4().hex[:8]}"
+@pytest.fixture
+async def fresh_db(pg_server: PgServer, admin: asyncpg.Connection) -> AsyncIterator[str]:
+    """The URL of a new, empty database (its token source starts from scratch)."""
+    db = f"fresh_{uuid.uuid4().hex[:8]}"
     await admin.execute(f"CREATE DATABASE {db} OWNER locker")
-    url = pg_server.url().replace("/asynclock", f"/{db}")
     try:
-        old = await asyncpg.connect(url)
-        try:  # the schema and rows of the previous version (no ceiling copy)
-            await old.execute(
-                "CREATE TABLE asynclock_token (name bytea PRIMARY KEY, ceiling bigint NOT NULL);"
-                "CREATE UNLOGGED TABLE asynclock_token_live"
-                " (name bytea PRIMARY KEY, token bigint NOT NULL)"
-            )
-            await old.execute("INSERT INTO asynclock_token VALUES ($1, 1499)", name.encode())
-            await old.execute("INSERT INTO asynclock_token_live VALUES ($1, 600)", name.encode())
-        finally:
-            await old.close()
-        tokens = []
-        async with asynclock.connect(url) as backend:
-            driver = backend.driver
-            assert isinstance(driver, PostgresDriver)
-            for _ in range(TOKEN_RESERVE + 10):
-                async with backend.lock(name, ttl=5.0, blocking=False) as lease:
-                    tokens.append(lease.token)
-                check = await driver._raw_fetchval(
-                    "SELECT (l.token <= l.ceiling AND l.ceiling <= d.ceiling)"
-                    " FROM asynclock_token_live l JOIN asynclock_token d USING (name)"
-                    " WHERE name = $1",
-                    name.encode(),
-                )
-                assert check, tokens[-1]
-        assert tokens == list(range(601, 601 + TOKEN_RESERVE + 10))
-        conn = await asyncpg.connect(url)
-        try:  # one reservation when 1499 ran out, none while the old ceiling covered
-            assert await conn.fetchval(
-                "SELECT ceiling FROM asynclock_token WHERE name = $1", name.encode()
-            ) == (1500 + TOKEN_RESERVE - 1)
-        finally:
-            await conn.close()
+        yield pg_server.url().replace("/asynclock", f"/{db}")
     finally:
         await admin.execute(f"DROP DATABASE {db} WITH (FORCE)")
+
+
+async def test_tokens_start_at_one_and_every_mode_shares_them(fresh_db: str, name: str) -> None:
+    """One token source: the first use starts epoch 0 (tokens 1, 2, ...); session mode,
+    mode lease and xact_lock take turns on one name and its tokens keep rising."""
+    tokens = []
+    conn = await asyncpg.connect(fresh_db)
+    try:
+        async with (
+            asynclock.connect(fresh_db) as session,
+            asynclock.connect(fresh_db + "?mode=lease") as leases,
+        ):
+            for _ in range(3):
+                for backend in (session, leases):
+                    async with backend.lock(name, ttl=5.0, blocking=False) as lease:
+                        tokens.append(lease.token)
+                async with conn.transaction():
+                    tokens.append(await xact_lock(conn, name))
+        assert tokens[0] == 1
+        assert tokens == sorted(set(tokens))
+        assert await conn.fetchval("SELECT array_agg(epoch) FROM asynclock_token_epoch") == [0]
+    finally:
+        await conn.close()
+
+
+async def test_used_up_range_takes_a_new_epoch_and_keeps_its_base(fresh_db: str, name: str) -> None:
+    """Every EPOCH_SPAN tokens the acquire appends an epoch row (committed synchronously)
+    before handing out a token past the old limit; the tokens just go on counting."""
+    conn = await asyncpg.connect(fresh_db)
+    try:
+        async with asynclock.connect(fresh_db) as backend:
+            async with backend.lock(name, ttl=5.0) as first:
+                pass
+            # Pretend epoch 0 ends three tokens from here.
+            await conn.execute("UPDATE asynclock_token_range SET lim = $1", first.token + 3)
+            tokens = [first.token]
+            for _ in range(6):
+                async with backend.lock(name, ttl=5.0, blocking=False) as lease:
+                    tokens.append(lease.token)
+                    assert await backend.validate(name, lease.token)
+        assert tokens == sorted(set(tokens)), tokens
+        assert tokens[-1] - tokens[0] < 20  # same base: no jump
+        assert await conn.fetchval("SELECT array_agg(epoch) FROM asynclock_token_epoch") == [0, 1]
+        assert await conn.fetchval("SELECT lim FROM asynclock_token_range") == 2 * EPOCH_SPAN - 1
+    finally:
+        await conn.close()
+
+
+async def test_emptied_range_starts_above_every_epoch(fresh_db: str, name: str) -> None:
+    """What crash recovery does (empty the range row, reset the sequence), done by hand:
+    the next token of every mode is above the newest epoch's end, so above every token."""
+    conn = await asyncpg.connect(fresh_db)
+    try:
+        async with (
+            asynclock.connect(fresh_db) as session,
+            asynclock.connect(fresh_db + "?mode=lease") as leases,
+        ):
+            async with session.lock(name, ttl=5.0) as before:
+                pass
+            for backend in (session, leases):
+                await conn.execute(
+                    "TRUNCATE asynclock_token_range; ALTER SEQUENCE asynclock_token_seq RESTART"
+                )
+                async with backend.lock(name, ttl=5.0) as after:
+                    assert after.token > before.token
+                    epoch = await conn.fetchval("SELECT max(epoch) FROM asynclock_token_epoch")
+                    # (mode lease skips the values its first, refused attempts took)
+                    assert epoch * EPOCH_SPAN < after.token < epoch * EPOCH_SPAN + 10
+                before = after
+            await conn.execute(
+                "TRUNCATE asynclock_token_range; ALTER SEQUENCE asynclock_token_seq RESTART"
+            )
+            async with conn.transaction():
+                assert await xact_lock(conn, name) == 3 * EPOCH_SPAN + 1
+    finally:
+        await conn.close()
+
+
+async def test_validate_sees_the_token_lock_of_another_session(
+    pg_server: PgServer, name: str
+) -> None:
+    """validate() from any session: the holder's session (or transaction) holds the
+    token lock of (token, key) next to the key. A token taken with an interrupted acquire
+    (result lost) leaves no token lock behind."""
+    async with asynclock.connect(pg_server.url()) as a, asynclock.connect(pg_server.url()) as b:
+        async with a.lock(name, ttl=5.0) as lease:
+            assert await b.validate(name, lease.token)
+            assert not await b.validate(name, lease.token - 1)
+            assert not await b.validate(name + "x", lease.token)
+        assert not await b.validate(name, lease.token)
+        conn = await asyncpg.connect(pg_server.url())
+        try:
+            async with conn.transaction():
+                token = await xact_lock(conn, name)
+                assert await b.validate(name, token)
+            assert not await b.validate(name, token)
+        finally:
+            await conn.close()
+        # The result of an acquire never arrives: the driver must drop its token lock.
+        driver = a.driver
+        assert isinstance(driver, PostgresDriver)
+        async with a.lock(name + ":kept", ttl=5.0) as kept:
+            driver._holders[name] = "lost-owner"
+            async with driver._io:
+                conn_a = await driver._main()
+                _, lost = await conn_a.fetchrow(SQL_S_ACQUIRE_PLAIN, lock_key(name))
+            assert await b.validate(name, lost)
+            assert await driver.release(name, "lost-owner", None) is True
+            assert not await b.validate(name, lost)
+            assert await b.validate(name + ":kept", kept.token)  # its token lock stays
 
 
 async def test_idle_session_timeout_tracks_the_longest_ttl(pg_server: PgServer, name: str) -> None:
@@ -445,14 +555,24 @@ async def test_sql_injection_in_names_is_inert(
         for n in evil:
             async with backend.lock(n, ttl=5.0, blocking=False) as lease:
                 assert lease.token > tokens[n]
-    table = "asynclock_token" if mode == "session" else "asynclock_lease"
+    table = "asynclock_token_range" if mode == "session" else "asynclock_lease"
     assert await admin.fetchval("SELECT to_regclass($1) IS NOT NULL", table)
-    if mode == "session":
-        rows = await admin.fetch(
-            "SELECT name FROM asynclock_token WHERE name = ANY($1::bytea[])",
-            [n.encode() for n in evil],
-        )
-        assert {bytes(r["name"]).decode() for r in rows} == set(evil)
+    async with asynclock.connect(url_for(pg_server, mode)) as backend:
+        for n in evil:  # the name reached the server intact
+            async with backend.lock(n, ttl=5.0, blocking=False):
+                if mode == "session":
+                    held = await admin.fetchval(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                        " AND objsubid = 1 AND mode = 'ExclusiveLock'"
+                        " AND (classid::bigint << 32) | objid::bigint = $1",
+                        lock_key(n),
+                    )
+                else:
+                    held = await admin.fetchval(
+                        "SELECT count(*) FROM asynclock_lease WHERE name = $1",
+                        n.encode("utf-8", "surrogatepass"),
+                    )
+                assert held == 1, n
 
 
 async def test_concurrent_first_use_creates_the_schema_once(
