@@ -21,15 +21,16 @@ import os
 import random
 import re
 import sys
-from collections.abc import Awaitable, Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from types import TracebackType
-from typing import Any, Generic, Self, TypeVar, cast
+from typing import Any, Self, TypeVar, cast
 
 import anyio
 import anyio.abc
 import anyio.lowlevel
 
+from .bounds import ArmOnSuspend, CallBounds, shielded_call
 from .clock import Clock, MonotonicClock
 from .driver import Busy, Driver, LeaseRef, Refused
 from .exceptions import (
@@ -93,6 +94,7 @@ class Backend:
         self.heartbeat = heartbeat
         self.release_timeout = release_timeout
         self._held: dict[str, Lease] = {}
+        self._bounds = CallBounds(self.clock, release_timeout)
         self._owner_prefix = os.urandom(12).hex()
         self._owner_seq = itertools.count(1)
         self._stats = StatsRecorder()
@@ -129,6 +131,7 @@ class Backend:
         self._tg.start_soon(self.driver.background, name=f"asynclock {self.driver.display}")
         self._tg.start_soon(self._renew_loop, name="asynclock renewer")
         self._tg.start_soon(self._watchdog_loop, name="asynclock watchdog")
+        self._tg.start_soon(self._bounds.run, name="asynclock release deadlines")
         return self
 
     async def __aexit__(
@@ -381,7 +384,7 @@ class Backend:
         call = self.driver.release(lease.name, lease.owner, lease.token)
         try:
             if scope is None:
-                ok = await _shielded_call(call, self.release_timeout)
+                ok = await shielded_call(call, self._bounds)
             else:
                 # Run the call up to its first suspension right here: most releases
                 # (SQLite, memory) finish without one and need no timer at all.
@@ -390,7 +393,7 @@ class Backend:
                 except StopIteration as done:
                     ok = done.value
                 else:
-                    ok = await _ArmOnSuspend(call, scope, self.release_timeout, first)
+                    ok = await ArmOnSuspend(call, scope, self._bounds, first)
         except Exception as exc:
             error = exc
         except anyio.get_cancelled_exc_class():
@@ -554,65 +557,6 @@ class Backend:
 _HOLDS: ContextVar[tuple[tuple[Lock, Lease, anyio.CancelScope], ...]] = ContextVar(
     "asynclock_holds", default=()
 )
-
-
-class _ArmOnSuspend(Generic[T]):
-    """Await ``coro`` (like ``yield from``), arming ``scope``'s deadline the first time it
-    suspends: a call that finishes without suspending never pays for a timer.
-
-    ``first``: what ``coro.send(None)`` already yielded, when the caller started it.
-    """
-
-    __slots__ = ("_coro", "_first", "_scope", "_timeout")
-
-    _NOT_STARTED: Any = object()
-
-    def __init__(
-        self,
-        coro: Coroutine[Any, Any, T],
-        scope: anyio.CancelScope,
-        timeout: float,
-        first: Any = _NOT_STARTED,
-    ):
-        self._coro, self._scope, self._timeout, self._first = coro, scope, timeout, first
-
-    def __await__(self) -> Generator[Any, Any, T]:
-        coro = self._coro
-        value = self._first
-        if value is _ArmOnSuspend._NOT_STARTED:
-            try:
-                value = coro.send(None)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-        self._scope.deadline = anyio.current_time() + self._timeout
-        while True:
-            try:
-                sent = yield value
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:
-                try:
-                    value = coro.throw(exc)
-                except StopIteration as done:
-                    return done.value  # type: ignore[no-any-return]
-            else:
-                try:
-                    value = coro.send(sent)
-                except StopIteration as done:
-                    return done.value  # type: ignore[no-any-return]
-
-
-async def _shielded_call(coro: Coroutine[Any, Any, T], timeout: float) -> T | None:
-    """Run ``coro`` shielded from cancellation, for at most ``timeout`` seconds (G6).
-
-    Returns None if it timed out. The coroutine runs entirely inside the shielded scope
-    (so a driver may open cancel scopes of its own); the deadline is armed only once it
-    suspends.
-    """
-    with anyio.CancelScope(shield=True) as scope:
-        return await _ArmOnSuspend(coro, scope, timeout)
-    return None
 
 
 def _checkpoint_if_cancelled_for(

@@ -1,0 +1,132 @@
+"""Bounded, shielded driver calls (G6): a release must neither be cut short by the
+caller's cancellation nor hang past ``release_timeout``.
+
+Every bounded call has the same timeout, so deadlines come due in the order the calls
+began: one task per backend sleeps until the oldest one instead of an event-loop timer
+being armed and cancelled per call (a measurable share of a fast hold). A call that
+completes without suspending is never queued at all.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Coroutine, Generator
+from typing import Any, Generic, TypeVar
+
+import anyio
+
+from .clock import Clock
+
+T = TypeVar("T")
+
+
+class _Bound:
+    __slots__ = ("deadline", "scope")
+
+    def __init__(self, deadline: float, scope: anyio.CancelScope) -> None:
+        self.deadline = deadline
+        #: The scope to cancel when the deadline passes; None once the call has ended.
+        self.scope: anyio.CancelScope | None = scope
+
+
+class CallBounds:
+    """Cancels the scope of a bounded call still running ``timeout`` seconds after its
+    first suspension. ``run()`` must run in a task for as long as calls are bounded."""
+
+    def __init__(self, clock: Clock, timeout: float) -> None:
+        self.clock = clock
+        self.timeout = timeout
+        self._queue: deque[_Bound] = deque()
+        self._idle: anyio.Event | None = None
+
+    def arm(self, scope: anyio.CancelScope) -> _Bound:
+        queue = self._queue
+        while queue and queue[0].scope is None:
+            queue.popleft()
+        bound = _Bound(self.clock.now() + self.timeout, scope)
+        queue.append(bound)
+        if self._idle is not None:
+            self._idle.set()
+            self._idle = None
+        return bound
+
+    async def run(self) -> None:
+        queue = self._queue
+        while True:
+            while queue and queue[0].scope is None:
+                queue.popleft()
+            if not queue:
+                self._idle = anyio.Event()
+                await self._idle.wait()
+                continue
+            head = queue[0]
+            if self.clock.now() < head.deadline:
+                # Calls armed meanwhile have later deadlines: no need to wake earlier.
+                await self.clock.sleep_until(head.deadline)
+                continue
+            queue.popleft()
+            scope, head.scope = head.scope, None
+            if scope is not None:
+                scope.cancel()
+
+
+class ArmOnSuspend(Generic[T]):
+    """Await ``coro`` (like ``yield from``) inside ``scope``, which the caller has entered;
+    the first time it suspends, ``bounds`` starts counting down for ``scope``.
+
+    ``first``: what ``coro.send(None)`` already yielded, when the caller started it.
+    """
+
+    __slots__ = ("_bounds", "_coro", "_first", "_scope")
+
+    NOT_STARTED: Any = object()
+
+    def __init__(
+        self,
+        coro: Coroutine[Any, Any, T],
+        scope: anyio.CancelScope,
+        bounds: CallBounds,
+        first: Any = NOT_STARTED,
+    ):
+        self._coro, self._scope, self._bounds, self._first = coro, scope, bounds, first
+
+    def __await__(self) -> Generator[Any, Any, T]:
+        coro = self._coro
+        value = self._first
+        if value is ArmOnSuspend.NOT_STARTED:
+            try:
+                value = coro.send(None)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+        bound = self._bounds.arm(self._scope)
+        try:
+            while True:
+                try:
+                    sent = yield value
+                except GeneratorExit:
+                    coro.close()
+                    raise
+                except BaseException as exc:
+                    try:
+                        value = coro.throw(exc)
+                    except StopIteration as done:
+                        return done.value  # type: ignore[no-any-return]
+                else:
+                    try:
+                        value = coro.send(sent)
+                    except StopIteration as done:
+                        return done.value  # type: ignore[no-any-return]
+        finally:
+            bound.scope = None
+
+
+async def shielded_call(coro: Coroutine[Any, Any, T], bounds: CallBounds) -> T | None:
+    """Run ``coro`` shielded from cancellation, for at most ``bounds.timeout`` seconds
+    after it first suspends. Returns None if it timed out.
+
+    The coroutine runs entirely inside the shielded scope (so a driver may open cancel
+    scopes of its own).
+    """
+    with anyio.CancelScope(shield=True) as scope:
+        return await ArmOnSuspend(coro, scope, bounds)
+    return None
