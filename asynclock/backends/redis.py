@@ -43,6 +43,12 @@ from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
 from .._core.exceptions import BackendUnavailable
 from .._core.validation import check_seconds
 
+_hiredis: Any
+try:  # optional, as for redis-py: replies are parsed in C when it is there
+    import hiredis as _hiredis
+except ImportError:  # pragma: no cover - depends on the environment
+    _hiredis = None
+
 logger = logging.getLogger("asynclock.redis")
 
 # -- Lua ----------------------------------------------------------------------------------
@@ -354,6 +360,76 @@ def _no_client_info() -> dict[str, Any]:
 _NO_CLIENT_INFO = _no_client_info()
 
 
+def _reply_error(message: str) -> redis.exceptions.ResponseError:
+    """An error reply as the exception redis-py raises for it (NOSCRIPT matters: the
+    script is loaded again)."""
+    if message.startswith("NOSCRIPT"):
+        return redis.exceptions.NoScriptError(message)
+    return redis.exceptions.ResponseError(message)
+
+
+class Wire:
+    """A command connection (redis-py's: connect, AUTH/ACL, TLS, ``SELECT``) and the way
+    its replies are read.
+
+    The lean path writes to the connection's ``asyncio.StreamWriter`` and parses replies
+    from its ``asyncio.StreamReader`` with a ``hiredis.Reader`` of its own (redis-py's
+    private ``_writer`` and ``_reader``, present since redis-py 4.2; redis-py's parser is
+    never touched). Each command is read to the end of its reply, and a RESP2 server sends
+    nothing unasked on a command connection, so no bytes are ever left in either parser.
+    Without hiredis, without the streams, or on RESP3 (push messages), the public
+    ``send_packed_command`` and ``read_response`` are used.
+    """
+
+    __slots__ = ("conn", "parser", "stream", "writer")
+
+    def __init__(self, conn: AbstractConnection) -> None:
+        self.conn = conn
+        writer = getattr(conn, "_writer", None)
+        stream = getattr(conn, "_reader", None)
+        self.writer = writer if isinstance(writer, asyncio.StreamWriter) else None
+        self.stream: asyncio.StreamReader | None = None
+        self.parser: Any = None
+        if (
+            _hiredis is not None
+            and self.writer is not None
+            and isinstance(stream, asyncio.StreamReader)
+            and getattr(conn, "protocol", None) == 2
+        ):
+            self.stream = stream
+            self.parser = _hiredis.Reader(replyError=_reply_error)
+
+    async def read(self) -> Any:
+        """The next reply; an error reply raises (redis-py's exceptions either way)."""
+        parser, stream = self.parser, self.stream
+        if parser is None or stream is None:
+            return await self.conn.read_response()
+        reply = parser.gets()
+        while reply is False:
+            try:
+                data = await stream.read(65536)
+            except OSError as exc:
+                raise redis.exceptions.ConnectionError(f"error reading a reply: {exc!r}") from exc
+            if not data:
+                raise redis.exceptions.ConnectionError("the server closed the connection")
+            parser.feed(data)
+            reply = parser.gets()
+        if isinstance(reply, redis.exceptions.ResponseError):
+            raise reply
+        return reply
+
+
+def _resp2(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Connection keywords for RESP2. Maintenance notifications need RESP3 or hiredis, and
+    a RESP2 connection may use the pure-Python parser, so they are turned off (redis-py
+    >= 7 passes them)."""
+    out = {**kwargs, "protocol": 2}
+    for key in ("maint_notifications_config", "maint_notifications_pool_handler"):
+        if key in out:
+            out[key] = None
+    return out
+
+
 class Node:
     """One Redis server: command connections, scripts, error translation.
 
@@ -391,7 +467,12 @@ class Node:
         if not {"driver_info", "lib_name", "lib_version"} & set(self._kwargs):
             # No CLIENT SETINFO (two commands on every new connection) unless asked for.
             self._kwargs.update(_NO_CLIENT_INFO)
-        self._idle: list[AbstractConnection] = []
+        if "protocol" not in self._kwargs:
+            # RESP2 unless asked for RESP3: the lean path parses the replies itself (see
+            # Wire), and a private connection has no use for redis-py's maintenance
+            # notifications (RESP3 push messages; also no HELLO on connect).
+            self._kwargs = _resp2(self._kwargs)
+        self._idle: list[Wire] = []
         self._closed = False
 
     def scrub(self, text: str) -> str:
@@ -421,12 +502,12 @@ class Node:
 
     # -- the command path ----------------------------------------------------------------
 
-    async def _connect(self) -> AbstractConnection:
+    async def _connect(self) -> Wire:
         conn: AbstractConnection = self.pool.connection_class(**self._kwargs)
         await conn.connect()  # type: ignore[no-untyped-call]
-        return conn
+        return Wire(conn)
 
-    def send(self, packed: bytes) -> AbstractConnection | None:
+    def send(self, packed: bytes) -> Wire | None:
         """Write ``packed`` on an idle connection; None if there is none.
 
         Never waits, so callers can start one command on many nodes in a row. The bytes
@@ -435,69 +516,65 @@ class Node:
         """
         if not self._idle:
             return None
-        # redis-py's asyncio.StreamWriter (private, present since redis-py 4.2); if a
-        # release ever drops it, ``receive`` sends through the public path instead.
-        writer = getattr(self._idle[-1], "_writer", None)
-        if not isinstance(writer, asyncio.StreamWriter):
-            return None
+        writer = self._idle[-1].writer
+        if writer is None:
+            return None  # ``receive`` sends through redis-py's public path instead
         writer.write(packed)
         return self._idle.pop()
 
-    def keep(self, conn: AbstractConnection) -> bool:
+    def keep(self, wire: Wire) -> bool:
         """Put a connection whose reply was read in full back for reuse (False: full)."""
         if self._closed or len(self._idle) >= MAX_IDLE_CONNECTIONS:
             return False
-        self._idle.append(conn)
+        self._idle.append(wire)
         return True
 
-    async def receive(
-        self, conn: AbstractConnection | None, packed: bytes, deadline: float | None
-    ) -> Any:
-        """The reply to ``packed`` sent on ``conn`` (None: not sent yet), by ``deadline``
+    async def receive(self, wire: Wire | None, packed: bytes, deadline: float | None) -> Any:
+        """The reply to ``packed`` sent on ``wire`` (None: not sent yet), by ``deadline``
         (event-loop time; None: the caller bounds the wait). A reused connection that
         turns out dead (the server restarted) is replaced once; every script is safe to
         run twice."""
         if deadline is None:
-            return await self._receive(conn, packed)
+            return await self._receive(wire, packed)
         async with asyncio.timeout_at(deadline):
-            return await self._receive(conn, packed)
+            return await self._receive(wire, packed)
 
-    async def _receive(self, conn: AbstractConnection | None, packed: bytes) -> Any:
-        if conn is not None:
+    async def _receive(self, wire: Wire | None, packed: bytes) -> Any:
+        if wire is not None:
             try:
-                return await self._read(conn)
+                return await self._read(wire)
             except redis.exceptions.ConnectionError:
                 pass
         elif self._idle:  # not sent yet (see ``send``): the public path
-            conn = self._idle.pop()
+            wire = self._idle.pop()
             try:
-                await conn.send_packed_command(packed, check_health=False)
-                return await self._read(conn)
+                await wire.conn.send_packed_command(packed, check_health=False)
+                return await self._read(wire)
             except redis.exceptions.ConnectionError:
-                await drop_connection(conn)
-        conn = await self._connect()
+                await drop_connection(wire.conn)
+        wire = await self._connect()
         try:
-            await conn.send_packed_command(packed, check_health=False)
+            await wire.conn.send_packed_command(packed, check_health=False)
         except BaseException:
-            await drop_connection(conn)
+            await drop_connection(wire.conn)
             raise
-        return await self._read(conn)
+        return await self._read(wire)
 
-    async def _read(self, conn: AbstractConnection) -> Any:
+    async def _read(self, wire: Wire) -> Any:
         try:
-            reply = await conn.read_response()
+            reply = await wire.read()
         except redis.exceptions.ResponseError:
-            await self._keep(conn)  # a complete (error) reply: the connection is fine
+            await self._keep(wire)  # a complete (error) reply: the connection is fine
             raise
         except BaseException:
-            await drop_connection(conn)
+            await drop_connection(wire.conn)
             raise
-        await self._keep(conn)
+        await self._keep(wire)
         return reply
 
-    async def _keep(self, conn: AbstractConnection) -> None:
-        if not self.keep(conn):
-            await drop_connection(conn)
+    async def _keep(self, wire: Wire) -> None:
+        if not self.keep(wire):
+            await drop_connection(wire.conn)
 
     async def call(self, packed: bytes, deadline: float) -> Any:
         """Send ``packed`` and return its reply (raw driver exceptions)."""
@@ -548,20 +625,14 @@ class Node:
     def make_connection(self) -> AbstractConnection:
         """A dedicated connection (for pub/sub) that waits for messages without a timeout."""
         # RESP2: messages come back as plain replies (RESP3 routes them to a push handler).
-        kwargs = {**self._kwargs, "protocol": 2}
-        # Maintenance notifications need RESP3 or hiredis; this connection speaks RESP2
-        # and may use the pure-Python parser, so turn them off (redis-py >= 7 passes them).
-        for key in ("maint_notifications_config", "maint_notifications_pool_handler"):
-            if key in kwargs:
-                kwargs[key] = None
-        conn: AbstractConnection = self.pool.connection_class(**kwargs)
+        conn: AbstractConnection = self.pool.connection_class(**_resp2(self._kwargs))
         return conn
 
     async def aclose(self) -> None:
         self._closed = True
         idle, self._idle = self._idle, []
-        for conn in idle:
-            await drop_connection(conn)
+        for wire in idle:
+            await drop_connection(wire.conn)
         try:
             await self.pool.disconnect()
         except Exception as exc:  # pragma: no cover - best effort

@@ -30,7 +30,6 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import anyio
 import redis.exceptions
-from redis.asyncio.connection import AbstractConnection
 
 from .._core.driver import Busy, ExtendResult, LeaseRef, Refused
 from .._core.exceptions import BackendUnavailable, QuorumNotReached
@@ -41,6 +40,7 @@ from .redis import (
     Listener,
     Node,
     SubscribingDriver,
+    Wire,
     check_prefix,
     drop_connection,
     extend_call,
@@ -137,55 +137,55 @@ class RedlockDriver(SubscribingDriver):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         indexes = range(len(self.nodes)) if nodes is None else nodes
-        pending: list[tuple[int, AbstractConnection]] = []
+        pending: list[tuple[int, Wire]] = []
         tasks: list[tuple[int, asyncio.Task[Any]]] = []
         results: dict[int, Any] = {}
         try:
             for i in indexes:
-                conn = self.nodes[i].send(packed)
-                if conn is None:
+                wire = self.nodes[i].send(packed)
+                if wire is None:
                     one = self._one(i, None, script, packed, deadline, timeout)
                     tasks.append((i, loop.create_task(one)))
                 else:
-                    pending.append((i, conn))
+                    pending.append((i, wire))
             pending.reverse()
             try:
                 # One timer for all of them (every node's timeout ends at the same moment).
                 async with asyncio.timeout_at(deadline):
                     while pending:
-                        i, conn = pending[-1]
+                        i, wire = pending[-1]
                         try:
-                            reply = await conn.read_response()
+                            reply = await wire.read()
                         except Exception:
                             pending.pop()
-                            await drop_connection(conn)
+                            await drop_connection(wire.conn)
                             # Stale connection, NOSCRIPT, an error reply: the careful path.
                             results[i] = await self._one(i, None, script, packed, None, timeout)
                             continue
                         pending.pop()
                         results[i] = reply
-                        if not self.nodes[i].keep(conn):
-                            await drop_connection(conn)
+                        if not self.nodes[i].keep(wire):
+                            await drop_connection(wire.conn)
             except TimeoutError:
-                i, conn = pending.pop()
-                await drop_connection(conn)  # cut off mid-reply
+                i, wire = pending.pop()
+                await drop_connection(wire.conn)  # cut off mid-reply
                 results[i] = BackendUnavailable(f"no answer within {timeout:g}s")
                 while pending:  # past the deadline: only replies already here count
-                    i, conn = pending.pop()
-                    results[i] = await self._one(i, conn, script, packed, deadline, timeout)
+                    i, wire = pending.pop()
+                    results[i] = await self._one(i, wire, script, packed, deadline, timeout)
             for i, task in tasks:
                 results[i] = await task
         finally:
             for _, task in tasks:
                 task.cancel()  # only if we were interrupted (a no-op on a finished task)
-            for _, conn in pending:
-                await drop_connection(conn)  # a reply we will never read
+            for _, wire in pending:
+                await drop_connection(wire.conn)  # a reply we will never read
         return results
 
     async def _one(
         self,
         i: int,
-        conn: AbstractConnection | None,
+        wire: Wire | None,
         script: str,
         packed: bytes,
         deadline: float | None,
@@ -195,7 +195,7 @@ class RedlockDriver(SubscribingDriver):
         node = self.nodes[i]
         try:
             try:
-                return await node.receive(conn, packed, deadline)
+                return await node.receive(wire, packed, deadline)
             except redis.exceptions.NoScriptError:
                 text = SCRIPTS[script].encode()
                 until = (

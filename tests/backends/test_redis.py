@@ -108,6 +108,47 @@ async def test_scripts_are_reloaded_after_script_flush(
     await client.aclose()
 
 
+@pytest.mark.parametrize("reader", ["hiredis", "redis-py", "resp3"])
+async def test_replies_and_error_replies_on_every_reply_path(
+    redis_server: RedisServer, lock_name: str, reader: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replies are parsed with hiredis straight from the connection when it is installed,
+    else (or on RESP3, asked for in the URL) by redis-py's public ``read_response``: the
+    same answers, NOSCRIPT reloads, and an error reply leaves the connection usable."""
+    import asynclock.backends.redis as module
+
+    url = redis_server.url
+    if reader == "hiredis":
+        pytest.importorskip("hiredis")
+    elif reader == "redis-py":
+        monkeypatch.setattr(module, "_hiredis", None)
+    else:
+        url += "?protocol=3"
+    client = raw_client(redis_server)
+    key = keys_for(lock_name).lock
+    try:
+        async with asynclock.connect(url) as backend:
+            driver = backend.driver
+            assert isinstance(driver, RedisDriver)
+            async with backend.lock(lock_name, ttl=5.0) as first:
+                assert await backend.validate(lock_name, first.token)
+            wires = driver.node._idle
+            assert wires
+            assert all((w.parser is not None) == (reader == "hiredis") for w in wires)
+            await client.script_flush()
+            async with backend.lock(lock_name, ttl=5.0) as second:  # NOSCRIPT: loaded again
+                assert second.token == first.token + 1
+            await client.rpush(key, "not a lock")
+            with pytest.raises(asynclock.BackendUnavailable, match="WRONGTYPE"):
+                async with backend.lock(lock_name, ttl=5.0):
+                    pass
+            await client.delete(key)
+            async with backend.lock(lock_name, ttl=5.0) as third:
+                assert third.token == second.token + 1
+    finally:
+        await client.aclose()
+
+
 async def test_unix_socket_and_database_number(redis_factory: RedisFactory) -> None:
     server = redis_factory(unixsocket=True)
     url = f"unix://{server.socket_path}?db=3"

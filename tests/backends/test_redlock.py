@@ -73,6 +73,37 @@ async def test_one_round_trip_per_node_when_counters_agree(
     assert [a - b for a, b in zip(after, before, strict=True)] == [2] * 5
 
 
+@pytest.mark.parametrize("reader", ["hiredis", "redis-py"])
+async def test_fan_out_survives_noscript_error_replies_and_restarts(
+    redis_factory: RedisFactory, reader: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One node lost its scripts, one answers with an error, one restarted (its idle
+    connection is dead and its counter re-seeded): the careful path serves each of them
+    and the other nodes' replies are read as usual, with either reply parser."""
+    import asynclock.backends.redis as module
+
+    if reader == "hiredis":
+        pytest.importorskip("hiredis")
+    else:
+        monkeypatch.setattr(module, "_hiredis", None)
+    servers = redis_factory.many(5)
+    async with asynclock.connect(redlock_url(servers), node_timeout=NODE_TIMEOUT) as backend:
+        async with backend.lock("fan", ttl=5.0) as first:
+            pass
+        flushed = redis.asyncio.Redis.from_url(servers[0].url)
+        await flushed.script_flush()
+        await flushed.aclose()
+        broken = redis.asyncio.Redis.from_url(servers[1].url)
+        await broken.rpush(keys_for("fan").lock, "not a lock")
+        await broken.aclose()
+        servers[2].restart(keep_data=False)
+        async with backend.lock("fan", ttl=5.0) as second:
+            assert second.token > first.token
+            assert await backend.validate("fan", second.token)
+        async with backend.lock("fan", ttl=5.0) as third:
+            assert third.token > second.token
+
+
 async def test_phase_two_lifts_lagging_counters(redis_factory: RedisFactory) -> None:
     servers = redis_factory.many(5)
     url = redlock_url(servers)
