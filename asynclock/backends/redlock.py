@@ -137,9 +137,11 @@ class RedlockDriver(SubscribingDriver):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         indexes = range(len(self.nodes)) if nodes is None else nodes
-        pending: list[tuple[int, Wire]] = []
+        sent: list[tuple[int, Wire]] = []
         tasks: list[tuple[int, asyncio.Task[Any]]] = []
         results: dict[int, Any] = {}
+        done = 0  # sent[:done] are answered, or being answered now
+        reading: Wire | None = None  # a reply is being read from it: drop it if interrupted
         try:
             for i in indexes:
                 wire = self.nodes[i].send(packed)
@@ -147,38 +149,42 @@ class RedlockDriver(SubscribingDriver):
                     one = self._one(i, None, script, packed, deadline, timeout)
                     tasks.append((i, loop.create_task(one)))
                 else:
-                    pending.append((i, wire))
-            pending.reverse()
+                    sent.append((i, wire))
             try:
                 # One timer for all of them (every node's timeout ends at the same moment).
                 async with asyncio.timeout_at(deadline):
-                    while pending:
-                        i, wire = pending[-1]
+                    for i, wire in sent:
+                        done += 1
+                        reading = wire
                         try:
                             reply = await wire.read()
                         except Exception:
-                            pending.pop()
+                            reading = None
                             await drop_connection(wire.conn)
                             # Stale connection, NOSCRIPT, an error reply: the careful path.
                             results[i] = await self._one(i, None, script, packed, None, timeout)
                             continue
-                        pending.pop()
+                        reading = None
                         results[i] = reply
                         if not self.nodes[i].keep(wire):
                             await drop_connection(wire.conn)
             except TimeoutError:
-                i, wire = pending.pop()
-                await drop_connection(wire.conn)  # cut off mid-reply
-                results[i] = BackendUnavailable(f"no answer within {timeout:g}s")
-                while pending:  # past the deadline: only replies already here count
-                    i, wire = pending.pop()
+                # The node we were waiting for (its reply, or its careful path) is too late.
+                results[sent[done - 1][0]] = BackendUnavailable(f"no answer within {timeout:g}s")
+                if reading is not None:
+                    await drop_connection(reading.conn)  # cut off mid-reply
+                    reading = None
+                for i, wire in sent[done:]:  # past the deadline: only replies already here
+                    done += 1
                     results[i] = await self._one(i, wire, script, packed, deadline, timeout)
             for i, task in tasks:
                 results[i] = await task
         finally:
             for _, task in tasks:
                 task.cancel()  # only if we were interrupted (a no-op on a finished task)
-            for _, wire in pending:
+            if reading is not None:
+                await drop_connection(reading.conn)
+            for _, wire in sent[done:]:
                 await drop_connection(wire.conn)  # a reply we will never read
         return results
 

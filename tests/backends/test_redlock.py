@@ -104,6 +104,27 @@ async def test_fan_out_survives_noscript_error_replies_and_restarts(
             assert third.token > second.token
 
 
+async def test_a_node_that_hangs_on_the_careful_path_times_out_alone(
+    redis_factory: RedisFactory,
+) -> None:
+    """The last node's idle connection is dead (restart) and its new one gets no answer
+    (SIGSTOP): that node times out within the per-node timeout and the others still make
+    a quorum."""
+    servers = redis_factory.many(5)
+    async with asynclock.connect(redlock_url(servers), node_timeout=NODE_TIMEOUT) as backend:
+        async with backend.lock("careful", ttl=5.0) as first:
+            pass
+        servers[4].restart(keep_data=False)
+        servers[4].freeze()
+        try:
+            started = time.monotonic()
+            async with backend.lock("careful", ttl=5.0) as second:
+                assert second.token > first.token
+            assert time.monotonic() - started < 4 * NODE_TIMEOUT + 0.5
+        finally:
+            servers[4].thaw()
+
+
 async def test_phase_two_lifts_lagging_counters(redis_factory: RedisFactory) -> None:
     servers = redis_factory.many(5)
     url = redlock_url(servers)
