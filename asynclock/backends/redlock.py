@@ -37,6 +37,7 @@ from .._core.validation import check_seconds
 from .redis import (
     NO_QUEUE,
     SCRIPTS,
+    Deadlines,
     Listener,
     Node,
     SubscribingDriver,
@@ -88,6 +89,7 @@ class RedlockDriver(SubscribingDriver):
         self.prefix = prefix
         self.display = display
         self.listeners = [Listener(n, self._on_message, self._on_reset) for n in self.nodes]
+        self._deadlines = Deadlines()
 
     def _timeout(self, ttl: float) -> float:
         return max(0.001, min(self.node_timeout, ttl / 3))
@@ -152,7 +154,7 @@ class RedlockDriver(SubscribingDriver):
                     sent.append((i, wire))
             try:
                 # One timer for all of them (every node's timeout ends at the same moment).
-                async with asyncio.timeout_at(deadline):
+                with self._deadlines.at(deadline):
                     for i, wire in sent:
                         done += 1
                         reading = wire

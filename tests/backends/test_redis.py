@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sys
 import time
@@ -14,7 +15,7 @@ import redis.asyncio
 from redis.crc import key_slot
 
 import asynclock
-from asynclock.backends.redis import RedisDriver, display_url, keys_for
+from asynclock.backends.redis import Deadlines, RedisDriver, display_url, keys_for
 from tests.support.procs import start_worker
 from tests.support.redis_servers import RedisFactory, RedisServer, wait_until
 from tests.support.signals import BusyWatch
@@ -106,6 +107,63 @@ async def test_scripts_are_reloaded_after_script_flush(
         async with backend.lock(lock_name, ttl=5.0):
             pass
     await client.aclose()
+
+
+@pytest.mark.timeout(10)
+async def test_deadlines_behave_like_asyncio_timeout_at() -> None:
+    """One timer for many calls: each call still times out at its own deadline, an earlier
+    deadline moves the timer, and a cancellation from outside is not turned into a
+    TimeoutError."""
+    deadlines = Deadlines()
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    never = asyncio.Event()
+
+    started = loop.time()
+    with pytest.raises(TimeoutError), deadlines.at(started + 0.05):
+        await never.wait()
+    assert loop.time() - started >= 0.05
+    assert task.cancelling() == 0 and not deadlines._calls
+
+    # A long deadline is armed first; a nested, earlier one must still fire on time.
+    started = loop.time()
+    with deadlines.at(started + 30):
+        with pytest.raises(TimeoutError), deadlines.at(started + 0.05):
+            await never.wait()
+        assert loop.time() - started < 5
+    # The outer one fires while the inner (later) one is waiting: the outer times out.
+    with pytest.raises(TimeoutError), deadlines.at(loop.time() + 0.05):
+        with deadlines.at(loop.time() + 30):
+            await never.wait()
+    assert task.cancelling() == 0 and not deadlines._calls
+
+    # Past deadline: a call that does not wait completes; one that waits times out.
+    with deadlines.at(loop.time() - 1):
+        pass
+    with pytest.raises(TimeoutError), deadlines.at(loop.time() - 1):
+        await never.wait()
+
+    # Concurrent calls with different deadlines: each times out at its own.
+    ended: dict[str, float] = {}
+
+    async def call(label: str, after: float) -> None:
+        with contextlib.suppress(TimeoutError), deadlines.at(loop.time() + after):
+            await never.wait()
+        ended[label] = loop.time()
+
+    started = loop.time()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call, "late", 0.2)
+        tg.start_soon(call, "early", 0.05)
+    assert 0.05 <= ended["early"] - started < ended["late"] - started
+    assert ended["late"] - started >= 0.2
+
+    # Cancelled from outside (an anyio scope): CancelledError, not TimeoutError.
+    with anyio.move_on_after(0.05) as scope, deadlines.at(loop.time() + 30):
+        await never.wait()
+    assert scope.cancelled_caught
+    assert task.cancelling() == 0 and not deadlines._calls
 
 
 @pytest.mark.parametrize("reader", ["hiredis", "redis-py", "resp3"])
