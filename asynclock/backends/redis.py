@@ -91,7 +91,7 @@ end
 
 # ACQUIRE (G1 exclusion, G2 monotonic tokens, fair queue).
 # KEYS: lock, fence, queue, queue_exp. ARGV: owner, ttl_ms, mode, channel; mode 0 = no
-# queue (Redlock), 1 = respect the queue, 2 = respect it and wait in it.
+# queue (fair=False), 1 = respect the queue, 2 = respect it and wait in it.
 # Returns {token} when granted, {0, retry_after_ms} when busy.
 # The fence counter is never deleted; when missing (data loss) it is seeded from TIME in
 # ms * 1000 before the INCR, so tokens keep rising across a restart that lost it.
@@ -212,6 +212,58 @@ return 1
 """
 )
 
+# REDLOCK_ACQUIRE (Redlock phase 1; G1 exclusion, G2 monotonic tokens): ACQUIRE in mode 0
+# (no waiter queue: Redlock never queues) with nothing that mode does not need, so each
+# node spends less time per call (every node's time is on the path of every acquisition).
+# KEYS: lock, fence. ARGV: owner, ttl_ms.
+# Returns {token} when granted, {0, retry_after_ms} when busy. The counter is seeded from
+# TIME exactly as in ACQUIRE.
+REDLOCK_ACQUIRE = """
+local lock, fence, owner = KEYS[1], KEYS[2], ARGV[1]
+local cur = redis.call('GET', lock)
+if cur and cur ~= '~' .. owner then
+  if string.sub(cur, 1, #owner + 1) == owner .. ':' then
+    -- Already ours: this is a retry of an attempt whose reply was lost. Same answer.
+    return {tonumber(string.sub(cur, #owner + 2))}
+  end
+  local left = redis.call('PTTL', lock)
+  if left < 0 then left = 0 end
+  return {0, left}
+end
+if redis.call('EXISTS', fence) == 0 then
+  local t = redis.call('TIME')
+  local ms = math.floor(tonumber(t[2]) / 1000)
+  redis.call('SET', fence, t[1] .. string.format('%03d', ms) .. '000')
+end
+local token = redis.call('INCR', fence)
+-- %d: plain '..' would print a large counter as 1.7e+15.
+redis.call('SET', lock, owner .. ':' .. string.format('%d', token), 'PX', ARGV[2])
+return {token}
+"""
+
+# REDLOCK_RELEASE (G5): RELEASE without the waiter queue (Redlock never queues): delete the
+# lock only if it is ours, then wake the name's watchers.
+# KEYS: lock. ARGV: owner, token ('' = unknown: an interrupted acquire, match any token of
+# ours or our reservation), channel.
+# Returns 1 if our lease was removed, 0 if it was not ours (or only a reservation).
+REDLOCK_RELEASE = """
+local cur = redis.call('GET', KEYS[1])
+if cur == false then return 0 end
+local owner, token = ARGV[1], ARGV[2]
+local held
+if token == '' then
+  held = string.sub(cur, 1, #owner + 1) == owner .. ':'
+  if not held and cur ~= '~' .. owner then return 0 end
+else
+  held = cur == owner .. ':' .. token
+  if not held then return 0 end
+end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[3], '')
+if held then return 1 end
+return 0
+"""
+
 # RAISE_FENCE (Redlock phase 2, G2): where this node still holds our key, raise the fence
 # counter to the agreed token t (never lower it) and record t in the lock value.
 # KEYS: lock, fence. ARGV: owner, t. Returns 1 if done, 0 if the key is no longer ours.
@@ -231,6 +283,8 @@ SCRIPTS = {
     "release": RELEASE,
     "abandon": ABANDON,
     "raise_fence": RAISE_FENCE,
+    "redlock_acquire": REDLOCK_ACQUIRE,
+    "redlock_release": REDLOCK_RELEASE,
 }
 #: EVALSHA digests (the same on every server: SHA1 of the script text).
 SHAS = {key: hashlib.sha1(text.encode()).hexdigest().encode() for key, text in SCRIPTS.items()}

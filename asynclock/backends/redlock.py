@@ -6,16 +6,16 @@ in a task meanwhile) — bounded by a per-node timeout of ``min(node_timeout, tt
 waits for every node's answer or timeout, so a failed attempt gives back what it got only
 after no late ``SET`` can still land.
 
-**Fencing tokens** (DESIGN section 4). Phase 1 runs the single-node acquire script on each
-node: ``SET`` + ``INCR`` of that node's counter. With a quorum, ``t`` is the largest counter
-returned. If every granting node returned the same counter, each of them already holds
-``t`` and phase 2 is skipped (one round trip, the common case). Otherwise phase 2 raises
-each granting node's counter to ``t`` where it still holds our key, and needs a quorum of
-acknowledgements. Two valid holders whose windows are ordered get ordered tokens: their
-quorums meet at some node, where the later holder's ``INCR`` runs after the earlier
-holder's counter reached its token. Assumptions: a node never loses its counter without
-re-seeding it from a clock that does not run backwards (persistence, or the ``TIME`` seed),
-and node clocks run at rates within the drift bound.
+**Fencing tokens** (DESIGN section 4). Phase 1 runs the single-node acquire script, without
+its waiter queue, on each node: ``SET`` + ``INCR`` of that node's counter. With a quorum,
+``t`` is the largest counter returned. If every granting node returned the same counter,
+each of them already holds ``t`` and phase 2 is skipped (one round trip, the common case).
+Otherwise phase 2 raises each granting node's counter to ``t`` where it still holds our
+key, and needs a quorum of acknowledgements. Two valid holders whose windows are ordered
+get ordered tokens: their quorums meet at some node, where the later holder's ``INCR`` runs
+after the earlier holder's counter reached its token. Assumptions: a node never loses its
+counter without re-seeding it from a clock that does not run backwards (persistence, or the
+``TIME`` seed), and node clocks run at rates within the drift bound.
 
 URL: ``redlock://[[user]:password@]h1:p1,h2:p2,…[/db][?tls=1]``. Options: ``node_timeout``
 (seconds, default 0.25), ``connect_timeout``, ``prefix``; others go to redis-py.
@@ -35,7 +35,6 @@ from .._core.driver import Busy, ExtendResult, LeaseRef, Refused
 from .._core.exceptions import BackendUnavailable, QuorumNotReached
 from .._core.validation import check_seconds
 from .redis import (
-    NO_QUEUE,
     SCRIPTS,
     Deadlines,
     Listener,
@@ -259,10 +258,8 @@ class RedlockDriver(SubscribingDriver):
         epochs = [listener.epoch for listener in self.listeners]
         heard = self._heard.get(name, 0)
         ownerb = owner.encode()
-        packed = pack_script(
-            "acquire", k.acquire_keys, (ownerb, b"%d" % ms(ttl), NO_QUEUE, k.channel)
-        )
-        results = await self._fan("acquire", packed, timeout)
+        packed = pack_script("redlock_acquire", (k.lock, k.fence), (ownerb, b"%d" % ms(ttl)))
+        results = await self._fan("redlock_acquire", packed, timeout)
         tokens: dict[int, int] = {}
         busy: list[float] = []
         for i, r in results.items():
@@ -356,8 +353,8 @@ class RedlockDriver(SubscribingDriver):
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         k = self.keys(name)
         args = (owner.encode(), b"" if token is None else b"%d" % token, k.channel)
-        packed = pack_script("release", k.release_keys, args)
-        results = await self._fan("release", packed, self.node_timeout)
+        packed = pack_script("redlock_release", (k.lock,), args)
+        results = await self._fan("redlock_release", packed, self.node_timeout)
         removed = sum(1 for r in results.values() if r == 1)
         answered = sum(1 for r in results.values() if not isinstance(r, BaseException))
         if removed >= self.quorum:

@@ -11,7 +11,14 @@ import pytest
 import redis.asyncio
 
 import asynclock
-from asynclock.backends.redis import keys_for
+from asynclock.backends.redis import (
+    ACQUIRE,
+    NO_QUEUE,
+    REDLOCK_ACQUIRE,
+    REDLOCK_RELEASE,
+    RELEASE,
+    keys_for,
+)
 from asynclock.backends.redlock import RedlockDriver, parse_url
 from tests.support.redis_servers import RedisFactory, RedisServer, redlock_url
 from tests.support.signals import BusyWatch
@@ -52,6 +59,80 @@ def test_driver_options_in_the_url_stay_out_of_the_node_urls() -> None:
         asynclock.connect("redlock://a:1?node_timeout=soon")
     with pytest.raises(ValueError, match="prefix must be a str without braces"):
         asynclock.connect("redlock://a:1?prefix={x}")
+
+
+#: Lock-key states for the script equivalence test: (value, ttl in ms or None for no expiry).
+STATES: list[tuple[str | None, int | None]] = [
+    (None, None),  # free
+    ("me:7", 5000),  # ours: a retried attempt, or our lease
+    ("me:8", 5000),
+    ("other:7", 5000),  # someone else's
+    ("other:7", None),  # someone else's, without an expiry (PTTL -1)
+    ("~me", 5000),  # reserved for us by a single-node handoff
+    ("~other", 5000),
+    ("mex:7", 5000),  # an owner that only starts like ours
+]
+
+
+async def test_redlock_scripts_answer_as_the_single_node_scripts_do(
+    redlock_servers: list[RedisServer],
+) -> None:
+    """The Redlock acquire and release scripts are the single-node ones without the waiter
+    queue: from every lock state (and with or without a fence counter) they return the same
+    answer and leave the same keys behind."""
+    client = redis.asyncio.Redis.from_url(redlock_servers[0].url)
+    k = keys_for("equivalence")
+    channel = k.channel
+
+    async def setup(value: str | None, ttl: int | None, fence: int | None) -> None:
+        await client.delete(k.lock, k.fence)
+        if value is not None:
+            await client.set(k.lock, value, px=ttl)
+        if fence is not None:
+            await client.set(k.fence, fence)
+
+    async def state() -> tuple[bytes | str | None, bytes | str | None, bool]:
+        ttl = await client.pttl(k.lock)
+        return await client.get(k.lock), await client.get(k.fence), ttl > 0
+
+    try:
+        for (value, ttl), fence in itertools.product(STATES, [None, 41]):
+            answers: list[object] = []
+            queue_keys = [k.lock, k.fence, k.queue, k.queue_exp]
+            calls: list[tuple[str, list[str], list[str | bytes]]] = [
+                (ACQUIRE, queue_keys, ["me", "3000", NO_QUEUE, channel]),
+                (REDLOCK_ACQUIRE, [k.lock, k.fence], ["me", "3000"]),
+            ]
+            for script, keys, args in calls:
+                await setup(value, ttl, fence)
+                reply = await client.eval(script, len(keys), *keys, *args)
+                if reply[0] == 0:
+                    reply[1] = reply[1] > 0  # time left: compare only whether there is some
+                lock, counter, expires = await state()
+                if fence is None and counter is not None:
+                    # Seeded from TIME (ms * 1000): compare that it was, not the value.
+                    seed = int(counter)
+                    assert seed > 10**15
+                    if reply == [seed]:
+                        reply = ["the seeded counter"]
+                    if lock == b"me:%d" % seed:
+                        lock = b"me:<the seeded counter>"
+                    counter = b"<seeded>"
+                answers.append((reply, lock, counter, expires))
+            assert answers[0] == answers[1], (value, ttl, fence)
+            for token in ("7", ""):
+                answers = []
+                for script, keys in (
+                    (RELEASE, [k.lock, k.queue, k.queue_exp]),
+                    (REDLOCK_RELEASE, [k.lock]),
+                ):
+                    await setup(value, ttl, fence)
+                    reply = await client.eval(script, len(keys), *keys, "me", token, channel)
+                    answers.append((reply, *(await state())))
+                assert answers[0] == answers[1], (value, ttl, token)
+    finally:
+        await client.delete(k.lock, k.fence)
+        await client.aclose()
 
 
 async def test_one_round_trip_per_node_when_counters_agree(
