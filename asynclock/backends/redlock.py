@@ -255,7 +255,8 @@ class RedlockDriver(SubscribingDriver):
         timeout = self._timeout(ttl)
         started = self.clock.now()
         trusted = self._subscribed(k.channel_name)
-        epochs = [listener.epoch for listener in self.listeners]
+        # Only a subscribed name's busy answer can be quiet (see below).
+        epochs = [listener.epoch for listener in self.listeners] if trusted else None
         heard = self._heard.get(name, 0)
         ownerb = owner.encode()
         packed = pack_script("redlock_acquire", (k.lock, k.fence), (ownerb, b"%d" % ms(ttl)))
@@ -269,17 +270,16 @@ class RedlockDriver(SubscribingDriver):
                 tokens[i] = int(r[0])
             else:
                 busy.append(int(r[1]) / 1000)
-        failures = self._failures(results)
         if len(tokens) >= self.quorum:
             token = max(tokens.values())
-            if any(v != token for v in tokens.values()):
+            if min(tokens.values()) != token:
                 # Phase 2: the quorum disagrees; raise every granting node to t.
                 packed = pack_script("raise_fence", (k.lock, k.fence), (ownerb, b"%d" % token))
                 acks = await self._fan("raise_fence", packed, timeout, list(tokens))
                 ok = sum(1 for r in acks.values() if r == 1)
                 if ok < self.quorum:
                     await self.release(name, owner, None)
-                    failures.update(self._failures(acks))
+                    failures = {**self._failures(results), **self._failures(acks)}
                     if len(failures) > len(self.nodes) - self.quorum:
                         raise self._no_quorum(f"phase 2 of acquire of {name!r}", ok, failures)
                     return self._busy(name, timeout, quiet=False)
@@ -290,7 +290,7 @@ class RedlockDriver(SubscribingDriver):
                     f"{self.display}: acquire of {name!r} took {elapsed:.3f}s, more than "
                     f"{MAX_ACQUIRE_FRACTION:.0%} of its ttl {ttl:g}s; the lease would be "
                     "lost at once (nodes too slow; raise ttl or lower node_timeout)",
-                    failures,
+                    self._failures(results),
                 )
             return token
         # No quorum: give back what we got (and whatever a node we did not hear from may
@@ -309,7 +309,7 @@ class RedlockDriver(SubscribingDriver):
                 and self._heard.get(name, 0) == heard
             )
             return self._busy(name, busy[min(needed, len(busy)) - 1], quiet=quiet)
-        raise self._no_quorum(f"acquire of {name!r}", len(tokens), failures)
+        raise self._no_quorum(f"acquire of {name!r}", len(tokens), self._failures(results))
 
     def _busy(self, name: str, retry_after: float, *, quiet: bool) -> Busy:
         self._quiet = name if quiet else None
@@ -355,8 +355,11 @@ class RedlockDriver(SubscribingDriver):
         args = (owner.encode(), b"" if token is None else b"%d" % token, k.channel)
         packed = pack_script("redlock_release", (k.lock,), args)
         results = await self._fan("redlock_release", packed, self.node_timeout)
-        removed = sum(1 for r in results.values() if r == 1)
-        answered = sum(1 for r in results.values() if not isinstance(r, BaseException))
+        removed = answered = 0
+        for r in results.values():
+            if not isinstance(r, BaseException):
+                answered += 1
+                removed += r == 1
         if removed >= self.quorum:
             return True
         if answered >= self.quorum or token is None:
