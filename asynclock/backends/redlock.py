@@ -6,16 +6,16 @@ in a task meanwhile) — bounded by a per-node timeout of ``min(node_timeout, tt
 waits for every node's answer or timeout, so a failed attempt gives back what it got only
 after no late ``SET`` can still land.
 
-**Fencing tokens** (DESIGN section 4). Phase 1 runs the single-node acquire script on each
-node: ``SET`` + ``INCR`` of that node's counter. With a quorum, ``t`` is the largest counter
-returned. If every granting node returned the same counter, each of them already holds
-``t`` and phase 2 is skipped (one round trip, the common case). Otherwise phase 2 raises
-each granting node's counter to ``t`` where it still holds our key, and needs a quorum of
-acknowledgements. Two valid holders whose windows are ordered get ordered tokens: their
-quorums meet at some node, where the later holder's ``INCR`` runs after the earlier
-holder's counter reached its token. Assumptions: a node never loses its counter without
-re-seeding it from a clock that does not run backwards (persistence, or the ``TIME`` seed),
-and node clocks run at rates within the drift bound.
+**Fencing tokens** (DESIGN section 4). Phase 1 runs the single-node acquire script, without
+its waiter queue, on each node: ``SET`` + ``INCR`` of that node's counter. With a quorum,
+``t`` is the largest counter returned. If every granting node returned the same counter,
+each of them already holds ``t`` and phase 2 is skipped (one round trip, the common case).
+Otherwise phase 2 raises each granting node's counter to ``t`` where it still holds our
+key, and needs a quorum of acknowledgements. Two valid holders whose windows are ordered
+get ordered tokens: their quorums meet at some node, where the later holder's ``INCR`` runs
+after the earlier holder's counter reached its token. Assumptions: a node never loses its
+counter without re-seeding it from a clock that does not run backwards (persistence, or the
+``TIME`` seed), and node clocks run at rates within the drift bound.
 
 URL: ``redlock://[[user]:password@]h1:p1,h2:p2,…[/db][?tls=1]``. Options: ``node_timeout``
 (seconds, default 0.25), ``connect_timeout``, ``prefix``; others go to redis-py.
@@ -30,17 +30,17 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import anyio
 import redis.exceptions
-from redis.asyncio.connection import AbstractConnection
 
 from .._core.driver import Busy, ExtendResult, LeaseRef, Refused
 from .._core.exceptions import BackendUnavailable, QuorumNotReached
 from .._core.validation import check_seconds
 from .redis import (
-    NO_QUEUE,
     SCRIPTS,
+    Deadlines,
     Listener,
     Node,
     SubscribingDriver,
+    Wire,
     check_prefix,
     drop_connection,
     extend_call,
@@ -88,6 +88,7 @@ class RedlockDriver(SubscribingDriver):
         self.prefix = prefix
         self.display = display
         self.listeners = [Listener(n, self._on_message, self._on_reset) for n in self.nodes]
+        self._deadlines = Deadlines()
 
     def _timeout(self, ttl: float) -> float:
         return max(0.001, min(self.node_timeout, ttl / 3))
@@ -137,55 +138,61 @@ class RedlockDriver(SubscribingDriver):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         indexes = range(len(self.nodes)) if nodes is None else nodes
-        pending: list[tuple[int, AbstractConnection]] = []
+        sent: list[tuple[int, Wire]] = []
         tasks: list[tuple[int, asyncio.Task[Any]]] = []
         results: dict[int, Any] = {}
+        done = 0  # sent[:done] are answered, or being answered now
+        reading: Wire | None = None  # a reply is being read from it: drop it if interrupted
         try:
             for i in indexes:
-                conn = self.nodes[i].send(packed)
-                if conn is None:
+                wire = self.nodes[i].send(packed)
+                if wire is None:
                     one = self._one(i, None, script, packed, deadline, timeout)
                     tasks.append((i, loop.create_task(one)))
                 else:
-                    pending.append((i, conn))
-            pending.reverse()
+                    sent.append((i, wire))
             try:
                 # One timer for all of them (every node's timeout ends at the same moment).
-                async with asyncio.timeout_at(deadline):
-                    while pending:
-                        i, conn = pending[-1]
+                with self._deadlines.at(deadline):
+                    for i, wire in sent:
+                        done += 1
+                        reading = wire
                         try:
-                            reply = await conn.read_response()
+                            reply = await wire.read()
                         except Exception:
-                            pending.pop()
-                            await drop_connection(conn)
+                            reading = None
+                            await drop_connection(wire.conn)
                             # Stale connection, NOSCRIPT, an error reply: the careful path.
                             results[i] = await self._one(i, None, script, packed, None, timeout)
                             continue
-                        pending.pop()
+                        reading = None
                         results[i] = reply
-                        if not self.nodes[i].keep(conn):
-                            await drop_connection(conn)
+                        if not self.nodes[i].keep(wire):
+                            await drop_connection(wire.conn)
             except TimeoutError:
-                i, conn = pending.pop()
-                await drop_connection(conn)  # cut off mid-reply
-                results[i] = BackendUnavailable(f"no answer within {timeout:g}s")
-                while pending:  # past the deadline: only replies already here count
-                    i, conn = pending.pop()
-                    results[i] = await self._one(i, conn, script, packed, deadline, timeout)
+                # The node we were waiting for (its reply, or its careful path) is too late.
+                results[sent[done - 1][0]] = BackendUnavailable(f"no answer within {timeout:g}s")
+                if reading is not None:
+                    await drop_connection(reading.conn)  # cut off mid-reply
+                    reading = None
+                for i, wire in sent[done:]:  # past the deadline: only replies already here
+                    done += 1
+                    results[i] = await self._one(i, wire, script, packed, deadline, timeout)
             for i, task in tasks:
                 results[i] = await task
         finally:
             for _, task in tasks:
                 task.cancel()  # only if we were interrupted (a no-op on a finished task)
-            for _, conn in pending:
-                await drop_connection(conn)  # a reply we will never read
+            if reading is not None:
+                await drop_connection(reading.conn)
+            for _, wire in sent[done:]:
+                await drop_connection(wire.conn)  # a reply we will never read
         return results
 
     async def _one(
         self,
         i: int,
-        conn: AbstractConnection | None,
+        wire: Wire | None,
         script: str,
         packed: bytes,
         deadline: float | None,
@@ -195,7 +202,7 @@ class RedlockDriver(SubscribingDriver):
         node = self.nodes[i]
         try:
             try:
-                return await node.receive(conn, packed, deadline)
+                return await node.receive(wire, packed, deadline)
             except redis.exceptions.NoScriptError:
                 text = SCRIPTS[script].encode()
                 until = (
@@ -248,13 +255,12 @@ class RedlockDriver(SubscribingDriver):
         timeout = self._timeout(ttl)
         started = self.clock.now()
         trusted = self._subscribed(k.channel_name)
-        epochs = [listener.epoch for listener in self.listeners]
+        # Only a subscribed name's busy answer can be quiet (see below).
+        epochs = [listener.epoch for listener in self.listeners] if trusted else None
         heard = self._heard.get(name, 0)
         ownerb = owner.encode()
-        packed = pack_script(
-            "acquire", k.acquire_keys, (ownerb, b"%d" % ms(ttl), NO_QUEUE, k.channel)
-        )
-        results = await self._fan("acquire", packed, timeout)
+        packed = pack_script("redlock_acquire", (k.lock, k.fence), (ownerb, b"%d" % ms(ttl)))
+        results = await self._fan("redlock_acquire", packed, timeout)
         tokens: dict[int, int] = {}
         busy: list[float] = []
         for i, r in results.items():
@@ -264,17 +270,16 @@ class RedlockDriver(SubscribingDriver):
                 tokens[i] = int(r[0])
             else:
                 busy.append(int(r[1]) / 1000)
-        failures = self._failures(results)
         if len(tokens) >= self.quorum:
             token = max(tokens.values())
-            if any(v != token for v in tokens.values()):
+            if min(tokens.values()) != token:
                 # Phase 2: the quorum disagrees; raise every granting node to t.
                 packed = pack_script("raise_fence", (k.lock, k.fence), (ownerb, b"%d" % token))
                 acks = await self._fan("raise_fence", packed, timeout, list(tokens))
                 ok = sum(1 for r in acks.values() if r == 1)
                 if ok < self.quorum:
                     await self.release(name, owner, None)
-                    failures.update(self._failures(acks))
+                    failures = {**self._failures(results), **self._failures(acks)}
                     if len(failures) > len(self.nodes) - self.quorum:
                         raise self._no_quorum(f"phase 2 of acquire of {name!r}", ok, failures)
                     return self._busy(name, timeout, quiet=False)
@@ -285,7 +290,7 @@ class RedlockDriver(SubscribingDriver):
                     f"{self.display}: acquire of {name!r} took {elapsed:.3f}s, more than "
                     f"{MAX_ACQUIRE_FRACTION:.0%} of its ttl {ttl:g}s; the lease would be "
                     "lost at once (nodes too slow; raise ttl or lower node_timeout)",
-                    failures,
+                    self._failures(results),
                 )
             return token
         # No quorum: give back what we got (and whatever a node we did not hear from may
@@ -304,7 +309,7 @@ class RedlockDriver(SubscribingDriver):
                 and self._heard.get(name, 0) == heard
             )
             return self._busy(name, busy[min(needed, len(busy)) - 1], quiet=quiet)
-        raise self._no_quorum(f"acquire of {name!r}", len(tokens), failures)
+        raise self._no_quorum(f"acquire of {name!r}", len(tokens), self._failures(results))
 
     def _busy(self, name: str, retry_after: float, *, quiet: bool) -> Busy:
         self._quiet = name if quiet else None
@@ -348,10 +353,13 @@ class RedlockDriver(SubscribingDriver):
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         k = self.keys(name)
         args = (owner.encode(), b"" if token is None else b"%d" % token, k.channel)
-        packed = pack_script("release", k.release_keys, args)
-        results = await self._fan("release", packed, self.node_timeout)
-        removed = sum(1 for r in results.values() if r == 1)
-        answered = sum(1 for r in results.values() if not isinstance(r, BaseException))
+        packed = pack_script("redlock_release", (k.lock,), args)
+        results = await self._fan("redlock_release", packed, self.node_timeout)
+        removed = answered = 0
+        for r in results.values():
+            if not isinstance(r, BaseException):
+                answered += 1
+                removed += r == 1
         if removed >= self.quorum:
             return True
         if answered >= self.quorum or token is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sys
 import time
@@ -14,7 +15,7 @@ import redis.asyncio
 from redis.crc import key_slot
 
 import asynclock
-from asynclock.backends.redis import RedisDriver, display_url, keys_for
+from asynclock.backends.redis import Deadlines, RedisDriver, display_url, keys_for
 from tests.support.procs import start_worker
 from tests.support.redis_servers import RedisFactory, RedisServer, wait_until
 from tests.support.signals import BusyWatch
@@ -106,6 +107,104 @@ async def test_scripts_are_reloaded_after_script_flush(
         async with backend.lock(lock_name, ttl=5.0):
             pass
     await client.aclose()
+
+
+@pytest.mark.timeout(10)
+async def test_deadlines_behave_like_asyncio_timeout_at() -> None:
+    """One timer for many calls: each call still times out at its own deadline, an earlier
+    deadline moves the timer, and a cancellation from outside is not turned into a
+    TimeoutError."""
+    deadlines = Deadlines()
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    never = asyncio.Event()
+
+    started = loop.time()
+    with pytest.raises(TimeoutError), deadlines.at(started + 0.05):
+        await never.wait()
+    assert loop.time() - started >= 0.05
+    assert task.cancelling() == 0 and not deadlines._calls
+
+    # A long deadline is armed first; a nested, earlier one must still fire on time.
+    started = loop.time()
+    with deadlines.at(started + 30):
+        with pytest.raises(TimeoutError), deadlines.at(started + 0.05):
+            await never.wait()
+        assert loop.time() - started < 5
+    # The outer one fires while the inner (later) one is waiting: the outer times out.
+    with pytest.raises(TimeoutError), deadlines.at(loop.time() + 0.05):
+        with deadlines.at(loop.time() + 30):
+            await never.wait()
+    assert task.cancelling() == 0 and not deadlines._calls
+
+    # Past deadline: a call that does not wait completes; one that waits times out.
+    with deadlines.at(loop.time() - 1):
+        pass
+    with pytest.raises(TimeoutError), deadlines.at(loop.time() - 1):
+        await never.wait()
+
+    # Concurrent calls with different deadlines: each times out at its own.
+    ended: dict[str, float] = {}
+
+    async def call(label: str, after: float) -> None:
+        with contextlib.suppress(TimeoutError), deadlines.at(loop.time() + after):
+            await never.wait()
+        ended[label] = loop.time()
+
+    started = loop.time()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call, "late", 0.2)
+        tg.start_soon(call, "early", 0.05)
+    assert 0.05 <= ended["early"] - started < ended["late"] - started
+    assert ended["late"] - started >= 0.2
+
+    # Cancelled from outside (an anyio scope): CancelledError, not TimeoutError.
+    with anyio.move_on_after(0.05) as scope, deadlines.at(loop.time() + 30):
+        await never.wait()
+    assert scope.cancelled_caught
+    assert task.cancelling() == 0 and not deadlines._calls
+
+
+@pytest.mark.parametrize("reader", ["hiredis", "redis-py", "resp3"])
+async def test_replies_and_error_replies_on_every_reply_path(
+    redis_server: RedisServer, lock_name: str, reader: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replies are parsed with hiredis straight from the connection when it is installed,
+    else (or on RESP3, asked for in the URL) by redis-py's public ``read_response``: the
+    same answers, NOSCRIPT reloads, and an error reply leaves the connection usable."""
+    import asynclock.backends.redis as module
+
+    url = redis_server.url
+    if reader == "hiredis":
+        pytest.importorskip("hiredis")
+    elif reader == "redis-py":
+        monkeypatch.setattr(module, "_hiredis", None)
+    else:
+        url += "?protocol=3"
+    client = raw_client(redis_server)
+    key = keys_for(lock_name).lock
+    try:
+        async with asynclock.connect(url) as backend:
+            driver = backend.driver
+            assert isinstance(driver, RedisDriver)
+            async with backend.lock(lock_name, ttl=5.0) as first:
+                assert await backend.validate(lock_name, first.token)
+            wires = driver.node._idle
+            assert wires
+            assert all((w.parser is not None) == (reader == "hiredis") for w in wires)
+            await client.script_flush()
+            async with backend.lock(lock_name, ttl=5.0) as second:  # NOSCRIPT: loaded again
+                assert second.token == first.token + 1
+            await client.rpush(key, "not a lock")
+            with pytest.raises(asynclock.BackendUnavailable, match="WRONGTYPE"):
+                async with backend.lock(lock_name, ttl=5.0):
+                    pass
+            await client.delete(key)
+            async with backend.lock(lock_name, ttl=5.0) as third:
+                assert third.token == second.token + 1
+    finally:
+        await client.aclose()
 
 
 async def test_unix_socket_and_database_number(redis_factory: RedisFactory) -> None:

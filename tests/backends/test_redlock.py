@@ -11,7 +11,14 @@ import pytest
 import redis.asyncio
 
 import asynclock
-from asynclock.backends.redis import keys_for
+from asynclock.backends.redis import (
+    ACQUIRE,
+    NO_QUEUE,
+    REDLOCK_ACQUIRE,
+    REDLOCK_RELEASE,
+    RELEASE,
+    keys_for,
+)
 from asynclock.backends.redlock import RedlockDriver, parse_url
 from tests.support.redis_servers import RedisFactory, RedisServer, redlock_url
 from tests.support.signals import BusyWatch
@@ -54,6 +61,80 @@ def test_driver_options_in_the_url_stay_out_of_the_node_urls() -> None:
         asynclock.connect("redlock://a:1?prefix={x}")
 
 
+#: Lock-key states for the script equivalence test: (value, ttl in ms or None for no expiry).
+STATES: list[tuple[str | None, int | None]] = [
+    (None, None),  # free
+    ("me:7", 5000),  # ours: a retried attempt, or our lease
+    ("me:8", 5000),
+    ("other:7", 5000),  # someone else's
+    ("other:7", None),  # someone else's, without an expiry (PTTL -1)
+    ("~me", 5000),  # reserved for us by a single-node handoff
+    ("~other", 5000),
+    ("mex:7", 5000),  # an owner that only starts like ours
+]
+
+
+async def test_redlock_scripts_answer_as_the_single_node_scripts_do(
+    redlock_servers: list[RedisServer],
+) -> None:
+    """The Redlock acquire and release scripts are the single-node ones without the waiter
+    queue: from every lock state (and with or without a fence counter) they return the same
+    answer and leave the same keys behind."""
+    client = redis.asyncio.Redis.from_url(redlock_servers[0].url)
+    k = keys_for("equivalence")
+    channel = k.channel
+
+    async def setup(value: str | None, ttl: int | None, fence: int | None) -> None:
+        await client.delete(k.lock, k.fence)
+        if value is not None:
+            await client.set(k.lock, value, px=ttl)
+        if fence is not None:
+            await client.set(k.fence, fence)
+
+    async def state() -> tuple[bytes | str | None, bytes | str | None, bool]:
+        ttl = await client.pttl(k.lock)
+        return await client.get(k.lock), await client.get(k.fence), ttl > 0
+
+    try:
+        for (value, ttl), fence in itertools.product(STATES, [None, 41]):
+            answers: list[object] = []
+            queue_keys = [k.lock, k.fence, k.queue, k.queue_exp]
+            calls: list[tuple[str, list[str], list[str | bytes]]] = [
+                (ACQUIRE, queue_keys, ["me", "3000", NO_QUEUE, channel]),
+                (REDLOCK_ACQUIRE, [k.lock, k.fence], ["me", "3000"]),
+            ]
+            for script, keys, args in calls:
+                await setup(value, ttl, fence)
+                reply = await client.eval(script, len(keys), *keys, *args)
+                if reply[0] == 0:
+                    reply[1] = reply[1] > 0  # time left: compare only whether there is some
+                lock, counter, expires = await state()
+                if fence is None and counter is not None:
+                    # Seeded from TIME (ms * 1000): compare that it was, not the value.
+                    seed = int(counter)
+                    assert seed > 10**15
+                    if reply == [seed]:
+                        reply = ["the seeded counter"]
+                    if lock == b"me:%d" % seed:
+                        lock = b"me:<the seeded counter>"
+                    counter = b"<seeded>"
+                answers.append((reply, lock, counter, expires))
+            assert answers[0] == answers[1], (value, ttl, fence)
+            for token in ("7", ""):
+                answers = []
+                for script, keys in (
+                    (RELEASE, [k.lock, k.queue, k.queue_exp]),
+                    (REDLOCK_RELEASE, [k.lock]),
+                ):
+                    await setup(value, ttl, fence)
+                    reply = await client.eval(script, len(keys), *keys, "me", token, channel)
+                    answers.append((reply, *(await state())))
+                assert answers[0] == answers[1], (value, ttl, token)
+    finally:
+        await client.delete(k.lock, k.fence)
+        await client.aclose()
+
+
 async def test_one_round_trip_per_node_when_counters_agree(
     redis_factory: RedisFactory,
 ) -> None:
@@ -71,6 +152,58 @@ async def test_one_round_trip_per_node_when_counters_agree(
             assert second.token == lease.token + 1
         after = [await info_calls(s, "evalsha") for s in servers]
     assert [a - b for a, b in zip(after, before, strict=True)] == [2] * 5
+
+
+@pytest.mark.parametrize("reader", ["hiredis", "redis-py"])
+async def test_fan_out_survives_noscript_error_replies_and_restarts(
+    redis_factory: RedisFactory, reader: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One node lost its scripts, one answers with an error, one restarted (its idle
+    connection is dead and its counter re-seeded): the careful path serves each of them
+    and the other nodes' replies are read as usual, with either reply parser."""
+    import asynclock.backends.redis as module
+
+    if reader == "hiredis":
+        pytest.importorskip("hiredis")
+    else:
+        monkeypatch.setattr(module, "_hiredis", None)
+    servers = redis_factory.many(5)
+    async with asynclock.connect(redlock_url(servers), node_timeout=NODE_TIMEOUT) as backend:
+        async with backend.lock("fan", ttl=5.0) as first:
+            pass
+        flushed = redis.asyncio.Redis.from_url(servers[0].url)
+        await flushed.script_flush()
+        await flushed.aclose()
+        broken = redis.asyncio.Redis.from_url(servers[1].url)
+        await broken.rpush(keys_for("fan").lock, "not a lock")
+        await broken.aclose()
+        servers[2].restart(keep_data=False)
+        async with backend.lock("fan", ttl=5.0) as second:
+            assert second.token > first.token
+            assert await backend.validate("fan", second.token)
+        async with backend.lock("fan", ttl=5.0) as third:
+            assert third.token > second.token
+
+
+async def test_a_node_that_hangs_on_the_careful_path_times_out_alone(
+    redis_factory: RedisFactory,
+) -> None:
+    """The last node's idle connection is dead (restart) and its new one gets no answer
+    (SIGSTOP): that node times out within the per-node timeout and the others still make
+    a quorum."""
+    servers = redis_factory.many(5)
+    async with asynclock.connect(redlock_url(servers), node_timeout=NODE_TIMEOUT) as backend:
+        async with backend.lock("careful", ttl=5.0) as first:
+            pass
+        servers[4].restart(keep_data=False)
+        servers[4].freeze()
+        try:
+            started = time.monotonic()
+            async with backend.lock("careful", ttl=5.0) as second:
+                assert second.token > first.token
+            assert time.monotonic() - started < 4 * NODE_TIMEOUT + 0.5
+        finally:
+            servers[4].thaw()
 
 
 async def test_phase_two_lifts_lagging_counters(redis_factory: RedisFactory) -> None:
