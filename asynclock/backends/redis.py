@@ -627,9 +627,15 @@ class Node:
         """A driver error as BackendUnavailable, with no password in the message."""
         if isinstance(exc, BackendUnavailable):
             return exc
-        if isinstance(
-            exc, redis.exceptions.AuthenticationError | redis.exceptions.NoPermissionError
+        text = str(exc)
+        if isinstance(exc, redis.exceptions.NoPermissionError) or (
+            "NOPERM" in text or "can't run this command" in text or "ACL failure" in text
         ):
+            why = (
+                f"permission denied ({text}): the ACL user lacks a command, key or channel "
+                "asynclock needs; see the ACL rules in the Redis backend docs"
+            )
+        elif isinstance(exc, redis.exceptions.AuthenticationError):
             why = "authentication failed: check the user name and password in the URL"
         elif isinstance(exc, redis.exceptions.TimeoutError | TimeoutError):
             why = f"timed out after {self.socket_timeout:g}s (socket_timeout)"

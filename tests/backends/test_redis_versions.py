@@ -9,9 +9,11 @@ from pathlib import Path
 
 import anyio
 import pytest
+import redis.asyncio
 
 import asynclock
 from tests.support.redis_servers import RedisServer, all_redis_server_binaries
+from tests.support.signals import BusyWatch
 
 pytestmark = pytest.mark.anyio
 
@@ -64,3 +66,51 @@ async def test_tokens_rise_after_data_loss_on_each_version(server: RedisServer) 
     async with asynclock.connect(server.url) as backend:
         async with backend.lock("lost", ttl=5.0) as after:
             assert after.token > before.token
+
+
+#: The ACL rules docs/backends/redis.md gives (kept in step with it by the test below).
+DOCUMENTED_ACL = (
+    "~asynclock:* resetchannels &asynclock:* +evalsha +eval +script|load +subscribe +unsubscribe "
+    "+get +set +del +exists +incr +pexpire +pttl +time +publish +zadd +zrange +zrangebyscore "
+    "+zrem"
+)
+
+
+def test_the_documented_acl_rules_are_the_ones_tested() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs/backends/redis.md").read_text()
+    assert f"ACL SETUSER locks on >secret {DOCUMENTED_ACL}`" in doc
+
+
+async def test_an_acl_user_with_the_documented_rules_can_do_everything(server: RedisServer) -> None:
+    """Acquire (seeding the counter from TIME), queue, hand off, renew, validate, release:
+    every command the client sends and every command the scripts call is allowed."""
+    admin = redis.asyncio.Redis(port=server.port)
+    await admin.execute_command(  # type: ignore[no-untyped-call]
+        "ACL", "SETUSER", "locks", "reset", "on", ">secret", *DOCUMENTED_ACL.split()
+    )
+    url = f"redis://locks:secret@127.0.0.1:{server.port}/0"
+    async with asynclock.connect(url) as a, asynclock.connect(url) as b:
+        lease = await a.acquire("acl", ttl=1.0)
+        assert await a.validate("acl", lease.token)
+        await a._renewal_round()  # extend ran under the ACL user
+        got: list[int] = []
+
+        async def waiter() -> None:
+            async with b.lock("acl", ttl=5.0, timeout=10) as second:
+                got.append(second.token)
+
+        busy = BusyWatch(b)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await busy.reached(1)  # queued (ZADD ...)
+            assert await lease.release()
+        assert got and got[0] > lease.token
+        assert a.stats().renewal_errors == 0 and not lease.lost
+    # One rule fewer is refused, so the test above did exercise the rules.
+    await admin.execute_command(  # type: ignore[no-untyped-call]
+        "ACL", "SETUSER", "locks", "-incr"
+    )
+    with pytest.raises(asynclock.BackendUnavailable, match=r"permission denied.*ACL rules"):
+        async with asynclock.connect(url) as c:
+            await c.acquire("acl:fresh", ttl=1.0)
+    await admin.aclose()
