@@ -57,6 +57,45 @@ logger = logging.getLogger("asynclock.redis")
 # reserved the name for the waiter ``owner`` (who then claims it with ACQUIRE). Waiters are
 # members "owner:ttl_ms" of two sorted sets: by arrival (queue) and by expiry (queue_exp).
 
+# Shared helpers for the scripts that take and free a lease (single node and Redlock).
+_LEASE = """
+-- G2: the name's next token. A missing counter (data loss) is seeded from TIME in
+-- ms * 1000 before the INCR, so tokens keep rising across a restart that lost it.
+-- t: a TIME reply already read, or nil.
+local function next_token(fence, t)
+  if redis.call('EXISTS', fence) == 0 then
+    t = t or redis.call('TIME')
+    local ms = math.floor(tonumber(t[2]) / 1000)
+    redis.call('SET', fence, t[1] .. string.format('%03d', ms) .. '000')
+  end
+  return redis.call('INCR', fence)
+end
+-- Hold the lock for owner with token for ttl ms (%d: '..' would print 1.7e+15).
+local function hold(lock, owner, token, ttl)
+  redis.call('SET', lock, owner .. ':' .. string.format('%d', token), 'PX', ttl)
+end
+-- The token of owner's lease in cur (the lock's value), or nil: an acquire retried after
+-- its reply was lost gets the same answer.
+local function held_token(cur, owner)
+  if cur and string.sub(cur, 1, #owner + 1) == owner .. ':' then
+    return tonumber(string.sub(cur, #owner + 2))
+  end
+  return nil
+end
+-- G5, for release: true if cur is owner's lease with token ('' = unknown: an interrupted
+-- acquire, any token of ours), false if it is only owner's reservation (token ''), nil if
+-- it is not ours.
+local function owned(cur, owner, token)
+  if token == '' then
+    if held_token(cur, owner) then return true end
+    if cur == '~' .. owner then return false end
+    return nil
+  end
+  if cur == owner .. ':' .. token then return true end
+  return nil
+end
+"""
+
 # Shared helpers for the scripts that hand a free name to the next waiter.
 _HANDOFF = """
 local function now_ms()
@@ -93,10 +132,10 @@ end
 # KEYS: lock, fence, queue, queue_exp. ARGV: owner, ttl_ms, mode, channel; mode 0 = no
 # queue (fair=False), 1 = respect the queue, 2 = respect it and wait in it.
 # Returns {token} when granted, {0, retry_after_ms} when busy.
-# The fence counter is never deleted; when missing (data loss) it is seeded from TIME in
-# ms * 1000 before the INCR, so tokens keep rising across a restart that lost it.
+# The fence counter is never deleted (see next_token).
 ACQUIRE = (
-    _HANDOFF
+    _LEASE
+    + _HANDOFF
     + """
 local lock, fence, q, qx = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local owner, ttl, mode, chan = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
@@ -104,13 +143,8 @@ local member = owner .. ':' .. ttl
 local cur = redis.call('GET', lock)
 local now, t = now_ms()
 local function grant()
-  if redis.call('EXISTS', fence) == 0 then
-    local ms = math.floor(tonumber(t[2]) / 1000)
-    redis.call('SET', fence, t[1] .. string.format('%03d', ms) .. '000')
-  end
-  local token = redis.call('INCR', fence)
-  -- %d: plain '..' would print a large counter as 1.7e+15.
-  redis.call('SET', lock, owner .. ':' .. string.format('%d', token), 'PX', ttl)
+  local token = next_token(fence, t)
+  hold(lock, owner, token, ttl)
   if mode == '2' and redis.call('EXISTS', q) == 1 then
     redis.call('ZREM', q, member)
     redis.call('ZREM', qx, member)
@@ -118,10 +152,8 @@ local function grant()
   return {token}
 end
 if cur == '~' .. owner then return grant() end
-if cur and string.sub(cur, 1, #owner + 1) == owner .. ':' then
-  -- Already ours: this is a retry of an attempt whose reply was lost. Same answer.
-  return {tonumber(string.sub(cur, #owner + 2))}
-end
+local mine = held_token(cur, owner)
+if mine then return {mine} end
 local left
 if cur == false then
   if mode == '0' then return grant() end
@@ -170,20 +202,15 @@ return out
 # match any token of ours or our reservation), channel.
 # Returns 1 if our lease was removed, 0 if it was not ours (or only a reservation).
 RELEASE = (
-    _HANDOFF
+    _LEASE
+    + _HANDOFF
     + """
 local lock, q, qx = KEYS[1], KEYS[2], KEYS[3]
 local owner, token, chan = ARGV[1], ARGV[2], ARGV[3]
 local cur = redis.call('GET', lock)
 if cur == false then return 0 end
-local held
-if token == '' then
-  held = string.sub(cur, 1, #owner + 1) == owner .. ':'
-  if not held and cur ~= '~' .. owner then return 0 end
-else
-  held = cur == owner .. ':' .. token
-  if not held then return 0 end
-end
+local held = owned(cur, owner, token)
+if held == nil then return 0 end
 redis.call('DEL', lock)
 if redis.call('EXISTS', q) == 1 then
   handoff(lock, q, qx, chan, head(q, qx, (now_ms())))
@@ -217,52 +244,43 @@ return 1
 # node spends less time per call (every node's time is on the path of every acquisition).
 # KEYS: lock, fence. ARGV: owner, ttl_ms.
 # Returns {token} when granted, {0, retry_after_ms} when busy. The counter is seeded from
-# TIME exactly as in ACQUIRE.
-REDLOCK_ACQUIRE = """
+# TIME exactly as in ACQUIRE (next_token).
+REDLOCK_ACQUIRE = (
+    _LEASE
+    + """
 local lock, fence, owner = KEYS[1], KEYS[2], ARGV[1]
 local cur = redis.call('GET', lock)
 if cur and cur ~= '~' .. owner then
-  if string.sub(cur, 1, #owner + 1) == owner .. ':' then
-    -- Already ours: this is a retry of an attempt whose reply was lost. Same answer.
-    return {tonumber(string.sub(cur, #owner + 2))}
-  end
+  local mine = held_token(cur, owner)
+  if mine then return {mine} end
   local left = redis.call('PTTL', lock)
   if left < 0 then left = 0 end
   return {0, left}
 end
-if redis.call('EXISTS', fence) == 0 then
-  local t = redis.call('TIME')
-  local ms = math.floor(tonumber(t[2]) / 1000)
-  redis.call('SET', fence, t[1] .. string.format('%03d', ms) .. '000')
-end
-local token = redis.call('INCR', fence)
--- %d: plain '..' would print a large counter as 1.7e+15.
-redis.call('SET', lock, owner .. ':' .. string.format('%d', token), 'PX', ARGV[2])
+local token = next_token(fence, nil)
+hold(lock, owner, token, ARGV[2])
 return {token}
 """
+)
 
 # REDLOCK_RELEASE (G5): RELEASE without the waiter queue (Redlock never queues): delete the
 # lock only if it is ours, then wake the name's watchers.
 # KEYS: lock. ARGV: owner, token ('' = unknown: an interrupted acquire, match any token of
 # ours or our reservation), channel.
 # Returns 1 if our lease was removed, 0 if it was not ours (or only a reservation).
-REDLOCK_RELEASE = """
+REDLOCK_RELEASE = (
+    _LEASE
+    + """
 local cur = redis.call('GET', KEYS[1])
 if cur == false then return 0 end
-local owner, token = ARGV[1], ARGV[2]
-local held
-if token == '' then
-  held = string.sub(cur, 1, #owner + 1) == owner .. ':'
-  if not held and cur ~= '~' .. owner then return 0 end
-else
-  held = cur == owner .. ':' .. token
-  if not held then return 0 end
-end
+local held = owned(cur, ARGV[1], ARGV[2])
+if held == nil then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('PUBLISH', ARGV[3], '')
 if held then return 1 end
 return 0
 """
+)
 
 # RAISE_FENCE (Redlock phase 2, G2): where this node still holds our key, raise the fence
 # counter to the agreed token t (never lower it) and record t in the lock value.
