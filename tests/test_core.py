@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from typing import Any
@@ -259,6 +260,34 @@ async def test_release_timeout_keeps_the_body_exception_and_shields_outer_cancel
         assert not backend.held()
         finished = True
     assert finished  # a stray cancellation must not have skipped the checks above
+
+
+async def test_a_hung_clean_up_after_an_interrupted_acquire_is_bounded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Cancelled mid-acquire, the core releases what the server may have granted; if that
+    clean-up hangs, it is given up after release_timeout (logged), never waited on."""
+
+    class Stuck(MemoryDriver):
+        entered = anyio.Event()
+
+        async def acquire(self, name: str, owner: str, ttl: float, *, queue: bool) -> Any:
+            self.entered.set()
+            await anyio.sleep_forever()
+
+        async def release(self, name: str, owner: str, token: int | None) -> bool:
+            await anyio.sleep_forever()
+            return False
+
+    driver = Stuck()
+    async with asynclock.Backend(driver, release_timeout=0.05) as backend:
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(functools.partial(backend.acquire, "stuck", ttl=5.0))
+                await driver.entered.wait()
+                scope.cancel()
+        assert scope.cancelled_caught
+    assert "clean up acquire timed out after 0.05s" in caplog.text
 
 
 async def test_driver_release_may_open_cancel_scopes() -> None:

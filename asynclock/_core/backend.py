@@ -92,7 +92,6 @@ class Backend:
         self.drift = drift
         self.margin = margin
         self.heartbeat = heartbeat
-        self.release_timeout = release_timeout
         self._held: dict[str, Lease] = {}
         self._bounds = CallBounds(self.clock, release_timeout)
         self._owner_prefix = os.urandom(12).hex()
@@ -161,6 +160,11 @@ class Backend:
         finally:
             with anyio.CancelScope(shield=True):
                 await self.driver.aclose()
+
+    @property
+    def release_timeout(self) -> float:
+        """Bound (seconds) on a release or on the clean-up of an interrupted acquire."""
+        return self._bounds.timeout
 
     def _require_open(self) -> None:
         if not self._open:
@@ -535,12 +539,18 @@ class Backend:
     # -- helpers ---------------------------------------------------------------------------
 
     async def _shielded(self, call: Awaitable[Any], what: str) -> None:
-        with anyio.move_on_after(self.release_timeout, shield=True) as scope:
-            try:
-                await call
-            except Exception as exc:
-                logger.debug("%s failed: %r", what, exc)
-        if scope.cancelled_caught:
+        """A clean-up call, shielded and bounded like a release; failures are logged."""
+
+        async def run() -> bool:
+            await call
+            return True
+
+        try:
+            done = await shielded_call(run(), self._bounds)
+        except Exception as exc:
+            logger.debug("%s failed: %r", what, exc)
+            return
+        if done is None:
             logger.warning("%s timed out after %gs", what, self.release_timeout)
 
     async def _call(self, what: str, call: Awaitable[object]) -> object:
