@@ -251,30 +251,27 @@ class Backend:
         # Unique per acquisition: 96 random bits per backend plus a counter (a syscall for
         # fresh randomness on every acquisition showed up in the fast path).
         owner = f"{self._owner_prefix}{next(self._owner_seq):08x}"
-        # The first attempt, inline: most acquisitions succeed here.
-        t_send = self.clock.now()
         try:
-            result = await self.driver.acquire(name, owner, ttl, queue=blocking)
-        except BaseException as exc:
-            await self._undo_acquire(name, owner, exc, abandon=blocking)
-            raise  # _undo_acquire raised the wrapped error for plain exceptions
-        if not isinstance(result, Busy):
-            return self._grant(name, owner, result, ttl, t_send, max_hold)
-        try:
+            # The first attempt, inline (the loop in _wait repeats it): most acquisitions
+            # succeed here, and a call less is measurable on the fast path.
+            t_send = self.clock.now()
+            try:
+                result = await self.driver.acquire(name, owner, ttl, queue=blocking)
+            except BaseException as exc:
+                await self._undo_acquire(name, owner, exc)
+                raise  # _undo_acquire raised the wrapped error for plain exceptions
+            if not isinstance(result, Busy):
+                return self._grant(name, owner, result, ttl, t_send, max_hold)
             return await self._wait(name, owner, ttl, t_send, timeout, blocking, max_hold, result)
         except BaseException:
-            if blocking:
+            if blocking:  # leave the wait queue (after any clean-up of the attempt)
                 await self._shielded(self.driver.abandon(name, owner), "abandon wait")
             raise
 
-    async def _undo_acquire(
-        self, name: str, owner: str, exc: BaseException, *, abandon: bool
-    ) -> None:
+    async def _undo_acquire(self, name: str, owner: str, exc: BaseException) -> None:
         """An attempt was interrupted or failed: the server may have granted it (G6)."""
         driver = self.driver
         await self._shielded(driver.release(name, owner, None), "clean up acquire")
-        if abandon:
-            await self._shielded(driver.abandon(name, owner), "abandon wait")
         if isinstance(exc, Exception) and not isinstance(exc, AsynclockError):
             raise BackendUnavailable(
                 f"{driver.display}: acquire of {name!r} failed: {exc!r}"
@@ -325,7 +322,7 @@ class Backend:
                 try:
                     attempt = await driver.acquire(name, owner, ttl, queue=blocking)
                 except BaseException as exc:
-                    await self._undo_acquire(name, owner, exc, abandon=False)
+                    await self._undo_acquire(name, owner, exc)
                     raise
                 if not isinstance(attempt, Busy):
                     return self._grant(name, owner, attempt, ttl, t_send, max_hold)
