@@ -7,6 +7,7 @@ lost; resource-side fences reject stale writers. Start with :func:`connect`.
 from ._core.backend import Backend, Lock
 from ._core.clock import Clock, MonotonicClock
 from ._core.connect import connect
+from ._core.context import current_lease, use_lease
 from ._core.driver import Driver
 from ._core.exceptions import (
     AcquireTimeout,
@@ -41,4 +42,6 @@ __all__ = (
     "StaleToken",
     "__version__",
     "connect",
+    "current_lease",
+    "use_lease",
 )

@@ -28,6 +28,8 @@ PUBLIC = {
     "StaleToken",
     "__version__",
     "connect",
+    "current_lease",
+    "use_lease",
 }
 
 

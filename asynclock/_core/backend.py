@@ -22,7 +22,6 @@ import random
 import re
 import sys
 from collections.abc import Awaitable, Callable
-from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, Self, TypeVar, cast
 
@@ -32,6 +31,7 @@ import anyio.lowlevel
 
 from .bounds import ArmOnSuspend, CallBounds, shielded_call
 from .clock import Clock, MonotonicClock
+from .context import HOLDS as _HOLDS
 from .driver import Busy, Driver, LeaseRef, Refused
 from .exceptions import (
     AcquireTimeout,
@@ -559,13 +559,6 @@ class Backend:
             raise BackendUnavailable(f"{self.driver.display}: {what} failed: {exc!r}") from exc
 
 
-#: The holds this task is inside, innermost last. A context variable is per task (child
-#: tasks get a copy), so a Lock shared by tasks never confuses their leases.
-_HOLDS: ContextVar[tuple[tuple[Lock, Lease, anyio.CancelScope], ...]] = ContextVar(
-    "asynclock_holds", default=()
-)
-
-
 def _checkpoint_if_cancelled_for(
     scope_type: type[anyio.CancelScope],
 ) -> Callable[[], Awaitable[None]]:
@@ -672,6 +665,7 @@ class Lock:
             _, lease, scope = holds[index]
             _HOLDS.set(holds[:index] + holds[index + 1 :])
         lease._scope = None
+        assert scope is not None  # a Lock's own entry always carries its scope
         if scope.cancel_called:
             # Lost (or cancelled from inside): leave the cancelled scope, then release in
             # a fresh shielded one.

@@ -1,0 +1,65 @@
+"""The current lease: which lease the running task (or thread) works under.
+
+One context variable holds the stack of holds of the current context, innermost last.
+``backend.lock()`` pushes onto it for its body, and integrations push the lease a task
+run, request or job works under with :func:`use_lease` (e.g. in the thread a sync Celery
+task body runs on), so user code finds its token the same way everywhere.
+A context variable is per task (child tasks get a copy) and per thread, never shared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import TYPE_CHECKING
+
+import anyio
+
+if TYPE_CHECKING:
+    from .lease import Lease
+
+#: (who pushed it, the lease, the holder's cancel scope or None), innermost last. The
+#: first item is the ``Lock`` that entered (it pops its own entry) or a marker object.
+Hold = tuple[object, "Lease", "anyio.CancelScope | None"]
+HOLDS: ContextVar[tuple[Hold, ...]] = ContextVar("asynclock_holds", default=())
+
+
+def current_lease() -> Lease:
+    """The innermost lease held by the current task, thread or context.
+
+    Set inside ``async with backend.lock(...)``, inside :func:`use_lease`, and by every
+    asynclock integration for the task run, request or job it guards.
+
+    Raises:
+        LookupError: no lease is held here.
+    """
+    holds = HOLDS.get()
+    if not holds:
+        raise LookupError(
+            "no asynclock lease is held in this context: call current_lease() inside "
+            "`async with backend.lock(...)`, a guarded task/request/job, or use_lease()"
+        )
+    return holds[-1][1]
+
+
+@contextmanager
+def use_lease(lease: Lease) -> Iterator[Lease]:
+    """Make ``lease`` the :func:`current_lease` of this context for the ``with`` body.
+
+    For code that holds a lease in one place and runs the work in another (a worker
+    thread, a callback): it sets no cancel scope and does not renew or release anything.
+    """
+    from .lease import Lease
+
+    if not isinstance(lease, Lease):
+        raise TypeError(f"use_lease() takes an asynclock Lease, not {type(lease).__name__}")
+    marker = object()
+    HOLDS.set((*HOLDS.get(), (marker, lease, None)))
+    try:
+        yield lease
+    finally:
+        holds = HOLDS.get()
+        index = next((i for i in range(len(holds) - 1, -1, -1) if holds[i][0] is marker), None)
+        if index is not None:
+            HOLDS.set(holds[:index] + holds[index + 1 :])
