@@ -20,6 +20,7 @@ from ._core.exceptions import (
 )
 from ._core.lease import Lease, LossSignal
 from ._core.stats import BackendStats, HoldTimes
+from ._core.templates import NameTemplate
 
 __version__ = "0.1.0.dev0"
 
@@ -38,6 +39,7 @@ __all__ = (
     "LockHeld",
     "LossSignal",
     "MonotonicClock",
+    "NameTemplate",
     "QuorumNotReached",
     "StaleToken",
     "__version__",

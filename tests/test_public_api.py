@@ -24,6 +24,7 @@ PUBLIC = {
     "LockHeld",
     "LossSignal",
     "MonotonicClock",
+    "NameTemplate",
     "QuorumNotReached",
     "StaleToken",
     "__version__",
