@@ -3,14 +3,30 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 
 class AsynclockError(Exception):
-    """Root of every error asynclock raises on purpose."""
+    """Root of every error asynclock raises on purpose.
+
+    Every subclass survives a pickle round trip with its message and fields (Celery's
+    result backends and multiprocessing pools pickle exceptions): ``__reduce__`` rebuilds
+    it from the constructor arguments in ``_fields`` (or from the message if none).
+    """
+
+    #: Constructor arguments, in order, each kept as an attribute of the same name.
+    _fields: tuple[str, ...] = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if not self._fields:
+            return (type(self), self.args, self.__dict__ or None)
+        return (type(self), tuple(getattr(self, f) for f in self._fields), self.__dict__)
 
 
 class LockHeld(AsynclockError):
     """``blocking=False`` and someone else holds the lock right now."""
+
+    _fields = ("name", "retry_after")
 
     def __init__(self, name: str, retry_after: float | None = None) -> None:
         hint = f"; it frees in at most {retry_after:.3f}s" if retry_after is not None else ""
@@ -21,6 +37,8 @@ class LockHeld(AsynclockError):
 
 class AcquireTimeout(AsynclockError, TimeoutError):
     """The lock was not acquired within ``timeout`` seconds."""
+
+    _fields = ("name", "timeout")
 
     def __init__(self, name: str, timeout: float) -> None:
         super().__init__(f"lock {name!r} was not acquired within {timeout:g}s")
@@ -35,6 +53,8 @@ class LeaseLost(AsynclockError):
     connection or session carrying the lock is gone, ``max_hold`` was reached, ...
     """
 
+    _fields = ("name", "token", "reason")
+
     def __init__(self, name: str, token: int, reason: str) -> None:
         super().__init__(f"lease on {name!r} (token {token}) was lost: {reason}")
         self.name = name
@@ -47,6 +67,8 @@ class StaleToken(AsynclockError):
 
     Nothing was written.
     """
+
+    _fields = ("key", "token", "current")
 
     def __init__(self, key: str, token: int, current: int | None) -> None:
         cur = f"; the resource has already accepted token {current}" if current is not None else ""
@@ -63,9 +85,12 @@ class BackendUnavailable(AsynclockError, ConnectionError):
 class QuorumNotReached(BackendUnavailable):
     """Fewer than a quorum of nodes answered (Redlock). ``failures`` maps node to reason."""
 
+    _fields = ("message", "failures")
+
     def __init__(self, message: str, failures: Mapping[str, str] | None = None) -> None:
         detail = ""
         if failures:
             detail = "; " + ", ".join(f"{node}: {why}" for node, why in failures.items())
         super().__init__(message + detail)
+        self.message = message
         self.failures: dict[str, str] = dict(failures or {})
