@@ -11,11 +11,15 @@ class AsynclockError(Exception):
 
     Every subclass survives a pickle round trip with its message and fields (Celery's
     result backends and multiprocessing pools pickle exceptions): ``__reduce__`` rebuilds
-    it from the constructor arguments in ``_fields`` (or from the message if none).
+    it from the constructor arguments in ``_fields`` (or from ``args`` if none).
     """
 
     #: Constructor arguments, in order, each kept as an attribute of the same name.
     _fields: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        message = self.__dict__.get("_message")
+        return message if isinstance(message, str) else super().__str__()
 
     def __reduce__(self) -> tuple[Any, ...]:
         if not self._fields:
@@ -23,14 +27,23 @@ class AsynclockError(Exception):
         return (type(self), tuple(getattr(self, f) for f in self._fields), self.__dict__)
 
 
-class LockHeld(AsynclockError):
+class _FieldArgs(AsynclockError):
+    """``args`` are the constructor arguments (and ``str()`` the message), so serializers
+    that rebuild an exception as ``cls(*args)`` (Celery's JSON result backend) get it back."""
+
+    def __init__(self, message: str, *fields: Any) -> None:
+        super().__init__(*fields)
+        self._message = message
+
+
+class LockHeld(_FieldArgs):
     """``blocking=False`` and someone else holds the lock right now."""
 
     _fields = ("name", "retry_after")
 
     def __init__(self, name: str, retry_after: float | None = None) -> None:
         hint = f"; it frees in at most {retry_after:.3f}s" if retry_after is not None else ""
-        super().__init__(f"lock {name!r} is held by another owner{hint}")
+        super().__init__(f"lock {name!r} is held by another owner{hint}", name, retry_after)
         self.name = name
         self.retry_after = retry_after
 
@@ -46,7 +59,7 @@ class AcquireTimeout(AsynclockError, TimeoutError):
         self.timeout = timeout
 
 
-class LeaseLost(AsynclockError):
+class LeaseLost(_FieldArgs):
     """The lease ended before the holder was done; its work was cancelled.
 
     ``reason`` says why: the renewal was refused, the local deadline passed, the
@@ -56,13 +69,15 @@ class LeaseLost(AsynclockError):
     _fields = ("name", "token", "reason")
 
     def __init__(self, name: str, token: int, reason: str) -> None:
-        super().__init__(f"lease on {name!r} (token {token}) was lost: {reason}")
+        super().__init__(
+            f"lease on {name!r} (token {token}) was lost: {reason}", name, token, reason
+        )
         self.name = name
         self.token = token
         self.reason = reason
 
 
-class StaleToken(AsynclockError):
+class StaleToken(_FieldArgs):
     """A fenced write carried a token older than the newest one the resource accepted.
 
     Nothing was written.
@@ -72,7 +87,12 @@ class StaleToken(AsynclockError):
 
     def __init__(self, key: str, token: int, current: int | None) -> None:
         cur = f"; the resource has already accepted token {current}" if current is not None else ""
-        super().__init__(f"stale fencing token {token} for {key!r}{cur}; nothing was written")
+        super().__init__(
+            f"stale fencing token {token} for {key!r}{cur}; nothing was written",
+            key,
+            token,
+            current,
+        )
         self.key = key
         self.token = token
         self.current = current
