@@ -1,0 +1,108 @@
+"""One event-loop thread and one asynclock backend per worker process (opened lazily).
+
+A prefork child gets its runtime at its first locked task, after the fork: a runtime
+inherited from a parent (its loop thread does not exist in the child) is dropped, never
+used. The runtime closes at ``worker_process_shutdown`` (prefork children) and
+``worker_shutdown`` (solo, threads), releasing whatever it still holds.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import threading
+from typing import Any
+
+import anyio.from_thread
+from celery import Celery, signals
+
+import asynclock
+
+logger = logging.getLogger("asynclock.celery")
+
+#: The Celery setting naming the lock server.
+URL_SETTING = "asynclock_url"
+
+
+class Runtime:
+    """A blocking portal (an event loop on a background thread) and its open backends."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._stack = contextlib.ExitStack()
+        self.portal: anyio.from_thread.BlockingPortal = self._stack.enter_context(
+            anyio.from_thread.start_blocking_portal("asyncio", name="asynclock-celery")
+        )
+        self._backends: dict[str, asynclock.Backend] = {}
+        self._lock = threading.Lock()
+
+    def backend(self, url: str) -> asynclock.Backend:
+        backend = self._backends.get(url)
+        if backend is not None:
+            return backend
+        with self._lock:
+            backend = self._backends.get(url)
+            if backend is None:
+                backend = asynclock.connect(url)
+                self._stack.enter_context(self.portal.wrap_async_context_manager(backend))
+                self._backends[url] = backend
+        return backend
+
+    def close(self) -> None:
+        with self._lock:
+            self._backends.clear()
+            self._stack.close()
+
+
+_runtime: Runtime | None = None
+_runtime_lock = threading.Lock()
+
+
+def get_runtime() -> Runtime:
+    global _runtime
+    runtime = _runtime
+    if runtime is not None and runtime.pid == os.getpid():
+        return runtime
+    with _runtime_lock:
+        if _runtime is None or _runtime.pid != os.getpid():
+            _runtime = Runtime()  # a parent's runtime is dropped: its thread is not here
+        return _runtime
+
+
+def close_runtime(**_: Any) -> None:
+    """Close this process's backend and event-loop thread (idempotent).
+
+    Connected to Celery's ``worker_process_shutdown`` and ``worker_shutdown`` signals;
+    call it yourself if you run locked tasks outside a worker and want to close early.
+    """
+    global _runtime
+    with _runtime_lock:
+        runtime, _runtime = _runtime, None
+    if runtime is not None and runtime.pid == os.getpid():
+        try:
+            runtime.close()
+        except Exception:
+            logger.exception("closing the asynclock backend failed")
+
+
+signals.worker_process_shutdown.connect(close_runtime, weak=False)
+signals.worker_shutdown.connect(close_runtime, weak=False)
+atexit.register(close_runtime)
+
+
+def backend_url(app: Celery) -> str:
+    """``asynclock_url``, else the broker's URL when the broker is Redis."""
+    url = app.conf.get(URL_SETTING)
+    if url:
+        return str(url)
+    broker = app.conf.broker_url
+    if isinstance(broker, str) and broker.split("://", 1)[0] in ("redis", "rediss"):
+        return broker
+    raise RuntimeError(
+        f"asynclock_celery: set the Celery setting {URL_SETTING!r} to the lock server's URL "
+        "(e.g. app.conf.asynclock_url = 'redis://localhost:6379/1' or 'sqlite:///locks.db'); "
+        f"the broker ({str(broker).split('://', 1)[0] or 'none'}) is not Redis, so it cannot "
+        "be used instead"
+    )
