@@ -1,0 +1,143 @@
+# Celery ships no type information, so its decorators are untyped.
+# mypy: disable-error-code="untyped-decorator"
+"""asynclock_celery without a worker: definition-time checks, argument checks, eager runs."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import pytest
+from celery import Celery
+
+import asynclock
+from asynclock_celery import LockedTask, locked
+from asynclock_celery.testing import force_loss, run_eagerly
+from tests.integrations import celery_tasks as tasks
+
+
+def make_app(**conf: Any) -> Celery:
+    app = Celery("t", broker=conf.pop("broker", "memory://"), backend="cache+memory://")
+    app.conf.update(conf)
+    return app
+
+
+def test_bad_template_is_a_type_error_at_definition() -> None:
+    app = make_app()
+
+    def build(customer_id: int) -> None: ...
+
+    with pytest.raises(TypeError, match=r"uses customer, which task .*build\(\) does not take"):
+        app.task(base=LockedTask, lock="report:{customer}", lazy=False)(build)
+    with pytest.raises(TypeError, match=r"uses customer, which .*build\(\) does not take"):
+        locked("report:{customer}")(build)
+    with pytest.raises(ValueError, match="positional field"):
+        locked("report:{}")(build)
+
+
+def test_bad_options_are_refused_at_definition() -> None:
+    app = make_app()
+
+    def build(customer_id: int) -> None: ...
+
+    with pytest.raises(ValueError, match="on_busy must be one of 'retry', 'skip', 'fail'"):
+        app.task(base=LockedTask, lock="r:{customer_id}", on_busy="wait", lazy=False)(build)
+    with pytest.raises(ValueError, match="lock_ttl must be a finite number of seconds > 0"):
+        app.task(base=LockedTask, lock="r:{customer_id}", lock_ttl=0, lazy=False)(build)
+    with pytest.raises(TypeError, match="ttl must be a number of seconds, not str"):
+        locked("r:{customer_id}", ttl="5")  # type: ignore[arg-type]
+
+
+def test_delay_with_wrong_arguments_is_rejected_before_sending() -> None:
+    with pytest.raises(TypeError):
+        tasks.report.delay(1, "eu", "extra")
+    with pytest.raises(TypeError):
+        tasks.report.delay(region="eu")  # customer_id missing
+    # @locked keeps the signature, so Celery's check still sees the real parameters.
+    assert list(inspect.signature(tasks.plain_locked.run).parameters) == ["key", "extra"]
+    with pytest.raises(TypeError):
+        tasks.plain_locked.delay("k", 1, 2)
+    with pytest.raises(TypeError):
+        tasks.plain_locked.delay(nope=1)
+
+
+def test_missing_celery_names_the_extra() -> None:
+    code = "import sys; sys.modules['celery'] = None; import asynclock_celery"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert 'pip install "asynclock[celery]"' in proc.stderr
+
+
+def test_backend_is_the_setting_else_a_redis_broker_else_an_error() -> None:
+    app = make_app(broker="amqp://guest@127.0.0.1:1//")
+
+    @app.task(base=LockedTask, lock="x:{n}", lazy=False)
+    def task(n: int) -> int:
+        return n
+
+    with pytest.raises(RuntimeError, match="set the Celery setting 'asynclock_url'") as info:
+        task.apply((1,), throw=True)
+    assert "guest" not in str(info.value)  # the broker URL is not shown
+    app.conf.asynclock_url = "memory://"
+    assert task.apply((1,), throw=True).get() == 1
+
+
+def test_eager_run_holds_a_real_lease() -> None:
+    result = run_eagerly(tasks.report, (5,), {"region": "ap"}, throw=True)
+    assert result.get() == "report:5:ap"
+    name, token = run_eagerly(tasks.async_account, (9,), throw=True).get()
+    assert name == "async:9" and token >= 1
+    assert run_eagerly(tasks.plain_locked, ("z",), throw=True).get() == "second:z:0"
+
+
+def test_loss_in_a_non_main_thread_interrupts_a_python_loop() -> None:
+    """The threads pool: PyThreadState_SetAsyncExc raises LeaseLost at the next bytecode."""
+    app = make_app(asynclock_url="memory://")
+    seen: dict[str, Any] = {}
+
+    @app.task(bind=True, base=LockedTask, lock="loop:{n}", lazy=False)
+    def spin(self: LockedTask, n: int) -> str:
+        force_loss(self.lease, "sabotaged")
+        deadline = time.monotonic() + 30
+        try:
+            while time.monotonic() < deadline:  # pure Python: interrupted between bytecodes
+                pass
+        except asynclock.LeaseLost as lost:
+            seen["reason"] = lost.reason
+            seen["thread"] = threading.current_thread() is threading.main_thread()
+        return "swallowed"
+
+    outcome: list[Any] = []
+    thread = threading.Thread(target=lambda: outcome.append(spin.apply((1,))))
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert seen == {"reason": "sabotaged", "thread": False}
+    (result,) = outcome
+    assert result.state == "FAILURE"
+    assert isinstance(result.result, asynclock.LeaseLost)
+
+
+def test_loss_on_the_main_thread_interrupts_a_sleep() -> None:
+    app = make_app(asynclock_url="memory://")
+
+    @app.task(bind=True, base=LockedTask, lock="sleep:{n}", lazy=False)
+    def nap(self: LockedTask, n: int) -> None:
+        force_loss(self.lease, "sabotaged")
+        time.sleep(30)
+
+    started = time.monotonic()
+    result = nap.apply((1,))
+    assert time.monotonic() - started < 5
+    assert result.state == "FAILURE"
+    assert isinstance(result.result, asynclock.LeaseLost)
+    assert result.result.reason == "sabotaged"
+
+
+def test_lease_outside_a_run_is_a_lookup_error() -> None:
+    with pytest.raises(LookupError, match="holds no asynclock lease outside a run"):
+        _ = tasks.report.lease
