@@ -13,6 +13,10 @@ The lease lives on the runtime's event-loop thread; the body runs on a worker th
 * Other threads: ``PyThreadState_SetAsyncExc`` raises at the thread's next bytecode; it
   cannot interrupt a blocking system call (the exception waits until the call returns).
 
+A signal that arrives while the thread runs C code outside a blocking call (e.g. just
+before ``time.sleep`` starts) is only seen by Python after that call returns; so until
+the handler has raised, the signal is sent again every ``RESEND`` seconds.
+
 A guard's exit and the heartbeat's interrupt are serialised by the guard's lock: once
 ``leave()`` has run, nothing is sent to the thread, and a signal already on its way finds
 the guard out of its body and does nothing.
@@ -29,6 +33,8 @@ from types import FrameType
 import asynclock
 
 INTERRUPT_SIGNAL = signal.SIGUSR2
+#: Seconds between signals until the handler has raised ``LeaseLost`` in the body.
+RESEND = 0.025
 
 #: Guards inside their body, per thread id, innermost last.
 _active: dict[int, list[Guard]] = {}
@@ -113,6 +119,10 @@ class Guard:
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(
                     ctypes.c_ulong(self.thread_id), ctypes.py_object(AsyncLeaseLost)
                 )
+
+    def undelivered(self) -> bool:
+        """True while a signal was sent and its handler has not raised in the body yet."""
+        return self._use_signal and self.active and self.fired and not self.delivered
 
     def leave(self) -> None:
         """The body is over: nothing may interrupt this thread after this returns."""

@@ -18,7 +18,7 @@ from celery._state import get_current_task
 
 import asynclock
 
-from ._interrupt import Guard
+from ._interrupt import RESEND, Guard
 from ._runtime import backend_url, get_runtime
 
 logger = logging.getLogger("asynclock.celery")
@@ -82,7 +82,11 @@ async def _hold(
             async def on_loss() -> None:
                 await lease.lost.wait()
                 if guard_box:
-                    guard_box[0].interrupt()
+                    guard = guard_box[0]
+                    guard.interrupt()
+                    while guard.undelivered():
+                        await anyio.sleep(RESEND)
+                        guard.interrupt()
 
             tg.start_soon(on_loss)
             await done.wait()

@@ -147,6 +147,28 @@ def plain_locked(key: str, extra: int = 0) -> str:
     return str(asynclock.current_lease().name)
 
 
+@app.task(bind=True, base=LockedTask, lock="limit:{key}", lock_ttl=30.0, soft_time_limit=0.5)
+def soft_limited(self: LockedTask, key: str) -> None:
+    """Celery's soft time limit (SIGUSR1) ends the body; the lock is released at once."""
+    emit(event="started", key=key, token=self.lease.token)
+    time.sleep(30)
+
+
+@app.task(bind=True, base=LockedTask, lock="limit:{key}", lock_ttl=2.0, time_limit=1.0)
+def hard_limited(self: LockedTask, key: str) -> None:
+    """Celery's hard time limit kills the child; the lock expires by its ttl."""
+    emit(event="started", key=key, token=self.lease.token)
+    time.sleep(30)
+
+
+@app.task(bind=True, base=LockedTask, lock="long:{key}", lock_ttl=30.0)
+def hold_long(self: LockedTask, key: str) -> int:
+    """Like hold, with a ttl long enough that only a release frees it during a test."""
+    emit(event="holding", key=key, token=self.lease.token)
+    wait_for_go(key)
+    return int(self.lease.token)
+
+
 @signals.task_retry.connect
 def _retried(request: Any = None, **_: Any) -> None:
     if EVENTS and request is not None:

@@ -101,9 +101,9 @@ def test_loss_in_a_non_main_thread_interrupts_a_python_loop() -> None:
 
     @app.task(bind=True, base=LockedTask, lock="loop:{n}", lazy=False)
     def spin(self: LockedTask, n: int) -> str:
-        force_loss(self.lease, "sabotaged")
         deadline = time.monotonic() + 30
         try:
+            force_loss(self.lease, "sabotaged")
             while time.monotonic() < deadline:  # pure Python: interrupted between bytecodes
                 pass
         except asynclock.LeaseLost as lost:

@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
+from celery import Celery
 
 import asynclock
 from tests.integrations import celery_tasks as tasks
@@ -30,8 +31,17 @@ TTL = 1.0
 WAIT = 30.0
 
 
+_clients: dict[str, Celery] = {}
+
+
 def configure_client(server: RedisServer) -> None:
-    tasks.app.conf.update(broker_url=redis_db(server, 1), result_backend=redis_db(server, 2))
+    """The test's own Celery app (sends by task name, reads results): the tasks module's app
+    may have been used eagerly, with no broker or result backend, by other tests."""
+    if server.url not in _clients:
+        _clients[server.url] = Celery(
+            "asynclock_tests_client", broker=redis_db(server, 1), backend=redis_db(server, 2)
+        )
+    _clients["current"] = _clients[server.url]
 
 
 def lock_url_for(kind: str, server: RedisServer, directory: Path) -> str:
@@ -76,7 +86,7 @@ def solo(
 
 
 def send(task: Any, worker: CeleryWorker, *args: Any, **kwargs: Any) -> Any:
-    return task.apply_async(args, kwargs, queue=worker.queue)
+    return _clients["current"].send_task(task.name, args, kwargs, queue=worker.queue)
 
 
 def wait_until_expired(url: str, name: str) -> None:
@@ -200,6 +210,36 @@ def test_async_task_is_cancelled_on_loss(prefork: tuple[CeleryWorker, str]) -> N
     assert isinstance(result.result, asynclock.LeaseLost)
 
 
+def test_soft_time_limit_releases_the_lock(prefork: tuple[CeleryWorker, str]) -> None:
+    worker, url = prefork
+    key = str(unique())
+    result = send(tasks.soft_limited, worker, key)
+    worker.expect("started", key=key)
+    result.get(timeout=WAIT, propagate=False)
+    assert result.state == "FAILURE"
+    assert type(result.result).__name__ == "SoftTimeLimitExceeded"
+
+    async def free_now() -> None:  # released, not expired: its ttl is 30 s
+        async with asynclock.connect(url) as backend:
+            async with backend.lock(f"limit:{key}", ttl=5.0, blocking=False):
+                pass
+
+    anyio.run(free_now)
+
+
+def test_hard_time_limit_leaves_the_lock_to_its_ttl(prefork: tuple[CeleryWorker, str]) -> None:
+    worker, url = prefork
+    key = str(unique())
+    result = send(tasks.hard_limited, worker, key)
+    worker.expect("started", key=key)
+    result.get(timeout=WAIT, propagate=False)
+    assert result.state == "FAILURE"
+    assert type(result.result).__name__ == "TimeLimitExceeded"
+    wait_until_expired(url, f"limit:{key}")  # the killed child's lease expires (ttl 2 s)
+    # The pool replaced the child; the worker still serves locked tasks.
+    assert send(tasks.report, worker, 2).get(timeout=WAIT) == "report:2:eu"
+
+
 # -- solo ----------------------------------------------------------------------------------
 
 
@@ -247,3 +287,31 @@ def test_solo_swallowed_lease_lost_still_fails(solo: tuple[CeleryWorker, str]) -
     assert isinstance(result.result, asynclock.LeaseLost)
     # The worker is still alive and serves the next task (no stray SIGUSR2 killed it).
     assert send(tasks.report, worker, 1).get(timeout=WAIT) == "report:1:eu"
+
+
+def test_warm_shutdown_finishes_the_run_and_releases(
+    celery_redis: RedisServer,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    url = lock_url_for("redis", celery_redis, tmp_path)
+    configure_client(celery_redis)
+    worker = start_celery_worker(
+        celery_redis, tmp_path, pool="solo", concurrency=1, lock_url=url, ttl=TTL
+    )
+    try:
+        key = str(unique())
+        result = send(tasks.hold_long, worker, key)
+        holding = worker.expect("holding", key=key)
+        worker.process.send_signal(signal.SIGTERM)  # warm shutdown: the run may finish
+        worker.go(key)
+        assert result.get(timeout=WAIT) == holding["token"]
+        assert worker.process.wait(timeout=WAIT) == 0
+    finally:
+        worker.stop()
+
+    async def free_now() -> None:  # released at the end of the run (its ttl is 30 s)
+        async with asynclock.connect(url) as backend:
+            async with backend.lock(f"long:{key}", ttl=5.0, blocking=False):
+                pass
+
+    anyio.run(free_now)

@@ -40,7 +40,7 @@ class CeleryWorker:
 
     def expect(self, event: str, timeout: float = 30.0, **match: Any) -> dict[str, Any]:
         """The next event called ``event`` (matching ``match``); others are kept in ``seen``."""
-        client = redis.Redis.from_url(self.events_url)
+        client = redis.Redis.from_url(self.events_url, socket_timeout=timeout + 10)
         for earlier in self.seen:
             if earlier["event"] == event and all(earlier.get(k) == v for k, v in match.items()):
                 self.seen.remove(earlier)
