@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -141,3 +142,20 @@ def test_loss_on_the_main_thread_interrupts_a_sleep() -> None:
 def test_lease_outside_a_run_is_a_lookup_error() -> None:
     with pytest.raises(LookupError, match="holds no asynclock lease outside a run"):
         _ = tasks.report.lease
+
+
+def test_example_celery_app() -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "celery_app.py"
+    done = subprocess.run(
+        [sys.executable, str(example)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "holding 'acct:7' with fencing token 1" in done.stdout
+    assert "holding 'acct:7' with fencing token 2" in done.stdout
+    assert "interrupted(7) ended FAILURE: LeaseLost" in done.stdout
+    ledger = [line for line in done.stdout.splitlines() if line.startswith("ledger:")]
+    assert ledger == [
+        "ledger: account 7, token 1: first sync",
+        "ledger: account 7, token 2: second sync",
+    ]
+    assert "lease lost" in done.stderr  # logged at WARNING, with the reason
