@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -167,6 +168,22 @@ def hold_long(self: LockedTask, key: str) -> int:
     emit(event="holding", key=key, token=self.lease.token)
     wait_for_go(key)
     return int(self.lease.token)
+
+
+@app.task(bind=True, base=LockedTask, lock="spin:{key}", lock_ttl=TTL)
+def spin_swallow(self: LockedTask, key: str) -> str:
+    """For the threads pool: a pure-Python loop (an async exception cannot interrupt a
+    blocking call), which catches LeaseLost; the run must still fail."""
+    main = threading.current_thread() is threading.main_thread()
+    emit(event="started", key=key, token=self.lease.token, main_thread=main)
+    try:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            pass
+    except asynclock.LeaseLost as lost:
+        emit(event="swallowed", key=key, reason=lost.reason, at=time.monotonic())
+    return "finished as if the lock were held"
 
 
 @signals.task_retry.connect

@@ -289,6 +289,35 @@ def test_solo_swallowed_lease_lost_still_fails(solo: tuple[CeleryWorker, str]) -
     assert send(tasks.report, worker, 1).get(timeout=WAIT) == "report:1:eu"
 
 
+def test_threads_pool_interrupts_a_python_loop(
+    celery_redis: RedisServer,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """-P threads: the body is not on the main thread; LeaseLost comes as an async exception."""
+    url = lock_url_for("redis", celery_redis, tmp_path)
+    configure_client(celery_redis)
+    worker = start_celery_worker(
+        celery_redis, tmp_path, pool="threads", concurrency=2, lock_url=url, ttl=TTL
+    )
+    try:
+        key = str(unique())
+        result = send(tasks.spin_swallow, worker, key)
+        started = worker.expect("started", key=key)
+        assert started["main_thread"] is False
+        try:
+            wait_until_expired(url, f"spin:{key}")
+        finally:
+            resumed = time.monotonic()
+            os.kill(started["pid"], signal.SIGCONT)
+        assert worker.expect("swallowed", key=key)["at"] - resumed < 2.0
+        result.get(timeout=WAIT, propagate=False)
+        assert result.state == "FAILURE"
+        assert isinstance(result.result, asynclock.LeaseLost)
+        assert send(tasks.report, worker, 3).get(timeout=WAIT) == "report:3:eu"
+    finally:
+        worker.stop()
+
+
 def test_warm_shutdown_finishes_the_run_and_releases(
     celery_redis: RedisServer,  # noqa: F811
     tmp_path: Path,
