@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import inspect
 import logging
@@ -64,39 +65,31 @@ def _runner() -> asyncio.Runner:
 # -- the guarded run ----------------------------------------------------------------------
 
 
-async def _hold(
-    backend: asynclock.Backend,
-    name: str,
-    ttl: float,
-    guard_box: list[Guard],
-    *,
-    task_status: anyio.abc.TaskStatus[tuple[asynclock.Lease, anyio.Event]],
-) -> None:
-    """On the runtime's loop: acquire, report, interrupt the body on loss, release."""
+async def _take(
+    backend: asynclock.Backend, name: str, ttl: float, guard_box: list[Guard]
+) -> tuple[asynclock.Lease, asyncio.Task[None]]:
+    """On the runtime's loop: acquire, and watch the lease to interrupt the body on loss."""
     lease = await backend.acquire(name, ttl=ttl, blocking=False)
-    done = anyio.Event()
+    return lease, asyncio.get_running_loop().create_task(_on_loss(lease, guard_box))
+
+
+async def _on_loss(lease: asynclock.Lease, guard_box: list[Guard]) -> None:
+    await lease.lost.wait()
+    if guard_box:
+        guard = guard_box[0]
+        guard.interrupt()
+        while guard.undelivered():
+            await anyio.sleep(RESEND)
+            guard.interrupt()
+
+
+async def _give_back(lease: asynclock.Lease, watcher: asyncio.Task[None]) -> None:
+    """On the runtime's loop: stop watching, then the owner-checked release."""
+    watcher.cancel()
     try:
-        task_status.started((lease, done))
-        async with anyio.create_task_group() as tg:
-
-            async def on_loss() -> None:
-                await lease.lost.wait()
-                if guard_box:
-                    guard = guard_box[0]
-                    guard.interrupt()
-                    while guard.undelivered():
-                        await anyio.sleep(RESEND)
-                        guard.interrupt()
-
-            tg.start_soon(on_loss)
-            await done.wait()
-            tg.cancel_scope.cancel()
-    finally:
-        with anyio.CancelScope(shield=True):
-            try:
-                await lease.release()  # owner-checked; a no-op that says so if lost
-            except Exception as exc:
-                logger.warning("release of %r failed (it expires by its ttl): %r", name, exc)
+        await lease.release()  # a no-op that says so if the lease was lost
+    except Exception as exc:
+        logger.warning("release of %r failed (it expires by its ttl): %r", lease.name, exc)
 
 
 def run_guarded(
@@ -113,10 +106,20 @@ def run_guarded(
     runtime = get_runtime()
     backend = runtime.backend(backend_url(app))
     guard_box: list[Guard] = []
+    taking = runtime.submit(_take(backend, name, ttl, guard_box))
     try:
-        future, (lease, done) = runtime.portal.start_task(_hold, backend, name, ttl, guard_box)
+        lease, watcher = taking.result()
     except asynclock.LockHeld as busy:
         return _busy(task, busy, on_busy)
+    except BaseException:
+        # Interrupted while waiting (a soft time limit, a shutdown): if the lease is
+        # granted after all, give it back instead of renewing it for the process's life.
+        def give_back_later(done: concurrent.futures.Future[Any]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                runtime.submit(_give_back(*done.result()))
+
+        taking.add_done_callback(give_back_later)
+        raise
     try:
         if task is not None:
             task.request.asynclock_lease = lease
@@ -126,8 +129,7 @@ def run_guarded(
         else:
             result, error = _run_sync(body, lease, guard_box)
     finally:
-        runtime.portal.call(done.set)
-        future.result()
+        runtime.submit(_give_back(lease, watcher)).result()
     if error is not None:
         raise error
     return result

@@ -43,4 +43,4 @@ def run_eagerly(
 def force_loss(lease: asynclock.Lease, reason: str = "forced by asynclock_celery.testing") -> None:
     """Make a task's lease (``self.lease``, ``current_lease()``) lost now, from the body or
     any thread: the body is interrupted with ``LeaseLost`` and the run fails."""
-    get_runtime().portal.call(asynclock.testing.force_loss, lease, reason)
+    get_runtime().call(asynclock.testing.force_loss, lease, reason)
