@@ -12,9 +12,9 @@ lock), in one run side by side:
   import: both lock at *enqueue* time, in the sending process, and delete the key after.
 
 The tasks are queued while the worker is stopped (SIGSTOP), then timed from SIGCONT to the
-last result's ``date_done``: the worker's throughput, not the sender's (the peers' enqueue-
-time locking is not timed; their unlock, in the worker, is). Each variant runs ``--reps``
-times, in a rotating order, and the median is shown.
+last result's ``date_done`` ("worker": the peers' enqueue-time locking is not in it, their
+unlock in the worker is), and from the first ``apply_async`` ("send+run": the peers' locking
+is in it). Each variant runs ``--reps`` times, in a rotating order; medians are shown.
 
 Part B - loss latency, prefork and solo: a LockedTask body marks its own lease lost
 (``asynclock_celery.testing.force_loss``) and then sleeps; the time until ``LeaseLost`` is
@@ -133,7 +133,7 @@ def start_worker(
         "BENCH_EVENTS": f"{base}/3",
         "BENCH_LOCKS": f"{base}/4",
     }
-    events = redis.Redis.from_url(f"{base}/3")
+    events = redis.Redis.from_url(f"{base}/3", socket_timeout=90)
     events.delete("ready", "loss")
     args = [
         sys.executable, "-m", "celery", "-A", "benchmarks.bench_celery", "worker",
@@ -162,12 +162,16 @@ def _worker_pids(process: subprocess.Popen[bytes]) -> list[int]:
     return [process.pid, *(int(c) for c in children.read_text().split())]
 
 
-def throughput(worker: subprocess.Popen[bytes], task: Any, n: int, offset: int) -> float:
-    """Worker throughput: the tasks are queued while the worker is stopped (SIGSTOP), then
-    timed from SIGCONT to the last result's ``date_done`` (the sender is not timed)."""
+def throughput(
+    worker: subprocess.Popen[bytes], task: Any, n: int, offset: int
+) -> tuple[float, float]:
+    """(worker, sender + worker) throughput: the tasks are queued while the worker is
+    stopped (SIGSTOP); the first is timed from SIGCONT to the last result's ``date_done``,
+    the second from the first ``apply_async`` (which is where the peers lock)."""
     pids = _worker_pids(worker)
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
+    sending = time.time()
     try:
         results = [task.apply_async((offset + i,)) for i in range(n)]
     finally:
@@ -177,11 +181,11 @@ def throughput(worker: subprocess.Popen[bytes], task: Any, n: int, offset: int) 
     for result in results:
         result.get(timeout=120)
     done = max(float(result.date_done.timestamp()) for result in results)
-    return n / (done - started)
+    return n / (done - started), n / (done - sending)
 
 
 def loss_latencies(base: str, samples: int) -> list[float]:
-    events = redis.Redis.from_url(f"{base}/3")
+    events = redis.Redis.from_url(f"{base}/3", socket_timeout=90)
     for i in range(samples):
         lose.apply_async((i,))
     found: list[float] = []
@@ -226,6 +230,7 @@ def main() -> None:
             variants: dict[str, Any] = {"plain task": plain, "LockedTask (redis)": locked}
             variants.update(PEERS)
             rates: dict[str, list[float]] = {name: [] for name in variants}
+            totals: dict[str, list[float]] = {name: [] for name in variants}
             worker = start_worker(server.url, "prefork", 2, log)
             try:
                 for task in variants.values():  # warm up: connections, child imports
@@ -235,7 +240,9 @@ def main() -> None:
                 for rep in range(opts.reps):
                     for name in names[rep % len(names) :] + names[: rep % len(names)]:
                         offset += opts.tasks
-                        rates[name].append(throughput(worker, variants[name], opts.tasks, offset))
+                        rate, total = throughput(worker, variants[name], opts.tasks, offset)
+                        rates[name].append(rate)
+                        totals[name].append(total)
                 latencies = {"prefork": loss_latencies(base, opts.samples)}
             finally:
                 stop_worker(worker)
@@ -251,10 +258,17 @@ def main() -> None:
           f"{os.cpu_count()} CPUs, {opts.tasks} no-op tasks x {opts.reps} reps")  # fmt: skip
     print("\nA. throughput, one prefork worker (concurrency 2), Redis broker + results")
     plain_rate = statistics.median(rates["plain task"])
-    print(f"  {'variant':<22} {'tasks/s (median)':>17} {'vs plain':>9}")
+    plain_total = statistics.median(totals["plain task"])
+    print(
+        f"  {'variant':<22} {'worker tasks/s':>15} {'vs plain':>9} "
+        f"{'send+run tasks/s':>17} {'vs plain':>9}"
+    )
     for name, values in rates.items():
-        rate = statistics.median(values)
-        print(f"  {name:<22} {rate:>17.0f} {rate / plain_rate:>8.2f}x")
+        rate, total = statistics.median(values), statistics.median(totals[name])
+        print(
+            f"  {name:<22} {rate:>15.0f} {rate / plain_rate:>8.2f}x "
+            f"{total:>17.0f} {total / plain_total:>8.2f}x"
+        )
     missing = {"celery-singleton", "celery-once"} - set(PEERS)
     if missing:
         print(f"  (not installed: {', '.join(sorted(missing))})")

@@ -44,7 +44,7 @@ def emit(**event: Any) -> None:
 
 def wait_for_go(key: str, timeout: float = 30.0) -> None:
     """Block until the test pushes to ``go:<key>`` (BLPOP: a real blocking socket read)."""
-    redis.Redis.from_url(EVENTS).blpop([f"go:{key}"], timeout=timeout)
+    redis.Redis.from_url(EVENTS, socket_timeout=timeout + 10).blpop([f"go:{key}"], timeout=timeout)
 
 
 @signals.worker_ready.connect
