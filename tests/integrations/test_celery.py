@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import inspect
+import socket
 import subprocess
 import sys
 import threading
@@ -123,20 +124,53 @@ def test_loss_in_a_non_main_thread_interrupts_a_python_loop() -> None:
     assert isinstance(result.result, asynclock.LeaseLost)
 
 
-def test_loss_on_the_main_thread_interrupts_a_sleep() -> None:
+def _block_in(call: str) -> None:
+    if call == "time.sleep":
+        time.sleep(30)
+    elif call == "Event.wait":
+        threading.Event().wait(30)
+    elif call == "socket.recv":
+        left, right = socket.socketpair()
+        with left, right:
+            left.recv(1)
+    elif call == "subprocess.run":
+        subprocess.run(["sleep", "30"], check=False)
+    else:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            pass
+
+
+@pytest.mark.parametrize(
+    "call", ["time.sleep", "Event.wait", "socket.recv", "subprocess.run", "python loop"]
+)
+def test_loss_on_the_main_thread_interrupts_a_blocking_call(call: str) -> None:
+    """The prefork/solo path (SIGUSR2 to the main thread), here in the test's main thread."""
     app = make_app(asynclock_url="memory://")
 
-    @app.task(bind=True, base=LockedTask, lock="sleep:{n}", lazy=False)
-    def nap(self: LockedTask, n: int) -> None:
-        force_loss(self.lease, "sabotaged")
-        time.sleep(30)
+    @app.task(bind=True, base=LockedTask, lock="block:{n}", lazy=False)
+    def block(self: LockedTask, n: int) -> None:
+        # Lost from another thread a little later, so (on any machine not too loaded) the
+        # loss lands while the body is inside the call; the run ends within 5 s either way.
+        threading.Timer(0.2, force_loss, (self.lease, "sabotaged")).start()
+        _block_in(call)
 
     started = time.monotonic()
-    result = nap.apply((1,))
+    result = block.apply((1,))
     assert time.monotonic() - started < 5
     assert result.state == "FAILURE"
     assert isinstance(result.result, asynclock.LeaseLost)
     assert result.result.reason == "sabotaged"
+
+
+def test_default_lock_name_is_the_task_name() -> None:
+    app = make_app(asynclock_url="memory://")
+
+    @app.task(bind=True, base=LockedTask, name="jobs.nightly", lazy=False)
+    def nightly(self: LockedTask) -> str:
+        return str(self.lease.name)
+
+    assert nightly.apply(throw=True).get() == "jobs.nightly"
 
 
 def test_lease_outside_a_run_is_a_lookup_error() -> None:
