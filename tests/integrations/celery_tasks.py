@@ -186,6 +186,28 @@ def spin_swallow(self: LockedTask, key: str) -> str:
     return "finished as if the lock were held"
 
 
+@app.task(
+    bind=True,
+    base=LockedTask,
+    lock="redeliver:{key}",
+    lock_ttl=TTL,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    max_retries=20,
+)
+def redelivered(self: LockedTask, key: str) -> int:
+    """acks_late: the first run's child is killed while it holds the lock; the message is
+    delivered again and that run takes the lock (after the dead run's ttl) and writes."""
+    token = int(self.lease.token)
+    first = bool(redis.Redis.from_url(EVENTS).set(f"first:{key}", "1", nx=True))
+    emit(event="started", key=key, token=token, first=first)
+    if first:
+        wait_for_go(key)  # killed here by the test
+    result = fenced_write(os.environ["ALT_FENCE_DB"], f"redeliver:{key}", token, "run")
+    assert result == "accepted"
+    return token
+
+
 @signals.task_retry.connect
 def _retried(request: Any = None, **_: Any) -> None:
     if EVENTS and request is not None:

@@ -240,6 +240,20 @@ def test_hard_time_limit_leaves_the_lock_to_its_ttl(prefork: tuple[CeleryWorker,
     assert send(tasks.report, worker, 2).get(timeout=WAIT) == "report:2:eu"
 
 
+def test_acks_late_redelivery_after_a_killed_child(prefork: tuple[CeleryWorker, str]) -> None:
+    worker, _ = prefork
+    key = str(unique())
+    result = send(tasks.redelivered, worker, key)
+    first = worker.expect("started", key=key, first=True)
+    os.kill(first["pid"], signal.SIGKILL)  # OOM killer, a hard crash: no release at all
+    token = result.get(timeout=WAIT)
+    second = worker.expect("started", key=key, first=False)
+    assert second["pid"] != first["pid"]
+    assert token == second["token"] > first["token"]
+    rows = [r for r in ledger_rows(worker.fence_db) if r[1] in (first["token"], token)]
+    assert rows == [("run", token)]
+
+
 # -- solo ----------------------------------------------------------------------------------
 
 
