@@ -14,12 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery
 
 import asynclock
+from asynclock.backends.redis import keys_for
 from asynclock_celery import LockedTask, locked
 from asynclock_celery.testing import force_loss, run_eagerly
 from tests.integrations import celery_tasks as tasks
+from tests.support.celery_worker import celery_redis, redis_db  # noqa: F401  (fixture)
+from tests.support.redis_servers import RedisServer
 
 
 def make_app(**conf: Any) -> Celery:
@@ -86,6 +90,17 @@ def test_backend_is_the_setting_else_a_redis_broker_else_an_error() -> None:
     assert "guest" not in str(info.value)  # the broker URL is not shown
     app.conf.asynclock_url = "memory://"
     assert task.apply((1,), throw=True).get() == 1
+
+
+def test_a_redis_broker_is_the_default_lock_server(celery_redis: RedisServer) -> None:  # noqa: F811
+    broker = redis_db(celery_redis, 5)
+    app = make_app(broker=broker)
+
+    @app.task(bind=True, base=LockedTask, lock="brokered:{n}", lazy=False)
+    def task(self: LockedTask, n: int) -> bool:
+        return bool(redis.Redis.from_url(broker).exists(keys_for(self.lease.name).lock))
+
+    assert task.apply((1,), throw=True).get() is True  # the lease lives in the broker's Redis
 
 
 def test_eager_run_holds_a_real_lease() -> None:
