@@ -203,7 +203,7 @@ def redelivered(self: LockedTask, key: str) -> int:
     emit(event="started", key=key, token=token, first=first)
     if first:
         wait_for_go(key)  # killed here by the test
-    result = fenced_write(os.environ["ALT_FENCE_DB"], f"redeliver:{key}", token, "run")
+    result = fenced_write(os.environ["ALT_FENCE_DB"], f"redeliver:{key}", token, f"run-{key}")
     assert result == "accepted"
     return token
 
