@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import socket
 import subprocess
@@ -176,6 +177,18 @@ def test_loss_on_the_main_thread_interrupts_a_blocking_call(call: str) -> None:
     assert result.state == "FAILURE"
     assert isinstance(result.result, asynclock.LeaseLost)
     assert result.result.reason == "sabotaged"
+
+
+def test_async_tasks_share_one_event_loop_per_thread() -> None:
+    """Module-level async clients survive across runs: one asyncio.Runner per thread."""
+    app = make_app(asynclock_url="memory://")
+
+    @app.task(base=LockedTask, lock="loop:{n}", lazy=False)
+    async def which_loop(n: int) -> int:
+        return id(asyncio.get_running_loop())
+
+    first = which_loop.apply((1,), throw=True).get()
+    assert which_loop.apply((2,), throw=True).get() == first
 
 
 def test_default_lock_name_is_the_task_name() -> None:
