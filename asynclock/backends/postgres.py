@@ -71,6 +71,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsp
 import anyio
 import asyncpg  # type: ignore[import-untyped]  # no stubs; see fence/sql.py Protocols
 
+from .._core.asyncio_only import require_asyncio
 from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
 from .._core.exceptions import BackendUnavailable, LockHeld
 from .._core.validation import check_name, check_seconds
@@ -427,6 +428,7 @@ class PostgresDriver(Driver):
         password: str | None = None,
     ) -> None:
         super().__init__()
+        require_asyncio("the postgresql:// backend", "asyncpg")
         if mode not in MODES:
             raise ValueError(f"postgres mode must be 'session' or 'lease', got {mode!r}")
         self.dsn = dsn
@@ -534,6 +536,7 @@ class PostgresDriver(Driver):
         )
 
     async def open(self) -> None:
+        require_asyncio(self.display, "asyncpg")
         self._closed = False
         conn = await self._open_main()
         self._conn = conn
