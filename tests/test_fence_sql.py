@@ -137,6 +137,16 @@ async def test_asyncpg_check_outside_a_transaction_is_refused(pg_server: PgServe
         assert await conn.fetchval("SELECT token FROM fence_no_tx WHERE key = 'k'") == 5
     finally:
         await conn.close()
+    pool = await asyncpg.create_pool(pg_server.url(), min_size=1, max_size=2)
+    try:  # a pool would run the check and the write on different connections
+        with pytest.raises(TypeError, match=r"not Pool.*pool.acquire\(\)"):
+            await fence.check_asyncpg(pool, "k", 6)
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SELECT token FROM fence_no_tx WHERE key = 'k'") == 5
+            async with conn.transaction():  # a pool's connection proxy works
+                await fence.check_asyncpg(conn, "k", 6)
+    finally:
+        await pool.close()
 
 
 # -- every fence input checked the same way on every driver, before any SQL (item 15) -------

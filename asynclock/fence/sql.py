@@ -100,7 +100,10 @@ class SQLFence:
 
     Use one of the ``check_*`` methods *inside the transaction that does the write*; it
     raises :class:`StaleToken` if a newer token was already accepted for ``key``, so your
-    transaction rolls back and nothing is written::
+    transaction rolls back and nothing is written. Outside a transaction (autocommit) a
+    check raises :class:`RuntimeError` and writes nothing: the mark would commit on its
+    own, apart from the write. Keys are non-empty text of at most 512 UTF-8 bytes with
+    no NUL character; anything else raises TypeError/ValueError before any SQL::
 
         fence = SQLFence()
         with fence.sqlite_transaction(conn, "invoice:42", lease.token):
@@ -214,7 +217,14 @@ class SQLFence:
         Raises :class:`RuntimeError` (nothing written) outside a transaction, where the
         mark would autocommit on its own, not atomically with your write."""
         key, token = self._args(key, token)
-        if not conn.is_in_transaction():
+        in_transaction = getattr(conn, "is_in_transaction", None)
+        if in_transaction is None:
+            raise TypeError(
+                f"check_asyncpg() needs an asyncpg connection in a transaction, not "
+                f"{type(conn).__name__} (a pool runs each statement on whichever connection "
+                "is free): `async with pool.acquire() as conn, conn.transaction():`"
+            )
+        if not in_transaction():
             raise RuntimeError(
                 "check_asyncpg() must run inside the transaction that does the write, but "
                 "no transaction is open on this connection: the mark would autocommit on its "
