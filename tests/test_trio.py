@@ -107,6 +107,51 @@ async def test_cancelled_waiter_and_holder_leave_the_name_free(
         assert backend.stats().held == 0
 
 
+async def test_two_sqlite_backends_wake_each_other(
+    spec_sqlite: BackendSpec, lock_name: str
+) -> None:
+    """Across backends (as across processes) a release wakes the other side's waiter
+    through sqlite's wake-up socket (anyio.wait_readable), under trio as under asyncio."""
+    counter = 0
+    inside = 0
+
+    async def worker(backend: asynclock.Backend) -> None:
+        nonlocal counter, inside
+        for _ in range(10):
+            async with backend.lock(lock_name, ttl=5.0, timeout=20):
+                inside += 1
+                assert inside == 1, "two holders at once"
+                value = counter
+                await anyio.sleep(0.001)
+                counter = value + 1
+                inside -= 1
+
+    with anyio.fail_after(40):
+        async with spec_sqlite.connect() as one, spec_sqlite.connect() as two:
+            holding, release = anyio.Event(), anyio.Event()
+            tokens: list[int] = []
+
+            async def holder() -> None:
+                async with one.lock(lock_name, ttl=5.0) as lease:
+                    tokens.append(lease.token)
+                    holding.set()
+                    await release.wait()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(holder)
+                await holding.wait()
+                with pytest.raises(asynclock.LockHeld):
+                    await two.acquire(lock_name, ttl=5.0, blocking=False)
+                release.set()
+                async with two.lock(lock_name, ttl=5.0, timeout=10) as second:
+                    tokens.append(second.token)
+            assert tokens[1] > tokens[0]
+            async with anyio.create_task_group() as tg:
+                for backend in (one, two, one, two):
+                    tg.start_soon(worker, backend)
+    assert counter == 40
+
+
 # -- backends whose driver library runs only on asyncio ----------------------------------
 
 ASYNCIO_ONLY = ["redis", "redlock", "postgres", "postgres_lease"]

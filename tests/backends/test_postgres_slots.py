@@ -4,6 +4,7 @@ role's or a database's CONNECTION LIMIT, or the server's max_connections (issue 
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -82,3 +83,48 @@ async def test_a_server_with_one_free_slot_is_told_two_are_needed(
     finally:
         for conn in fillers:
             await conn.close()
+
+
+class _WarningSeen(logging.Handler):
+    """Collects WARNING messages and sets ``seen`` at the first (called in the loop's thread)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.seen = anyio.Event()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+        self.seen.set()
+
+
+async def test_without_the_pooler_probe_one_slot_works_but_the_warning_says_why(
+    one_slot: str,
+) -> None:
+    # check_pooler=false opens the LISTEN connection only when a waiter first waits; when
+    # that fails, waiters poll, and the warning says what is missing.
+    name = f"slots:{uuid.uuid4().hex[:8]}"
+    handler = _WarningSeen()
+    log = logging.getLogger("asynclock.postgres")
+    log.addHandler(handler)
+    try:
+        with anyio.fail_after(30):
+            async with asynclock.connect(one_slot + "?check_pooler=false&poll=0.05") as backend:
+                holding = anyio.Event()
+
+                async def holder() -> None:
+                    async with backend.lock(name, ttl=5.0):
+                        holding.set()
+                        await handler.seen.wait()  # the waiter found LISTEN impossible
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(holder)
+                    await holding.wait()
+                    async with backend.lock(name, ttl=5.0, timeout=20) as lease:
+                        assert lease.token > 0  # got it by polling
+    finally:
+        log.removeHandler(handler)
+    assert any(
+        "LISTEN failed, waiters will poll" in w and "needs two connections" in w
+        for w in handler.messages
+    ), handler.messages
