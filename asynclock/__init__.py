@@ -18,6 +18,7 @@ from ._core.exceptions import (
     QuorumNotReached,
     StaleToken,
 )
+from ._core.leadership import Leader, Leadership, Term
 from ._core.lease import Lease, LossSignal
 from ._core.stats import BackendStats, HoldTimes
 from ._core.templates import NameTemplate
@@ -34,6 +35,8 @@ __all__ = (
     "Driver",
     "HoldTimes",
     "Lease",
+    "Leader",
+    "Leadership",
     "LeaseLost",
     "Lock",
     "LockHeld",
@@ -42,6 +45,7 @@ __all__ = (
     "NameTemplate",
     "QuorumNotReached",
     "StaleToken",
+    "Term",
     "__version__",
     "connect",
     "current_lease",

@@ -40,6 +40,7 @@ from .exceptions import (
     LeaseLost,
     LockHeld,
 )
+from .leadership import Leader, Leadership, identity_of
 from .lease import Lease
 from .stats import BackendStats, StatsRecorder
 from .validation import MAX_NAME_BYTES, check_name, check_timeout, check_token, check_ttl
@@ -239,6 +240,7 @@ class Backend:
         timeout: float | None,
         blocking: bool,
         max_hold: float | None,
+        owner_tag: str = "",
     ) -> Lease:
         if not self._open:
             self._require_open()
@@ -250,7 +252,7 @@ class Backend:
             )
         # Unique per acquisition: 96 random bits per backend plus a counter (a syscall for
         # fresh randomness on every acquisition showed up in the fast path).
-        owner = f"{self._owner_prefix}{next(self._owner_seq):08x}"
+        owner = f"{self._owner_prefix}{next(self._owner_seq):08x}{owner_tag}"
         try:
             # The first attempt, inline (the loop in _wait repeats it): most acquisitions
             # succeed here, and a call less is measurable on the fast path.
@@ -557,6 +559,38 @@ class Backend:
             raise
         except Exception as exc:
             raise BackendUnavailable(f"{self.driver.display}: {what} failed: {exc!r}") from exc
+
+    # -- leader election (asynclock/_core/leadership.py) ------------------------------------
+
+    def leadership(self, name: str, *, ttl: float, identity: str | None = None) -> Leadership:
+        """Campaign for leadership of ``name``; ``identity`` (default ``host:pid``) is what
+        :meth:`leader` tells other processes.
+
+        ``async with backend.leadership(name, ttl=...) as term:`` waits until elected and
+        yields a :class:`Term`; the body is cancelled when the term is lost and the block
+        raises :class:`LeaseLost`. ``async for term in backend.leadership(...):`` with
+        ``async with term:`` inside campaigns again after each loss (with backoff) until
+        the loop is left.
+        """
+        return Leadership(self, name, ttl, identity)
+
+    async def leader(self, name: str) -> Leader | None:
+        """Who leads ``name`` now (its identity and token), or None if nobody holds it.
+
+        Raises NotImplementedError on backends whose server keeps no owner for a lock
+        (postgres ``mode=session``, redlock).
+        """
+        self._require_open()
+        check_name(name)
+        try:
+            found = await self.driver.owner_of(name)
+        except (AsynclockError, NotImplementedError):
+            raise
+        except Exception as exc:
+            raise BackendUnavailable(f"{self.driver.display}: leader failed: {exc!r}") from exc
+        if found is None:
+            return None
+        return Leader(identity_of(found[0]), found[1])
 
 
 def _checkpoint_if_cancelled_for(

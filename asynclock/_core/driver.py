@@ -119,3 +119,11 @@ class Driver:
 
     async def abandon(self, name: str, owner: str) -> None:
         """A queued waiter gave up (timeout or cancellation); forget it."""
+
+    async def owner_of(self, name: str) -> tuple[str, int] | None:
+        """The live lease of ``name`` as the server stores it: (owner, token), or None if
+        free. Backends whose server keeps no owner raise NotImplementedError."""
+        raise NotImplementedError(
+            f"{self.display} does not store a lock's owner at the server, so it cannot "
+            "tell who holds or leads a name"
+        )

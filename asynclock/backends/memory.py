@@ -90,6 +90,10 @@ class MemoryDriver(Driver):
             # The head may have left: let the next waiter try now.
             self._wake(name)
 
+    async def owner_of(self, name: str) -> tuple[str, int] | None:
+        entry = self._live(name)
+        return None if entry is None else (entry.owner, entry.token)
+
 
 def driver_from_url(url: str, **options: Any) -> MemoryDriver:
     if options:

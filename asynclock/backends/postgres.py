@@ -999,6 +999,26 @@ class PostgresDriver(Driver):
             self._wake(name)
         return bool(live)
 
+    async def owner_of(self, name: str) -> tuple[str, int] | None:
+        if self.mode != "lease":
+            # A session advisory lock carries no owner, and its token lock is keyed by a
+            # hash of (token, key): neither can be read back.
+            return await super().owner_of(name)
+        async with self._io:
+            conn = await self._main()
+            try:
+                row = await conn.fetchrow(SQL_L_OWNER, _name_bytes(name))
+            except _CONNECTION_ERRORS as exc:
+                raise self._unavailable("owner lookup failed", exc) from exc
+        return None if row is None else (str(row["owner"]), int(row["token"]))
+
+
+# The live lease of mode lease (leader(), G9's read side). Args: $1 name. Returns its
+# owner and token, or no row when the name is free.
+SQL_L_OWNER = """
+SELECT owner, token FROM asynclock_lease WHERE name = $1 AND expires_at > clock_timestamp()
+"""
+
 
 def _ident(name: str) -> str:
     """``name`` as an SQL identifier in a hint (quoted unless plain lower case)."""

@@ -1170,6 +1170,13 @@ class RedisDriver(SubscribingDriver):
             del self._waits[name]
         return wait
 
+    async def owner_of(self, name: str) -> tuple[str, int] | None:
+        value = await self.node.get(self.keys(name).lock)
+        token = None if value is None else _token_of(value)
+        if value is None or token is None:
+            return None  # free, or reserved for a waiter (no token yet)
+        return value.rpartition(b":")[0].decode("utf-8", "replace"), token
+
 
 def extend_call(keys: KeyCache, leases: Sequence[LeaseRef]) -> tuple[list[bytes], list[bytes]]:
     """KEYS and ARGV of the batched ``extend`` script: per lease its lock key, and

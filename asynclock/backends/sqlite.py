@@ -485,6 +485,13 @@ class SQLiteDriver(Driver):
         # If we were first in line, the next waiter may go now.
         self._notify_next(name)
 
+    async def owner_of(self, name: str) -> tuple[str, int] | None:
+        try:
+            row = self.db.execute(SQL_LIVE, (name, self.boot, time.monotonic())).fetchone()
+        except sqlite3.Error as exc:
+            raise self._unavailable("owner lookup", exc) from exc
+        return None if row is None else (str(row[0]), int(row[1]))
+
 
 def driver_from_url(url: str, **options: Any) -> SQLiteDriver:
     parts = urlsplit(url)
