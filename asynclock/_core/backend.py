@@ -183,16 +183,25 @@ class Backend:
         timeout: float | None = None,
         blocking: bool = True,
         max_hold: float | None = None,
+        token_scope: str | None = None,
     ) -> Lock:
         """An async context manager that holds ``name`` for the body and yields the Lease.
 
         The body runs in a cancel scope that is cancelled when the lease is lost; the
         ``async with`` then raises :class:`LeaseLost`. Busy with ``blocking=False`` raises
         :class:`LockHeld`; not acquired within ``timeout`` raises :class:`AcquireTimeout`.
+
+        ``token_scope`` (a str validated like a name) draws the token from the scope's
+        counter as well as the name's: every lease taken with one scope gets a token
+        greater than every earlier token of that scope, whatever its name (G2 per scope),
+        and still greater than every earlier token of the name. Use it when one logical
+        job locks a new name per occurrence (``"nightly@2026-12-01T03:00"``) and its
+        writes must be fenced in order.
         """
         lock = Lock.__new__(Lock)  # skip a frame: one Lock is often made per hold
         lock._backend = self
         lock._args = _check_lock_args(name, ttl, timeout, blocking, max_hold)
+        lock._token_scope = None if token_scope is None else _check_scope(token_scope)
         return lock
 
     async def acquire(
@@ -203,14 +212,17 @@ class Backend:
         timeout: float | None = None,
         blocking: bool = True,
         max_hold: float | None = None,
+        token_scope: str | None = None,
     ) -> Lease:
         """Acquire without a context manager. You must ``await lease.release()``.
 
         No cancel scope guards your work here: watch ``lease.lost`` or call
         ``lease.check()`` before side effects, and fence your writes with ``lease.token``.
+        ``token_scope``: as in :meth:`lock`.
         """
         args = _check_lock_args(name, ttl, timeout, blocking, max_hold)
-        return await self._acquire(*args)
+        scope = None if token_scope is None else _check_scope(token_scope)
+        return await self._acquire(*args, token_scope=scope)
 
     async def validate(self, name: str, token: int) -> bool:
         """True if ``token`` is the live holder's token for ``name`` right now (G9)."""
@@ -241,6 +253,7 @@ class Backend:
         blocking: bool,
         max_hold: float | None,
         owner_tag: str = "",
+        token_scope: str | None = None,
     ) -> Lease:
         if not self._open:
             self._require_open()
@@ -258,13 +271,20 @@ class Backend:
             # succeed here, and a call less is measurable on the fast path.
             t_send = self.clock.now()
             try:
-                result = await self.driver.acquire(name, owner, ttl, queue=blocking)
+                if token_scope is None:
+                    result = await self.driver.acquire(name, owner, ttl, queue=blocking)
+                else:
+                    result = await self.driver.acquire(
+                        name, owner, ttl, queue=blocking, scope=token_scope
+                    )
             except BaseException as exc:
                 await self._undo_acquire(name, owner, exc)
                 raise  # _undo_acquire raised the wrapped error for plain exceptions
             if not isinstance(result, Busy):
                 return self._grant(name, owner, result, ttl, t_send, max_hold)
-            return await self._wait(name, owner, ttl, t_send, timeout, blocking, max_hold, result)
+            return await self._wait(
+                name, owner, ttl, t_send, timeout, blocking, max_hold, result, token_scope
+            )
         except BaseException:
             if blocking:  # leave the wait queue (after any clean-up of the attempt)
                 await self._shielded(self.driver.abandon(name, owner), "abandon wait")
@@ -289,6 +309,7 @@ class Backend:
         blocking: bool,
         max_hold: float | None,
         result: Busy,
+        token_scope: str | None = None,
     ) -> Lease:
         """After a failed first attempt: wait for a release and try again (or give up)."""
         driver, clock = self.driver, self.clock
@@ -322,7 +343,12 @@ class Backend:
                         await released.wait()
                 t_send = clock.now()
                 try:
-                    attempt = await driver.acquire(name, owner, ttl, queue=blocking)
+                    if token_scope is None:
+                        attempt = await driver.acquire(name, owner, ttl, queue=blocking)
+                    else:
+                        attempt = await driver.acquire(
+                            name, owner, ttl, queue=blocking, scope=token_scope
+                        )
                 except BaseException as exc:
                     await self._undo_acquire(name, owner, exc)
                     raise
@@ -619,6 +645,15 @@ def _poke(scope: anyio.CancelScope | None) -> None:
         scope.cancel()
 
 
+def _check_scope(scope: object) -> str:
+    if not isinstance(scope, str):
+        raise TypeError(f"token_scope must be a str or None, not {type(scope).__name__}")
+    try:
+        return check_name(scope)
+    except ValueError as exc:
+        raise ValueError(f"token_scope: {exc} (it is validated like a lock name)") from None
+
+
 def _check_lock_args(
     name: object, ttl: object, timeout: object, blocking: object, max_hold: object
 ) -> tuple[str, float, float | None, bool, float | None]:
@@ -651,7 +686,7 @@ class Lock:
     the lease, per task; never in thread-locals).
     """
 
-    __slots__ = ("_args", "_backend")
+    __slots__ = ("_args", "_backend", "_token_scope")
 
     def __init__(
         self,
@@ -662,9 +697,11 @@ class Lock:
         timeout: float | None,
         blocking: bool,
         max_hold: float | None,
+        token_scope: str | None = None,
     ) -> None:
         self._backend = backend
         self._args = _check_lock_args(name, ttl, timeout, blocking, max_hold)
+        self._token_scope = None if token_scope is None else _check_scope(token_scope)
 
     @property
     def name(self) -> str:
@@ -675,7 +712,10 @@ class Lock:
 
     async def __aenter__(self) -> Lease:
         backend = self._backend
-        lease = await backend._acquire(*self._args)
+        if self._token_scope is None:
+            lease = await backend._acquire(*self._args)
+        else:
+            lease = await backend._acquire(*self._args, token_scope=self._token_scope)
         scope = backend._scope_type()
         scope.__enter__()
         lease._scope = scope

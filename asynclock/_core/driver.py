@@ -76,11 +76,19 @@ class Driver:
     async def aclose(self) -> None:
         """Close connections. Must not raise."""
 
-    async def acquire(self, name: str, owner: str, ttl: float, *, queue: bool) -> int | Busy:
+    async def acquire(
+        self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
+    ) -> int | Busy:
         """One atomic attempt. Return the new fencing token, or :class:`Busy`.
 
         ``queue`` is true for a blocking waiter: a backend with a fair queue may register
         ``owner`` as waiting (see :meth:`abandon`).
+
+        ``scope`` (a token scope, validated like a name) is None for the name's own counter;
+        otherwise the token must be greater than every token handed out before for the
+        scope *and* for the name (G2 for both), drawn in the same atomic step as the grant.
+        The core passes ``scope`` only when it is set, so a driver that never sees one may
+        keep the old signature.
         """
         raise NotImplementedError
 

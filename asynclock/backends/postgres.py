@@ -36,7 +36,8 @@ appends epoch ``max + 1`` to the logged table ``asynclock_token_epoch`` and sets
 to that epoch's end, ``(epoch + 1) * 2**40 - 1`` (a new range row starts at ``epoch *
 2**40 + 1``), committing synchronously. So every token handed out is <= ``lim``, which is
 never visible before its epoch row is on disk, and after a crash the next epoch starts
-above all of them (G2), without a clock. One sequence for all names: a name's tokens
+above all of them (G2), without a clock. One sequence for all names (so a ``token_scope``
+needs no counter of its own: its tokens rise like any name's): a name's tokens
 rise with gaps. Not ``CACHE > 1`` (per-session caches would hand out values out of order),
 and not the sequence alone: nextval logs only every 32nd value, and the values between
 are handed out without waiting for that record's flush (with ``synchronous_commit = off``,
@@ -754,7 +755,11 @@ class PostgresDriver(Driver):
         self._idle_set = wanted
         return wanted
 
-    async def acquire(self, name: str, owner: str, ttl: float, *, queue: bool) -> int | Busy:
+    async def acquire(
+        self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
+    ) -> int | Busy:
+        # A token scope needs nothing here: one sequence (above the durable epoch) orders
+        # every token of every name and mode, so a scope's tokens already rise (G2).
         if self.mode == "lease":
             return await self._lease_acquire(name, owner, ttl)
         # Under the connection lock: a release in flight on our session finishes first.

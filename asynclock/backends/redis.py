@@ -71,6 +71,13 @@ local function next_token(fence, t)
   end
   return redis.call('INCR', fence)
 end
+-- G2 per token scope: the next token of the name's counter and of the scope's (both
+-- seeded as above), whichever is larger; both counters end at it.
+local function scoped_token(fence, scope, t)
+  local a, b = next_token(fence, t), next_token(scope, t)
+  if a < b then redis.call('SET', fence, b) elseif b < a then redis.call('SET', scope, a) end
+  return math.max(a, b)
+end
 -- Hold the lock for owner with token for ttl ms (%d: '..' would print 1.7e+15).
 local function hold(lock, owner, token, ttl)
   redis.call('SET', lock, owner .. ':' .. string.format('%d', token), 'PX', ttl)
@@ -130,8 +137,9 @@ end
 """
 
 # ACQUIRE (G1 exclusion, G2 monotonic tokens, fair queue).
-# KEYS: lock, fence, queue, queue_exp. ARGV: owner, ttl_ms, mode, channel; mode 0 = no
-# queue (fair=False), 1 = respect the queue, 2 = respect it and wait in it.
+# KEYS: lock, fence, queue, queue_exp[, scope fence: token_scope's counter, next_token's
+# twin]. ARGV: owner, ttl_ms, mode, channel; mode 0 = no queue (fair=False), 1 = respect
+# the queue, 2 = respect it and wait in it.
 # Returns {token} when granted, {0, retry_after_ms} when busy.
 # The fence counter is never deleted (see next_token).
 ACQUIRE = (
@@ -144,7 +152,8 @@ local member = owner .. ':' .. ttl
 local cur = redis.call('GET', lock)
 local now, t = now_ms()
 local function grant()
-  local token = next_token(fence, t)
+  local token
+  if KEYS[5] then token = scoped_token(fence, KEYS[5], t) else token = next_token(fence, t) end
   hold(lock, owner, token, ttl)
   if mode == '2' and redis.call('EXISTS', q) == 1 then
     redis.call('ZREM', q, member)
@@ -243,7 +252,7 @@ return 1
 # REDLOCK_ACQUIRE (Redlock phase 1; G1 exclusion, G2 monotonic tokens): ACQUIRE in mode 0
 # (no waiter queue: Redlock never queues) with nothing that mode does not need, so each
 # node spends less time per call (every node's time is on the path of every acquisition).
-# KEYS: lock, fence. ARGV: owner, ttl_ms.
+# KEYS: lock, fence[, scope fence]. ARGV: owner, ttl_ms.
 # Returns {token} when granted, {0, retry_after_ms} when busy. The counter is seeded from
 # TIME exactly as in ACQUIRE (next_token).
 REDLOCK_ACQUIRE = (
@@ -258,7 +267,8 @@ if cur and cur ~= '~' .. owner then
   if left < 0 then left = 0 end
   return {0, left}
 end
-local token = next_token(fence, nil)
+local token
+if KEYS[3] then token = scoped_token(fence, KEYS[3], nil) else token = next_token(fence, nil) end
 hold(lock, owner, token, ARGV[2])
 return {token}
 """
@@ -285,13 +295,16 @@ return 0
 
 # RAISE_FENCE (Redlock phase 2, G2): where this node still holds our key, raise the fence
 # counter to the agreed token t (never lower it) and record t in the lock value.
-# KEYS: lock, fence. ARGV: owner, t. Returns 1 if done, 0 if the key is no longer ours.
+# KEYS: lock, fence[, scope fence] (a token scope's counter is raised alike).
+# ARGV: owner, t. Returns 1 if done, 0 if the key is no longer ours.
 RAISE_FENCE = """
 local cur = redis.call('GET', KEYS[1])
 local owner = ARGV[1]
 if not cur or string.sub(cur, 1, #owner + 1) ~= owner .. ':' then return 0 end
-local f = tonumber(redis.call('GET', KEYS[2]) or '0')
-if f < tonumber(ARGV[2]) then redis.call('SET', KEYS[2], ARGV[2]) end
+for i = 2, #KEYS do
+  local f = tonumber(redis.call('GET', KEYS[i]) or '0')
+  if f < tonumber(ARGV[2]) then redis.call('SET', KEYS[i], ARGV[2]) end
+end
 redis.call('SET', KEYS[1], owner .. ':' .. ARGV[2], 'KEEPTTL')
 return 1
 """
@@ -334,6 +347,12 @@ class Keys:
 def hash_tag(name: str) -> str:
     """``name`` escaped so it is a valid, complete Redis Cluster hash tag (no braces)."""
     return name.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+def scope_fence_key(scope: str, prefix: str = "asynclock:") -> bytes:
+    """The fence counter of a token scope. Its own hash tag: on Redis Cluster a scoped
+    acquire would touch two slots, so token scopes need a single node (or Redlock)."""
+    return f"{prefix}scope:{{{hash_tag(scope)}}}:fence".encode()
 
 
 def keys_for(name: str, prefix: str = "asynclock:") -> Keys:
@@ -1053,7 +1072,9 @@ class RedisDriver(SubscribingDriver):
 
     # -- primitives ------------------------------------------------------------------------
 
-    async def acquire(self, name: str, owner: str, ttl: float, *, queue: bool) -> int | Busy:
+    async def acquire(
+        self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
+    ) -> int | Busy:
         k = self.keys(name)
         ttl_ms = ms(ttl)
         mode = (JOIN_QUEUE if queue else RESPECT_QUEUE) if self.fair else NO_QUEUE
@@ -1075,9 +1096,12 @@ class RedisDriver(SubscribingDriver):
         heard = self._heard.get(name, 0)
         bumps = wait.bumps if wait is not None else 0
         t_send = self.clock.now()
+        keys: tuple[bytes, ...] = k.acquire_keys
+        if scope is not None:
+            keys = (*keys, scope_fence_key(scope, self.keys.prefix))
         reply = await self.node.run(
             "acquire",
-            k.acquire_keys,
+            keys,
             (owner.encode(), b"%d" % ttl_ms, mode, k.channel),
         )
         if reply[0]:

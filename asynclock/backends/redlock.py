@@ -48,6 +48,7 @@ from .redis import (
     ms,
     pack,
     pack_script,
+    scope_fence_key,
 )
 
 T = TypeVar("T")
@@ -253,8 +254,12 @@ class RedlockDriver(SubscribingDriver):
 
     # -- primitives ------------------------------------------------------------------------
 
-    async def acquire(self, name: str, owner: str, ttl: float, *, queue: bool) -> int | Busy:
+    async def acquire(
+        self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
+    ) -> int | Busy:
         k = self.keys(name)
+        # A token scope's counter rides along in phase 1 and phase 2 on every node.
+        fences = (k.fence,) if scope is None else (k.fence, scope_fence_key(scope, self.prefix))
         timeout = self._timeout(ttl)
         started = self.clock.now()
         trusted = self._subscribed(k.channel_name)
@@ -262,7 +267,7 @@ class RedlockDriver(SubscribingDriver):
         epochs = [listener.epoch for listener in self.listeners] if trusted else None
         heard = self._heard.get(name, 0)
         ownerb = owner.encode()
-        packed = pack_script("redlock_acquire", (k.lock, k.fence), (ownerb, b"%d" % ms(ttl)))
+        packed = pack_script("redlock_acquire", (k.lock, *fences), (ownerb, b"%d" % ms(ttl)))
         results = await self._fan("redlock_acquire", packed, timeout)
         tokens: dict[int, int] = {}
         busy: list[float] = []
@@ -277,7 +282,7 @@ class RedlockDriver(SubscribingDriver):
             token = max(tokens.values())
             if min(tokens.values()) != token:
                 # Phase 2: the quorum disagrees; raise every granting node to t.
-                packed = pack_script("raise_fence", (k.lock, k.fence), (ownerb, b"%d" % token))
+                packed = pack_script("raise_fence", (k.lock, *fences), (ownerb, b"%d" % token))
                 acks = await self._fan("raise_fence", packed, timeout, list(tokens))
                 ok = sum(1 for r in acks.values() if r == 1)
                 if ok < self.quorum:

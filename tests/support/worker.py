@@ -62,7 +62,7 @@ async def hold(backend: asynclock.Backend, cfg: dict[str, Any]) -> None:
         guard = (
             backend.leadership(cfg["name"], ttl=cfg["ttl"], identity=cfg.get("identity"))
             if cfg["mode"] == "lead"
-            else backend.lock(cfg["name"], ttl=cfg["ttl"])
+            else backend.lock(cfg["name"], ttl=cfg["ttl"], token_scope=cfg.get("token_scope"))
         )
         async with guard as held:
             token = held.token
