@@ -460,6 +460,26 @@ class Backend:
         )
         return False
 
+    async def _let_expire(self, lease: Lease) -> bool:
+        """Extend ``lease`` once more (owner-checked, G5), then stop renewing it."""
+        if self._held.get(lease.owner) is not lease or lease._released:
+            return False
+        ref = LeaseRef(lease.name, lease.owner, lease.token, lease.ttl)
+        result: object = None
+        try:
+            results = await shielded_call(self.driver.extend([ref]), self._bounds)
+            result = None if results is None else results[0]
+        except Exception as exc:
+            result = exc
+        if isinstance(result, Refused):
+            self._lose(lease, f"renewal refused: {result.reason}")
+            return False
+        # Stop renewing; from here on only the server's ttl keeps the name taken.
+        self._held.pop(lease.owner, None)
+        lease._released = True
+        self._stats.released += 1
+        return result is True
+
     # -- loss ------------------------------------------------------------------------------
 
     def _lost_out_of_band(self, name: str, owner: str, reason: str) -> None:

@@ -100,3 +100,19 @@ async def test_bad_scope_is_refused_before_any_io(
         backend.lock("n", ttl=1.0, token_scope=scope)  # type: ignore[arg-type]
     with pytest.raises(error, match=match):
         await backend.acquire("n", ttl=1.0, token_scope=scope)  # type: ignore[arg-type]
+
+
+async def test_let_expire_keeps_the_name_taken_for_its_ttl(
+    backend: asynclock.Backend, lock_name: str
+) -> None:
+    lease = await backend.acquire(lock_name, ttl=1.0)
+    assert await lease.let_expire() is True
+    assert lease.released and not lease.lost
+    assert lease not in backend.held()
+    # Not released at the server: still taken until the last extension's ttl runs out.
+    with pytest.raises(asynclock.LockHeld):
+        await backend.acquire(lock_name, ttl=1.0, blocking=False)
+    later = await backend.acquire(lock_name, ttl=1.0, timeout=10)
+    assert later.token > lease.token
+    assert await lease.let_expire() is False  # already given up
+    await later.release()
