@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sqlite3
@@ -416,3 +417,41 @@ def test_leader_only_runs_jobs_on_the_leader_and_fails_over(spec_sqlite: Backend
         for scheduler in (sa, sb):
             if scheduler.running:
                 scheduler.shutdown(wait=False)
+
+
+def test_a_misconfigured_job_added_after_start_is_refused_when_submitted() -> None:
+    refused = threading.Event()
+    messages: list[str] = []
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.exc_info and isinstance(record.exc_info[1], ValueError):
+                messages.append(str(record.exc_info[1]))
+                refused.set()
+
+    handler = Catch()
+    logging.getLogger("apscheduler").addHandler(handler)
+    ran: list[bool] = []
+    scheduler = BackgroundScheduler(timezone="UTC")
+    scheduler.add_executor(ClaimingExecutor("memory://", claim_ttl=10.0), "default")
+    scheduler.start()
+    try:
+        scheduler.add_job(
+            lambda: ran.append(True),
+            CronTrigger(second="*", jitter=3),
+            id="late-bad",
+            next_run_time=datetime.now(UTC),
+        )
+        assert refused.wait(10)
+    finally:
+        scheduler.shutdown()
+        logging.getLogger("apscheduler").removeHandler(handler)
+    assert "job 'late-bad': its trigger has jitter=3" in messages[0]
+    assert ran == []
+
+
+def test_the_integration_imports_only_the_public_api() -> None:
+    package = ROOT / "integrations" / "asynclock_apscheduler"
+    for source in package.glob("*.py"):
+        text = source.read_text()
+        assert "asynclock._" not in text and "from asynclock." not in text, source.name

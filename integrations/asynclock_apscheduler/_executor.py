@@ -411,6 +411,8 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
                         raise _lost(lease) from None
                     if lease.lost:  # the body swallowed the interruption
                         raise _lost(lease)
+                    # A thawed run can return before the loss reached it: ask the clock.
+                    lease.check()
                 return result
             finally:
                 _OCCURRENCE.reset(token)
@@ -443,6 +445,7 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
                         raise _lost(lease) from None
                     if lease.lost:
                         raise _lost(lease)
+                    lease.check()  # as in the sync runner
                 return result
             finally:
                 _OCCURRENCE.reset(token)
