@@ -452,7 +452,9 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
                 watch.cancel()
                 finishing = self._finish(lease)
                 if finishing is not None:
-                    await asyncio.wait_for(asyncio.wrap_future(finishing), lease.ttl)
+                    # Bounded by the backend's release timeout; if it never answers, the
+                    # claim still expires within its ttl from the last renewal.
+                    await asyncio.wait([asyncio.wrap_future(finishing)], timeout=lease.ttl)
 
         return run
 

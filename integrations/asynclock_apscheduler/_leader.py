@@ -81,6 +81,19 @@ class LeaderOnly:
             self.leading.clear()
 
     async def _run(self) -> None:
+        delay = 0.1
+        while True:
+            try:
+                await self._campaign_terms()
+            except Exception as exc:
+                # The lock server is unreachable: stay paused, say so, and try again.
+                logger.error("%r: campaign failed, retrying in %.1fs: %r", self.name, delay, exc)
+                await anyio.sleep(delay)
+                delay = min(delay * 2, self.ttl)
+            else:
+                return
+
+    async def _campaign_terms(self) -> None:
         _, backend = self._loop_thread.require()
         leadership = backend.leadership(self.name, ttl=self.ttl, identity=self.identity)
         async for term in leadership:
