@@ -162,35 +162,56 @@ class _OccurrenceJob:
 
 
 class _Interrupted(asynclock.LeaseLost):
-    """Raised asynchronously in a sync job's thread when its claim is lost."""
+    """Raised asynchronously in a sync job's thread when its claim is lost.
+
+    CPython raises an async exception by calling its class with no arguments, so each
+    occurrence gets a subclass that knows its lease (see :func:`_interruption`).
+    """
+
+    lease: asynclock.Lease
 
     def __init__(self) -> None:
-        super().__init__("?", 0, "claim lost")
+        lease = self.lease
+        super().__init__(lease.name, lease.token, lease.lost.reason or "claim lost")
+
+
+def _interruption(lease: asynclock.Lease) -> type[_Interrupted]:
+    return type("LeaseLost", (_Interrupted,), {"lease": lease})
 
 
 _set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
 
 
 class _SyncStop:
-    """Interrupts one thread once, only while the job body runs in it."""
+    """Interrupts one thread once, only while the job body runs in it (between ``arm``
+    and ``finish``); a loss before ``arm`` makes ``arm`` raise instead."""
 
-    def __init__(self) -> None:
+    def __init__(self, lease: asynclock.Lease) -> None:
         self.thread = threading.get_ident()
+        self.error = _interruption(lease)
         self.guard = threading.Lock()
+        self.armed = False
         self.done = False
-        self.injected = False
+        self.lost = False
 
     def interrupt(self) -> None:
         with self.guard:
-            if self.done or self.injected:
+            if self.lost or self.done:
                 return
-            self.injected = True
-            _set_async_exc(ctypes.c_ulong(self.thread), ctypes.py_object(_Interrupted))
+            self.lost = True
+            if self.armed:
+                _set_async_exc(ctypes.c_ulong(self.thread), ctypes.py_object(self.error))
+
+    def arm(self) -> None:
+        with self.guard:
+            if self.lost:
+                raise self.error()
+            self.armed = True
 
     def finish(self) -> None:
         with self.guard:
             self.done = True
-            if self.injected:
+            if self.armed and self.lost:
                 _set_async_exc(ctypes.c_ulong(self.thread), None)  # drop it if still pending
 
 
@@ -253,7 +274,8 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
 
     @property
     def backend(self) -> asynclock.Backend:
-        """The open backend (on the executor's event-loop thread; use ``portal`` to call it)."""
+        """The open backend. It lives on the executor's own event-loop thread: call it
+        only from there (e.g. through ``anyio.from_thread`` helpers of your own)."""
         return self._loop_thread.require()[1]
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -397,13 +419,14 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
         def run(*args: Any, **kwargs: Any) -> Any:
             lease = occurrence.lease
             portal, _ = self._loop_thread.require()
-            stop = _SyncStop()
+            stop = _SyncStop(lease)
             watch = portal.start_task_soon(_on_loss, lease, stop.interrupt)
             token = _OCCURRENCE.set(occurrence)
             try:
                 with asynclock.use_lease(lease):
                     try:
                         try:
+                            stop.arm()
                             result = func(*args, **kwargs)
                         finally:
                             stop.finish()
@@ -430,9 +453,13 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
             task = asyncio.current_task()
             assert task is not None
             loop = asyncio.get_running_loop()
-            watch = portal.start_task_soon(
-                _on_loss, lease, lambda: loop.call_soon_threadsafe(task.cancel)
-            )
+            running = [True]
+
+            def stop() -> None:  # on the job's loop: cancel the body only
+                if running[0]:
+                    task.cancel()
+
+            watch = portal.start_task_soon(_on_loss, lease, lambda: loop.call_soon_threadsafe(stop))
             token = _OCCURRENCE.set(occurrence)
             try:
                 with asynclock.use_lease(lease):
@@ -443,6 +470,8 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
                             raise
                         task.uncancel()
                         raise _lost(lease) from None
+                    finally:
+                        running[0] = False
                     if lease.lost:
                         raise _lost(lease)
                     lease.check()  # as in the sync runner
