@@ -85,11 +85,19 @@ def process_state(pid: int) -> str | None:
 class Worker:
     """One worker process: its JSON events, signals, and its stderr file if it has one."""
 
-    def __init__(self, label: str, process: anyio.abc.Process, stderr: Path | None = None) -> None:
+    def __init__(
+        self,
+        label: str,
+        process: anyio.abc.Process,
+        stderr: Path | None = None,
+        timeout: float = 30.0,
+    ) -> None:
         self.label = label
         self.process = process
         self.pid = process.pid
         self.stderr = stderr
+        #: The bound on a read or wait whose caller gives none.
+        self.timeout = timeout
         self._buffer = b""
 
     @property
@@ -107,10 +115,14 @@ class Worker:
         tail = text.splitlines()[-lines:]
         return ("\n    " + "\n    ".join(tail)) if tail else ""
 
-    async def next_event(self, timeout: float, what: str = "its next event") -> dict[str, Any]:
-        """The next event, whatever it is; :class:`WorkerFailed` after ``timeout`` seconds."""
+    async def next_event(
+        self, timeout: float | None = None, what: str = "its next event"
+    ) -> dict[str, Any]:
+        """The next event, whatever it is; :class:`WorkerFailed` after ``timeout`` seconds
+        (default: the worker's :attr:`timeout`)."""
         stdout = self.process.stdout
         assert stdout is not None
+        timeout = self.timeout if timeout is None else timeout
         with anyio.move_on_after(timeout):
             while b"\n" not in self._buffer:
                 try:
@@ -132,7 +144,9 @@ class Worker:
             return event
         raise WorkerFailed(f"{self.label}: no report of {what} within {timeout:g}s")
 
-    async def expect(self, kind: str, timeout: float, what: str | None = None) -> dict[str, Any]:
+    async def expect(
+        self, kind: str, timeout: float | None = None, what: str | None = None
+    ) -> dict[str, Any]:
         """The next event, which must be ``kind``; bounded by ``timeout`` seconds.
 
         An ``{"event": "error", "message": ...}`` report raises with its message.
@@ -182,9 +196,10 @@ class Worker:
             f"{self.label} (pid {self.pid}) did not stop within {timeout:g}s of SIGSTOP"
         )
 
-    async def wait(self, timeout: float) -> int | None:
-        """The worker's exit code, or None if it is still running after ``timeout`` seconds."""
-        with anyio.move_on_after(timeout):
+    async def wait(self, timeout: float | None = None) -> int | None:
+        """The worker's exit code, or None if it is still running after ``timeout`` seconds
+        (default: the worker's :attr:`timeout`)."""
+        with anyio.move_on_after(self.timeout if timeout is None else timeout):
             code = await self.process.wait()
             _live.pop(self.pid, None)
             return code
@@ -201,11 +216,13 @@ async def spawn(
     label: str,
     stderr: Path | None = None,
     env: Mapping[str, str] | None = None,
+    timeout: float = 30.0,
 ) -> Worker:
     """Start ``python argv...`` as a worker (stdin and stdout are pipes).
 
     ``stderr``: a file for the worker's stderr (read back only to explain a failure, so no
     pipe needs draining); None leaves it on ours. ``env``: extra environment variables.
+    ``timeout``: the worker's default bound on reads and waits.
     """
     with contextlib.ExitStack() as stack:
         err = None if stderr is None else stack.enter_context(_create(stderr))
@@ -217,7 +234,7 @@ async def spawn(
             env=worker_env(env),
         )
     _live[process.pid] = process
-    return Worker(label, process, stderr)
+    return Worker(label, process, stderr, timeout)
 
 
 def kill_leftovers() -> None:
@@ -245,9 +262,10 @@ class WorkerGroup:
         label: str,
         stderr: Path | None = None,
         env: Mapping[str, str] | None = None,
+        timeout: float = 30.0,
     ) -> Worker:
         """:func:`spawn` a worker that this group ends on exit."""
-        worker = await spawn(argv, label=label, stderr=stderr, env=env)
+        worker = await spawn(argv, label=label, stderr=stderr, env=env, timeout=timeout)
         self.workers.append(worker)
         return worker
 
@@ -268,6 +286,6 @@ class WorkerGroup:
             for worker in self.workers:
                 if worker.returncode is None:
                     worker.kill()
-                await worker.wait(2)
+                await worker.wait(2.0)
                 with contextlib.suppress(Exception):
                     await worker.process.aclose()

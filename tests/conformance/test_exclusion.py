@@ -9,6 +9,7 @@ import anyio.lowlevel
 import pytest
 
 import asynclock
+from asynclock._harness import Hold, overlaps
 from tests.support.procs import start_worker
 from tests.support.spec import BackendSpec
 
@@ -50,10 +51,13 @@ async def test_four_processes_never_lose_an_update(
         )
         for _ in range(4)
     ]
+    holds: list[Hold] = []
     for w in workers:
-        await w.expect("done")
+        done = await w.expect("done")
+        holds += [Hold.from_json(raw) for raw in done["holds"]]
         assert await w.wait() == 0
     assert int(counter.read_text()) == 4 * rounds
+    assert overlaps(holds) == []  # no two processes believed they held it at once
 
 
 async def test_blocking_false_raises_lock_held(backend: asynclock.Backend, lock_name: str) -> None:
