@@ -79,5 +79,7 @@ def test_core_imports_without_optional_drivers() -> None:
         "bad = [m for m in ('redis', 'asyncpg', 'aetcd', 'rich', 'celery', 'fastapi')"
         " if m in sys.modules]; print(bad); raise SystemExit(1 if bad else 0)"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=50
+    )
     assert done.returncode == 0, done.stdout + done.stderr
