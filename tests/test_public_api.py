@@ -42,7 +42,13 @@ def test_all_is_exactly_the_public_api() -> None:
 
 
 def test_submodule_all() -> None:
-    assert set(asynclock.testing.__all__) == {"force_loss", "memory_backend"}
+    assert set(asynclock.testing.__all__) == {
+        "DriverFaults",
+        "ManualClock",
+        "force_loss",
+        "memory_backend",
+        "next_renewal_round",
+    }
     assert "SQLFence" in asynclock.fence.__all__
     for module in (asynclock.testing, asynclock.fence):
         assert isinstance(module.__all__, tuple)
