@@ -16,7 +16,6 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Awaitable, Callable
-from types import TracebackType
 from typing import Any
 
 import anyio
@@ -222,10 +221,5 @@ class DriverFaults:
     def __enter__(self) -> DriverFaults:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.restore()

@@ -19,9 +19,11 @@ from asynclock._harness import (
     lost_updates,
     overlaps,
     process_state,
+    read_jsonl,
     spawn,
     stale_writes,
     tokens_out_of_order,
+    write_jsonl,
 )
 
 pytestmark = [
@@ -133,8 +135,24 @@ def test_checker_names_every_violation() -> None:
     assert any("3 of 100 updates were lost (the counter reads 97)" in p for p in problems)
 
 
-def test_records_read_back_from_json() -> None:
+def test_records_read_back_from_json(tmp_path: Path) -> None:
     hold, write = Hold("a", 1.5, 2.5, 7, "n"), Write("b", 3.0, 8, False, "k")
     assert Hold.from_json(hold.to_json()) == hold
     assert Write.from_json(write.to_json()) == write
     assert hold.to_json()["kind"] == "hold" and write.to_json()["kind"] == "write"
+    history = tmp_path / "history.jsonl"
+    write_jsonl(history, [hold, write])
+    write_jsonl(history, [hold])
+    assert read_jsonl(history) == ([hold, hold], [write])
+    history.write_text('{"kind": "nap"}\n')
+    with pytest.raises(ValueError, match=r"history.jsonl:1: not a hold or write record"):
+        read_jsonl(history)
+
+
+async def test_sending_to_a_worker_that_is_gone_fails_clearly() -> None:
+    async with WorkerGroup() as group:
+        worker = await group.start(["-c", "pass"], label="gone")
+        assert await worker.wait(20) == 0
+        with pytest.raises(WorkerFailed, match=r"gone is gone \(code 0\): it cannot read 'go'"):
+            for _ in range(100):  # the first writes may still land in the pipe's buffer
+                await worker.send("go")

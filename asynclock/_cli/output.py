@@ -15,17 +15,22 @@ from collections.abc import Mapping
 from typing import Any
 
 Parts = list[tuple[str, str]]
+#: Table columns, (heading, "<" or ">"), and rows of cells.
+Columns = list[tuple[str, str]]
+Rows = list[list[str]]
 
-#: The styles commands may name, as (rich style, ANSI code); w1/w2 tell two workers apart.
-STYLES: dict[str, tuple[str, str]] = {
-    "w1": ("bold cyan", "\x1b[1;36m"),
-    "w2": ("bold magenta", "\x1b[1;35m"),
-    "tok": ("bold", "\x1b[1m"),
-    "good": ("bold green", "\x1b[1;32m"),
-    "bad": ("bold red", "\x1b[1;31m"),
-    "dim": ("dim", "\x1b[2m"),
-    "h": ("bold", "\x1b[1m"),
-}
+#: The styles commands may name, as rich styles; w1/w2 tell two workers apart.
+STYLES = dict(
+    w1="bold cyan", w2="bold magenta", tok="bold", good="bold green", bad="bold red",
+    dim="dim", h="bold",
+)  # fmt: skip
+#: SGR codes of the words in STYLES, for plain output on a terminal.
+_SGR = {"bold": "1", "dim": "2", "red": "31", "green": "32", "magenta": "35", "cyan": "36"}
+
+
+def ansi(style: str) -> str:
+    """The ANSI escape that starts ``style`` ("bold cyan": ``ESC[1;36m``)."""
+    return "\x1b[" + ";".join(_SGR[word] for word in STYLES[style].split()) + "m"
 
 
 class Output:
@@ -38,7 +43,7 @@ class Output:
     def _style(self, text: str, style: str) -> str:
         if not self.color or not style or not text:
             return text
-        return f"{STYLES[style][1]}{text}\x1b[0m"
+        return f"{ansi(style)}{text}\x1b[0m"
 
     def _wrap(self, parts: Parts, first: str, indent: str) -> list[Parts]:
         """Lines of at most ``width`` columns; words may span parts ("token " "7" ".")."""
@@ -90,12 +95,14 @@ class Output:
     def table(
         self,
         title: str,
-        columns: list[tuple[str, str]],
-        rows: list[list[str]],
+        columns: Columns,
+        rows: Rows,
         styles: Mapping[str, str] | None = None,
     ) -> None:
         """``columns``: (heading, "<" or ">"); a cell found in ``styles`` gets that style."""
-        styles = styles or {}
+        self._table(title, columns, rows, styles or {})
+
+    def _table(self, title: str, columns: Columns, rows: Rows, styles: Mapping[str, str]) -> None:
         widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, (h, _) in enumerate(columns)]
 
         def fmt(cells: list[str], styled: bool) -> str:
@@ -133,18 +140,12 @@ class RichOutput(Output):
     def _text(self, parts: Parts) -> Any:
         from rich.text import Text
 
-        return Text.assemble(*((t, STYLES[s][0] if s else "") for t, s in parts))
+        return Text.assemble(*((t, STYLES[s] if s else "") for t, s in parts))
 
     def line(self, parts: Parts) -> None:
         self.console.print(self._text(parts), soft_wrap=True)
 
-    def table(
-        self,
-        title: str,
-        columns: list[tuple[str, str]],
-        rows: list[list[str]],
-        styles: Mapping[str, str] | None = None,
-    ) -> None:
+    def _table(self, title: str, columns: Columns, rows: Rows, styles: Mapping[str, str]) -> None:
         from rich import box
         from rich.table import Table
 
@@ -152,7 +153,7 @@ class RichOutput(Output):
         for heading, align in columns:
             table.add_column(heading, justify="right" if align == ">" else "left")
         for row in rows:
-            table.add_row(*(self._text([(c, (styles or {}).get(c, ""))]) for c in row))
+            table.add_row(*(self._text([(c, styles.get(c, ""))]) for c in row))
         self.console.print()
         self.console.print(table)
 

@@ -14,7 +14,17 @@ the benchmarks need from real OS processes, and what ``asynclock drill`` builds 
 
 from __future__ import annotations
 
-from .history import Hold, Write, check, lost_updates, overlaps, stale_writes, tokens_out_of_order
+from .history import (
+    Hold,
+    Write,
+    check,
+    lost_updates,
+    overlaps,
+    read_jsonl,
+    stale_writes,
+    tokens_out_of_order,
+    write_jsonl,
+)
 from .process import (
     Worker,
     WorkerFailed,
@@ -40,8 +50,10 @@ __all__ = (
     "lost_updates",
     "overlaps",
     "process_state",
+    "read_jsonl",
     "spawn",
     "stale_writes",
     "tokens_out_of_order",
     "worker_env",
+    "write_jsonl",
 )

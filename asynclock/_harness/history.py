@@ -6,6 +6,8 @@ fenced resource, which accepted or rejected it). Times are ``time.monotonic()`` 
 system-wide on Linux, so holds from several processes compare. Each record reads from and
 writes to one JSON object, so a history can be kept as JSON lines.
 
+:func:`write_jsonl` and :func:`read_jsonl` keep a history in a file, one record a line.
+
 The checks, each returning what it found (empty: it held):
 
 * :func:`overlaps` — holds of one name by different workers that overlap in time (G1);
@@ -20,8 +22,10 @@ The checks, each returning what it found (empty: it held):
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -72,6 +76,30 @@ class Write:
             bool(raw["accepted"]),
             str(raw.get("key", "")),
         )
+
+
+def write_jsonl(path: Path, records: Iterable[Hold | Write]) -> None:
+    """Append ``records`` to ``path``, one JSON object a line."""
+    with path.open("a", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record.to_json()) + "\n")
+
+
+def read_jsonl(path: Path) -> tuple[list[Hold], list[Write]]:
+    """The holds and writes kept in ``path`` by :func:`write_jsonl`."""
+    holds: list[Hold] = []
+    writes: list[Write] = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        raw = json.loads(line)
+        if raw.get("kind") == "hold":
+            holds.append(Hold.from_json(raw))
+        elif raw.get("kind") == "write":
+            writes.append(Write.from_json(raw))
+        else:
+            raise ValueError(f"{path}:{number}: not a hold or write record: {line[:80]!r}")
+    return holds, writes
 
 
 def overlaps(holds: Iterable[Hold]) -> list[tuple[Hold, Hold]]:

@@ -25,8 +25,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Required, TypedDict, Unpack
 
 import anyio
 import anyio.abc
@@ -162,7 +161,13 @@ class Worker:
     async def send(self, line: str) -> None:
         """Write ``line`` (plus a newline) to the worker's stdin."""
         assert self.process.stdin is not None
-        await self.process.stdin.send(line.encode() + b"\n")
+        try:
+            await self.process.stdin.send(line.encode() + b"\n")
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            raise WorkerFailed(
+                f"{self.label} is gone (code {self.process.returncode}): it cannot read {line!r}"
+                + self.stderr_tail()
+            ) from None
 
     def signal(self, sig: signal.Signals) -> None:
         """Send ``sig``; a worker that already exited is not an error."""
@@ -204,6 +209,15 @@ class Worker:
             _live.pop(self.pid, None)
             return code
         return None
+
+
+class SpawnOptions(TypedDict, total=False):
+    """The keyword arguments of :func:`spawn` (and :meth:`WorkerGroup.start`)."""
+
+    label: Required[str]
+    stderr: Path | None
+    env: Mapping[str, str] | None
+    timeout: float
 
 
 def _create(path: Path) -> BinaryIO:
@@ -255,29 +269,16 @@ class WorkerGroup:
     def __init__(self) -> None:
         self.workers: list[Worker] = []
 
-    async def start(
-        self,
-        argv: Sequence[str],
-        *,
-        label: str,
-        stderr: Path | None = None,
-        env: Mapping[str, str] | None = None,
-        timeout: float = 30.0,
-    ) -> Worker:
-        """:func:`spawn` a worker that this group ends on exit."""
-        worker = await spawn(argv, label=label, stderr=stderr, env=env, timeout=timeout)
+    async def start(self, argv: Sequence[str], **options: Unpack[SpawnOptions]) -> Worker:
+        """:func:`spawn` a worker (same options) that this group ends on exit."""
+        worker = await spawn(argv, **options)
         self.workers.append(worker)
         return worker
 
     async def __aenter__(self) -> WorkerGroup:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
