@@ -302,7 +302,6 @@ async def contention(server: RedisServer, seconds: float, hold: float = 0.001) -
     events: list[tuple[float, float, int]] = []  # (acquired_at, released_at, worker)
     waits: list[float] = []
     waiting = [0]
-    holds: list[Hold] = []
     COUNT[0] = 0
     stop = time.monotonic() + seconds
     backends = [asynclock.connect(server.url) for _ in range(workers)]
@@ -323,9 +322,7 @@ async def contention(server: RedisServer, seconds: float, hold: float = 0.001) -
                     deadline = got + hold
                     while time.monotonic() < deadline:
                         await anyio.lowlevel.checkpoint()
-                    end = time.monotonic()
-                    holds.append(Hold(str(i), got, end))
-                    events.append((got, end, i if others_waiting else -1 - i))
+                    events.append((got, time.monotonic(), i if others_waiting else -1 - i))
                     mark_warm(i, events)
 
         async with anyio.create_task_group() as tg:
@@ -334,14 +331,16 @@ async def contention(server: RedisServer, seconds: float, hold: float = 0.001) -
     finally:
         for b in reversed(backends):
             await b.__aexit__(None, None, None)
-    return contention_summary(events, waits, COUNT[0], len(overlaps(holds)))
+    return contention_summary(events, waits, COUNT[0])
 
 
 def contention_summary(
-    events: list[tuple[float, float, int]], waits: list[float], commands: int, overlap: int
+    events: list[tuple[float, float, int]], waits: list[float], commands: int
 ) -> dict[str, float]:
-    """Gap, handoff and wait statistics of one contention run. ``events`` are holds
-    (start, end, worker), the worker as ``-1 - i`` when nobody else was waiting."""
+    """Gap, handoff, wait and overlap statistics of one contention run. ``events`` are holds
+    (start, end, worker), the worker as ``-1 - i`` when nobody else was waiting; overlaps
+    are counted by the history checker."""
+    holds = [Hold(str(w if w >= 0 else -1 - w), a, b) for a, b, w in events]
     gaps = [b[0] - a[1] for a, b in itertools.pairwise(events)]
     possible = sum(1 for e in events[:-1] if e[2] >= 0)
     handed = sum(
@@ -357,7 +356,7 @@ def contention_summary(
         "max_wait_ms": max(waits) * 1000,
         "commands_per_acq": commands / max(len(events), 1),
         "steady_commands_per_acq": _steady(commands, len(events)),
-        "overlap": overlap,
+        "overlap": len(overlaps(holds)),
     }
 
 
@@ -393,7 +392,7 @@ async def contention_redis_py(
     async with anyio.create_task_group() as tg:
         for i, c in enumerate(clients):
             tg.start_soon(worker, i, c)
-    return contention_summary(events, waits, COUNT[0], 0)
+    return contention_summary(events, waits, COUNT[0])
 
 
 # -- 3. many leases ----------------------------------------------------------------------------
