@@ -3,11 +3,12 @@
 Every test that uses a backend gets that backend's marker automatically, so
 ``pytest -m redis`` or ``pytest --backend redis`` runs just those (and starts no other
 backend's server: server fixtures start only for tests that run). A test uses backend ``X``
-when it is a conformance test parametrized with ``X`` (the ``spec``/``shared_spec``
-fixtures), when it uses a fixture of ``X``'s (``spec_X`` or one in ``FIXTURES``), or when it
-lives in ``tests/backends/test_X.py`` or ``test_X_*.py``. A backend id with a mode suffix
-(``postgres_lease``) also carries its family's marker (``postgres``), so ``-m postgres``
-runs both PostgreSQL modes and ``-m postgres_lease`` only the lease mode.
+when it is parametrized with ``X`` through a spec fixture (``spec``, ``shared_spec``, any
+``*_spec``: the conformance parameters), when it uses a fixture of ``X``'s (``spec_X`` or
+one in ``FIXTURES``), or when it lives in ``tests/backends/test_X.py`` or ``test_X_*.py``.
+A backend id with a mode suffix (``postgres_lease``) also carries its family's marker
+(``postgres``), so ``-m postgres`` runs both PostgreSQL modes and ``-m postgres_lease`` only
+the lease mode.
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ FIXTURES = {
     "pg_server": "postgres",
     "pgbouncer": "postgres",
 }
-#: Fixtures parametrized with backend ids (see tests/conftest.py).
-PARAMETRIZED = ("spec", "shared_spec")
 
 
 def add_option(parser: pytest.Parser) -> None:
@@ -62,9 +61,9 @@ def backends_of(item: pytest.Item, backends: Sequence[str]) -> set[str]:
     found: set[str] = set()
     callspec = getattr(item, "callspec", None)
     if callspec is not None:
-        for fixture in PARAMETRIZED:
-            if callspec.params.get(fixture) in backends:
-                found.add(callspec.params[fixture])
+        for fixture, value in callspec.params.items():
+            if (fixture == "spec" or fixture.endswith("_spec")) and value in backends:
+                found.add(value)
     for fixture in getattr(item, "fixturenames", ()):
         if fixture.startswith("spec_") and fixture[5:] in backends:
             found.add(fixture[5:])
