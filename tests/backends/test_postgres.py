@@ -14,6 +14,7 @@ import asyncpg  # type: ignore[import-untyped]
 import pytest
 
 import asynclock
+import asynclock.testing
 from asynclock.backends.postgres import (
     EPOCH_SPAN,
     KEY_SQL,
@@ -452,8 +453,8 @@ async def _exclusive_renewed_and_handed_on(url: str, name: str) -> asynclock.Bac
             with pytest.raises(asynclock.LockHeld):
                 async with b.lock(name, ttl=1.0, blocking=False):
                     pass
-            await a._renewal_round()
-            await a._renewal_round()
+            await asynclock.testing.next_renewal_round(a)
+            await asynclock.testing.next_renewal_round(a)
             assert not first.lost and a.stats().renewals >= 1
             assert await b.validate(name, first.token)
         async with b.lock(name, ttl=1.0, timeout=5) as second:
@@ -502,7 +503,7 @@ async def test_a_thousand_names_one_round_trip_per_renewal(
                 await all_held.wait()
                 trips = backend.stats().renewal_round_trips
                 while backend.stats().renewals < count:
-                    await backend._renewal_round()
+                    await asynclock.testing.next_renewal_round(backend)
             done.set()
         stats = backend.stats()
         assert stats.losses == 0 and stats.acquired == count

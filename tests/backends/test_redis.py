@@ -15,6 +15,7 @@ import redis.asyncio
 from redis.crc import key_slot
 
 import asynclock
+import asynclock.testing
 from asynclock.backends.redis import Deadlines, RedisDriver, display_url, keys_for
 from tests.support.procs import start_worker
 from tests.support.redis_servers import RedisFactory, RedisServer, wait_until
@@ -429,11 +430,12 @@ async def test_ten_thousand_leases_renewed_with_one_call_per_interval(
         driver = backend.driver
         assert isinstance(driver, RedisDriver)
         leases = [await backend.acquire(f"many:{i}", ttl=ttl) for i in range(10_000)]
-        await backend._renewal_round()  # a round that may have started mid-acquisition
+        # A round that may have started mid-acquisition:
+        await asynclock.testing.next_renewal_round(backend)
         before_calls = await commands(client, "evalsha")
         before_rounds = backend.stats().renewal_round_trips
         for _ in range(2):
-            await backend._renewal_round()
+            await asynclock.testing.next_renewal_round(backend)
         rounds = backend.stats().renewal_round_trips - before_rounds
         calls = await commands(client, "evalsha") - before_calls
         assert rounds == 2 and calls == 2

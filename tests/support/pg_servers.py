@@ -80,6 +80,7 @@ def _run_as_kwargs() -> dict[str, Any]:
             ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", RUN_AS],
             check=True,
             capture_output=True,
+            timeout=60,
         )
     return {"user": RUN_AS, "group": pwd.getpwnam(RUN_AS).pw_gid}
 
@@ -237,7 +238,7 @@ class PgBouncer:
                 self.process.wait(10)
             except subprocess.TimeoutExpired:
                 self.process.kill()
-                self.process.wait()
+                self.process.wait(30)
 
 
 @contextlib.contextmanager

@@ -63,7 +63,9 @@ def all_redis_server_binaries() -> dict[str, str]:
     for binary in candidates:
         if binary is None or not Path(binary).exists():
             continue
-        out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
+        out = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, check=False, timeout=30
+        )
         version = next((w.split("=", 1)[1] for w in out.stdout.split() if w.startswith("v=")), None)
         if version is None:
             continue  # not runnable here (another platform's build)
@@ -152,7 +154,7 @@ class RedisServer:
         if self.process is not None and self.process.poll() is None:
             os.kill(self.process.pid, signal.SIGCONT)
             self.process.kill()
-            self.process.wait()
+            self.process.wait(30)
         self.process = None
 
     def freeze(self) -> None:
