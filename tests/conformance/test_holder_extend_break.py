@@ -15,7 +15,7 @@ import pytest
 import asynclock
 import asynclock.testing
 from tests.support.procs import start_worker
-from tests.support.redis_servers import wait_until
+from tests.support.signals import BusyWatch
 from tests.support.spec import BackendSpec
 
 pytestmark = pytest.mark.anyio
@@ -252,6 +252,7 @@ async def test_break_lock_hands_the_name_to_a_waiter(
         async with backend.lock(lock_name, ttl=5.0, timeout=15) as lease:
             got.append(lease.token)
 
+    busy = BusyWatch(backend)
     with anyio.fail_after(20):
         async with anyio.create_task_group() as tg:
             tg.start_soon(hold)
@@ -259,8 +260,7 @@ async def test_break_lock_hands_the_name_to_a_waiter(
             tg.start_soon(wait)
             holder = await backend.holder(lock_name)
             assert holder is not None
-            busy = backend.stats().busy_attempts
-            await wait_until(lambda: backend.stats().busy_attempts > busy)  # found it held
+            await busy.reached(1)  # the waiter found it held (and queued)
             assert await backend.break_lock(lock_name)
     assert len(got) == 1
     assert holder is not None and holder.token is not None
