@@ -1159,14 +1159,6 @@ class RedisDriver(SubscribingDriver):
             "abandon", k.release_keys, (wait.member.encode(), owner.encode(), k.channel)
         )
 
-    async def holder(self, name: str) -> Holder | None:
-        reply = await self.node.run("holder", (self.keys(name).lock,), ())
-        return holder_from_reply(name, reply)
-
-    async def break_lock(self, name: str) -> bool:
-        k = self.keys(name)
-        return bool(await self.node.run("break", k.release_keys, (k.channel,)))
-
     # -- waking ----------------------------------------------------------------------------
 
     async def _subscribe(self, channel: str) -> None:
@@ -1206,6 +1198,16 @@ class RedisDriver(SubscribingDriver):
         if not waits:
             del self._waits[name]
         return wait
+
+    # -- who holds it, breaking a lock ------------------------------------------------------
+
+    async def holder(self, name: str) -> Holder | None:
+        reply = await self.node.run("holder", (self.keys(name).lock,), ())
+        return holder_from_reply(name, reply)
+
+    async def break_lock(self, name: str) -> bool:
+        k = self.keys(name)
+        return bool(await self.node.run("break", k.release_keys, (k.channel,)))
 
 
 def extend_call(keys: KeyCache, leases: Sequence[LeaseRef]) -> tuple[list[bytes], list[bytes]]:

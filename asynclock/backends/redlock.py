@@ -383,6 +383,29 @@ class RedlockDriver(SubscribingDriver):
             return False
         raise self._no_quorum(f"validate of {name!r}", answered, self._failures(results))
 
+    # -- waking ----------------------------------------------------------------------------
+
+    async def _subscribe(self, channel: str) -> None:
+        async with anyio.create_task_group() as tg:
+            for listener in self.listeners:
+                if channel not in listener.confirmed:
+                    tg.start_soon(listener.subscribe, channel, self.node_timeout)
+
+    async def _unsubscribe(self, channel: str) -> None:
+        for listener in self.listeners:
+            await listener.unsubscribe(channel)
+
+    def _on_message(self, channel: str, payload: bytes) -> None:
+        name = self._channels.get(channel)
+        if name is not None:
+            self._heard_from(name)
+
+    def _on_reset(self) -> None:
+        for name in list(self._watchers):
+            self._heard_from(name)
+
+    # -- who holds it, breaking a lock ------------------------------------------------------
+
     async def holder(self, name: str) -> Holder | None:
         packed = pack_script("holder", (self.keys(name).lock,), ())
         results = await self._fan("holder", packed, self.node_timeout)
@@ -420,27 +443,6 @@ class RedlockDriver(SubscribingDriver):
             # Some nodes may still carry the lease: the holder could keep a quorum.
             raise self._no_quorum(f"break_lock of {name!r}", answered, self._failures(results))
         return removed > 0
-
-    # -- waking ----------------------------------------------------------------------------
-
-    async def _subscribe(self, channel: str) -> None:
-        async with anyio.create_task_group() as tg:
-            for listener in self.listeners:
-                if channel not in listener.confirmed:
-                    tg.start_soon(listener.subscribe, channel, self.node_timeout)
-
-    async def _unsubscribe(self, channel: str) -> None:
-        for listener in self.listeners:
-            await listener.unsubscribe(channel)
-
-    def _on_message(self, channel: str, payload: bytes) -> None:
-        name = self._channels.get(channel)
-        if name is not None:
-            self._heard_from(name)
-
-    def _on_reset(self) -> None:
-        for name in list(self._watchers):
-            self._heard_from(name)
 
 
 def parse_url(url: str) -> tuple[list[str], str, dict[str, str]]:
