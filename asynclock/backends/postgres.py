@@ -63,6 +63,7 @@ import functools
 import hashlib
 import logging
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
@@ -70,6 +71,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsp
 import anyio
 import asyncpg  # type: ignore[import-untyped]  # no stubs; see fence/sql.py Protocols
 
+from .._core.asyncio_only import require_asyncio
 from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
 from .._core.exceptions import BackendUnavailable, LockHeld
 from .._core.holder import Holder
@@ -472,6 +474,7 @@ class PostgresDriver(Driver):
         password: str | None = None,
     ) -> None:
         super().__init__()
+        require_asyncio("the postgresql:// backend", "asyncpg")
         if mode not in MODES:
             raise ValueError(f"postgres mode must be 'session' or 'lease', got {mode!r}")
         self.dsn = dsn
@@ -540,13 +543,46 @@ class PostgresDriver(Driver):
             raise self._unavailable("not authorised", exc) from None
         except asyncpg.exceptions.InvalidCatalogNameError as exc:
             raise self._unavailable("database does not exist", exc) from None
+        except asyncpg.exceptions.TooManyConnectionsError as exc:
+            raise self._no_slot(exc) from None
         except (TimeoutError, OSError) as exc:
             raise self._unavailable("cannot connect", exc) from None
         except (asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as exc:
             raise self._unavailable("cannot connect", exc) from None
         return conn
 
+    def _no_slot(self, exc: BaseException) -> BackendUnavailable:
+        """The server has no connection slot for us (SQLSTATE 53300): say that a backend
+        needs two, and which limit was reached."""
+        carries = "its lease statements" if self.mode == "lease" else "its locks"
+        text = self._scrub(str(exc))
+        named = re.search(r'for (role|database) "(.*)"', text)
+        if named and named[1] == "role":
+            role = _ident(named[2])
+            fix = (
+                f"role's CONNECTION LIMIT is reached: raise it to its other connections "
+                f"+ 2 (ALTER ROLE {role} CONNECTION LIMIT n) or close some of them"
+            )
+        elif named:
+            db = _ident(named[2])
+            fix = (
+                f"database's CONNECTION LIMIT is reached: raise it by 2 "
+                f"(ALTER DATABASE {db} CONNECTION LIMIT n) or close other connections"
+            )
+        else:
+            fix = (
+                "server's max_connections is reached (the last "
+                "superuser_reserved_connections slots are kept for superusers): raise "
+                "max_connections (postgresql.conf, then restart) or close other connections"
+            )
+        return BackendUnavailable(
+            f"{self.display}: no free connection slot ({text}). This backend needs two "
+            f"connections to PostgreSQL: one pinned that carries {carries} and one for "
+            f"LISTEN (release notifications). The {fix}."
+        )
+
     async def open(self) -> None:
+        require_asyncio(self.display, "asyncpg")
         self._closed = False
         conn = await self._open_main()
         self._conn = conn
@@ -1081,6 +1117,13 @@ class PostgresDriver(Driver):
                     self._notify_lost(name, owner, "lock broken by break_lock()")
         self._wake(name)
         return True
+
+
+def _ident(name: str) -> str:
+    """``name`` as an SQL identifier in a hint (quoted unless plain lower case)."""
+    if name.isidentifier() and name.isascii() and name == name.lower():
+        return name
+    return '"' + name.replace('"', '""') + '"'
 
 
 async def _close(conn: asyncpg.Connection) -> None:

@@ -39,6 +39,7 @@ import redis.asyncio
 import redis.exceptions
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 
+from .._core.asyncio_only import require_asyncio
 from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
 from .._core.exceptions import BackendUnavailable
 from .._core.holder import Holder
@@ -990,6 +991,7 @@ class SubscribingDriver(Driver):
 
     def __init__(self, prefix: str) -> None:
         super().__init__()
+        require_asyncio("the Redis backend (redis://, redlock://)", "redis-py's asyncio client")
         self.keys = KeyCache(prefix)
         self._channels: dict[str, str] = {}  # channel -> name
         self._watchers: dict[str, int] = {}
@@ -1070,6 +1072,7 @@ class RedisDriver(SubscribingDriver):
     # -- lifecycle -------------------------------------------------------------------------
 
     async def open(self) -> None:
+        require_asyncio(self.display, "redis-py's asyncio client")
         await self.node.load()
         self._open = True
 

@@ -31,6 +31,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 import anyio
 import redis.exceptions
 
+from .._core.asyncio_only import require_asyncio
 from .._core.driver import Busy, ExtendResult, LeaseRef, Refused
 from .._core.exceptions import BackendUnavailable, QuorumNotReached
 from .._core.holder import Holder
@@ -227,6 +228,8 @@ class RedlockDriver(SubscribingDriver):
     # -- lifecycle -------------------------------------------------------------------------
 
     async def open(self) -> None:
+        require_asyncio(self.display, "redis-py's asyncio client")
+
         async def load(node: Node) -> None:
             await node.load()
 
