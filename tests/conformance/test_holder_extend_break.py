@@ -185,6 +185,7 @@ async def test_concurrent_and_cancelled_extends(
         async with backend.lock(lock_name, ttl=30.0) as lease:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(lease.extend, 10.0)
+                await anyio.wait_all_tasks_blocked()  # the first one is under way
                 tg.start_soon(lease.extend, 20.0)  # waits for the first: call order wins
             assert lease.ttl == 20.0
             if spec.id not in NO_SERVER_TTL:
@@ -278,8 +279,8 @@ async def test_locked_function(backend: asynclock.Backend, lock_name: str) -> No
     async def settle(invoice_id: int, amount: float = 1.0, *, note: str = "") -> tuple[str, int]:
         """Settle an invoice."""
         lease = asynclock.current_lease()
-        inside.set()
         if note == "wait":
+            inside.set()
             await release.wait()
         return lease.name, lease.token
 
