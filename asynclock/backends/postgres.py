@@ -413,18 +413,20 @@ _S_HOLDER_PID = """(SELECT l.pid FROM pg_locks AS l
        AND (l.classid::bigint << 32) | l.objid::bigint = $1
      LIMIT 1)"""
 SQL_S_HOLDER = f"SELECT {_S_HOLDER_PID} AS pid, pg_backend_pid() AS me"
-# Operators' break in mode session: end the session holding key $1 (a session lock can
-# only be freed by its own session), unless it is ours. Args: $1 key, $2 ms to wait for
-# the session to exit (PostgreSQL >= 14; SQL_S_BREAK_NOWAIT before). Returns (pid, ended):
-# (NULL, NULL) when nobody holds it, (our pid, NULL) when we do. G2 holds: tokens come from
-# the shared source, which only rises. Every other lock of that session ends with it.
+# Operators' break in mode session, run on a connection of its own: end the session
+# holding key $1 (a session lock can only be freed by its own session) unless it is $2 (our
+# pinned session: that one unlocks instead). One statement, so it ends the session that
+# holds the key now, never one that held it a moment ago. Args: $1 key, $2 our pid, $3 ms to
+# wait for the session to exit (PostgreSQL >= 14; SQL_S_BREAK_NOWAIT before, without $3).
+# Returns the ended pid, or no row when nobody else holds it. G2 holds: tokens come from the
+# shared source, which only rises. Every other lock of that session ends with it.
 SQL_S_BREAK = f"""
-SELECT h.pid, CASE WHEN h.pid <> pg_backend_pid() THEN pg_terminate_backend(h.pid, $2) END
-FROM (SELECT {_S_HOLDER_PID} AS pid) AS h
+SELECT h.pid FROM (SELECT {_S_HOLDER_PID} AS pid) AS h
+WHERE h.pid <> $2 AND pg_terminate_backend(h.pid, $3)
 """
 SQL_S_BREAK_NOWAIT = f"""
-SELECT h.pid, CASE WHEN h.pid <> pg_backend_pid() THEN pg_terminate_backend(h.pid) END
-FROM (SELECT {_S_HOLDER_PID} AS pid) AS h
+SELECT h.pid FROM (SELECT {_S_HOLDER_PID} AS pid) AS h
+WHERE h.pid <> $2 AND pg_terminate_backend(h.pid)
 """
 # Mode lease: the live row of $1 name: owner, token and seconds left on the server's clock.
 SQL_L_HOLDER = """
@@ -1085,27 +1087,16 @@ class PostgresDriver(Driver):
             if token is not None:
                 self._wake(name)
             return token is not None
+        key = lock_key(name)
         async with self._io:
             conn = await self._main()
-            key = lock_key(name)
             try:
-                if self._idle_timeout:
-                    row = await conn.fetchrow(SQL_S_BREAK, key, 10_000)
-                else:
-                    row = await conn.fetchrow(SQL_S_BREAK_NOWAIT, key)
-            except asyncpg.exceptions.InsufficientPrivilegeError as exc:
-                raise self._unavailable(
-                    "break_lock failed: ending the holder's session needs its role or "
-                    "pg_signal_backend",
-                    exc,
-                ) from None
+                pid, me = await conn.fetchrow(SQL_S_HOLDER, key)
             except _CONNECTION_ERRORS as exc:
                 raise self._unavailable("break_lock failed", exc) from exc
-            assert row is not None
-            pid, ended = row
-            if pid is None or ended is False:
+            if pid is None:
                 return False
-            if ended is None:  # our own session holds it: unlock it here
+            if pid == me:  # our own session holds it: unlock it here, nothing else
                 owner = self._holders.get(name)
                 try:
                     await self._unlock(conn, name)
@@ -1115,8 +1106,35 @@ class PostgresDriver(Driver):
                 self._forget(name)
                 if owner is not None:
                     self._notify_lost(name, owner, "lock broken by break_lock()")
+                self._wake(name)
+                return True
+        # Another session: end it from a connection of our own, so that waiting for it to
+        # exit never holds up this backend's renewals on the pinned connection.
+        other = await self._connect(statement_cache_size=0)
+        try:
+            if self._idle_timeout:
+                ended = await other.fetchval(SQL_S_BREAK, key, me, _BREAK_WAIT_MS)
+            else:
+                ended = await other.fetchval(SQL_S_BREAK_NOWAIT, key, me)
+        except asyncpg.exceptions.InsufficientPrivilegeError as exc:
+            raise self._unavailable(
+                "break_lock failed: ending the holder's session needs its role or "
+                "pg_signal_backend",
+                exc,
+            ) from None
+        except _CONNECTION_ERRORS as exc:
+            raise self._unavailable("break_lock failed", exc) from exc
+        finally:
+            await _close(other)
+        if ended is None:
+            return False  # released (or already ending) meanwhile
         self._wake(name)
         return True
+
+
+#: How long break_lock waits for the holder's session to exit (ms), so a successor's next
+#: attempt finds the key free.
+_BREAK_WAIT_MS = 5_000
 
 
 def _ident(name: str) -> str:
