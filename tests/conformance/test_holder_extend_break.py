@@ -6,7 +6,9 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -17,6 +19,7 @@ import asynclock.testing
 from tests.support.procs import start_worker
 from tests.support.signals import BusyWatch
 from tests.support.spec import BackendSpec
+from tests.support.worker import fenced_write
 
 pytestmark = pytest.mark.anyio
 
@@ -234,6 +237,34 @@ async def test_break_lock_of_a_holder_in_another_process(
             async with operator.lock(lock_name, ttl=5.0, timeout=10) as after:
                 assert after.token > first["token"]  # its token stays fenced off (G2)
             assert await operator.break_lock(lock_name) is False
+    assert await holder.wait() == 0
+
+
+async def test_a_broken_holders_late_write_is_fenced_off(
+    shared_spec: BackendSpec, lock_name: str, tmp_path: Path
+) -> None:
+    """Break a frozen holder's lock; the successor writes; the holder wakes, loses its lease
+    and its in-flight write is refused by the fence (its token is below the successor's)."""
+    fence_db = str(tmp_path / "resource.db")
+    holder = await start_worker(
+        shared_spec, mode="hold", name=lock_name, ttl=1.5, fence_db=fence_db
+    )
+    with anyio.fail_after(30):
+        first = await holder.expect("acquired")
+        holder.signal(signal.SIGSTOP)
+        try:
+            async with shared_spec.connect() as operator:
+                assert await operator.break_lock(lock_name) is True
+                async with operator.lock(lock_name, ttl=5.0, timeout=10) as after:
+                    assert after.token > first["token"]
+                    assert fenced_write(fence_db, lock_name, after.token, "successor") == "accepted"
+                    holder.signal(signal.SIGCONT)
+                    lost = await holder.expect("lost")
+                    late = await holder.expect("late_write")
+        finally:
+            holder.signal(signal.SIGCONT)
+    assert lost["token"] == first["token"]
+    assert late["result"] == "stale"
     assert await holder.wait() == 0
 
 
