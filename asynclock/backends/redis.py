@@ -1237,7 +1237,8 @@ def holder_from_reply(name: str, reply: Any) -> Holder | None:
         return None
     value, pttl = bytes(reply[0]), int(reply[1])
     token = _token_of(value)
-    # A value not in asynclock's "owner:token" form (another tool's key): owner unknown.
+    # A value not in asynclock's "owner:token" form (another tool's key): no token, and
+    # the whole value stands for the owner.
     owner = value.rpartition(b":")[0] if token is not None else value
     # PTTL -1: a key with no expiry (not asynclock's): its remaining time is unknown.
     return Holder(name, owner.decode("utf-8", "replace"), token, pttl / 1000 if pttl >= 0 else None)
