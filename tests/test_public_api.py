@@ -18,6 +18,7 @@ PUBLIC = {
     "Clock",
     "Driver",
     "HoldTimes",
+    "Holder",
     "Lease",
     "LeaseLost",
     "Lock",

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .clock import Clock, MonotonicClock
+from .holder import Holder
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,3 +120,18 @@ class Driver:
 
     async def abandon(self, name: str, owner: str) -> None:
         """A queued waiter gave up (timeout or cancellation); forget it."""
+
+    async def holder(self, name: str) -> Holder | None:
+        """Who holds ``name`` right now (the server's view), or None if nobody does.
+
+        A name reserved for a queued waiter, or whose lease expired, is not held.
+        """
+        raise NotImplementedError(f"{self.display} does not report holders")
+
+    async def break_lock(self, name: str) -> bool:
+        """Remove whoever holds ``name``, for operators; True if a live lease was removed.
+
+        Must keep G2: the next acquisition's token is above the broken lease's token. The
+        broken holder's next extend must be refused (its next renewal then loses it).
+        """
+        raise NotImplementedError(f"{self.display} cannot break locks")

@@ -74,6 +74,7 @@ import asyncpg  # type: ignore[import-untyped]  # no stubs; see fence/sql.py Pro
 from .._core.asyncio_only import require_asyncio
 from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
 from .._core.exceptions import BackendUnavailable, LockHeld
+from .._core.holder import Holder
 from .._core.validation import check_name, check_seconds
 
 __all__ = (
@@ -398,6 +399,53 @@ LEFT JOIN LATERAL (SELECT pg_notify($4, '') WHERE NOT pg_try_advisory_xact_lock(
 SQL_L_VALIDATE = """
 SELECT EXISTS (SELECT 1 FROM asynclock_lease
                WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp())
+"""
+
+# -- holder and break_lock: statements -----------------------------------------------------
+
+# Mode session (and xact_lock): the server pid holding key $1 in this database, or NULL,
+# and our own pid. Owner, token and expiry of another session's hold are not on the server
+# (the token lock is a hash of the token), so only the pid can be known.
+_S_HOLDER_PID = """(SELECT l.pid FROM pg_locks AS l
+     WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+       AND l.mode = 'ExclusiveLock'
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+       AND (l.classid::bigint << 32) | l.objid::bigint = $1
+     LIMIT 1)"""
+SQL_S_HOLDER = f"SELECT {_S_HOLDER_PID} AS pid, pg_backend_pid() AS me"
+# Operators' break in mode session, run on a connection of its own: end the session
+# holding key $1 (a session lock can only be freed by its own session) unless it is $2 (our
+# pinned session: that one unlocks instead). One statement, so it ends the session that
+# holds the key now, never one that held it a moment ago. Args: $1 key, $2 our pid, $3 ms to
+# wait for the session to exit (PostgreSQL >= 14; SQL_S_BREAK_NOWAIT before, without $3).
+# Returns the ended pid, or no row when nobody else holds it. G2 holds: tokens come from the
+# shared source, which only rises. Every other lock of that session ends with it.
+SQL_S_BREAK = f"""
+SELECT h.pid FROM (SELECT {_S_HOLDER_PID} AS pid) AS h
+WHERE h.pid <> $2 AND pg_terminate_backend(h.pid, $3)
+"""
+SQL_S_BREAK_NOWAIT = f"""
+SELECT h.pid FROM (SELECT {_S_HOLDER_PID} AS pid) AS h
+WHERE h.pid <> $2 AND pg_terminate_backend(h.pid)
+"""
+# Mode lease: the live row of $1 name: owner, token and seconds left on the server's clock.
+SQL_L_HOLDER = """
+SELECT owner, token, greatest(0, extract(epoch FROM expires_at - clock_timestamp()))::float8
+FROM asynclock_lease WHERE name = $1 AND expires_at > clock_timestamp()
+"""
+# Operators' break in mode lease: delete the live row of $1 whoever owns it, notifying
+# waiters as SQL_L_RELEASE does ($2 channel, $3 and $4 the waiter key). The broken owner's
+# SQL_L_EXTEND matches no row (refused); G2 holds (tokens come from the shared source).
+# Returns the broken token, or no row if nothing live held it.
+SQL_L_BREAK = """
+WITH c AS (SELECT set_config('synchronous_commit', 'off', true)),
+d AS (
+    DELETE FROM asynclock_lease WHERE name = $1 AND expires_at > clock_timestamp()
+    RETURNING token
+)
+SELECT d.token FROM c, d
+LEFT JOIN LATERAL (SELECT pg_notify($2, '') WHERE NOT pg_try_advisory_xact_lock($3, $4)) AS n
+    ON true
 """
 
 _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
@@ -836,6 +884,9 @@ class PostgresDriver(Driver):
             unrenewed = [n for n, at in self._expires.items() if at <= t_send]
             if unrenewed:
                 await self._unlock_unrenewed(conn, unrenewed)
+            for ref in leases:  # lease.extend(ttl) may change a ttl: idle timeout follows
+                if self._holders.get(ref.name) == ref.owner and ref.name in self._ttls:
+                    self._ttls[ref.name] = ref.ttl
             try:
                 idle = self._idle_change()
                 if idle is None:
@@ -998,6 +1049,92 @@ class PostgresDriver(Driver):
         if live is not None:
             self._wake(name)
         return bool(live)
+
+    # -- holder and break_lock -----------------------------------------------------------
+
+    async def holder(self, name: str) -> Holder | None:
+        async with self._io:
+            conn = await self._main()
+            try:
+                if self.mode == "lease":
+                    row = await conn.fetchrow(SQL_L_HOLDER, _name_bytes(name))
+                else:
+                    row = await conn.fetchrow(SQL_S_HOLDER, lock_key(name))
+            except _CONNECTION_ERRORS as exc:
+                raise self._unavailable("holder failed", exc) from exc
+        if self.mode == "lease":
+            return None if row is None else Holder(name, row[0], int(row[1]), float(row[2]))
+        assert row is not None
+        pid, me = row
+        if pid is None:
+            return None
+        owner = self._holders.get(name) if pid == me else None
+        if owner is None:
+            # Another session (or one of our transactions): only its pid is on the server.
+            return Holder(name, None, None, None)
+        return Holder(name, owner, self._tokens.get(name), None)
+
+    async def break_lock(self, name: str) -> bool:
+        if self.mode == "lease":
+            async with self._io:
+                conn = await self._main()
+                try:
+                    token = await conn.fetchval(
+                        SQL_L_BREAK, _name_bytes(name), notify_channel(name), *waiter_key(name)
+                    )
+                except _CONNECTION_ERRORS as exc:
+                    raise self._unavailable("break_lock failed", exc) from exc
+            if token is not None:
+                self._wake(name)
+            return token is not None
+        key = lock_key(name)
+        async with self._io:
+            conn = await self._main()
+            try:
+                pid, me = await conn.fetchrow(SQL_S_HOLDER, key)
+            except _CONNECTION_ERRORS as exc:
+                raise self._unavailable("break_lock failed", exc) from exc
+            if pid is None:
+                return False
+            if pid == me:  # our own session holds it: unlock it here, nothing else
+                owner = self._holders.get(name)
+                try:
+                    await self._unlock(conn, name)
+                except BaseException as exc:
+                    self._broken(conn, exc)
+                    raise
+                self._forget(name)
+                if owner is not None:
+                    self._notify_lost(name, owner, "lock broken by break_lock()")
+                self._wake(name)
+                return True
+        # Another session: end it from a connection of our own, so that waiting for it to
+        # exit never holds up this backend's renewals on the pinned connection.
+        other = await self._connect(statement_cache_size=0)
+        try:
+            if self._idle_timeout:
+                ended = await other.fetchval(SQL_S_BREAK, key, me, _BREAK_WAIT_MS)
+            else:
+                ended = await other.fetchval(SQL_S_BREAK_NOWAIT, key, me)
+        except asyncpg.exceptions.InsufficientPrivilegeError as exc:
+            raise self._unavailable(
+                "break_lock failed: ending the holder's session needs its role or "
+                "pg_signal_backend",
+                exc,
+            ) from None
+        except _CONNECTION_ERRORS as exc:
+            raise self._unavailable("break_lock failed", exc) from exc
+        finally:
+            await _close(other)
+        if ended is None:
+            return False  # released (or already ending) meanwhile
+        self._wake(name)
+        return True
+
+
+#: How long break_lock waits for the holder's session to exit (ms), so a successor's next
+#: attempt finds the key free.
+_BREAK_WAIT_MS = 5_000
 
 
 def _ident(name: str) -> str:

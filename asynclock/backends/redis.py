@@ -42,6 +42,7 @@ from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from .._core.asyncio_only import require_asyncio
 from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
 from .._core.exceptions import BackendUnavailable
+from .._core.holder import Holder
 from .._core.validation import check_seconds
 
 _hiredis: Any
@@ -296,6 +297,35 @@ redis.call('SET', KEYS[1], owner .. ':' .. ARGV[2], 'KEEPTTL')
 return 1
 """
 
+# HOLDER: who holds the lock, in one round trip. KEYS: lock. Returns {"owner:token",
+# pttl_ms} while a lease holds it, {} when it is free or only reserved for a waiter.
+HOLDER = """
+local cur = redis.call('GET', KEYS[1])
+if not cur or string.sub(cur, 1, 1) == '~' then return {} end
+return {cur, redis.call('PTTL', KEYS[1])}
+"""
+
+# BREAK (operators; G2 kept: the fence counter is untouched, so the next token is larger):
+# delete whoever's lease holds the lock, then hand the name to the next waiter as RELEASE
+# does. The broken owner's next EXTEND finds the key gone (refused). KEYS: lock, queue,
+# queue_exp. ARGV: channel. Returns 1 if a lease was deleted, 0 if none held the lock (a
+# waiter's reservation is left alone).
+BREAK = (
+    _HANDOFF
+    + """
+local lock, q, qx, chan = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
+local cur = redis.call('GET', lock)
+if not cur or string.sub(cur, 1, 1) == '~' then return 0 end
+redis.call('DEL', lock)
+if redis.call('EXISTS', q) == 1 then
+  handoff(lock, q, qx, chan, head(q, qx, (now_ms())))
+else
+  redis.call('PUBLISH', chan, '')
+end
+return 1
+"""
+)
+
 SCRIPTS = {
     "acquire": ACQUIRE,
     "extend": EXTEND,
@@ -304,6 +334,8 @@ SCRIPTS = {
     "raise_fence": RAISE_FENCE,
     "redlock_acquire": REDLOCK_ACQUIRE,
     "redlock_release": REDLOCK_RELEASE,
+    "holder": HOLDER,
+    "break": BREAK,
 }
 #: EVALSHA digests (the same on every server: SHA1 of the script text).
 SHAS = {key: hashlib.sha1(text.encode()).hexdigest().encode() for key, text in SCRIPTS.items()}
@@ -1170,6 +1202,16 @@ class RedisDriver(SubscribingDriver):
             del self._waits[name]
         return wait
 
+    # -- who holds it, breaking a lock ------------------------------------------------------
+
+    async def holder(self, name: str) -> Holder | None:
+        reply = await self.node.run("holder", (self.keys(name).lock,), ())
+        return holder_from_reply(name, reply)
+
+    async def break_lock(self, name: str) -> bool:
+        k = self.keys(name)
+        return bool(await self.node.run("break", k.release_keys, (k.channel,)))
+
 
 def extend_call(keys: KeyCache, leases: Sequence[LeaseRef]) -> tuple[list[bytes], list[bytes]]:
     """KEYS and ARGV of the batched ``extend`` script: per lease its lock key, and
@@ -1187,6 +1229,19 @@ def _extend_result(code: int) -> ExtendResult:
     if code == 0:
         return Refused("the lock key is gone (expired or deleted)")
     return Refused("the lock is held by another owner")
+
+
+def holder_from_reply(name: str, reply: Any) -> Holder | None:
+    """A HOLDER script reply (``[b"owner:token", pttl_ms]`` or ``[]``) as a Holder."""
+    if not reply:
+        return None
+    value, pttl = bytes(reply[0]), int(reply[1])
+    token = _token_of(value)
+    # A value not in asynclock's "owner:token" form (another tool's key): no token, and
+    # the whole value stands for the owner.
+    owner = value.rpartition(b":")[0] if token is not None else value
+    # PTTL -1: a key with no expiry (not asynclock's): its remaining time is unknown.
+    return Holder(name, owner.decode("utf-8", "replace"), token, pttl / 1000 if pttl >= 0 else None)
 
 
 def _token_of(value: bytes) -> int | None:

@@ -34,6 +34,7 @@ import redis.exceptions
 from .._core.asyncio_only import require_asyncio
 from .._core.driver import Busy, ExtendResult, LeaseRef, Refused
 from .._core.exceptions import BackendUnavailable, QuorumNotReached
+from .._core.holder import Holder
 from .._core.validation import check_seconds
 from .redis import (
     SCRIPTS,
@@ -45,6 +46,7 @@ from .redis import (
     check_prefix,
     drop_connection,
     extend_call,
+    holder_from_reply,
     ms,
     pack,
     pack_script,
@@ -404,6 +406,46 @@ class RedlockDriver(SubscribingDriver):
     def _on_reset(self) -> None:
         for name in list(self._watchers):
             self._heard_from(name)
+
+    # -- who holds it, breaking a lock ------------------------------------------------------
+
+    async def holder(self, name: str) -> Holder | None:
+        packed = pack_script("holder", (self.keys(name).lock,), ())
+        results = await self._fan("holder", packed, self.node_timeout)
+        answered = 0
+        by_owner: dict[str | None, list[Holder]] = {}
+        for r in results.values():
+            if isinstance(r, BaseException):
+                continue
+            answered += 1
+            one = holder_from_reply(name, r)
+            if one is not None:
+                by_owner.setdefault(one.owner, []).append(one)
+        for owner, views in by_owner.items():
+            if len(views) >= self.quorum:
+                # Held while a quorum of nodes keeps the key: until the quorum-th longest
+                # remaining time among them runs out (None: a node keeps no expiry).
+                left = sorted((v.remaining for v in views if v.remaining is not None), reverse=True)
+                remaining = left[self.quorum - 1] if len(left) >= self.quorum else None
+                tokens = [v.token for v in views if v.token is not None]
+                return Holder(name, owner, max(tokens) if tokens else None, remaining)
+        if answered >= self.quorum:
+            return None
+        raise self._no_quorum(f"holder of {name!r}", answered, self._failures(results))
+
+    async def break_lock(self, name: str) -> bool:
+        k = self.keys(name)
+        packed = pack_script("break", k.release_keys, (k.channel,))
+        results = await self._fan("break", packed, self.node_timeout)
+        answered = removed = 0
+        for r in results.values():
+            if not isinstance(r, BaseException):
+                answered += 1
+                removed += r == 1
+        if answered < self.quorum:
+            # Some nodes may still carry the lease: the holder could keep a quorum.
+            raise self._no_quorum(f"break_lock of {name!r}", answered, self._failures(results))
+        return removed > 0
 
 
 def parse_url(url: str) -> tuple[list[str], str, dict[str, str]]:

@@ -41,6 +41,7 @@ import anyio
 
 from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
 from .._core.exceptions import BackendUnavailable
+from .._core.holder import Holder
 from .._core.validation import check_seconds
 
 T = TypeVar("T")
@@ -136,6 +137,16 @@ SQL_RELEASE = (
 SQL_FORGET_WAITER = "DELETE FROM asynclock_waiter WHERE name = ? AND owner = ?"
 # Housekeeping: waiters that stopped asking. Args now, boot.
 SQL_PRUNE_WAITERS = "DELETE FROM asynclock_waiter WHERE expires_at <= ? OR boot <> ?"
+# Operator's break (G2 kept: the row and its token stay, only the expiry goes, so the
+# broken holder's SQL_EXTEND matches no row and the next grant bumps the token).
+# Args: name, boot, now. One row back if a live lease was ended, carrying the wake address
+# of the first live waiter (or NULL) to notify.
+SQL_BREAK = (
+    "UPDATE asynclock_lease SET expires_at = 0 "
+    "WHERE name = ?1 AND boot = ?2 AND expires_at > ?3 "
+    "RETURNING (SELECT wake FROM asynclock_waiter WHERE name = ?1 AND boot = ?2 "
+    "AND expires_at > ?3 ORDER BY seq LIMIT 1)"
+)
 
 
 @dataclass(slots=True)
@@ -484,6 +495,28 @@ class SQLiteDriver(Driver):
         await self._write(forget)
         # If we were first in line, the next waiter may go now.
         self._notify_next(name)
+
+    async def holder(self, name: str) -> Holder | None:
+        try:
+            row = self.db.execute(SQL_LIVE, (name, self.boot, time.monotonic())).fetchone()
+        except sqlite3.Error as exc:
+            raise self._unavailable("holder", exc) from exc
+        if row is None:
+            return None
+        # CLOCK_MONOTONIC is system-wide on Linux: the same clock every process's rows use.
+        left = max(0.0, float(row[2]) - time.monotonic())
+        return Holder(name, str(row[0]), int(row[1]), left)
+
+    async def break_lock(self, name: str) -> bool:
+        args = (name, self.boot, time.monotonic())
+        cursor = self._try_statement(SQL_BREAK, args) or await self._statement(SQL_BREAK, args)
+        row = cursor.fetchone()
+        if row is None:
+            return False
+        if row[0] is not None:
+            self._send_wake(name, row[0])
+        self._wake(name)
+        return True
 
 
 def driver_from_url(url: str, **options: Any) -> SQLiteDriver:

@@ -115,3 +115,37 @@ async def test_an_acl_user_with_the_documented_rules_can_do_everything(server: R
         async with asynclock.connect(url) as c:
             await c.acquire("acl:fresh", ttl=1.0)
     await admin.aclose()
+
+
+async def test_holder_and_break_lock_under_the_documented_acl(server: RedisServer) -> None:
+    """The HOLDER and BREAK scripts on every server version, run by an ACL user with only
+    the documented rules: a break hands the name to the queued waiter, tokens rise."""
+    admin = redis.asyncio.Redis(port=server.port)
+    await admin.execute_command(  # type: ignore[no-untyped-call]
+        "ACL", "SETUSER", "locks", "reset", "on", ">secret", *DOCUMENTED_ACL.split()
+    )
+    url = f"redis://locks:secret@127.0.0.1:{server.port}/0"
+    with anyio.fail_after(30):
+        async with asynclock.connect(url) as a, asynclock.connect(url) as b:
+            lease = await a.acquire("acl-break", ttl=30.0)
+            holder = await b.holder("acl-break")
+            assert holder is not None
+            assert (holder.owner, holder.token) == (lease.owner, lease.token)
+            assert holder.remaining is not None and 25.0 < holder.remaining <= 30.0
+            got: list[int] = []
+
+            async def waiter() -> None:
+                async with b.lock("acl-break", ttl=5.0, timeout=20) as second:
+                    got.append(second.token)
+
+            busy = BusyWatch(b)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(waiter)
+                await busy.reached(1)  # queued
+                assert await b.break_lock("acl-break") is True
+            assert got and got[0] > lease.token
+            await a._renewal_round()
+            assert lease.lost and "refused" in (lease.lost.reason or "")
+            assert await b.holder("acl-break") is None
+            assert await b.break_lock("acl-break") is False
+    await admin.aclose()
