@@ -637,6 +637,8 @@ class Node:
         self._idle: list[Wire] = []
         self._closed = False
         self.deadlines = Deadlines()
+        #: The server's ``run_id`` when last seen (None: not yet, or INFO is denied).
+        self.run_id: str | None = None
 
     def scrub(self, text: str) -> str:
         return text.replace(self._secret, "***") if self._secret else text
@@ -757,13 +759,24 @@ class Node:
     # -- scripts -------------------------------------------------------------------------
 
     async def load(self, timeout: float | None = None) -> None:
-        """Load every script (also checks that the server is reachable and lets us in)."""
+        """Load every script (also checks that the server is reachable and lets us in),
+        and read the server's ``run_id``."""
         deadline = self.deadline(timeout)
         try:
             for text in SCRIPTS.values():
                 await self.call(pack(b"SCRIPT", b"LOAD", text.encode()), deadline)
+            self.run_id = await self.read_run_id(deadline)
         except Exception as exc:
             raise self.error("connect", exc) from exc
+
+    async def read_run_id(self, deadline: float) -> str | None:
+        """The server's ``run_id`` (new on every start), or None if ``INFO`` is denied."""
+        try:
+            info = await self.call(pack(b"INFO", b"server"), deadline)
+        except redis.exceptions.ResponseError as exc:
+            logger.debug("INFO on %s refused: %r", self.display, exc)
+            return None
+        return parse_run_id(info)
 
     async def run(
         self,
@@ -812,6 +825,15 @@ async def drop_connection(conn: AbstractConnection) -> None:
     """Close a connection whose state is unknown (does not wait: safe while cancelled)."""
     with contextlib.suppress(Exception):
         await conn.disconnect(nowait=True)
+
+
+def parse_run_id(info: object) -> str | None:
+    """``run_id`` from an ``INFO server`` reply."""
+    text = info.decode(errors="replace") if isinstance(info, bytes) else str(info)
+    for line in text.splitlines():
+        if line.startswith("run_id:"):
+            return line[len("run_id:") :].strip() or None
+    return None
 
 
 def pack_script(script: str, keys: Sequence[bytes], args: Sequence[bytes]) -> bytes:

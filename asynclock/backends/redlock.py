@@ -24,9 +24,11 @@ URL: ``redlock://[[user]:password@]h1:p1,h2:p2,…[/db][?tls=1]``. Options: ``no
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import os.path
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import anyio
 import redis.exceptions
@@ -74,6 +76,7 @@ class RedlockDriver(SubscribingDriver):
         super().__init__(prefix)
         if len(urls) < 1:
             raise ValueError("redlock:// needs at least one node (use 3 or 5)")
+        check_distinct(urls)
         self.nodes = [
             Node(
                 url,
@@ -229,6 +232,11 @@ class RedlockDriver(SubscribingDriver):
             await node.load()
 
         results = await self._each(load, max(self.node_timeout, 1.0))
+        try:
+            self._check_run_ids()
+        except ValueError:
+            await self.aclose()
+            raise
         ok = sum(1 for r in results.values() if not isinstance(r, BaseException))
         if ok < self.quorum:
             raise QuorumNotReached(
@@ -237,6 +245,23 @@ class RedlockDriver(SubscribingDriver):
                 self._failures(results),
             )
         self._open = True
+
+    def _check_run_ids(self) -> None:
+        """Refuse two node addresses that reach one server (an alias, a proxy, a NAT):
+        its vote would count twice toward the quorum (G1). Each start of a server has
+        its own ``run_id``; a node that did not answer is not checked."""
+        seen: dict[str, int] = {}
+        for i, node in enumerate(self.nodes):
+            if node.run_id is None:
+                continue
+            first = seen.setdefault(node.run_id, i)
+            if first != i:
+                raise ValueError(
+                    f"{self.display}: nodes {first + 1} and {i + 1} "
+                    f"({self.nodes[first].display} and {node.display}) are the same Redis "
+                    f"server (run_id {node.run_id}); every node must be a distinct server, "
+                    "or one server's vote counts twice toward the quorum"
+                )
 
     async def background(self) -> None:
         async with anyio.create_task_group() as tg:
@@ -401,6 +426,59 @@ class RedlockDriver(SubscribingDriver):
     def _on_reset(self) -> None:
         for name in list(self._watchers):
             self._heard_from(name)
+
+
+#: Spellings of this host's loopback address that reach the same server (one socket can
+#: listen on all of them, and ``localhost`` resolves to one of them).
+_LOOPBACK = {"localhost", "localhost.localdomain", "ip6-localhost", "127.0.0.1", "::1"}
+
+
+def node_identity(url: str) -> str:
+    """The server a node URL reaches, as far as the URL alone tells: ``host:port`` with
+    the loopback spellings folded into one and IP addresses in canonical form, or the
+    normalised path of a Unix socket. The database number is left out: two databases of
+    one server are one node."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return "unix:" + os.path.normpath(os.path.abspath(unquote(parts.path)))
+    host = (parts.hostname or "localhost").lower().rstrip(".")
+    try:
+        port = parts.port or 6379
+    except ValueError:
+        return url  # not a valid port: connecting reports it
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        host = ip.compressed
+    if host in _LOOPBACK:
+        host = "loopback"
+    return f"{host}:{port}"
+
+
+def check_distinct(urls: Sequence[str]) -> None:
+    """Refuse a node given twice (before any I/O): it would count twice toward the quorum,
+    so two clients could both reach "a quorum" at once (G1)."""
+    seen: dict[str, int] = {}
+    for i, url in enumerate(urls):
+        identity = node_identity(url)
+        first = seen.setdefault(identity, i)
+        if first != i:
+            raise ValueError(
+                f"redlock:// nodes {first + 1} and {i + 1} ({_shown(urls[first])} and "
+                f"{_shown(url)}) are the same Redis server; every node must be a distinct "
+                "server, or one server's vote counts twice toward the quorum"
+            )
+
+
+def _shown(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return f"unix://{parts.path}"
+    return parts.netloc.rpartition("@")[2]
 
 
 def parse_url(url: str) -> tuple[list[str], str, dict[str, str]]:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 import time
 
 import anyio
+import anyio.abc
 import pytest
 import redis.asyncio
 
@@ -59,6 +61,97 @@ def test_driver_options_in_the_url_stay_out_of_the_node_urls() -> None:
         asynclock.connect("redlock://a:1?node_timeout=soon")
     with pytest.raises(ValueError, match="prefix must be a str without braces"):
         asynclock.connect("redlock://a:1?prefix={x}")
+
+
+@pytest.mark.parametrize(
+    "hosts",
+    [
+        "a:1,a:1,b:2",
+        "a:1,b:2,A:1",  # host names are case-insensitive
+        "localhost:7,127.0.0.1:7,b:2",
+        "[::1]:7,b:2,localhost:7",
+        "[::ffff:127.0.0.1]:7,127.0.0.1:7,b:2",
+        "[2001:db8::1]:7,[2001:0db8:0:0::1]:7,b:2",
+        "a,a:6379,b",  # the default port
+        "h.example:5,h.example.:5,b",  # a trailing dot names the same host
+    ],
+)
+def test_a_node_given_twice_is_refused_before_any_io(hosts: str) -> None:
+    """Issue 8 item 1: a repeated node counts twice toward the quorum. ``connect`` does no
+    I/O (nothing listens on these addresses), so this is refused from the URL alone."""
+    with pytest.raises(ValueError, match=r"nodes \d and \d .* are the same Redis server"):
+        asynclock.connect(f"redlock://{hosts}")
+    with pytest.raises(ValueError, match="same Redis server"):
+        RedlockDriver(
+            ["unix:///tmp/r.sock", "redis://b:1", "unix:///tmp/../tmp/r.sock"], display="x"
+        )
+    # Distinct ports, hosts, loopback addresses other than 127.0.0.1 are distinct nodes.
+    asynclock.connect("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.2:1,localhost:3")
+
+
+class TcpAlias:
+    """A second address for one server (a TCP forwarder, like a DNS alias, a load balancer
+    or a NAT rule would be): a distinct ``host:port`` that reaches the same Redis."""
+
+    def __init__(self, target: RedisServer) -> None:
+        self.target = target
+        self.port = 0
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+        self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+
+        async def pipe(src: anyio.abc.ByteStream, dst: anyio.abc.ByteStream) -> None:
+            with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                async for chunk in src:
+                    await dst.send(chunk)
+            with contextlib.suppress(Exception):
+                await dst.send_eof()
+
+        async def serve(client: anyio.abc.SocketStream) -> None:
+            async with client, await anyio.connect_tcp("127.0.0.1", self.target.port) as up:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(pipe, client, up)
+                    tg.start_soon(pipe, up, client)
+
+        async with listener:
+            task_status.started()
+            await listener.serve(serve)
+
+
+@pytest.mark.parametrize("spelling", ["repeated", "loopback-alias", "tcp-alias"])
+async def test_one_server_counted_twice_never_gives_two_holders(
+    redis_factory: RedisFactory, spelling: str
+) -> None:
+    """Issue 8 item 1, reproduced: a client on A,A,B and a correct client on A,B,C both held
+    the lock. Y (on A,B,C) holds it on B and C; A is free. X names A twice (literally, under
+    another loopback spelling, or behind a forwarder) and would count A's vote twice. X
+    must be refused (at connect, or at open through the servers' run_id), never hold."""
+    a, b, c = redis_factory.many(3)
+    name = "twice"
+    raw = redis.asyncio.Redis.from_url(a.url)
+    await raw.set(keys_for(name).lock, "someone-else:1", px=30_000)
+    async with anyio.create_task_group() as tg:
+        alias = TcpAlias(a)
+        await tg.start(alias.run)
+        twice = {
+            "repeated": f"{a.address},{a.address},{b.address}",
+            "loopback-alias": f"{a.address},localhost:{a.port},{b.address}",
+            "tcp-alias": f"{a.address},127.0.0.1:{alias.port},{b.address}",
+        }[spelling]
+        try:
+            async with asynclock.connect(redlock_url([a, b, c])) as y:
+                async with y.lock(name, ttl=30.0, blocking=False) as held:
+                    await raw.delete(keys_for(name).lock)  # A is free again
+                    with pytest.raises(ValueError, match="same Redis server") as info:
+                        async with asynclock.connect(f"redlock://{twice}") as x:
+                            async with x.lock(name, ttl=30.0, blocking=False) as second:
+                                pytest.fail(f"two holders: tokens {held.token}, {second.token}")
+                    if spelling == "tcp-alias":
+                        assert "run_id" in str(info.value)
+        finally:
+            await raw.aclose()
+            tg.cancel_scope.cancel()
 
 
 #: Lock-key states for the script equivalence test: (value, ttl in ms or None for no expiry).
