@@ -101,6 +101,7 @@ class Backend:
         self._renew_wake: anyio.CancelScope | None = None
         self._watch_wake: anyio.CancelScope | None = None
         self._next_round: float = math.inf
+        self._renew_asap = False  # renew_now() asked for a round after the current one
         self._watch_until: float = -math.inf  # what the watchdog sleeps until, if it sleeps
         self._round_done = anyio.Event()
         self._tg: anyio.abc.TaskGroup | None = None
@@ -109,7 +110,7 @@ class Backend:
             anyio.lowlevel.checkpoint_if_cancelled
         )
         self._open = False
-        driver.bind(self.clock, self._wake_waiters, self._lost_out_of_band)
+        driver.bind(self.clock, self._wake_waiters, self._lost_out_of_band, self._renew_soon)
 
     def __repr__(self) -> str:
         return f"<asynclock.Backend {self.driver.display} held={len(self._held)}>"
@@ -454,6 +455,14 @@ class Backend:
         self._stats.loss_reasons[re.split(r"[:;(]", reason, maxsplit=1)[0].strip()] += 1
         logger.warning("lease lost: %r token=%d: %s", lease.name, lease.token, reason)
 
+    def _renew_soon(self) -> None:
+        """The driver's ``renew_now``: renew every held lease now, not at the next heartbeat
+        (a connection came back; the server may have restarted and lost them)."""
+        self._renew_asap = True
+        if self._held:
+            self._next_round = self.clock.now()
+            _poke(self._renew_wake)
+
     # -- background loops ------------------------------------------------------------------
 
     async def _renew_loop(self) -> None:
@@ -475,6 +484,7 @@ class Backend:
             idle = min(period, IDLE_NAP)
             refs = [LeaseRef(lease.name, lease.owner, lease.token, lease.ttl) for lease in batch]
             t_send = self.clock.now()
+            self._renew_asap = False
             results: list[object]
             try:
                 with anyio.fail_after(max(period, 0.01)):
@@ -508,6 +518,8 @@ class Backend:
             else:
                 failures = 0
                 self._next_round = t_send + period
+            if self._renew_asap:  # asked during this round: its answers may predate it
+                self._next_round = self.clock.now()
 
     async def _watchdog_loop(self) -> None:
         while True:

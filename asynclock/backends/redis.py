@@ -17,7 +17,14 @@ URL: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://…`` for TLS,
 Driver options (keyword arguments to :func:`asynclock.connect`): ``socket_timeout`` (per
 call, seconds, default 1.0 — keep it small relative to your ttls), ``connect_timeout``
 (default 1.0), ``prefix`` (key prefix, default ``"asynclock:"``), ``fair`` (FIFO waiter
-queue, default True); anything else goes to ``redis.asyncio.ConnectionPool.from_url``.
+queue, default True), ``restart_grace`` (seconds with no grant after the database lost its
+data, default the ttl asked for; also a URL query option); anything else goes to
+``redis.asyncio.ConnectionPool.from_url``.
+
+* A restart is noticed on the pub/sub connection (kept open while a lease is held): a new
+  ``run_id`` loses every lease the server granted before, and any reconnect asks the core
+  for a renewal round at once. A missing epoch key (fresh or lost data) starts the restart
+  grace (see ``grace_left``).
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import anyio
 import redis.asyncio
@@ -82,6 +89,20 @@ local function held_token(cur, owner)
   end
   return nil
 end
+-- G1 across data loss: ms left of the restart grace (0: none). The epoch key lives as
+-- long as the database's data; when it is missing (a fresh database, or a restart or
+-- flush that lost the data) a lease granted before may still run in its holder, so none
+-- is granted for grace ms from now. t: a TIME reply.
+local function grace_left(epoch, grace, t)
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  grace = tonumber(grace)
+  local since = tonumber(redis.call('GET', epoch) or '')
+  if since == nil then
+    since = now
+    redis.call('SET', epoch, string.format('%d', now))
+  end
+  return math.min(grace, math.max(0, since + grace - now))
+end
 -- G5, for release: true if cur is owner's lease with token ('' = unknown: an interrupted
 -- acquire, any token of ours), false if it is only owner's reservation (token ''), nil if
 -- it is not ours.
@@ -129,15 +150,16 @@ end
 """
 
 # ACQUIRE (G1 exclusion, G2 monotonic tokens, fair queue).
-# KEYS: lock, fence, queue, queue_exp. ARGV: owner, ttl_ms, mode, channel; mode 0 = no
-# queue (fair=False), 1 = respect the queue, 2 = respect it and wait in it.
-# Returns {token} when granted, {0, retry_after_ms} when busy.
+# KEYS: lock, fence, queue, queue_exp, epoch. ARGV: owner, ttl_ms, mode, channel, grace_ms;
+# mode 0 = no queue (fair=False), 1 = respect the queue, 2 = respect it and wait in it;
+# grace_ms: the restart grace (see grace_left).
+# Returns {token} when granted, {0, retry_after_ms} when busy (or in the restart grace).
 # The fence counter is never deleted (see next_token).
 ACQUIRE = (
     _LEASE
     + _HANDOFF
     + """
-local lock, fence, q, qx = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local lock, fence, q, qx, epoch = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local owner, ttl, mode, chan = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local member = owner .. ':' .. ttl
 local cur = redis.call('GET', lock)
@@ -156,6 +178,11 @@ local mine = held_token(cur, owner)
 if mine then return {mine} end
 local left
 if cur == false then
+  left = grace_left(epoch, ARGV[5], t)
+end
+if left and left > 0 then
+  -- In the restart grace: wait (and queue) as if the name were held.
+elseif cur == false then
   if mode == '0' then return grant() end
   local first = head(q, qx, now)
   if first == nil or first == member then return grant() end
@@ -242,7 +269,7 @@ return 1
 # REDLOCK_ACQUIRE (Redlock phase 1; G1 exclusion, G2 monotonic tokens): ACQUIRE in mode 0
 # (no waiter queue: Redlock never queues) with nothing that mode does not need, so each
 # node spends less time per call (every node's time is on the path of every acquisition).
-# KEYS: lock, fence. ARGV: owner, ttl_ms.
+# KEYS: lock, fence, epoch. ARGV: owner, ttl_ms, grace_ms (the restart grace, per node).
 # Returns {token} when granted, {0, retry_after_ms} when busy. The counter is seeded from
 # TIME exactly as in ACQUIRE (next_token).
 REDLOCK_ACQUIRE = (
@@ -257,7 +284,10 @@ if cur and cur ~= '~' .. owner then
   if left < 0 then left = 0 end
   return {0, left}
 end
-local token = next_token(fence, nil)
+local t = redis.call('TIME')
+local left = grace_left(KEYS[3], ARGV[3], t)
+if left > 0 then return {0, left} end
+local token = next_token(fence, t)
 hold(lock, owner, token, ARGV[2])
 return {token}
 """
@@ -313,7 +343,7 @@ NO_QUEUE, RESPECT_QUEUE, JOIN_QUEUE = b"0", b"1", b"2"
 #: Idle pub/sub subscriptions kept open (so a name locked again soon costs no SUBSCRIBE).
 MAX_IDLE_SUBSCRIPTIONS = 256
 
-_DRIVER_OPTIONS = {"socket_timeout", "connect_timeout", "prefix", "fair"}
+_DRIVER_OPTIONS = {"socket_timeout", "connect_timeout", "prefix", "fair", "restart_grace"}
 
 
 # -- keys ---------------------------------------------------------------------------------
@@ -340,6 +370,11 @@ def keys_for(name: str, prefix: str = "asynclock:") -> Keys:
     return Keys(base, base + ":fence", base + ":q", base + ":qx", base + ":released")
 
 
+def epoch_key(prefix: str = "asynclock:") -> str:
+    """The database's epoch key (see ``grace_left``): no braces, so no lock name's key."""
+    return f"{prefix}epoch"
+
+
 @dataclass(frozen=True, slots=True)
 class WireKeys:
     """The keys of one name as the scripts take them (bytes), and its channel's name."""
@@ -350,8 +385,10 @@ class WireKeys:
     queue_exp: bytes
     channel: bytes
     channel_name: str
-    acquire_keys: tuple[bytes, bytes, bytes, bytes]
+    acquire_keys: tuple[bytes, bytes, bytes, bytes, bytes]
     release_keys: tuple[bytes, bytes, bytes]
+    #: The keys of REDLOCK_ACQUIRE: lock, fence, epoch.
+    redlock_keys: tuple[bytes, bytes, bytes]
 
 
 class KeyCache:
@@ -361,6 +398,7 @@ class KeyCache:
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
+        self.epoch = epoch_key(prefix).encode()
         self._cache: dict[str, WireKeys] = {}
 
     def __call__(self, name: str) -> WireKeys:
@@ -377,8 +415,9 @@ class KeyCache:
                 qx,
                 s.channel.encode(),
                 s.channel,
-                (lock, fence, q, qx),
+                (lock, fence, q, qx, self.epoch),
                 (lock, q, qx),
+                (lock, fence, self.epoch),
             )
         return k
 
@@ -844,20 +883,28 @@ class Listener:
     """One pub/sub connection to a node, carrying every channel its driver watches.
 
     ``on_message(channel, payload)`` runs for each message; ``on_reset()`` after the
-    connection drops (messages may have been missed). :meth:`run` is the reader; the driver
-    runs it from :meth:`Driver.background`. It connects on the first subscription and
-    reconnects with backoff.
+    connection drops (messages may have been missed); ``on_connect(run_id, reconnected)``
+    after each connect, with the server's ``run_id`` (None if ``INFO`` is denied).
+    :meth:`run` is the reader; the driver runs it from :meth:`Driver.background`. It
+    connects on the first subscription or :meth:`keep_connected`, and reconnects with
+    backoff: while a lease is held, this connection is how a server restart is noticed
+    (the socket closes at once), not the next renewal.
     """
+
+    #: Longest pause between reconnect attempts.
+    MAX_BACKOFF = 0.25
 
     def __init__(
         self,
         node: Node,
         on_message: Callable[[str, bytes], None],
         on_reset: Callable[[], None],
+        on_connect: Callable[[str | None, bool], None] | None = None,
     ) -> None:
         self.node = node
         self.on_message = on_message
         self.on_reset = on_reset
+        self.on_connect = on_connect
         self.wanted: set[str] = set()
         self.confirmed: set[str] = set()
         #: Bumped on every (re)connect: a subscription confirmed in an older epoch is void.
@@ -866,6 +913,10 @@ class Listener:
         self._confirm_events: dict[str, anyio.Event] = {}
         self._write = anyio.Lock()
         self._needed = anyio.Event()
+
+    def keep_connected(self) -> None:
+        """Connect now (if not yet) and stay connected: a lease is held on this node."""
+        self._needed.set()
 
     async def subscribe(self, channel: str, wait: float) -> None:
         """Subscribe; wait up to ``wait`` seconds for the server to confirm. Never raises."""
@@ -897,15 +948,20 @@ class Listener:
         """Read messages until cancelled (the backend closing)."""
         await self._needed.wait()
         backoff = 0.02
+        connected = False
         while True:
             conn = self.node.make_connection()
             try:
                 await conn.connect()  # type: ignore[no-untyped-call]
+                run_id = await self._run_id(conn) if self.on_connect is not None else None
                 self._conn = conn
                 if self.wanted:
                     async with self._write:
                         await conn.send_command("SUBSCRIBE", *self.wanted, check_health=False)
                 backoff = 0.02
+                if self.on_connect is not None:
+                    self.on_connect(run_id, connected)
+                connected = True
                 while True:
                     reply = await conn.read_response(timeout=math.inf)
                     self._handle(reply)
@@ -918,7 +974,16 @@ class Listener:
                 await drop_connection(conn)
             self.on_reset()
             await anyio.sleep(backoff)
-            backoff = min(backoff * 2, 1.0)
+            backoff = min(backoff * 2, self.MAX_BACKOFF)
+
+    async def _run_id(self, conn: AbstractConnection) -> str | None:
+        """The server's ``run_id``, read before subscribing (None if INFO is denied)."""
+        await conn.send_command("INFO", "server", check_health=False)
+        try:
+            reply = await conn.read_response(timeout=self.node.connect_timeout)
+        except redis.exceptions.ResponseError:
+            return None
+        return parse_run_id(reply)
 
     def _handle(self, reply: Any) -> None:
         if not isinstance(reply, list) or len(reply) < 3:
@@ -951,7 +1016,47 @@ def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, An
         ours[key] = check_seconds(ours.get(key, 1.0), key)
     ours["prefix"] = check_prefix(ours.get("prefix", "asynclock:"))
     ours["fair"] = bool(ours.get("fair", True))
+    ours["restart_grace"] = check_restart_grace(ours.get("restart_grace"))
     return ours, rest
+
+
+def check_restart_grace(value: object) -> float | None:
+    """``restart_grace``: None (the ttl being asked for) or seconds >= 0 (0: none)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ValueError(f"restart_grace must be a number of seconds, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"restart_grace must be a number of seconds, not {type(value).__name__}")
+    if not 0 <= value < math.inf:
+        raise ValueError(
+            f"restart_grace must be a finite number of seconds >= 0 (0 turns it off), got {value!r}"
+        )
+    return float(value)
+
+
+def grace_ms(restart_grace: float | None, ttl_ms: int) -> bytes:
+    """ARGV ``grace_ms`` of the acquire scripts."""
+    if restart_grace is None:
+        return b"%d" % ttl_ms
+    return b"%d" % math.ceil(restart_grace * 1000)
+
+
+def pop_query_options(url: str, names: set[str]) -> tuple[str, dict[str, str]]:
+    """(``url`` without the query options ``names``, their values): options of ours that
+    redis-py must not see."""
+    parts = urlsplit(url)
+    if not parts.query:
+        return url, {}
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    ours = {k: v for k, v in pairs if k in names}
+    if not ours:
+        return url, {}
+    rest = urlencode([(k, v) for k, v in pairs if k not in names])
+    return urlunsplit(parts._replace(query=rest)), ours
 
 
 # -- the driver -----------------------------------------------------------------------------
@@ -1042,9 +1147,11 @@ class RedisDriver(SubscribingDriver):
         connect_timeout: float = 1.0,
         prefix: str = "asynclock:",
         fair: bool = True,
+        restart_grace: float | None = None,
         **redis_options: Any,
     ) -> None:
         super().__init__(prefix)
+        self.restart_grace = restart_grace
         self.node = Node(
             url,
             socket_timeout=socket_timeout,
@@ -1054,8 +1161,11 @@ class RedisDriver(SubscribingDriver):
         self.display = self.node.display
         self.prefix = prefix
         self.fair = fair
-        self.listener = Listener(self.node, self._on_message, self._on_reset)
+        self.listener = Listener(self.node, self._on_message, self._on_reset, self._on_connect)
         self._waits: dict[str, dict[str, _Wait]] = {}
+        #: Leases granted here and not yet released: owner -> (name, drops seen at grant).
+        self._leases: dict[str, tuple[str, int]] = {}
+        self._drops = 0
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -1097,11 +1207,13 @@ class RedisDriver(SubscribingDriver):
         reply = await self.node.run(
             "acquire",
             k.acquire_keys,
-            (owner.encode(), b"%d" % ttl_ms, mode, k.channel),
+            (owner.encode(), b"%d" % ttl_ms, mode, k.channel, grace_ms(self.restart_grace, ttl_ms)),
         )
         if reply[0]:
             if wait is not None:
                 self._forget_wait(name, owner)
+            self._leases[owner] = (name, self._drops)
+            listener.keep_connected()
             return int(reply[0])
         retry = int(reply[1]) / 1000
         # Subscribed before we asked, still subscribed, and no wake-up for this name came
@@ -1123,12 +1235,16 @@ class RedisDriver(SubscribingDriver):
     async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
         if not leases:
             return []
+        # The batch is every lease the backend holds: forget the rest (lost, dropped).
+        tracked = self._leases
+        self._leases = {r.owner: tracked[r.owner] for r in leases if r.owner in tracked}
         keys, args = extend_call(self.keys, leases)
         reply = await self.node.run("extend", keys, args)
         return [_extend_result(int(code)) for code in reply]
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         k = self.keys(name)
+        self._leases.pop(owner, None)
         reply = await self.node.run(
             "release",
             k.release_keys,
@@ -1174,11 +1290,30 @@ class RedisDriver(SubscribingDriver):
         self._heard_from(name)
 
     def _on_reset(self) -> None:
+        self._drops += 1
         for waits in self._waits.values():
             for wait in waits.values():
                 wait.bumps += 1
         for name in {*self._waits, *self._watchers}:
             self._heard_from(name)
+
+    def _on_connect(self, run_id: str | None, reconnected: bool) -> None:
+        """Connected (again). A new ``run_id`` means the server restarted: every lease it
+        granted before is gone (loss within one round trip of the reconnect, not at the
+        next renewal). Any reconnect asks for a renewal round now."""
+        before, self.node.run_id = self.node.run_id, run_id or self.node.run_id
+        if before is not None and run_id is not None and run_id != before:
+            why = (
+                f"the Redis server restarted (run_id {before} is now {run_id}); "
+                "the leases it granted are gone"
+            )
+            drops = self._drops
+            for owner, (name, seen) in list(self._leases.items()):
+                if seen < drops or not reconnected:
+                    del self._leases[owner]
+                    self._notify_lost(name, owner, why)
+        if reconnected:
+            self._renew_now()
 
     def _forget_wait(self, name: str, owner: str) -> _Wait | None:
         waits = self._waits.get(name)
@@ -1219,7 +1354,8 @@ def _token_of(value: bytes) -> int | None:
 
 
 def driver_from_url(url: str, **options: Any) -> RedisDriver:
-    ours, rest = split_options(options)
+    url, from_query = pop_query_options(url, {"restart_grace"})
+    ours, rest = split_options({**from_query, **options})
     return RedisDriver(url, **ours, **rest)
 
 

@@ -18,7 +18,9 @@ counter without re-seeding it from a clock that does not run backwards (persiste
 ``TIME`` seed), and node clocks run at rates within the drift bound.
 
 URL: ``redlock://[[user]:password@]h1:p1,h2:p2,…[/db][?tls=1]``. Options: ``node_timeout``
-(seconds, default 0.25), ``connect_timeout``, ``prefix``; others go to redis-py.
+(seconds, default 0.25), ``connect_timeout``, ``prefix``, ``restart_grace`` (per node, as
+for ``redis://``); others go to redis-py. Every node must be a distinct server: a repeated
+address is refused at connect, two addresses of one server (same ``run_id``) at open.
 """
 
 from __future__ import annotations
@@ -44,8 +46,10 @@ from .redis import (
     SubscribingDriver,
     Wire,
     check_prefix,
+    check_restart_grace,
     drop_connection,
     extend_call,
+    grace_ms,
     ms,
     pack,
     pack_script,
@@ -53,7 +57,7 @@ from .redis import (
 
 T = TypeVar("T")
 
-_OPTIONS = {"node_timeout", "connect_timeout", "prefix"}
+_OPTIONS = {"node_timeout", "connect_timeout", "prefix", "restart_grace"}
 
 #: An acquisition that took longer than this fraction of its ttl is given back: the
 #: lease would be lost before its first renewal.
@@ -71,9 +75,11 @@ class RedlockDriver(SubscribingDriver):
         node_timeout: float = 0.25,
         connect_timeout: float = 1.0,
         prefix: str = "asynclock:",
+        restart_grace: float | None = None,
         **redis_options: Any,
     ) -> None:
         super().__init__(prefix)
+        self.restart_grace = check_restart_grace(restart_grace)
         if len(urls) < 1:
             raise ValueError("redlock:// needs at least one node (use 3 or 5)")
         check_distinct(urls)
@@ -90,7 +96,9 @@ class RedlockDriver(SubscribingDriver):
         self.node_timeout = node_timeout
         self.prefix = prefix
         self.display = display
-        self.listeners = [Listener(n, self._on_message, self._on_reset) for n in self.nodes]
+        self.listeners = [
+            Listener(n, self._on_message, self._on_reset, self._connected(n)) for n in self.nodes
+        ]
         self._deadlines = Deadlines()
 
     def _timeout(self, ttl: float) -> float:
@@ -284,7 +292,12 @@ class RedlockDriver(SubscribingDriver):
         epochs = [listener.epoch for listener in self.listeners] if trusted else None
         heard = self._heard.get(name, 0)
         ownerb = owner.encode()
-        packed = pack_script("redlock_acquire", (k.lock, k.fence), (ownerb, b"%d" % ms(ttl)))
+        ttl_ms = ms(ttl)
+        packed = pack_script(
+            "redlock_acquire",
+            k.redlock_keys,
+            (ownerb, b"%d" % ttl_ms, grace_ms(self.restart_grace, ttl_ms)),
+        )
         results = await self._fan("redlock_acquire", packed, timeout)
         tokens: dict[int, int] = {}
         busy: list[float] = []
@@ -308,6 +321,8 @@ class RedlockDriver(SubscribingDriver):
                     if len(failures) > len(self.nodes) - self.quorum:
                         raise self._no_quorum(f"phase 2 of acquire of {name!r}", ok, failures)
                     return self._busy(name, timeout, quiet=False)
+            for listener in self.listeners:
+                listener.keep_connected()  # to notice a node's restart at once
             elapsed = self.clock.now() - started
             if elapsed >= ttl * MAX_ACQUIRE_FRACTION:
                 await self.release(name, owner, None)
@@ -426,6 +441,17 @@ class RedlockDriver(SubscribingDriver):
     def _on_reset(self) -> None:
         for name in list(self._watchers):
             self._heard_from(name)
+
+    def _connected(self, node: Node) -> Callable[[str | None, bool], None]:
+        def on_connect(run_id: str | None, reconnected: bool) -> None:
+            # A node that restarted (a new run_id, or a reconnect: it may have) lost its keys
+            # unless it persists them: renew now, so a lease that lost its quorum is lost
+            # within one round trip, not at the next heartbeat.
+            before, node.run_id = node.run_id, run_id or node.run_id
+            if reconnected or node.run_id != before:
+                self._renew_now()
+
+        return on_connect
 
 
 #: Spellings of this host's loopback address that reach the same server (one socket can

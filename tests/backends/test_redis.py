@@ -377,7 +377,7 @@ async def test_restart_with_data_loss_tokens_still_increase(
     client = raw_client(server)
     assert await client.dbsize() == 0  # the counter really is gone
     await client.aclose()
-    async with asynclock.connect(server.url) as backend:
+    async with asynclock.connect(server.url, restart_grace=0.1) as backend:
         async with backend.lock("restart", ttl=5.0) as lease:
             assert lease.token > before
 
@@ -397,6 +397,86 @@ async def test_kill_9_while_held_loses_the_lease_then_recovers(
         server.start()
         async with backend.lock("kill", ttl=1.0) as again:
             assert again.token > lease.token
+
+
+async def test_a_restart_cancels_the_holder_at_the_reconnect_and_the_successor_waits(
+    redis_factory: RedisFactory,
+) -> None:
+    """Issue 8 item 3, reproduced: after a kill -9 and a restart without persistence, a
+    successor got the lock 0.21 s after the restart while the holder's body ran on until
+    its next renewal. Now (a) the reconnect notices the new run_id and cancels the holder
+    at once (its heartbeat is 10 s away), and (b) the wiped database grants no lock for the
+    restart grace, so the successor comes after the holder has stopped."""
+    server = redis_factory()
+    grace = 1.0
+    events: dict[str, float] = {}
+    async with (
+        asynclock.connect(server.url) as a,
+        asynclock.connect(f"{server.url}?restart_grace={grace}") as b,
+    ):
+        holding = anyio.Event()
+        restarted = anyio.Event()
+
+        async def holder() -> None:
+            with pytest.raises(asynclock.LeaseLost) as info:
+                async with a.lock("restart", ttl=30.0):
+                    holding.set()
+                    await anyio.sleep_forever()
+            events["lost"] = time.monotonic()
+            assert "restarted" in info.value.reason, info.value.reason
+
+        async def successor() -> None:
+            await restarted.wait()
+            with pytest.raises(asynclock.LockHeld):
+                await b.acquire("restart", ttl=5.0, blocking=False)
+            async with b.lock("restart", ttl=5.0, timeout=20):
+                events["granted"] = time.monotonic()
+
+        with anyio.fail_after(8):  # the holder's first renewal would come at 10 s
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(holder)
+                await holding.wait()
+                server.restart(keep_data=False)
+                events["restarted"] = time.monotonic()
+                restarted.set()
+                tg.start_soon(successor)
+    assert events["lost"] - events["restarted"] < 2.0, events
+    assert events["granted"] - events["restarted"] >= grace * 0.99, events
+    assert events["lost"] < events["granted"], events
+
+
+async def test_no_lock_is_granted_for_the_grace_after_the_data_is_lost(
+    redis_factory: RedisFactory,
+) -> None:
+    """Issue 8 item 3 (b): the epoch key is missing after a restart that lost the data (or
+    a FLUSHALL): no grant for the ttl asked for (the default grace), then as usual."""
+    server = redis_factory()
+    client = raw_client(server)
+    async with asynclock.connect(server.url) as backend:
+        async with backend.lock("g", ttl=1.0):  # a settled server: no wait
+            pass
+        server.restart(keep_data=False)
+        started = time.monotonic()
+        with pytest.raises(asynclock.LockHeld, match=r"frees in at most (0\.9|1\.0)"):
+            await backend.acquire("g", ttl=1.0, blocking=False)
+        async with backend.lock("g", ttl=1.0, timeout=10):
+            assert time.monotonic() - started >= 0.99
+        started = time.monotonic()
+        async with backend.lock("other", ttl=1.0, blocking=False):
+            assert time.monotonic() - started < 0.5  # the grace is over for every name
+        await client.flushall()
+        started = time.monotonic()
+        async with backend.lock("g", ttl=0.5, timeout=10):
+            assert time.monotonic() - started >= 0.5 * 0.99
+    async with asynclock.connect(f"{server.url}?restart_grace=0") as backend:
+        await client.flushall()
+        async with backend.lock("g", ttl=5.0, blocking=False):  # 0 turns the grace off
+            pass
+    with pytest.raises(ValueError, match="restart_grace must be a finite number"):
+        asynclock.connect(f"{server.url}?restart_grace=-1")
+    with pytest.raises(ValueError, match="restart_grace must be a number of seconds"):
+        asynclock.connect(server.url, restart_grace="soon")
+    await client.aclose()
 
 
 async def test_sigstop_node_times_out_and_nothing_hangs(redis_factory: RedisFactory) -> None:

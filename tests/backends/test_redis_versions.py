@@ -4,6 +4,7 @@ it). Same protocol, same answers."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -63,15 +64,19 @@ async def test_tokens_rise_after_data_loss_on_each_version(server: RedisServer) 
         async with backend.lock("lost", ttl=5.0) as before:
             pass
     server.restart(keep_data=False)  # the counter is gone; the TIME seed takes over
-    async with asynclock.connect(server.url) as backend:
+    async with asynclock.connect(f"{server.url}?restart_grace=0.5") as backend:
+        started = time.monotonic()
+        with pytest.raises(asynclock.LockHeld):  # the restart grace (issue 8 item 3)
+            await backend.acquire("other", ttl=5.0, blocking=False)
         async with backend.lock("lost", ttl=5.0) as after:
             assert after.token > before.token
+        assert time.monotonic() - started >= 0.5 * 0.99
 
 
 #: The ACL rules docs/backends/redis.md gives (kept in step with it by the test below).
 DOCUMENTED_ACL = (
     "~asynclock:* resetchannels &asynclock:* +evalsha +eval +script|load +subscribe +unsubscribe "
-    "+get +set +del +exists +incr +pexpire +pttl +time +publish +zadd +zrange +zrangebyscore "
+    "+info +get +set +del +exists +incr +pexpire +pttl +time +publish +zadd +zrange +zrangebyscore "
     "+zrem"
 )
 
@@ -106,6 +111,13 @@ async def test_an_acl_user_with_the_documented_rules_can_do_everything(server: R
             assert await lease.release()
         assert got and got[0] > lease.token
         assert a.stats().renewal_errors == 0 and not lease.lost
+    # INFO (the server's run_id) is optional: without it everything still works.
+    await admin.execute_command(  # type: ignore[no-untyped-call]
+        "ACL", "SETUSER", "locks", "-info"
+    )
+    async with asynclock.connect(url) as c:
+        async with c.lock("acl", ttl=1.0) as third:
+            assert third.token > got[0]
     # One rule fewer is refused, so the test above did exercise the rules.
     await admin.execute_command(  # type: ignore[no-untyped-call]
         "ACL", "SETUSER", "locks", "-incr"

@@ -19,6 +19,7 @@ from asynclock.backends.redis import (
     REDLOCK_ACQUIRE,
     REDLOCK_RELEASE,
     RELEASE,
+    epoch_key,
     keys_for,
 )
 from asynclock.backends.redlock import RedlockDriver, parse_url
@@ -191,10 +192,11 @@ async def test_redlock_scripts_answer_as_the_single_node_scripts_do(
     try:
         for (value, ttl), fence in itertools.product(STATES, [None, 41]):
             answers: list[object] = []
-            queue_keys = [k.lock, k.fence, k.queue, k.queue_exp]
+            epoch = epoch_key()
+            queue_keys = [k.lock, k.fence, k.queue, k.queue_exp, epoch]
             calls: list[tuple[str, list[str], list[str | bytes]]] = [
-                (ACQUIRE, queue_keys, ["me", "3000", NO_QUEUE, channel]),
-                (REDLOCK_ACQUIRE, [k.lock, k.fence], ["me", "3000"]),
+                (ACQUIRE, queue_keys, ["me", "3000", NO_QUEUE, channel, "3000"]),
+                (REDLOCK_ACQUIRE, [k.lock, k.fence, epoch], ["me", "3000", "3000"]),
             ]
             for script, keys, args in calls:
                 await setup(value, ttl, fence)
@@ -297,6 +299,47 @@ async def test_a_node_that_hangs_on_the_careful_path_times_out_alone(
             assert time.monotonic() - started < 4 * NODE_TIMEOUT + 0.5
         finally:
             servers[4].thaw()
+
+
+async def test_restarted_nodes_end_the_lease_at_the_reconnect_and_wait_the_grace(
+    redis_factory: RedisFactory,
+) -> None:
+    """Issue 8 item 3 on Redlock: two of three nodes restart without their data. The
+    holder's reconnects ask for a renewal round at once, which finds its keys gone on a
+    majority, so it is cancelled long before its next heartbeat; each restarted node grants
+    nothing for the restart grace, so no successor gets a quorum meanwhile."""
+    servers = redis_factory.many(3)
+    url = redlock_url(servers)
+    grace = 1.0
+    events: dict[str, float] = {}
+    async with (
+        asynclock.connect(url, node_timeout=NODE_TIMEOUT) as a,
+        asynclock.connect(f"{url}?restart_grace={grace}", node_timeout=NODE_TIMEOUT) as b,
+    ):
+        holding = anyio.Event()
+
+        async def holder() -> None:
+            with pytest.raises(asynclock.LeaseLost) as info:
+                async with a.lock("rl-restart", ttl=30.0):
+                    holding.set()
+                    await anyio.sleep_forever()
+            events["lost"] = time.monotonic()
+            assert "refused" in info.value.reason, info.value.reason
+
+        with anyio.fail_after(8):  # the holder's first renewal would come at 10 s
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(holder)
+                await holding.wait()
+                servers[0].restart(keep_data=False)
+                servers[1].restart(keep_data=False)
+                events["restarted"] = time.monotonic()
+                with pytest.raises(asynclock.LockHeld):
+                    await b.acquire("rl-restart", ttl=5.0, blocking=False)
+                async with b.lock("rl-restart", ttl=5.0, timeout=20):
+                    events["granted"] = time.monotonic()
+    assert events["lost"] - events["restarted"] < 2.0, events
+    assert events["granted"] - events["restarted"] >= grace * 0.99, events
+    assert events["lost"] < events["granted"], events
 
 
 async def test_phase_two_lifts_lagging_counters(redis_factory: RedisFactory) -> None:
