@@ -35,6 +35,7 @@ import hashlib
 import inspect
 import logging
 import math
+import secrets
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -62,7 +63,10 @@ logger = logging.getLogger("asynclock.redis")
 #
 # Values: the lock key holds "owner:token" while held, or "~owner" while a release has
 # reserved the name for the waiter ``owner`` (who then claims it with ACQUIRE). Waiters are
-# members "owner:ttl_ms" of two sorted sets: by arrival (queue) and by expiry (queue_exp).
+# members "owner:ttl_ms:probe" (or "owner:ttl_ms": no probe yet) of two sorted sets: by
+# arrival (queue) and by expiry (queue_exp). ``probe`` names the waiting backend's probe
+# channel, "<prefix>w:<probe>", which that backend subscribes to while it lives: PUBLISH
+# there answers 0 once its connection is gone (the process died).
 
 # Shared helpers for the scripts that take and free a lease (single node and Redlock).
 _LEASE = """
@@ -123,11 +127,29 @@ local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
 end
--- Forget waiters that stopped asking (their entry expired); return the oldest live one.
-local function head(q, qx, now)
+-- (owner, ttl, probe or nil) of queue member m.
+local function parse_member(m)
+  local owner, ttl, probe = string.match(m, '^([^:]*):(%d+):(%x+)$')
+  if owner then return owner, ttl, probe end
+  owner, ttl = string.match(m, '^(.*):(%d+)$')
+  return owner, ttl, nil
+end
+-- Forget waiters that stopped asking (their entry expired) or died (nobody listens on
+-- their probe channel: the waiter's connection closed); return the oldest live one.
+-- lock: the lock key, whose text up to '{' is the key prefix.
+local function head(q, qx, now, lock)
   if redis.call('EXISTS', q) == 0 then return nil end
   local dead = redis.call('ZRANGEBYSCORE', qx, '-inf', now, 'LIMIT', 0, 100)
   for _, m in ipairs(dead) do
+    redis.call('ZREM', q, m)
+    redis.call('ZREM', qx, m)
+  end
+  local pre = string.match(lock, '^[^{]*') .. 'w:'
+  for _ = 1, 100 do
+    local m = redis.call('ZRANGE', q, 0, 0)[1]
+    if m == nil then return nil end
+    local _, _, probe = parse_member(m)
+    if probe == nil or redis.call('PUBLISH', pre .. probe, '') > 0 then return m end
     redis.call('ZREM', q, m)
     redis.call('ZREM', qx, m)
   end
@@ -139,7 +161,7 @@ local function handoff(lock, q, qx, chan, m)
   if m then
     redis.call('ZREM', q, m)
     redis.call('ZREM', qx, m)
-    local owner, ttl = string.match(m, '^(.*):(%d+)$')
+    local owner, ttl = parse_member(m)
     redis.call('SET', lock, '~' .. owner, 'PX', ttl)
     redis.call('PUBLISH', chan, owner)
     return tonumber(ttl)
@@ -150,9 +172,10 @@ end
 """
 
 # ACQUIRE (G1 exclusion, G2 monotonic tokens, fair queue).
-# KEYS: lock, fence, queue, queue_exp, epoch. ARGV: owner, ttl_ms, mode, channel, grace_ms;
-# mode 0 = no queue (fair=False), 1 = respect the queue, 2 = respect it and wait in it;
-# grace_ms: the restart grace (see grace_left).
+# KEYS: lock, fence, queue, queue_exp, epoch. ARGV: owner, ttl_ms, mode, channel, grace_ms,
+# probe; mode 0 = no queue (fair=False), 1 = respect the queue, 2 = respect it and wait in
+# it; grace_ms: the restart grace (see grace_left); probe: this backend's probe id, or ''
+# (not subscribed yet: a waiter that joined without one gets it added, keeping its place).
 # Returns {token} when granted, {0, retry_after_ms} when busy (or in the restart grace).
 # The fence counter is never deleted (see next_token).
 ACQUIRE = (
@@ -164,6 +187,18 @@ local owner, ttl, mode, chan = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local member = owner .. ':' .. ttl
 local cur = redis.call('GET', lock)
 local now, t = now_ms()
+if mode == '2' and ARGV[6] ~= '' then
+  local plain = member
+  member = member .. ':' .. ARGV[6]
+  local score = redis.call('ZSCORE', q, plain)
+  if score then  -- queued before our probe was subscribed: add it, keep the place
+    local until_ms = redis.call('ZSCORE', qx, plain) or (now + 1000)
+    redis.call('ZREM', q, plain)
+    redis.call('ZREM', qx, plain)
+    redis.call('ZADD', q, score, member)
+    redis.call('ZADD', qx, until_ms, member)
+  end
+end
 local function grant()
   local token = next_token(fence, t)
   hold(lock, owner, token, ttl)
@@ -184,7 +219,7 @@ if left and left > 0 then
   -- In the restart grace: wait (and queue) as if the name were held.
 elseif cur == false then
   if mode == '0' then return grant() end
-  local first = head(q, qx, now)
+  local first = head(q, qx, now, lock)
   if first == nil or first == member then return grant() end
   left = handoff(lock, q, qx, chan, first)
 else
@@ -240,7 +275,7 @@ local held = owned(cur, owner, token)
 if held == nil then return 0 end
 redis.call('DEL', lock)
 if redis.call('EXISTS', q) == 1 then
-  handoff(lock, q, qx, chan, head(q, qx, (now_ms())))
+  handoff(lock, q, qx, chan, head(q, qx, (now_ms()), lock))
 else
   redis.call('PUBLISH', chan, '')
 end
@@ -250,17 +285,21 @@ return 0
 )
 
 # ABANDON: a queued waiter gave up. KEYS: lock, queue, queue_exp.
-# ARGV: member ("owner:ttl_ms"), owner, channel. If the name was reserved for this waiter,
-# pass the reservation on to the next one. Returns 1.
+# ARGV: member ("owner:ttl_ms", with or without ":probe": both are removed), owner, channel.
+# If the name was reserved for this waiter, pass the reservation on to the next one.
+# Returns 1.
 ABANDON = (
     _HANDOFF
     + """
 local lock, q, qx = KEYS[1], KEYS[2], KEYS[3]
-redis.call('ZREM', q, ARGV[1])
-redis.call('ZREM', qx, ARGV[1])
+local plain = string.match(ARGV[1], '^([^:]*:%d+)') or ARGV[1]
+for _, m in ipairs({ARGV[1], plain}) do
+  redis.call('ZREM', q, m)
+  redis.call('ZREM', qx, m)
+end
 if redis.call('GET', lock) == '~' .. ARGV[2] then
   redis.call('DEL', lock)
-  handoff(lock, q, qx, ARGV[3], head(q, qx, (now_ms())))
+  handoff(lock, q, qx, ARGV[3], head(q, qx, (now_ms()), lock))
 end
 return 1
 """
@@ -1166,6 +1205,10 @@ class RedisDriver(SubscribingDriver):
         #: Leases granted here and not yet released: owner -> (name, drops seen at grant).
         self._leases: dict[str, tuple[str, int]] = {}
         self._drops = 0
+        #: This backend's probe channel (see the Lua notes): a queue entry naming it is
+        #: skipped at once when this backend's connection is gone.
+        self._probe = secrets.token_hex(8)
+        self._probe_channel = f"{prefix}w:{self._probe}"
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -1193,7 +1236,9 @@ class RedisDriver(SubscribingDriver):
             now = self.clock.now()
             if wait is None:
                 wait = waits[owner] = _Wait(f"{owner}:{ttl_ms}")
-            elif wait.valid_bumps == wait.bumps and now < wait.valid_until:
+            if self._probe_channel in self.listener.confirmed:
+                wait.member = f"{owner}:{ttl_ms}:{self._probe}"
+            if wait.valid_bumps == wait.bumps and now < wait.valid_until:
                 # Nothing that concerns us was published since the server said "busy"
                 # (and we were subscribed before asking): that answer still holds.
                 self._quiet = name
@@ -1204,15 +1249,25 @@ class RedisDriver(SubscribingDriver):
         heard = self._heard.get(name, 0)
         bumps = wait.bumps if wait is not None else 0
         t_send = self.clock.now()
+        probe = self._probe.encode() if wait is not None and wait.member.count(":") == 2 else b""
         reply = await self.node.run(
             "acquire",
             k.acquire_keys,
-            (owner.encode(), b"%d" % ttl_ms, mode, k.channel, grace_ms(self.restart_grace, ttl_ms)),
+            (
+                owner.encode(),
+                b"%d" % ttl_ms,
+                mode,
+                k.channel,
+                grace_ms(self.restart_grace, ttl_ms),
+                probe,
+            ),
         )
         if reply[0]:
             if wait is not None:
                 self._forget_wait(name, owner)
             self._leases[owner] = (name, self._drops)
+            if self.fair:
+                listener.wanted.add(self._probe_channel)  # subscribed when it connects
             listener.keep_connected()
             return int(reply[0])
         retry = int(reply[1]) / 1000
@@ -1268,7 +1323,10 @@ class RedisDriver(SubscribingDriver):
     # -- waking ----------------------------------------------------------------------------
 
     async def _subscribe(self, channel: str) -> None:
-        await self.listener.subscribe(channel, self.node.socket_timeout)
+        listener = self.listener
+        if self.fair and self._probe_channel not in listener.confirmed:
+            await listener.subscribe(self._probe_channel, self.node.socket_timeout)
+        await listener.subscribe(channel, self.node.socket_timeout)
 
     async def _unsubscribe(self, channel: str) -> None:
         await self.listener.unsubscribe(channel)

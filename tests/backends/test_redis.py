@@ -55,6 +55,10 @@ async def _queued(client: redis.asyncio.Redis, key: str) -> bool:
     return int(await client.zcard(key)) >= 1
 
 
+async def _queued_n(client: redis.asyncio.Redis, key: str, n: int) -> bool:
+    return int(await client.zcard(key)) >= n
+
+
 async def commands(client: redis.asyncio.Redis, name: str) -> int:
     stats = await client.info("commandstats")
     entry = stats.get(f"cmdstat_{name}")
@@ -363,6 +367,57 @@ async def test_a_dead_waiter_delays_the_name_at_most_about_its_ttl(
             waited = time.monotonic() - started
     await client.aclose()
     assert waited < 0.5 + 0.5
+
+
+async def test_a_killed_waiter_does_not_stall_the_live_waiter_behind_it(
+    redis_server: RedisServer, lock_name: str
+) -> None:
+    """Issue 8 item 10, reproduced: a queued waiter that died was handed the free name for
+    its own ttl (here 5 s) while a live waiter behind it waited. Now its probe channel has
+    no subscriber once its connection is gone, so the release skips it and hands the name
+    to the live waiter within one notification."""
+    spec = BackendSpec("redis", redis_server.url, lambda b, n: anyio.lowlevel.checkpoint())
+    client = raw_client(redis_server)
+    k = keys_for(lock_name)
+    async with (
+        asynclock.connect(redis_server.url) as holder,
+        asynclock.connect(redis_server.url) as live,
+    ):
+        lease = await holder.acquire(lock_name, ttl=10.0)
+        worker = await start_worker(spec, mode="hold", name=lock_name, ttl=5.0)
+
+        async def probe_of_queued_worker() -> bytes | None:
+            members = await client.zrange(k.queue, 0, 0)
+            parts = members[0].split(b":") if members and isinstance(members[0], bytes) else []
+            return parts[2] if len(parts) == 3 else None
+
+        async def worker_queued_with_probe() -> bool:
+            return await probe_of_queued_worker() is not None
+
+        await wait_until(worker_queued_with_probe, timeout=30)
+        probe = await probe_of_queued_worker()
+        assert probe is not None
+        got: list[float] = []
+
+        async def waiter() -> None:
+            async with live.lock(lock_name, ttl=5.0, timeout=20):
+                got.append(time.monotonic())
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await wait_until(lambda: _queued_n(client, k.queue, 2))  # behind the worker
+            worker.signal(__import__("signal").SIGKILL)
+            await worker.wait()
+
+            async def probe_gone() -> bool:
+                numsub = await client.pubsub_numsub(b"asynclock:w:" + probe)
+                return int(numsub[0][1]) == 0
+
+            await wait_until(probe_gone)  # the server has seen the connection close
+            released = time.monotonic()
+            await lease.release()
+    await client.aclose()
+    assert got[0] - released < 0.25, got[0] - released  # one notification, not 5 s
 
 
 async def test_restart_with_data_loss_tokens_still_increase(

@@ -77,7 +77,7 @@ async def test_tokens_rise_after_data_loss_on_each_version(server: RedisServer) 
 DOCUMENTED_ACL = (
     "~asynclock:* resetchannels &asynclock:* +evalsha +eval +script|load +subscribe +unsubscribe "
     "+info +get +set +del +exists +incr +pexpire +pttl +time +publish +zadd +zrange +zrangebyscore "
-    "+zrem"
+    "+zrem +zscore"
 )
 
 
