@@ -297,7 +297,7 @@ class Backend:
             while True:
                 self._stats.busy_attempts += 1
                 if not blocking:
-                    raise LockHeld(name, result.retry_after)
+                    raise LockHeld(name, result.retry_after, result.detail)
                 now = clock.now()
                 if give_up_at is not None and now >= give_up_at:
                     assert timeout is not None

@@ -20,9 +20,11 @@ class Busy:
 
     ``retry_after`` is how long the current lease has left at most (Redis ``PTTL``, a
     lease row's expiry), or a backend's suggested poll delay; ``None`` if unknown.
+    ``detail``, if given, says why (it goes into :class:`~asynclock.LockHeld`'s message).
     """
 
     retry_after: float | None = None
+    detail: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

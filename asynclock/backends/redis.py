@@ -176,7 +176,8 @@ end
 # probe; mode 0 = no queue (fair=False), 1 = respect the queue, 2 = respect it and wait in
 # it; grace_ms: the restart grace (see grace_left); probe: this backend's probe id, or ''
 # (not subscribed yet: a waiter that joined without one gets it added, keeping its place).
-# Returns {token} when granted, {0, retry_after_ms} when busy (or in the restart grace).
+# Returns {token} when granted, {0, retry_after_ms} when busy (or in the restart grace),
+# {0, -1} when the lock key has no expiry (not ours: another tool's or a legacy key).
 # The fence counter is never deleted (see next_token).
 ACQUIRE = (
     _LEASE
@@ -225,6 +226,7 @@ elseif cur == false then
 else
   left = redis.call('PTTL', lock)
 end
+local no_expiry = left == -1
 if left == nil or left < 0 then left = 0 end
 if mode == '2' then
   redis.call('ZADD', q, 'NX', t[1] .. string.format('%06d', tonumber(t[2])), member)
@@ -235,6 +237,7 @@ if mode == '2' then
     redis.call('PEXPIRE', qx, life)
   end
 end
+if no_expiry then return {0, -1} end
 return {0, left}
 """
 )
@@ -309,8 +312,8 @@ return 1
 # (no waiter queue: Redlock never queues) with nothing that mode does not need, so each
 # node spends less time per call (every node's time is on the path of every acquisition).
 # KEYS: lock, fence, epoch. ARGV: owner, ttl_ms, grace_ms (the restart grace, per node).
-# Returns {token} when granted, {0, retry_after_ms} when busy. The counter is seeded from
-# TIME exactly as in ACQUIRE (next_token).
+# Returns {token} when granted, {0, retry_after_ms} when busy, {0, -1} when the lock key has
+# no expiry (as ACQUIRE). The counter is seeded from TIME exactly as in ACQUIRE (next_token).
 REDLOCK_ACQUIRE = (
     _LEASE
     + """
@@ -320,6 +323,7 @@ if cur and cur ~= '~' .. owner then
   local mine = held_token(cur, owner)
   if mine then return {mine} end
   local left = redis.call('PTTL', lock)
+  if left == -1 then return {0, -1} end
   if left < 0 then left = 0 end
   return {0, left}
 end
@@ -333,7 +337,8 @@ return {token}
 )
 
 # REDLOCK_RELEASE (G5): RELEASE without the waiter queue (Redlock never queues): delete the
-# lock only if it is ours, then wake the name's watchers.
+# lock only if it is ours, then wake the name's watchers with "-owner" (so the releasing
+# backend can tell its own give-back of a failed attempt from another's release).
 # KEYS: lock. ARGV: owner, token ('' = unknown: an interrupted acquire, match any token of
 # ours or our reservation), channel.
 # Returns 1 if our lease was removed, 0 if it was not ours (or only a reservation).
@@ -345,7 +350,7 @@ if cur == false then return 0 end
 local held = owned(cur, ARGV[1], ARGV[2])
 if held == nil then return 0 end
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[3], '')
+redis.call('PUBLISH', ARGV[3], '-' .. ARGV[1])
 if held then return 1 end
 return 0
 """
@@ -378,6 +383,13 @@ SHAS = {key: hashlib.sha1(text.encode()).hexdigest().encode() for key, text in S
 
 # Modes of ACQUIRE.
 NO_QUEUE, RESPECT_QUEUE, JOIN_QUEUE = b"0", b"1", b"2"
+
+#: The answer for a lock key without an expiry (PTTL -1): asynclock's keys always have one.
+NO_EXPIRY = Busy(
+    None,
+    "its Redis key has no expiry (PTTL -1: set by another tool, or a legacy lock), so when "
+    "it frees is unknown; waiters poll for it",
+)
 
 #: Idle pub/sub subscriptions kept open (so a name locked again soon costs no SUBSCRIBE).
 MAX_IDLE_SUBSCRIPTIONS = 256
@@ -1270,6 +1282,13 @@ class RedisDriver(SubscribingDriver):
                 listener.wanted.add(self._probe_channel)  # subscribed when it connects
             listener.keep_connected()
             return int(reply[0])
+        if wait is not None:
+            wait.joined = True
+        if int(reply[1]) == -1:
+            # No expiry: when it frees is unknown. The core polls (and a release through
+            # asynclock would still wake us); no valid_until, so no cached "busy" either.
+            self._quiet = None
+            return NO_EXPIRY
         retry = int(reply[1]) / 1000
         # Subscribed before we asked, still subscribed, and no wake-up for this name came
         # in while we asked: any release after our attempt will reach us as a message.
@@ -1279,11 +1298,9 @@ class RedisDriver(SubscribingDriver):
             and k.channel_name in listener.confirmed
             and self._heard.get(name, 0) == heard
         )
-        if wait is not None:
-            wait.joined = True
-            if quiet:
-                wait.valid_until = t_send + retry
-                wait.valid_bumps = bumps
+        if wait is not None and quiet:
+            wait.valid_until = t_send + retry
+            wait.valid_bumps = bumps
         self._quiet = name if quiet else None
         return Busy(retry)
 

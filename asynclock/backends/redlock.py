@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import math
 import os.path
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -39,6 +40,7 @@ from .._core.driver import Busy, ExtendResult, LeaseRef, Refused
 from .._core.exceptions import BackendUnavailable, QuorumNotReached
 from .._core.validation import check_seconds
 from .redis import (
+    NO_EXPIRY,
     SCRIPTS,
     Deadlines,
     Listener,
@@ -100,6 +102,9 @@ class RedlockDriver(SubscribingDriver):
             Listener(n, self._on_message, self._on_reset, self._connected(n)) for n in self.nodes
         ]
         self._deadlines = Deadlines()
+        #: Owners whose acquisition is in progress here (they gave back partial grants):
+        #: the release message of such a give-back must not wake their own waiter.
+        self._attempting: set[str] = set()
 
     def _timeout(self, ttl: float) -> float:
         return max(0.001, min(self.node_timeout, ttl / 3))
@@ -292,6 +297,8 @@ class RedlockDriver(SubscribingDriver):
         epochs = [listener.epoch for listener in self.listeners] if trusted else None
         heard = self._heard.get(name, 0)
         ownerb = owner.encode()
+        if queue:
+            self._attempting.add(owner)  # until granted or abandoned (the core calls it)
         ttl_ms = ms(ttl)
         packed = pack_script(
             "redlock_acquire",
@@ -307,7 +314,8 @@ class RedlockDriver(SubscribingDriver):
             if r[0]:
                 tokens[i] = int(r[0])
             else:
-                busy.append(int(r[1]) / 1000)
+                # -1: that node's key has no expiry (inf: it may never free).
+                busy.append(math.inf if int(r[1]) == -1 else int(r[1]) / 1000)
         if len(tokens) >= self.quorum:
             token = max(tokens.values())
             if min(tokens.values()) != token:
@@ -321,6 +329,7 @@ class RedlockDriver(SubscribingDriver):
                     if len(failures) > len(self.nodes) - self.quorum:
                         raise self._no_quorum(f"phase 2 of acquire of {name!r}", ok, failures)
                     return self._busy(name, timeout, quiet=False)
+            self._attempting.discard(owner)
             for listener in self.listeners:
                 listener.keep_connected()  # to notice a node's restart at once
             elapsed = self.clock.now() - started
@@ -348,8 +357,15 @@ class RedlockDriver(SubscribingDriver):
                 and self._subscribed(k.channel_name)
                 and self._heard.get(name, 0) == heard
             )
-            return self._busy(name, busy[min(needed, len(busy)) - 1], quiet=quiet)
+            retry = busy[min(needed, len(busy)) - 1]
+            if retry == math.inf:
+                self._quiet = None
+                return NO_EXPIRY
+            return self._busy(name, retry, quiet=quiet)
         raise self._no_quorum(f"acquire of {name!r}", len(tokens), self._failures(results))
+
+    async def abandon(self, name: str, owner: str) -> None:
+        self._attempting.discard(owner)
 
     def _busy(self, name: str, retry_after: float, *, quiet: bool) -> Busy:
         self._quiet = name if quiet else None
@@ -435,8 +451,11 @@ class RedlockDriver(SubscribingDriver):
 
     def _on_message(self, channel: str, payload: bytes) -> None:
         name = self._channels.get(channel)
-        if name is not None:
-            self._heard_from(name)
+        if name is None:
+            return
+        if payload[:1] == b"-" and payload[1:].decode(errors="replace") in self._attempting:
+            return  # our own attempt giving back what it got: nothing was freed for us
+        self._heard_from(name)
 
     def _on_reset(self) -> None:
         for name in list(self._watchers):

@@ -15,6 +15,7 @@ import redis.asyncio
 from redis.crc import key_slot
 
 import asynclock
+from asynclock._core.backend import DEFAULT_POLL
 from asynclock.backends.redis import Deadlines, RedisDriver, display_url, keys_for
 from tests.support.procs import start_worker
 from tests.support.redis_servers import RedisFactory, RedisServer, wait_until
@@ -418,6 +419,44 @@ async def test_a_killed_waiter_does_not_stall_the_live_waiter_behind_it(
             await lease.release()
     await client.aclose()
     assert got[0] - released < 0.25, got[0] - released  # one notification, not 5 s
+
+
+async def test_a_key_without_expiry_makes_waiters_poll_not_hammer(
+    redis_server: RedisServer, lock_name: str
+) -> None:
+    """Issue 8 item 9, reproduced: a lock key with no expiry (PTTL -1, left by another tool)
+    gave retry_after 0: one waiter sent thousands of commands a second, and LockHeld said
+    "it frees in at most 0.000s". Now "no expiry" is unknown: the waiter polls at the
+    core's poll interval, and the message says so."""
+    client = raw_client(redis_server)
+    key = keys_for(lock_name).lock
+    await client.set(key, "legacy-tool:1")  # no PX
+    async with asynclock.connect(redis_server.url) as backend:
+        with pytest.raises(asynclock.LockHeld, match="no expiry") as info:
+            await backend.acquire(lock_name, ttl=5.0, blocking=False)
+        assert "frees in at most" not in str(info.value)
+        assert info.value.retry_after is None
+        window = 1.0
+        before = await commands(client, "evalsha")
+        with pytest.raises(asynclock.AcquireTimeout):
+            await backend.acquire(lock_name, ttl=5.0, timeout=window)
+        used = await commands(client, "evalsha") - before
+        # About one attempt per poll interval (50 ms): ~20 in the window, not thousands.
+        assert used <= window / DEFAULT_POLL * 1.5 + 5, used
+        got = anyio.Event()
+
+        async def waiter() -> None:
+            async with backend.lock(lock_name, ttl=5.0, timeout=10):
+                got.set()
+
+        busy = BusyWatch(backend)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await busy.reached(busy.count + 1)
+            await client.delete(key)  # the other tool lets go: found within a poll
+            with anyio.fail_after(5):
+                await got.wait()
+    await client.aclose()
 
 
 async def test_restart_with_data_loss_tokens_still_increase(

@@ -481,6 +481,33 @@ async def test_failed_attempt_gives_back_what_it_got(redis_factory: RedisFactory
         await c.aclose()
 
 
+async def test_a_key_without_expiry_on_a_majority_makes_waiters_poll(
+    redlock_servers: list[RedisServer], lock_name: str
+) -> None:
+    """Issue 8 item 9 on Redlock: keys with no expiry on a majority of nodes are "held, for
+    an unknown time", not "frees in 0 s"."""
+    url = redlock_url(redlock_servers)
+    clients = [redis.asyncio.Redis.from_url(s.url) for s in redlock_servers]
+    key = keys_for(lock_name).lock
+    try:
+        for c in clients[:3]:
+            await c.set(key, "legacy-tool:1")
+        async with asynclock.connect(url) as backend:
+            with pytest.raises(asynclock.LockHeld, match="no expiry") as info:
+                await backend.acquire(lock_name, ttl=5.0, blocking=False)
+            assert info.value.retry_after is None
+            before = sum([await info_calls(s, "evalsha") for s in redlock_servers])
+            with pytest.raises(asynclock.AcquireTimeout):
+                await backend.acquire(lock_name, ttl=5.0, timeout=1.0)
+            used = sum([await info_calls(s, "evalsha") for s in redlock_servers]) - before
+            # Attempt + give-back per node per 50 ms poll: ~20 rounds, not thousands.
+            assert used <= 2 * 5 * 30, used
+    finally:
+        for c in clients:
+            await c.delete(key)
+            await c.aclose()
+
+
 async def test_watchers_wake_on_release(redlock_servers: list[RedisServer], lock_name: str) -> None:
     url = redlock_url(redlock_servers)
     async with asynclock.connect(url) as a, asynclock.connect(url) as b:
