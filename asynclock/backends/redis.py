@@ -1202,7 +1202,7 @@ class RedisDriver(SubscribingDriver):
         **redis_options: Any,
     ) -> None:
         super().__init__(prefix)
-        self.restart_grace = restart_grace
+        self.restart_grace = check_restart_grace(restart_grace)
         self.node = Node(
             url,
             socket_timeout=socket_timeout,
