@@ -13,6 +13,8 @@ import pytest
 import redis.asyncio
 
 import asynclock
+from asynclock.fence import RedisFence
+from asynclock.fence.redis import mark_key
 from tests.support.redis_servers import RedisServer, all_redis_server_binaries
 from tests.support.signals import BusyWatch
 
@@ -71,6 +73,25 @@ async def test_tokens_rise_after_data_loss_on_each_version(server: RedisServer) 
         async with backend.lock("lost", ttl=5.0) as after:
             assert after.token > before.token
         assert time.monotonic() - started >= 0.5 * 0.99
+
+
+async def test_fence_compares_tokens_exactly_on_each_version(server: RedisServer) -> None:
+    """The fence script (pcall, TYPE, string compare) answers alike on every server."""
+    client = redis.asyncio.Redis.from_url(server.url)
+    fence = RedisFence()
+    try:
+        await fence.set(client, "f", "newer", 2**63 - 1)
+        with pytest.raises(asynclock.StaleToken):
+            await fence.set(client, "f", "stale", 2**63 - 2)
+        assert await fence.current(client, "f") == 2**63 - 1
+        await client.set(mark_key("g"), "not-a-token")
+        with pytest.raises(ValueError, match="not a fencing token"):
+            await fence.set(client, "g", "x", 5)
+        await client.hset(mark_key("h"), "a", "1")
+        with pytest.raises(TypeError, match="holds a Redis hash"):
+            await fence.set(client, "h", "x", 5)
+    finally:
+        await client.aclose()
 
 
 #: The ACL rules docs/backends/redis.md gives (kept in step with it by the test below).
