@@ -510,6 +510,14 @@ async def test_a_restart_cancels_the_holder_at_the_reconnect_and_the_successor_w
     ):
         holding = anyio.Event()
         restarted = anyio.Event()
+        driver = a.driver
+        assert isinstance(driver, RedisDriver)
+        on_connect = driver.listener.on_connect
+        assert on_connect is not None
+
+        def seen(run_id: str | None, reconnected: bool) -> None:
+            events.setdefault("connected", time.monotonic())  # the first after the restart
+            on_connect(run_id, reconnected)
 
         async def holder() -> None:
             with pytest.raises(asynclock.LeaseLost) as info:
@@ -530,11 +538,15 @@ async def test_a_restart_cancels_the_holder_at_the_reconnect_and_the_successor_w
             async with anyio.create_task_group() as tg:
                 tg.start_soon(holder)
                 await holding.wait()
+                events.clear()
+                driver.listener.on_connect = seen
                 server.restart(keep_data=False)
                 events["restarted"] = time.monotonic()
                 restarted.set()
                 tg.start_soon(successor)
     assert events["lost"] - events["restarted"] < 2.0, events
+    # Lost right at the reconnect (no renewal round needed: the run_id said it all).
+    assert events["lost"] - events["connected"] < 0.5, events
     assert events["granted"] - events["restarted"] >= grace * 0.99, events
     assert events["lost"] < events["granted"], events
 
