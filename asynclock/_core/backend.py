@@ -106,6 +106,7 @@ class Backend:
         self._renew_wake: anyio.CancelScope | None = None
         self._watch_wake: anyio.CancelScope | None = None
         self._next_round: float = math.inf
+        self._renew_asap = False  # renew_now() asked for a round after the current one
         self._watch_until: float = -math.inf  # what the watchdog sleeps until, if it sleeps
         self._round_done = anyio.Event()
         #: ``lease.extend(ttl)`` requests for the renewer's next round, by owner.
@@ -116,7 +117,7 @@ class Backend:
             anyio.lowlevel.checkpoint_if_cancelled
         )
         self._open = False
-        driver.bind(self.clock, self._wake_waiters, self._lost_out_of_band)
+        driver.bind(self.clock, self._wake_waiters, self._lost_out_of_band, self._renew_soon)
 
     def __repr__(self) -> str:
         return f"<asynclock.Backend {self.driver.display} held={len(self._held)}>"
@@ -303,7 +304,7 @@ class Backend:
             while True:
                 self._stats.busy_attempts += 1
                 if not blocking:
-                    raise LockHeld(name, result.retry_after)
+                    raise LockHeld(name, result.retry_after, result.detail)
                 now = clock.now()
                 if give_up_at is not None and now >= give_up_at:
                     assert timeout is not None
@@ -465,6 +466,14 @@ class Backend:
         self._stats.loss_reasons[re.split(r"[:;(]", reason, maxsplit=1)[0].strip()] += 1
         logger.warning("lease lost: %r token=%d: %s", lease.name, lease.token, reason)
 
+    def _renew_soon(self) -> None:
+        """The driver's ``renew_now``: renew every held lease now, not at the next heartbeat
+        (a connection came back; the server may have restarted and lost them)."""
+        self._renew_asap = True
+        if self._held:
+            self._next_round = self.clock.now()
+            _poke(self._renew_wake)
+
     # -- background loops ------------------------------------------------------------------
 
     async def _renew_loop(self) -> None:
@@ -489,6 +498,7 @@ class Backend:
             # rounds never overlap, so the server's expiry is the last one we sent).
             asked = self._extends_for(refs) if self._extends else None
             t_send = self.clock.now()
+            self._renew_asap = False
             results: list[object]
             try:
                 with anyio.fail_after(max(period, 0.01)):
@@ -532,6 +542,8 @@ class Backend:
             if asked is not None or self._extends:
                 # A ttl changed (the period with it), or an extend waits for a round.
                 self._next_round = self._after_extends(t_send, errors > 0)
+            if self._renew_asap:  # asked during this round: its answers may predate it
+                self._next_round = self.clock.now()
 
     async def _watchdog_loop(self) -> None:
         while True:

@@ -23,7 +23,6 @@ survives power loss, at an fsync per transaction) and ``?busy_timeout=SECONDS`` 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import secrets
@@ -135,6 +134,9 @@ SQL_RELEASE = (
     "AND expires_at > ?5 ORDER BY seq LIMIT 1)"
 )
 SQL_FORGET_WAITER = "DELETE FROM asynclock_waiter WHERE name = ? AND owner = ?"
+# A waiting backend whose wake address nobody listens on any more (its process is gone):
+# args name, wake address.
+SQL_FORGET_DEAD = "DELETE FROM asynclock_waiter WHERE name = ? AND wake = ?"
 # Housekeeping: waiters that stopped asking. Args now, boot.
 SQL_PRUNE_WAITERS = "DELETE FROM asynclock_waiter WHERE expires_at <= ? OR boot <> ?"
 # Operator's break (G2 kept: the row and its token stay, only the expiry goes, so the
@@ -385,14 +387,33 @@ class SQLiteDriver(Driver):
         """After a release: tell the first live waiter (any process) to try now."""
         head = self.db.execute(SQL_HEAD, (name, self.boot, time.monotonic())).fetchone()
         if head is not None and head[1]:
-            self._send_wake(name, head[1])
+            self._wake_head(name, head[1])
 
-    def _send_wake(self, name: str, address: str) -> None:
+    def _wake_head(self, name: str, address: str) -> None:
+        """Wake the head waiter at ``address``. One whose process is gone (nobody listens
+        there) loses its place at once and the next is woken, so a dead waiter does not
+        hold up the live ones behind it for its ``WAITER_TTL``."""
+        for _ in range(8):
+            if self._send_wake(name, address):
+                return
+            if self._try_statement(SQL_FORGET_DEAD, (name, address)) is None:
+                return  # busy: its place runs out within WAITER_TTL instead
+            head = self.db.execute(SQL_HEAD, (name, self.boot, time.monotonic())).fetchone()
+            if head is None or not head[1]:
+                return
+            address = head[1]
+
+    def _send_wake(self, name: str, address: str) -> bool:
+        """Send the wake-up; False if nobody listens on ``address`` (its process is gone)."""
         if self._sock is None:
-            return
-        # If that waiter is gone or its buffer is full, it polls as a fallback.
-        with contextlib.suppress(OSError):
+            return True
+        try:
             self._sock.sendto(name.encode(), "\0" + address)
+        except (ConnectionRefusedError, FileNotFoundError):
+            return False
+        except OSError:
+            pass  # e.g. its buffer is full: that waiter polls as a fallback
+        return True
 
     # -- primitives ------------------------------------------------------------------------
 
@@ -470,7 +491,7 @@ class SQLiteDriver(Driver):
         if row is None:
             return False
         if row[0] is not None:
-            self._send_wake(name, row[0])
+            self._wake_head(name, row[0])
         return True
 
     async def validate(self, name: str, token: int) -> bool:

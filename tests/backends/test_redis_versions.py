@@ -4,6 +4,7 @@ it). Same protocol, same answers."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,8 @@ import redis.asyncio
 
 import asynclock
 import asynclock.testing
+from asynclock.fence import RedisFence
+from asynclock.fence.redis import mark_key
 from tests.support.redis_servers import RedisServer, all_redis_server_binaries
 from tests.support.signals import BusyWatch
 
@@ -64,16 +67,39 @@ async def test_tokens_rise_after_data_loss_on_each_version(server: RedisServer) 
         async with backend.lock("lost", ttl=5.0) as before:
             pass
     server.restart(keep_data=False)  # the counter is gone; the TIME seed takes over
-    async with asynclock.connect(server.url) as backend:
+    async with asynclock.connect(f"{server.url}?restart_grace=0.5") as backend:
+        started = time.monotonic()
+        with pytest.raises(asynclock.LockHeld):  # the restart grace (issue 8 item 3)
+            await backend.acquire("other", ttl=5.0, blocking=False)
         async with backend.lock("lost", ttl=5.0) as after:
             assert after.token > before.token
+        assert time.monotonic() - started >= 0.5 * 0.99
+
+
+async def test_fence_compares_tokens_exactly_on_each_version(server: RedisServer) -> None:
+    """The fence script (pcall, TYPE, string compare) answers alike on every server."""
+    client = redis.asyncio.Redis.from_url(server.url)
+    fence = RedisFence()
+    try:
+        await fence.set(client, "f", "newer", 2**63 - 1)
+        with pytest.raises(asynclock.StaleToken):
+            await fence.set(client, "f", "stale", 2**63 - 2)
+        assert await fence.current(client, "f") == 2**63 - 1
+        await client.set(mark_key("g"), "not-a-token")
+        with pytest.raises(ValueError, match="not a fencing token"):
+            await fence.set(client, "g", "x", 5)
+        await client.hset(mark_key("h"), "a", "1")
+        with pytest.raises(TypeError, match="holds a Redis hash"):
+            await fence.set(client, "h", "x", 5)
+    finally:
+        await client.aclose()
 
 
 #: The ACL rules docs/backends/redis.md gives (kept in step with it by the test below).
 DOCUMENTED_ACL = (
     "~asynclock:* resetchannels &asynclock:* +evalsha +eval +script|load +subscribe +unsubscribe "
-    "+get +set +del +exists +incr +pexpire +pttl +time +publish +zadd +zrange +zrangebyscore "
-    "+zrem"
+    "+info +get +set +del +exists +incr +pexpire +pttl +time +publish +zadd +zrange +zrangebyscore "
+    "+zrem +zscore"
 )
 
 
@@ -107,6 +133,13 @@ async def test_an_acl_user_with_the_documented_rules_can_do_everything(server: R
             assert await lease.release()
         assert got and got[0] > lease.token
         assert a.stats().renewal_errors == 0 and not lease.lost
+    # INFO (the server's run_id) is optional: without it everything still works.
+    await admin.execute_command(  # type: ignore[no-untyped-call]
+        "ACL", "SETUSER", "locks", "-info"
+    )
+    async with asynclock.connect(url) as c:
+        async with c.lock("acl", ttl=1.0) as third:
+            assert third.token > got[0]
     # One rule fewer is refused, so the test above did exercise the rules.
     await admin.execute_command(  # type: ignore[no-untyped-call]
         "ACL", "SETUSER", "locks", "-incr"
