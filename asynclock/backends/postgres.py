@@ -341,6 +341,10 @@ SQL_X_TOKEN = f"WITH l AS (SELECT true AS ok),{_X_TAKE}"
 # (NULL, -1) when it needs SQL_L_TTL ($3 above its copy of the longest ttl) first. The
 # token comes from the shared source (a value taken by a busy attempt is skipped, never
 # reused). The lease table is unlogged: the commit waits for no WAL flush.
+# G2 for a slow acquire: the token is taken *before* the upsert waits for the row's lock,
+# so another holder may take and free the name meanwhile with a larger token. Rows are
+# never deleted (release marks them free), and a free row is taken only by a larger token;
+# otherwise the answer is (NULL, 0): busy for no time, try again with a fresh token.
 SQL_L_ACQUIRE = f"""
 WITH l AS (SELECT true AS ok),{_NEXT},
 g AS (SELECT t.token, $3::float8 <= t.lease_ttl_ms AS ttl_ok,
@@ -352,7 +356,7 @@ ins AS (
     FROM g WHERE g.ttl_ok AND NOT g.in_grace
     ON CONFLICT (name) DO UPDATE
         SET owner = EXCLUDED.owner, token = EXCLUDED.token, expires_at = EXCLUDED.expires_at
-        WHERE x.expires_at <= clock_timestamp()
+        WHERE x.expires_at <= clock_timestamp() AND x.token < EXCLUDED.token
     RETURNING x.token
 )
 SELECT token, NULL::float8 AS left_s FROM ins
@@ -380,16 +384,19 @@ WHERE l.name = x.name AND l.owner = x.owner AND l.token = x.token
   AND l.expires_at > clock_timestamp()
 RETURNING x.i
 """
-# G5: owner-checked delete; args $1 name, $2 owner, $3 token or NULL, $4 channel, $5 and
-# $6 the waiter key. Returns one row (was it still live?) if it was our row; notifies
-# waiters if some backend announced one (as SQL_S_RELEASE). The commit does not wait for
-# the WAL flush: if a crash undid the delete, the row would just expire.
+# G5: owner-checked release; args $1 name, $2 owner, $3 token or NULL, $4 channel, $5 and
+# $6 the waiter key. Marks our row free (never deletes it: its token keeps a slow
+# acquire's smaller token out, see SQL_L_ACQUIRE). Returns one row (was it still live?)
+# if it was our row; notifies waiters if some backend announced one (as SQL_S_RELEASE).
+# The commit does not wait for the WAL flush: if a crash undid it, the row would just expire.
 SQL_L_RELEASE = """
 WITH c AS (SELECT set_config('synchronous_commit', 'off', true)),
 d AS (
-    DELETE FROM asynclock_lease
-    WHERE name = $1 AND owner = $2 AND ($3::bigint IS NULL OR token = $3)
-    RETURNING expires_at > clock_timestamp() AS live
+    UPDATE asynclock_lease AS l SET expires_at = 'epoch'
+    FROM (SELECT expires_at FROM asynclock_lease WHERE name = $1) AS was
+    WHERE l.name = $1 AND l.owner = $2 AND ($3::bigint IS NULL OR l.token = $3)
+      AND l.expires_at > 'epoch'
+    RETURNING was.expires_at > clock_timestamp() AS live
 )
 SELECT d.live FROM c, d
 LEFT JOIN LATERAL (SELECT pg_notify($4, '') WHERE NOT pg_try_advisory_xact_lock($5, $6)) AS n
@@ -433,14 +440,15 @@ SQL_L_HOLDER = """
 SELECT owner, token, greatest(0, extract(epoch FROM expires_at - clock_timestamp()))::float8
 FROM asynclock_lease WHERE name = $1 AND expires_at > clock_timestamp()
 """
-# Operators' break in mode lease: delete the live row of $1 whoever owns it, notifying
+# Operators' break in mode lease: mark the live row of $1 free whoever owns it, notifying
 # waiters as SQL_L_RELEASE does ($2 channel, $3 and $4 the waiter key). The broken owner's
-# SQL_L_EXTEND matches no row (refused); G2 holds (tokens come from the shared source).
+# SQL_L_EXTEND matches no live row (refused); G2 holds (the row keeps its token).
 # Returns the broken token, or no row if nothing live held it.
 SQL_L_BREAK = """
 WITH c AS (SELECT set_config('synchronous_commit', 'off', true)),
 d AS (
-    DELETE FROM asynclock_lease WHERE name = $1 AND expires_at > clock_timestamp()
+    UPDATE asynclock_lease SET expires_at = 'epoch'
+    WHERE name = $1 AND expires_at > clock_timestamp()
     RETURNING token
 )
 SELECT d.token FROM c, d
@@ -987,7 +995,9 @@ class PostgresDriver(Driver):
 
     # -- mode lease ----------------------------------------------------------------------
 
-    async def _lease_acquire(self, name: str, owner: str, ttl: float) -> int | Busy:
+    async def _lease_acquire(
+        self, name: str, owner: str, ttl: float, *, raced: bool = False
+    ) -> int | Busy:
         async with self._io:
             conn = await self._main()
             try:
@@ -1008,6 +1018,10 @@ class PostgresDriver(Driver):
             # The row vanished between the insert's conflict and our read: try again now.
             return Busy(0.0)
         row = rows[0]
+        if row["token"] is None and row["left_s"] == 0 and not raced:
+            # Free, but our token was taken before another holder's came and went while
+            # we waited for the row (SQL_L_ACQUIRE): once more at once, with a fresh one.
+            return await self._lease_acquire(name, owner, ttl, raced=True)
         if row["token"] is not None:
             return int(row["token"])
         left = float(row["left_s"])
