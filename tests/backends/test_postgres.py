@@ -30,6 +30,7 @@ from asynclock.backends.postgres import (
 )
 from asynclock.fence import SQLFence
 from tests.support.pg_servers import PASSWORD, PgBouncer, PgServer, running_pg
+from tests.support.redis_servers import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -355,13 +356,16 @@ async def test_lease_mode_token_outranks_a_successor_that_came_while_it_waited(
             async with anyio.create_task_group() as tg:
                 tg.start_soon(slow_acquire)
                 pid = pinned_pid(backend)
-                with anyio.fail_after(20):  # another session's state: only polling tells
-                    while await admin.fetchval(
-                        "SELECT wait_event_type IS DISTINCT FROM 'Lock' "
-                        "FROM pg_stat_activity WHERE pid = $1",
-                        pid,
-                    ):
-                        await anyio.sleep(0.01)
+
+                async def waits_for_the_row() -> bool:  # another session: only polling tells
+                    return bool(
+                        await admin.fetchval(
+                            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1",
+                            pid,
+                        )
+                    )
+
+                await wait_until(waits_for_the_row, timeout=20)
                 # A successor comes and goes while the acquire waits: a larger token.
                 successor = await raw.fetchval(
                     "UPDATE asynclock_lease SET owner = 'successor', expires_at = 'epoch', "
