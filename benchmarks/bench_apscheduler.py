@@ -48,18 +48,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integrations"))
-
 from apscheduler.events import EVENT_JOB_EXECUTED
 from apscheduler.executors.base import BaseExecutor
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from asynclock._harness import worker_env
 from asynclock_apscheduler import ClaimingExecutor
 
 ROOT = Path(__file__).resolve().parents[1]
-NODE = ROOT / "tests" / "support" / "apscheduler_node.py"
 
 
 # -- servers --------------------------------------------------------------------------------
@@ -173,12 +170,11 @@ class Node:
         self, url: str, config: dict[str, Any], events: list[tuple[int, dict[str, Any]]], index: int
     ) -> None:
         payload = json.dumps({"url": url, "options": {}, **config})
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "integrations")])}
         self.process = subprocess.Popen(
-            [sys.executable, str(NODE), payload],
+            [sys.executable, "-m", "tests.support.apscheduler_node", payload],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            env=env,
+            env=worker_env(),
             text=True,
         )
         self.started = threading.Event()

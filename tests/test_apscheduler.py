@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -26,33 +23,29 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 import asynclock
+from asynclock._harness import Worker, WorkerFailed, spawn
 from asynclock_apscheduler import (
     ClaimingExecutor,
     check_job,
     current_occurrence,
     leader_only,
 )
-from tests.support.procs import ROOT, STARTED, Worker
+from tests.support.procs import EVENT_TIMEOUT
 from tests.support.spec import BackendSpec
 
 pytestmark = pytest.mark.anyio
 
-NODE = Path(__file__).parent / "support" / "apscheduler_node.py"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 async def start_node(spec: BackendSpec, **config: Any) -> Worker:
     """One scheduler process (tests/support/apscheduler_node.py)."""
     payload = json.dumps({"url": spec.url, "options": spec.options, **config})
-    path = os.pathsep.join([str(ROOT), str(ROOT / "integrations")])
-    process = await anyio.open_process(
-        [sys.executable, str(NODE), payload],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=None,
-        env={**os.environ, "PYTHONPATH": path},
+    return await spawn(
+        ["-m", "tests.support.apscheduler_node", payload],
+        label=f"scheduler node ({spec.id})",
+        timeout=EVENT_TIMEOUT,
     )
-    STARTED.append(process)
-    return Worker(process)
 
 
 class Events:
@@ -66,7 +59,7 @@ class Events:
         while True:
             try:
                 event = await node.next_event()
-            except (anyio.EndOfStream, anyio.BrokenResourceError):
+            except WorkerFailed:  # it exited (or said nothing for EVENT_TIMEOUT)
                 return
             self.seen.append((index, event))
             self._changed.set()

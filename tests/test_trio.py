@@ -18,6 +18,7 @@ import trio
 import asynclock
 from tests.conformance import test_cancellation as cancellation
 from tests.conformance import test_exclusion as exclusion
+from tests.conformance import test_holder_extend_break as gaps
 from tests.conformance import test_loss as loss
 from tests.support.spec import BackendSpec
 
@@ -187,3 +188,17 @@ async def test_asyncio_only_backends_refuse_trio_at_open(
         async with backend:
             pytest.fail("opened under trio")
     check_message(info.value)
+
+
+async def test_holder_extend_break_and_locked_function(
+    spec: BackendSpec, backend: asynclock.Backend, lock_name: str
+) -> None:
+    with anyio.fail_after(30):
+        await gaps.test_holder_and_locked(spec, backend, lock_name)
+        await gaps.test_extend_shorter_moves_the_deadline_and_the_heartbeat(
+            spec, backend, lock_name + ":short"
+        )
+        await gaps.test_concurrent_and_cancelled_extends(spec, backend, lock_name + ":cc")
+        await gaps.test_extend_refused_loses_the_lease_loudly(spec, backend, lock_name + ":no")
+        await gaps.test_break_lock_hands_the_name_to_a_waiter(backend, lock_name + ":break")
+        await gaps.test_locked_function(backend, lock_name + ":fn")
