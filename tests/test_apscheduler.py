@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import pytest
 from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED
+from apscheduler.executors.pool import ProcessPoolExecutor
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.cron import CronTrigger
@@ -352,6 +353,17 @@ def test_misconfigured_jobs_are_refused_at_start(
     assert not scheduler.running
 
 
+def test_a_coroutine_job_under_a_background_scheduler_is_refused() -> None:
+    async def job() -> None:
+        pass
+
+    scheduler = BackgroundScheduler(timezone="UTC")
+    scheduler.add_executor(ClaimingExecutor("memory://", claim_ttl=10.0), "default")
+    scheduler.add_job(job, "cron", second="*", id="async-job")
+    with pytest.raises(ValueError, match="is a coroutine function, which only an AsyncIOScheduler"):
+        scheduler.start()
+
+
 def test_a_pinned_interval_trigger_is_accepted() -> None:
     pinned = IntervalTrigger(seconds=5, start_date=datetime(2026, 1, 1, tzinfo=UTC))
     scheduler = BackgroundScheduler(timezone="UTC")
@@ -370,6 +382,12 @@ def test_a_pinned_interval_trigger_is_accepted() -> None:
         (("memory://",), {"claim_ttl": "5"}, TypeError, "claim_ttl must be a number"),
         (("memory://",), {"claim_ttl": 5, "clock_skew": -1}, ValueError, "clock_skew"),
         (("memory://",), {"claim_ttl": 5, "inner": object()}, TypeError, "inner must be"),
+        (
+            ("memory://",),
+            {"claim_ttl": 5, "inner": ProcessPoolExecutor(1)},
+            TypeError,
+            "inner must run jobs in this process",
+        ),
     ],
 )
 def test_bad_executor_arguments_are_refused(
@@ -447,6 +465,20 @@ def test_a_misconfigured_job_added_after_start_is_refused_when_submitted() -> No
         logging.getLogger("apscheduler").removeHandler(handler)
     assert "job 'late-bad': its trigger has jitter=3" in messages[0]
     assert ran == []
+
+
+def test_the_integration_exports_what_it_documents() -> None:
+    import asynclock_apscheduler
+
+    assert set(asynclock_apscheduler.__all__) == {
+        "ClaimingExecutor",
+        "LeaderOnly",
+        "Occurrence",
+        "check_job",
+        "current_occurrence",
+        "leader_only",
+    }
+    assert all(hasattr(asynclock_apscheduler, name) for name in asynclock_apscheduler.__all__)
 
 
 def test_the_integration_imports_only_the_public_api() -> None:

@@ -41,7 +41,7 @@ from apscheduler.events import (
 )
 from apscheduler.executors.asyncio import AsyncIOExecutor
 from apscheduler.executors.base import BaseExecutor, MaxInstancesReachedError
-from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.executors.pool import ProcessPoolExecutor, ThreadPoolExecutor
 from apscheduler.triggers.interval import IntervalTrigger
 
 import asynclock
@@ -260,6 +260,11 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
             raise TypeError(f"inner must be an APScheduler executor, not {type(inner).__name__}")
         if isinstance(inner, ClaimingExecutor):
             raise TypeError("inner must not be another ClaimingExecutor")
+        if isinstance(inner, ProcessPoolExecutor):
+            raise TypeError(
+                "inner must run jobs in this process (a thread pool or AsyncIOExecutor): the "
+                "claim is held and renewed here, and a process pool could not stop its run"
+            )
         self.claim_ttl = float(claim_ttl)
         self.clock_skew = float(clock_skew)
         self._inner = inner
@@ -283,12 +288,13 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
     def start(self, scheduler: Any, alias: str) -> None:
         # Refuse misconfigured jobs before anything runs (jobs added before start wait in
         # the scheduler's pending list; later ones are checked when first submitted).
+        loop = getattr(scheduler, "_eventloop", None)
+        self._scheduler_loop = loop if isinstance(loop, asyncio.AbstractEventLoop) else None
         for job, _store, _replace in getattr(scheduler, "_pending_jobs", ()):
             if job.executor == alias:
                 check_job(job, claim_ttl=self.claim_ttl, clock_skew=self.clock_skew)
+                self._check_func(job)
         super().start(scheduler, alias)
-        loop = getattr(scheduler, "_eventloop", None)
-        self._scheduler_loop = loop if isinstance(loop, asyncio.AbstractEventLoop) else None
         if self._inner is None:
             self._inner = AsyncIOExecutor() if self._scheduler_loop else ThreadPoolExecutor()
         self._loop_thread.open()
@@ -311,12 +317,20 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
         key = repr((job.trigger, job.misfire_grace_time))
         if self._checked.get(job.id) != key:
             check_job(job, claim_ttl=self.claim_ttl, clock_skew=self.clock_skew)
+            self._check_func(job)
             self._checked[job.id] = key
         portal, _ = self._loop_thread.require()
         for run_time in run_times:
             claim = portal.start_task_soon(self._claim, job, run_time)
             self._claims.add(claim)
             claim.add_done_callback(functools.partial(self._claimed, job, run_time))
+
+    def _check_func(self, job: Any) -> None:
+        if self._scheduler_loop is None and asyncio.iscoroutinefunction(job.func):
+            raise ValueError(
+                f"job {job.id!r}: {job.func.__qualname__} is a coroutine function, which only "
+                "an AsyncIOScheduler runs; use AsyncIOScheduler, or a plain function here"
+            )
 
     def _do_submit_job(self, job: Any, run_times: list[datetime]) -> None:
         raise AssertionError("ClaimingExecutor.submit_job hands jobs to its inner executor")
