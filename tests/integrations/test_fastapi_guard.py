@@ -1,0 +1,372 @@
+"""asynclock_fastapi, holder side: ``@locks.guard`` on real uvicorn, httpx and Redis.
+
+Each test runs the app in a uvicorn server thread (its own event loop, a TCP port) and
+talks to it with httpx; endpoints wait on gates the test opens, so every interleaving is
+made by events, not by sleeps.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from fastapi import BackgroundTasks, Depends, FastAPI
+from fastapi.responses import StreamingResponse
+
+import asynclock
+from asynclock_fastapi import Locks, current_lease, install
+from tests.support.asgi_servers import recording_logs, serving, wait_thread_event
+from tests.support.redis_servers import RedisServer, delete_lock_keys, wait_until
+
+pytestmark = pytest.mark.anyio
+Lease = asynclock.Lease
+
+
+class Gate:
+    """A point an endpoint reaches (``arrived``) and waits at until the test ``opens`` it."""
+
+    def __init__(self) -> None:
+        self.arrived = threading.Event()
+        self.opened = threading.Event()
+
+    async def passage(self) -> None:
+        """In the server: say we are here, then wait (cancellable) until opened."""
+        self.arrived.set()
+        await anyio.to_thread.run_sync(self.opened.wait, 30, abandon_on_cancel=True)
+
+    async def reached(self) -> None:
+        await wait_thread_event(self.arrived)
+
+    def open(self) -> None:
+        self.opened.set()
+
+
+def make_app(url: str) -> tuple[FastAPI, Locks]:
+    locks = Locks(url)
+    return install(FastAPI(lifespan=locks.lifespan)), locks
+
+
+async def held(url: str, name: str, token: int) -> bool:
+    async with asynclock.connect(url) as backend:
+        return await backend.validate(name, token)
+
+
+async def test_concurrent_requests_hold_one_at_a_time_with_rising_tokens(
+    redis_server: RedisServer, lock_name: str
+) -> None:
+    app, locks = make_app(redis_server.url)
+    entered: list[int] = []
+    inside = 0
+    most_inside = 0
+
+    @app.post("/jobs/{key}")
+    @locks.guard("job:{key}", ttl=5, timeout=30)
+    async def work(key: str, lease: Lease = Depends(current_lease)) -> dict[str, Any]:
+        nonlocal inside, most_inside
+        assert asynclock.current_lease() is lease  # the context's lease is the guard's too
+        assert lease.name == f"job:{key}"
+        inside += 1
+        most_inside = max(most_inside, inside)
+        entered.append(lease.token)
+        await anyio.sleep(0.005)  # yield while holding: the other requests try meanwhile
+        inside -= 1
+        return {"token": lease.token}
+
+    with serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            responses: list[httpx.Response] = []
+
+            async def one() -> None:
+                responses.append(await client.post(f"/jobs/{lock_name}"))
+
+            with anyio.fail_after(40):
+                async with anyio.create_task_group() as tg:
+                    for _ in range(8):
+                        tg.start_soon(one)
+    assert [r.status_code for r in responses] == [200] * 8
+    assert most_inside == 1
+    assert entered == sorted(entered) and len(set(entered)) == 8
+    for r in responses:
+        assert r.headers["Fencing-Token"] == str(r.json()["token"])
+
+
+async def test_busy_is_409_at_once_or_after_the_timeout(
+    redis_server: RedisServer, lock_name: str
+) -> None:
+    app, locks = make_app(redis_server.url)
+    gate = Gate()
+
+    @app.post("/hold/{key}")
+    @locks.guard("busy:{key}", ttl=5)
+    async def hold(key: str) -> str:
+        await gate.passage()
+        return "done"
+
+    @app.post("/wait/{key}")
+    @locks.guard("busy:{key}", ttl=5, timeout=0.3)
+    async def wait(key: str, lease: Lease = Depends(current_lease)) -> int:
+        return lease.token
+
+    @app.post("/wait-long/{key}")
+    @locks.guard("busy:{key}", ttl=5, timeout=30)
+    async def wait_long(key: str, lease: Lease = Depends(current_lease)) -> int:
+        return lease.token
+
+    with serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            async with anyio.create_task_group() as tg:
+                first: list[httpx.Response] = []
+
+                async def holder() -> None:
+                    first.append(await client.post(f"/hold/{lock_name}"))
+
+                tg.start_soon(holder)
+                await gate.reached()
+                busy = await client.post(f"/hold/{lock_name}")
+                assert busy.status_code == 409
+                assert "busy" in busy.json()["detail"]
+                assert 1 <= int(busy.headers["Retry-After"]) <= 5
+                started = time.monotonic()
+                waited = await client.post(f"/wait/{lock_name}")
+                assert waited.status_code == 409
+                assert time.monotonic() - started >= 0.3
+                # A waiter within its timeout gets the lock when the holder finishes.
+                later: list[httpx.Response] = []
+
+                async def waiter() -> None:
+                    later.append(await client.post(f"/wait-long/{lock_name}"))
+
+                tg.start_soon(waiter)
+                gate.open()
+            assert first[0].status_code == 200
+            assert later[0].status_code == 200
+            assert later[0].json() > int(first[0].headers["Fencing-Token"])
+
+
+async def test_loss_mid_request_is_503_with_retry_after_and_no_traceback(
+    redis_server: RedisServer, lock_name: str
+) -> None:
+    app, locks = make_app(redis_server.url)
+    gate = Gate()
+    seen: dict[str, Any] = {}
+
+    @app.post("/rebuild/{key}")
+    @locks.guard("lost:{key}", ttl=1)
+    async def rebuild(key: str, lease: Lease = Depends(current_lease)) -> str:
+        seen["lease"] = lease
+        try:
+            await gate.passage()  # never opened: the loss must stop us
+        except BaseException as exc:
+            seen["stopped_by"] = type(exc).__name__
+            raise
+        seen["finished"] = True
+        return "rebuilt"
+
+    with recording_logs() as logs, serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            async with anyio.create_task_group() as tg:
+                answers: list[httpx.Response] = []
+
+                async def call() -> None:
+                    answers.append(await client.post(f"/rebuild/{lock_name}"))
+
+                tg.start_soon(call)
+                await gate.reached()
+                await delete_lock_keys([redis_server.url], f"lost:{lock_name}")
+    answer = answers[0]
+    assert answer.status_code == 503
+    assert answer.headers["Retry-After"] == "1"
+    assert "lock lost" in answer.json()["detail"]
+    assert seen["lease"].lost and "finished" not in seen
+    assert seen["stopped_by"] == "CancelledError"  # cancelled inside the endpoint
+    assert logs.tracebacks() == []
+    assert not [m for m in logs.messages("uvicorn") if "Exception" in m]
+    assert any("stopped" in m for m in logs.messages("asynclock_fastapi"))
+
+
+@pytest.mark.parametrize("release", ["response", "endpoint"])
+async def test_release_timing_against_response_background_tasks_and_dependency_scopes(
+    redis_server: RedisServer, lock_name: str, release: str
+) -> None:
+    """Default: released after the response and its background tasks; "endpoint": when
+    the endpoint returns, before the response. Teardown of the route's own dependencies
+    (either scope) runs under the lease by default."""
+    app, locks = make_app(redis_server.url)
+    background = Gate()
+    teardown: dict[str, bool] = {}
+
+    async def function_scoped(lease: Lease = Depends(current_lease)) -> AsyncIterator[None]:
+        yield
+        teardown["function"] = lease.released
+
+    async def request_scoped(lease: Lease = Depends(current_lease)) -> AsyncIterator[None]:
+        yield
+        teardown["request"] = lease.released
+
+    @app.post("/report/{key}")
+    @locks.guard("report:{key}", ttl=5, release=release)  # type: ignore[arg-type]
+    async def report(
+        key: str,
+        tasks: BackgroundTasks,
+        _f: None = Depends(function_scoped, scope="function"),
+        _r: None = Depends(request_scoped),
+        lease: Lease = Depends(current_lease),
+    ) -> int:
+        tasks.add_task(background.passage)
+        return lease.token
+
+    with serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            answer = await client.post(f"/report/{lock_name}")
+            assert answer.status_code == 200
+            token = answer.json()
+            name = f"report:{lock_name}"
+            await background.reached()  # the client has its answer; the task still runs
+            if release == "response":
+                assert await held(redis_server.url, name, token)
+                # The function-scope teardown ran before the response; the request-scope
+                # one waits for the background task, and both saw the lease held.
+                assert teardown == {"function": False}
+                background.open()
+                await wait_until(lambda: "request" in teardown)
+                assert teardown == {"function": False, "request": False}
+                assert not await held(redis_server.url, name, token)
+            else:
+                assert not await held(redis_server.url, name, token)
+                # A request-scope dependency's teardown runs after the lease is released.
+                background.open()
+                await wait_until(lambda: "request" in teardown)
+                assert teardown == {"function": False, "request": True}
+
+
+async def test_streaming_response_lost_mid_stream_is_cut_short_without_traceback(
+    redis_server: RedisServer, lock_name: str
+) -> None:
+    app, locks = make_app(redis_server.url)
+    more = Gate()
+    stream_state: dict[str, str] = {}
+
+    @app.get("/export/{key}")
+    @locks.guard("export:{key}", ttl=1)
+    async def export(key: str) -> StreamingResponse:
+        async def rows() -> AsyncIterator[bytes]:
+            try:
+                yield b"row 1\n"
+                await more.passage()  # never opened: the loss must stop the stream
+                yield b"row 2\n"
+            except BaseException as exc:
+                stream_state["stopped_by"] = type(exc).__name__
+                raise
+
+        return StreamingResponse(rows(), media_type="text/plain")
+
+    with recording_logs() as logs, serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            async with client.stream("GET", f"/export/{lock_name}") as answer:
+                assert answer.status_code == 200
+                assert int(answer.headers["Fencing-Token"]) > 0
+                chunks = answer.aiter_raw()
+                assert await chunks.__anext__() == b"row 1\n"
+                await more.reached()
+                await delete_lock_keys([redis_server.url], f"export:{lock_name}")
+                with pytest.raises(httpx.RemoteProtocolError, match="incomplete"):
+                    async for _ in chunks:
+                        pass
+    assert stream_state["stopped_by"] == "CancelledError"
+    assert logs.tracebacks() == []
+    assert any("cut short" in m for m in logs.messages("asynclock_fastapi"))
+
+
+async def test_openapi_documents_busy_and_lost_answers_and_the_token_header(
+    redis_server: RedisServer,
+) -> None:
+    app, locks = make_app(redis_server.url)
+
+    @app.post("/accounts/{account_id}/rebuild", status_code=201)
+    @locks.guard("account:{account_id}", ttl=10)
+    async def rebuild(account_id: int, lease: Lease = Depends(current_lease)) -> int:
+        return lease.token
+
+    with serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            schema = (await client.get("/openapi.json")).json()
+            answer = await client.post("/accounts/7/rebuild")
+    assert answer.status_code == 201
+    operation = schema["paths"]["/accounts/{account_id}/rebuild"]["post"]
+    assert {"201", "409", "503", "422"} <= set(operation["responses"])
+    assert "Retry-After" in operation["responses"]["503"]["headers"]
+    assert "Fencing-Token" in operation["responses"]["201"]["headers"]
+    # The hidden hold parameter is not a documented parameter; the path parameter is.
+    assert [p["name"] for p in operation["parameters"]] == ["account_id"]
+
+
+async def test_name_is_made_from_validated_path_and_query_values(
+    redis_server: RedisServer,
+) -> None:
+    app, locks = make_app(redis_server.url)
+
+    @app.get("/a/{account_id}")
+    @locks.guard("acct:{account_id}:{region}", ttl=5)
+    async def read(
+        account_id: int, region: str = "eu", lease: Lease = Depends(current_lease)
+    ) -> str:
+        return lease.name
+
+    with serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            assert (await client.get("/a/007", params={"region": "us"})).json() == "acct:7:us"
+            assert (await client.get("/a/8")).json() == "acct:8:eu"
+            assert (await client.get("/a/x")).status_code == 422  # refused before locking
+
+
+def test_guard_refuses_at_decoration_time() -> None:
+    locks = Locks("memory://")
+
+    def sync_endpoint(key: str) -> None: ...
+
+    with pytest.raises(TypeError, match="async def"):
+        locks.guard("k:{key}", ttl=5)(sync_endpoint)  # type: ignore[type-var]
+
+    async def endpoint(key: str) -> None: ...
+
+    with pytest.raises(TypeError, match="uses account_id"):
+        locks.guard("acct:{account_id}", ttl=5)(endpoint)
+    with pytest.raises(ValueError, match="ttl must be a finite number"):
+        locks.guard("k:{key}", ttl=0)
+    with pytest.raises(ValueError, match="release must be"):
+        locks.guard("k:{key}", ttl=5, release="later")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="positional field"):
+        locks.guard("k:{}", ttl=5)
+
+    async def own(lease: Lease = Depends(current_lease)) -> None: ...
+
+    with pytest.raises(TypeError, match="the guard's own lease"):
+        locks.guard("k:{lease}", ttl=5)(own)
+    with pytest.raises(TypeError, match="exactly one"):
+        Locks()
+    with pytest.raises(RuntimeError, match="not open"):
+        _ = locks.backend
+
+
+def test_the_integration_uses_only_the_public_asynclock_api() -> None:
+    import ast
+    from pathlib import Path
+
+    import asynclock_fastapi
+
+    package = Path(asynclock_fastapi.__file__).parent
+    for source in package.glob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                assert not node.module.startswith("asynclock._"), f"{source.name}: {node.module}"
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    assert not alias.name.startswith("asynclock._"), f"{source.name}"
+    assert set(asynclock_fastapi.__all__) == {
+        name for name in dir(asynclock_fastapi) if not name.startswith("_")
+    } - {"annotations", "TYPE_CHECKING", "Any"} | {"FencingAuth"}
