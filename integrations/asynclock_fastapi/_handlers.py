@@ -96,18 +96,29 @@ class ResponsePhase:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = False
+        started = complete = False
 
         async def tracked(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
+            nonlocal started, complete
+            kind = message["type"]
+            if kind == "http.response.start":
                 started = True
+            elif kind == "http.response.body" and not message.get("more_body", False):
+                complete = True
             await send(message)
 
         scope[INSTALLED_KEY] = True
         try:
             await self.app(scope, receive, tracked)
         except LostDuringResponse as exc:
+            if complete:
+                logger.warning(
+                    "%s %s: lease lost after the response was sent (background tasks stopped): %s",
+                    scope.get("method"),
+                    scope.get("path"),
+                    exc.lost,
+                )
+                return
             if started:
                 logger.warning(
                     "%s %s: response cut short (the client sees an incomplete body): %s",

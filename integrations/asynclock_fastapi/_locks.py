@@ -277,6 +277,11 @@ class Locks:
                 state: _Hold = kwargs.pop(_HOLD_PARAM)
                 kwargs.pop(_ARM_PARAM, None)
                 result = await endpoint(*args, **kwargs)
+                if state.lease is not None:
+                    # Lost while the endpoint ran but it reached no checkpoint after the
+                    # cancellation (or the loop was frozen past the deadline): its work
+                    # is not known to have been exclusive, so the answer is 503 too.
+                    state.lease.check()
                 state.returned = True
                 if header is not None and isinstance(result, Response) and state.lease:
                     result.headers[header] = str(state.lease.token)

@@ -282,6 +282,40 @@ async def test_streaming_response_lost_mid_stream_is_cut_short_without_traceback
     assert any("cut short" in m for m in logs.messages("asynclock_fastapi"))
 
 
+async def test_loss_during_a_background_task_stops_it_quietly(
+    redis_server: RedisServer, lock_name: str
+) -> None:
+    """By default background tasks run under the lease; a loss then cancels the task
+    (the client already has its answer) and logs one warning, no traceback."""
+    app, locks = make_app(redis_server.url)
+    task = Gate()
+    task_state: dict[str, str] = {}
+
+    async def send_mail() -> None:
+        try:
+            await task.passage()  # never opened
+        except BaseException as exc:
+            task_state["stopped_by"] = type(exc).__name__
+            raise
+
+    @app.post("/signup/{key}")
+    @locks.guard("signup:{key}", ttl=1)
+    async def signup(key: str, tasks: BackgroundTasks) -> str:
+        tasks.add_task(send_mail)
+        return "welcome"
+
+    with recording_logs() as logs, serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            answer = await client.post(f"/signup/{lock_name}")
+            assert answer.status_code == 200 and answer.json() == "welcome"
+            await task.reached()
+            await delete_lock_keys([redis_server.url], f"signup:{lock_name}")
+            await wait_until(lambda: "stopped_by" in task_state)
+    assert task_state["stopped_by"] == "CancelledError"
+    assert logs.tracebacks() == []
+    assert any("after the response was sent" in m for m in logs.messages("asynclock_fastapi"))
+
+
 async def test_openapi_documents_busy_and_lost_answers_and_the_token_header(
     redis_server: RedisServer,
 ) -> None:
