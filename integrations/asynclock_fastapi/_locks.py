@@ -43,7 +43,6 @@ HOLD_KEY = "asynclock_fastapi.hold"
 #: Attribute on a guarded endpoint: its :class:`GuardInfo` (read by ``install`` for OpenAPI).
 GUARD_ATTR = "__asynclock_guard__"
 _HOLD_PARAM = "asynclock_fastapi_hold_"
-_ARM_PARAM = "asynclock_fastapi_arm_"
 _REQUEST_PARAM = "asynclock_fastapi_request_"
 _RESPONSE_PARAM = "asynclock_fastapi_response_"
 
@@ -275,7 +274,6 @@ class Locks:
             @functools.wraps(endpoint)
             async def guarded(*args: Any, **kwargs: Any) -> Any:
                 state: _Hold = kwargs.pop(_HOLD_PARAM)
-                kwargs.pop(_ARM_PARAM, None)
                 result = await endpoint(*args, **kwargs)
                 if state.lease is not None:
                     # Lost while the endpoint ran but it reached no checkpoint after the
@@ -289,9 +287,6 @@ class Locks:
 
             hold_depends = Depends(hold, scope=scope)
             hidden = [
-                inspect.Parameter(
-                    _ARM_PARAM, inspect.Parameter.KEYWORD_ONLY, default=Depends(_arm)
-                ),
                 inspect.Parameter(
                     _HOLD_PARAM, inspect.Parameter.KEYWORD_ONLY, default=hold_depends
                 ),
@@ -333,11 +328,6 @@ def _typed_signature(func: Callable[..., Any]) -> inspect.Signature:
         return inspect.signature(func, eval_str=True)
     except (NameError, TypeError, SyntaxError):
         return inspect.signature(func)
-
-
-async def _arm(request: Request) -> None:
-    """The guard's first dependency: mark the request guarded before anything else runs."""
-    request.scope[HOLD_KEY] = _Hold()
 
 
 def _depend_on(param: inspect.Parameter, lease_of: Callable[..., Any]) -> inspect.Parameter:
@@ -385,9 +375,7 @@ def _make_hold(
         lock = locks.backend.lock(
             name, ttl=ttl, timeout=timeout, blocking=blocking, max_hold=max_hold
         )
-        state = request.scope.get(HOLD_KEY)
-        if not isinstance(state, _Hold):  # pragma: no cover - _arm always runs first
-            state = request.scope[HOLD_KEY] = _Hold()
+        state = request.scope[HOLD_KEY] = _Hold()
         try:
             async with lock as lease:
                 state.lease = lease
@@ -436,23 +424,25 @@ async def current_lease(request: Request) -> Lease:
     the innermost ``backend.lock()`` of the task.
     """
     state = request.scope.get(HOLD_KEY)
-    if isinstance(state, _Hold):
-        if state.lease is not None:
-            return state.lease
-        # Armed but not held: the hold was skipped because its parameters (the lock
-        # name's fields) failed validation, and FastAPI is collecting those errors.
+    if isinstance(state, _Hold) and state.lease is not None:
+        return state.lease
+    if guard_info(request.scope.get("endpoint")) is not None:
+        # A guarded route, and the hold has not run: it was skipped because the lock
+        # name's parameters failed validation (FastAPI is collecting those errors), or
+        # this is a route-level dependency, which runs before the guard.
         raise HTTPException(
-            422, detail="invalid request parameters: the lock name could not be made"
+            422,
+            detail="no lock was taken for this request: the lock name's parameters are "
+            "invalid (or current_lease is used by a route-level dependency, which runs "
+            "before the guard acquires)",
         )
     raise RuntimeError(
-        f"current_lease was resolved on {request.method} {request.url.path} where no "
-        "@locks.guard lease is held: guard the route (the route decorator above "
-        "@locks.guard), and use current_lease in the endpoint's parameters or their "
-        "dependencies (route-level dependencies=[...] run before the guard acquires)"
+        f"current_lease was resolved on {request.method} {request.url.path}, which is not "
+        "guarded: put @locks.guard(...) under the route decorator"
     )
 
 
-def guard_info(endpoint: Callable[..., Any]) -> GuardInfo | None:
+def guard_info(endpoint: object) -> GuardInfo | None:
     """The :class:`GuardInfo` of a guarded endpoint, else None."""
     info = getattr(endpoint, GUARD_ATTR, None)
     return info if isinstance(info, GuardInfo) else None

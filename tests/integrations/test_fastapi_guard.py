@@ -351,8 +351,18 @@ async def test_name_is_made_from_validated_path_and_query_values(
     ) -> str:
         return lease.name
 
+    async def writer(lease: Lease = Depends(current_lease)) -> str:
+        return f"writer with token {lease.token}"  # a dependency of the route using the lease
+
+    @app.get("/b/{account_id}")
+    @locks.guard("acct:{account_id}", ttl=5)
+    async def nested(account_id: int, who: str = Depends(writer)) -> str:
+        return who
+
     with serving(app) as server:
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            assert (await client.get("/b/1")).json().startswith("writer with token ")
+            assert (await client.get("/b/x")).status_code == 422
             assert (await client.get("/a/007", params={"region": "us"})).json() == "acct:7:us"
             assert (await client.get("/a/8")).json() == "acct:8:eu"
             assert (await client.get("/a/x")).status_code == 422  # refused before locking
