@@ -10,12 +10,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
 import pytest
-from fastapi import BackgroundTasks, Depends, FastAPI
+from fastapi import BackgroundTasks, Depends, FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 import asynclock
@@ -56,10 +58,19 @@ async def held(url: str, name: str, token: int) -> bool:
         return await backend.validate(name, token)
 
 
+@pytest.fixture(params=["redis", "postgres", "sqlite"])
+def lock_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "redis":
+        return str(request.getfixturevalue("redis_server").url)
+    if request.param == "postgres":
+        return str(request.getfixturevalue("pg_server").url())
+    return f"sqlite:///{tmp_path / 'locks.db'}"
+
+
 async def test_concurrent_requests_hold_one_at_a_time_with_rising_tokens(
-    redis_server: RedisServer, lock_name: str
+    lock_url: str, lock_name: str
 ) -> None:
-    app, locks = make_app(redis_server.url)
+    app, locks = make_app(lock_url)
     entered: list[int] = []
     inside = 0
     most_inside = 0
@@ -366,6 +377,39 @@ async def test_name_is_made_from_validated_path_and_query_values(
             assert (await client.get("/a/007", params={"region": "us"})).json() == "acct:7:us"
             assert (await client.get("/a/8")).json() == "acct:8:eu"
             assert (await client.get("/a/x")).status_code == 422  # refused before locking
+
+
+@pytest.mark.parametrize("style", ["nested", "wrap"])
+async def test_lifespan_composes_with_the_apps_own(
+    redis_server: RedisServer, lock_name: str, style: str
+) -> None:
+    locks = Locks(redis_server.url)
+    events: list[str] = []
+
+    @asynccontextmanager
+    async def own(app: FastAPI) -> AsyncIterator[dict[str, str]]:
+        events.append("own start")
+        yield {"db": "connected"}
+        events.append("own stop")
+
+    @asynccontextmanager
+    async def nested(app: FastAPI) -> AsyncIterator[dict[str, str]]:
+        async with locks.lifespan(app), own(app) as state:
+            yield state
+
+    app = install(FastAPI(lifespan=nested if style == "nested" else locks.wrap(own)))
+
+    @app.post("/r/{key}")
+    @locks.guard("life:{key}", ttl=5)
+    async def route(key: str, request: Request, lease: Lease = Depends(current_lease)) -> str:
+        return f"{request.state.db} {lease.token > 0}"
+
+    with serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            assert (await client.post(f"/r/{lock_name}")).json() == "connected True"
+    assert events == ["own start", "own stop"]
+    with pytest.raises(RuntimeError, match="not open"):
+        _ = locks.backend
 
 
 def test_guard_refuses_at_decoration_time() -> None:
