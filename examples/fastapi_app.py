@@ -3,9 +3,9 @@
 * ``holder``: ``POST /accounts/{account_id}/rebuild`` holds the lock ``account:{id}`` for
   the request (``@locks.guard``) and writes to the ledger with ``FencingAuth``, which
   sends the lease's token in the ``Fencing-Token`` header.
-* ``ledger``: ``PUT /balances/{account_id}`` takes the token (``Depends(fencing_token)``)
-  and applies it *in the write's transaction* (``SQLFence``): a stale token is 412, a
-  missing one 428, and nothing is written.
+* ``ledger``: ``PUT /balances/{account_id}`` takes the token (``Depends(fenced_write)``)
+  and applies it *in the write's transaction* (``SQLFence`` underneath): a stale token is
+  412, a missing one 428, and nothing is written.
 
 Runs both on loopback ports with a SQLite lock file and a SQLite ledger in a temp dir:
 
@@ -31,7 +31,14 @@ from pydantic import BaseModel
 
 import asynclock
 from asynclock.fence import SQLFence
-from asynclock_fastapi import FencingAuth, Locks, current_lease, fencing_token, install
+from asynclock_fastapi import (
+    FencedWrite,
+    FencingAuth,
+    Locks,
+    current_lease,
+    fenced_write,
+    install,
+)
 
 
 class Balance(BaseModel):
@@ -56,12 +63,12 @@ def ledger_app(db: Path) -> FastAPI:
 
     @app.put("/balances/{account_id}")
     async def put_balance(
-        account_id: str, balance: Balance, token: int = Depends(fencing_token)
+        account_id: str, balance: Balance, write: FencedWrite = Depends(fenced_write)
     ) -> dict[str, int]:
         async with aiosqlite.connect(db, isolation_level=None) as conn:
             await conn.execute("BEGIN IMMEDIATE")
             try:
-                await fence.check_aiosqlite(conn, f"balance:{account_id}", token)  # G8
+                await write.aiosqlite(conn, f"balance:{account_id}")  # G8: in this transaction
                 await conn.execute(
                     "INSERT INTO balances VALUES (?, ?) "
                     "ON CONFLICT (id) DO UPDATE SET total = excluded.total",
@@ -71,7 +78,7 @@ def ledger_app(db: Path) -> FastAPI:
                 await conn.execute("ROLLBACK")
                 raise
             await conn.execute("COMMIT")
-        return {"total": balance.total, "token": token}
+        return {"total": balance.total, "token": write.token}
 
     @app.get("/balances/{account_id}")
     async def get_balance(account_id: str) -> dict[str, Any]:

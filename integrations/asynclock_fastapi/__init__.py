@@ -20,7 +20,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._fence import MAX_TOKEN, FencingToken, fence_responses, fencing_token
+from ._fence import (
+    MAX_TOKEN,
+    FencedWrite,
+    FencedWrites,
+    FencingToken,
+    fence_responses,
+    fenced_write,
+    fencing_token,
+)
 from ._handlers import ResponsePhase, install
 from ._locks import DEFAULT_HEADER, GuardInfo, Locks, LostDuringResponse, current_lease, guard_info
 
@@ -30,6 +38,8 @@ if TYPE_CHECKING:
 __all__ = (
     "DEFAULT_HEADER",
     "MAX_TOKEN",
+    "FencedWrite",
+    "FencedWrites",
     "FencingAuth",
     "FencingToken",
     "GuardInfo",
@@ -38,6 +48,7 @@ __all__ = (
     "ResponsePhase",
     "current_lease",
     "fence_responses",
+    "fenced_write",
     "fencing_token",
     "guard_info",
     "install",

@@ -9,9 +9,14 @@ which the existing fences do (``asynclock.fence.SQLFence`` in the write's transa
 from __future__ import annotations
 
 import inspect
+import sqlite3
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Annotated, Any
 
 from fastapi import Header, HTTPException, Request
+
+from asynclock.fence import RedisFence, SQLFence
 
 from ._locks import DEFAULT_HEADER, check_header_name
 
@@ -30,6 +35,9 @@ class FencingToken:
 
     def __init__(self, header: str = DEFAULT_HEADER) -> None:
         self.header = check_header_name(header, "FencingToken header")
+        self._init_signature()
+
+    def _init_signature(self) -> None:
         description = f"fencing token of the writer's lease (a positive integer up to {MAX_TOKEN})"
         annotation = Annotated[str | None, Header(alias=self.header, description=description)]
         # FastAPI reads a dependency's parameters from its signature: declare the header
@@ -41,8 +49,11 @@ class FencingToken:
                     "value", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation
                 ),
             ],
-            return_annotation=int,
+            return_annotation=self._returns(),
         )
+
+    def _returns(self) -> Any:
+        return int
 
     def __repr__(self) -> str:
         return f"FencingToken({self.header!r})"
@@ -75,6 +86,97 @@ class FencingToken:
 
 #: ``token: int = Depends(fencing_token)``: the ``Fencing-Token`` header as an int.
 fencing_token = FencingToken()
+
+
+class FencedWrite:
+    """The request's fencing token, bound to the fences that apply it *with* a write.
+
+    Each method checks the token atomically with your write, so a route cannot forget to
+    pass the token along: SQL inside your transaction, Redis in one Lua call. A stale
+    token raises :class:`~asynclock.StaleToken` (412 with ``install``); nothing is
+    written. ``token`` is the int, for anything else.
+    """
+
+    __slots__ = ("redis", "sql", "token")
+
+    def __init__(self, token: int, sql: SQLFence, redis: RedisFence) -> None:
+        self.token = token
+        self.sql = sql
+        self.redis = redis
+
+    def __repr__(self) -> str:
+        return f"FencedWrite(token={self.token})"
+
+    # SQL: call inside the transaction that does the write.
+    async def asyncpg(self, conn: Any, key: str) -> None:
+        """Inside ``async with conn.transaction():`` (asyncpg), before or after your write."""
+        await self.sql.check_asyncpg(conn, key, self.token)
+
+    async def aiosqlite(self, conn: Any, key: str) -> None:
+        """Inside your aiosqlite transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``)."""
+        await self.sql.check_aiosqlite(conn, key, self.token)
+
+    def sqlite(self, conn: sqlite3.Connection, key: str) -> None:
+        """Inside your open sqlite3 transaction."""
+        self.sql.check_sqlite(conn, key, self.token)
+
+    @contextmanager
+    def sqlite_transaction(
+        self, conn: sqlite3.Connection, key: str
+    ) -> Iterator[sqlite3.Connection]:
+        """``BEGIN IMMEDIATE``, the check, your writes, ``COMMIT`` (or ``ROLLBACK``)."""
+        with self.sql.sqlite_transaction(conn, key, self.token) as tx:
+            yield tx
+
+    # Redis: the check and the write are one Lua call.
+    async def redis_set(
+        self, client: Any, key: str, value: str | bytes, *, px: int | None = None
+    ) -> None:
+        await self.redis.set(client, key, value, self.token, px=px)
+
+    async def redis_hset(self, client: Any, key: str, mapping: Mapping[str, Any]) -> None:
+        await self.redis.hset(client, key, mapping, self.token)
+
+    async def redis_delete(self, client: Any, key: str) -> None:
+        await self.redis.delete(client, key, self.token)
+
+
+class FencedWrites(FencingToken):
+    """Dependency: a :class:`FencedWrite` for the request's token (428/400 like ``FencingToken``).
+
+    ``write: FencedWrite = Depends(fenced_write)``; ``FencedWrites("X-Fence",
+    sql=SQLFence("my_marks"))`` for another header or fence table.
+    """
+
+    def __init__(
+        self,
+        header: str = DEFAULT_HEADER,
+        *,
+        sql: SQLFence | None = None,
+        redis: RedisFence | None = None,
+    ) -> None:
+        if sql is not None and not isinstance(sql, SQLFence):
+            raise TypeError(f"sql= must be an asynclock.fence.SQLFence, not {type(sql).__name__}")
+        if redis is not None and not isinstance(redis, RedisFence):
+            raise TypeError(
+                f"redis= must be an asynclock.fence.RedisFence, not {type(redis).__name__}"
+            )
+        self.sql = sql or SQLFence()
+        self.redis = redis or RedisFence()
+        super().__init__(header)
+
+    def __repr__(self) -> str:
+        return f"FencedWrites({self.header!r}, sql={self.sql!r}, redis={self.redis!r})"
+
+    def _returns(self) -> Any:
+        return FencedWrite
+
+    async def __call__(self, request: Request, value: Any = None) -> FencedWrite:  # type: ignore[override]
+        return FencedWrite(self.parse(request.headers.getlist(self.header)), self.sql, self.redis)
+
+
+#: ``write: FencedWrite = Depends(fenced_write)``: the token and the default fences.
+fenced_write = FencedWrites()
 
 
 def fence_responses(header: str = DEFAULT_HEADER) -> dict[int | str, dict[str, Any]]:

@@ -28,10 +28,12 @@ import asynclock
 import asynclock.testing
 from asynclock.fence import RedisFence, SQLFence
 from asynclock_fastapi import (
+    FencedWrite,
     FencingAuth,
     FencingToken,
     Locks,
     current_lease,
+    fenced_write,
     fencing_token,
     install,
 )
@@ -51,6 +53,8 @@ class Store(Protocol):
     def lifespan(self, app: Any) -> Any: ...
 
     async def write(self, key: str, value: str, token: int) -> None: ...
+
+    async def write_with(self, write: FencedWrite, key: str, value: str) -> None: ...
 
     async def read(self, key: str) -> tuple[str | None, int | None]: ...
 
@@ -73,10 +77,16 @@ class SqliteStore:
         yield
 
     async def write(self, key: str, value: str, token: int) -> None:
+        await self._write(key, value, lambda conn: self.fence.check_aiosqlite(conn, key, token))
+
+    async def write_with(self, write: FencedWrite, key: str, value: str) -> None:
+        await self._write(key, value, lambda conn: write.aiosqlite(conn, key))
+
+    async def _write(self, key: str, value: str, check: Any) -> None:
         async with aiosqlite.connect(self.path, isolation_level=None) as conn:
             await conn.execute("BEGIN IMMEDIATE")
             try:
-                await self.fence.check_aiosqlite(conn, key, token)  # G8, in the transaction
+                await check(conn)  # G8, in the transaction
                 await conn.execute(
                     "INSERT INTO items (key, value) VALUES (?, ?) "
                     "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
@@ -140,8 +150,14 @@ class PostgresStore:
             await self.pool.close()
 
     async def write(self, key: str, value: str, token: int) -> None:
+        await self._write(key, value, lambda conn: self.fence.check_asyncpg(conn, key, token))
+
+    async def write_with(self, write: FencedWrite, key: str, value: str) -> None:
+        await self._write(key, value, lambda conn: write.asyncpg(conn, key))
+
+    async def _write(self, key: str, value: str, check: Any) -> None:
         async with self.pool.acquire() as conn, conn.transaction():
-            await self.fence.check_asyncpg(conn, key, token)  # G8, in the transaction
+            await check(conn)  # G8, in the transaction
             await conn.execute(
                 "INSERT INTO fastapi_items (key, value) VALUES ($1, $2) "
                 "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
@@ -172,6 +188,9 @@ class RedisStore:
 
     async def write(self, key: str, value: str, token: int) -> None:
         await self.fence.set(self.client, key, value, token)  # G8: one Lua call
+
+    async def write_with(self, write: FencedWrite, key: str, value: str) -> None:
+        await write.redis_set(self.client, key, value)
 
     async def read(self, key: str) -> tuple[str | None, int | None]:
         return await self.client.get(key), await self.fence.current(self.client, key)
@@ -224,6 +243,11 @@ def service(store: Store, gates: Gates | None = None) -> FastAPI:
         await store.write(key, item.value, token)
         return token
 
+    @app.put("/helper/{key}")
+    async def put_helper(key: str, item: Item, write: FencedWrite = Depends(fenced_write)) -> int:
+        await store.write_with(write, key, item.value)
+        return write.token
+
     @app.get("/items/{key}")
     async def get(key: str) -> dict[str, Any]:
         value, mark = await store.read(key)
@@ -268,6 +292,18 @@ async def test_stale_missing_and_malformed_tokens_are_refused_and_nothing_is_wri
             assert twice.status_code == 400
             assert (await client.get(url)).json() == expected
 
+            helper = f"/helper/{lock_name}"
+            assert (await client.put(helper, json={"value": "h"})).status_code == 428
+            malformed = await client.put(
+                helper, json={"value": "h"}, headers={"Fencing-Token": "x"}
+            )
+            assert malformed.status_code == 400
+            stale_helper = await client.put(
+                helper, json={"value": "h"}, headers={"Fencing-Token": "6"}
+            )
+            assert stale_helper.status_code == 412
+            assert (await client.get(url)).json() == expected
+
             other = f"/other-header/{lock_name}"
             assert (await client.put(other, json={"value": "x"})).status_code == 428
             stale_other = await client.put(
@@ -275,6 +311,10 @@ async def test_stale_missing_and_malformed_tokens_are_refused_and_nothing_is_wri
             )
             assert stale_other.status_code == 412
             assert (await client.get(url)).json() == expected
+
+            newer = await client.put(helper, json={"value": "v8"}, headers={"Fencing-Token": "8"})
+            assert newer.status_code == 200 and newer.json() == 8
+            assert (await client.get(url)).json() == {"value": "v8", "mark": 8}
 
 
 async def test_two_writers_6_then_5_the_late_5_is_refused(store: Store, lock_name: str) -> None:
@@ -344,6 +384,9 @@ async def test_openapi_documents_the_header_and_412_428(tmp_path: Path) -> None:
     other = schema["paths"]["/other-header/{key}"]["put"]
     assert [p["name"] for p in other["parameters"] if p["in"] == "header"] == ["X-Ledger-Fence"]
     assert "412" not in schema["paths"]["/items/{key}"]["get"]["responses"]
+    helper = schema["paths"]["/helper/{key}"]["put"]
+    assert {"400", "412", "428"} <= set(helper["responses"])
+    assert [p["name"] for p in helper["parameters"] if p["in"] == "header"] == ["Fencing-Token"]
 
 
 def holder(url: str, service_url: str, before_send: Callable[[], None]) -> FastAPI:
