@@ -269,7 +269,9 @@ class Locks:
                         f"lock name template {template!r} uses {param.name}, the guard's own "
                         "lease: name the lock after the request's parameters instead"
                     )
-            hold = _make_hold(locks, name_template, fields, info, timeout, max_hold, lost_retry)
+            hold = _make_hold(
+                locks, name_template, fields, info, timeout, max_hold, lost_retry, scope
+            )
 
             @functools.wraps(endpoint)
             async def guarded(*args: Any, **kwargs: Any) -> Any:
@@ -363,10 +365,12 @@ def _make_hold(
     timeout: float | None,
     max_hold: float | None,
     lost_retry: str | None,
+    scope: Literal["request", "function"],
 ) -> Callable[..., AsyncIterator[_Hold]]:
     """The guard's dependency with ``yield``: acquire, run the request inside, release."""
     ttl, busy_status, header = info.ttl, info.busy_status, info.header
     blocking = timeout is not None
+    in_response = scope == "request"  # the hold outlives the endpoint: it spans the response
 
     async def hold(**values: Any) -> AsyncIterator[_Hold]:
         request: Request = values.pop(_REQUEST_PARAM)
@@ -395,10 +399,14 @@ def _make_hold(
             lease_ = state.lease
             if lease_ is None or not lease_.lost or exc.token != lease_.token:
                 raise  # another lease's loss, raised by the request's own code
-            if state.returned:
+            if state.returned and in_response:
+                # The response may have started: only the middleware can tell (see
+                # ResponsePhase); with scope "function" it never has, so 503 below.
                 raise LostDuringResponse(exc, int(lost_retry or 0)) from exc
             headers = {} if lost_retry is None else {"Retry-After": lost_retry}
-            logger.warning("guarded request %s %s stopped: %s", request.method, request.url, exc)
+            logger.warning(
+                "guarded request %s %s stopped: %s", request.method, request.url.path, exc
+            )
             raise HTTPException(
                 503, detail=f"lock lost, the request was stopped: {exc}", headers=headers
             ) from None

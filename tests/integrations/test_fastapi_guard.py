@@ -12,13 +12,14 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import httpx
 import pytest
 from fastapi import BackgroundTasks, Depends, FastAPI, Request
 from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
 
 import asynclock
 from asynclock_fastapi import Locks, current_lease, install
@@ -410,6 +411,28 @@ async def test_lifespan_composes_with_the_apps_own(
     assert events == ["own start", "own stop"]
     with pytest.raises(RuntimeError, match="not open"):
         _ = locks.backend
+
+
+class Order(BaseModel):
+    id: int
+    item: str
+
+
+async def test_name_from_a_body_field_and_an_annotated_lease(
+    redis_server: RedisServer,
+) -> None:
+    app, locks = make_app(redis_server.url)
+
+    @app.post("/orders")
+    @locks.guard("order:{order.id}", ttl=5)
+    async def place(order: Order, lease: Annotated[Lease, Depends(current_lease)]) -> str:
+        return f"{lease.name} {order.item}"
+
+    with serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            answer = await client.post("/orders", json={"id": 5, "item": "tea"})
+            assert answer.json() == "order:5 tea"  # the body is the model itself, not embedded
+            assert (await client.post("/orders", json={"id": "x"})).status_code == 422
 
 
 def test_guard_refuses_at_decoration_time() -> None:
