@@ -478,6 +478,35 @@ def test_the_integration_uses_only_the_public_asynclock_api() -> None:
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     assert not alias.name.startswith("asynclock._"), f"{source.name}"
+    assert isinstance(asynclock_fastapi.__all__, tuple)
     assert set(asynclock_fastapi.__all__) == {
-        name for name in dir(asynclock_fastapi) if not name.startswith("_")
-    } - {"annotations", "TYPE_CHECKING", "Any"} | {"FencingAuth"}
+        "DEFAULT_HEADER",
+        "MAX_TOKEN",
+        "FencedWrite",
+        "FencedWrites",
+        "FencingAuth",
+        "FencingToken",
+        "GuardInfo",
+        "Locks",
+        "LostDuringResponse",
+        "ResponsePhase",
+        "current_lease",
+        "fence_responses",
+        "fenced_write",
+        "fencing_token",
+        "guard_info",
+        "install",
+    }
+    for name in asynclock_fastapi.__all__:
+        assert hasattr(asynclock_fastapi, name), name
+
+
+def test_httpx_is_imported_only_for_fencing_auth() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, asynclock_fastapi; assert 'httpx' not in sys.modules; "
+        "asynclock_fastapi.FencingAuth; assert 'httpx' in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
