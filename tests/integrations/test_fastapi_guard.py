@@ -292,6 +292,36 @@ async def test_streaming_response_lost_mid_stream_is_cut_short_without_traceback
     assert stream_state["stopped_by"] == "CancelledError"
     assert logs.tracebacks() == []
     assert any("cut short" in m for m in logs.messages("asynclock_fastapi"))
+    # uvicorn says, in one line, that the response ended early (it closes the connection).
+    assert "ASGI callable returned without completing response." in logs.messages("uvicorn")
+
+
+async def test_with_release_endpoint_a_stream_runs_without_the_lease(
+    redis_server: RedisServer, lock_name: str
+) -> None:
+    app, locks = make_app(redis_server.url)
+    more = Gate()
+
+    @app.get("/export/{key}")
+    @locks.guard("export:{key}", ttl=5, release="endpoint")
+    async def export(key: str) -> StreamingResponse:
+        async def rows() -> AsyncIterator[bytes]:
+            yield b"row 1\n"
+            await more.passage()
+            yield b"row 2\n"
+
+        return StreamingResponse(rows(), media_type="text/plain")
+
+    with serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            async with client.stream("GET", f"/export/{lock_name}") as answer:
+                token = int(answer.headers["Fencing-Token"])
+                chunks = answer.aiter_raw()
+                assert await chunks.__anext__() == b"row 1\n"
+                await more.reached()
+                assert not await held(redis_server.url, f"export:{lock_name}", token)
+                more.open()
+                assert [chunk async for chunk in chunks] == [b"row 2\n"]
 
 
 async def test_loss_during_a_background_task_stops_it_quietly(
