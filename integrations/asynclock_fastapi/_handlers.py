@@ -152,20 +152,29 @@ def _document(app: FastAPI) -> None:
                     continue
                 info = guard_info(route.endpoint)
                 if info is not None:
-                    for code, doc in responses_of(info).items():
-                        route.responses.setdefault(code, doc)
+                    _add_responses(route, responses_of(info))
                 fences = [
                     c for c in _dependency_calls(route.dependant) if isinstance(c, FencingToken)
                 ]
                 for fence in fences[:1]:
-                    for code, doc in fence_responses(fence.header).items():
-                        route.responses.setdefault(code, doc)
+                    _add_responses(route, fence_responses(fence.header))
             schema = build()
             _add_token_headers(app, schema)
             return schema
         return build()
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _add_responses(route: APIRoute, responses: dict[int | str, dict[str, Any]]) -> None:
+    """Add what the route does not document itself (by status, ``409`` or ``"409"``).
+
+    A new dict: routes may share the one they were given.
+    """
+    known = {str(code) for code in route.responses}
+    extra = {code: doc for code, doc in responses.items() if str(code) not in known}
+    if extra:
+        route.responses = {**route.responses, **extra}
 
 
 def _add_token_headers(app: FastAPI, schema: dict[str, Any]) -> None:

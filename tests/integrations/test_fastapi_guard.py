@@ -362,11 +362,15 @@ async def test_openapi_documents_busy_and_lost_answers_and_the_token_header(
     redis_server: RedisServer,
 ) -> None:
     app, locks = make_app(redis_server.url)
+    shared: dict[int | str, dict[str, Any]] = {"409": {"description": "our own words"}}
 
-    @app.post("/accounts/{account_id}/rebuild", status_code=201)
+    @app.post("/accounts/{account_id}/rebuild", status_code=201, responses=shared)
     @locks.guard("account:{account_id}", ttl=10)
     async def rebuild(account_id: int, lease: Lease = Depends(current_lease)) -> int:
         return lease.token
+
+    @app.get("/other", responses=shared)
+    async def other() -> None: ...
 
     with serving(app) as server:
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
@@ -376,6 +380,9 @@ async def test_openapi_documents_busy_and_lost_answers_and_the_token_header(
     operation = schema["paths"]["/accounts/{account_id}/rebuild"]["post"]
     assert {"201", "409", "503", "422"} <= set(operation["responses"])
     assert "Retry-After" in operation["responses"]["503"]["headers"]
+    assert operation["responses"]["409"]["description"] == "our own words"  # the route's own
+    assert set(schema["paths"]["/other"]["get"]["responses"]) == {"200", "409"}
+    assert shared == {"409": {"description": "our own words"}}  # not changed in place
     assert "Fencing-Token" in operation["responses"]["201"]["headers"]
     # The hidden hold parameter is not a documented parameter; the path parameter is.
     assert [p["name"] for p in operation["parameters"]] == ["account_id"]
