@@ -247,7 +247,11 @@ async def test_release_timing_against_response_background_tasks_and_dependency_s
                 background.open()
                 await wait_until(lambda: "request" in teardown)
                 assert teardown == {"function": False, "request": False}
-                assert not await held(redis_server.url, name, token)
+
+                async def released() -> bool:  # the guard's exit comes after the teardown
+                    return not await held(redis_server.url, name, token)
+
+                await wait_until(released)
             else:
                 assert not await held(redis_server.url, name, token)
                 # A request-scope dependency's teardown runs after the lease is released.
