@@ -14,7 +14,7 @@ from fastapi.routing import APIRoute
 from asynclock import AcquireTimeout, LeaseLost, LockHeld, StaleToken
 
 from ._fence import FencingToken, fence_responses
-from ._locks import LostDuringResponse, guard_info, responses_of
+from ._locks import INSTALLED_KEY, LostDuringResponse, guard_info, responses_of
 
 logger = logging.getLogger("asynclock_fastapi")
 
@@ -23,8 +23,6 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-INSTALLED_KEY = "asynclock_fastapi.installed"
 
 
 def install(app: FastAPI, *, retry_after: float = 1.0) -> FastAPI:

@@ -40,6 +40,8 @@ Lifespan = Callable[[Any], AbstractAsyncContextManager[Any]]
 DEFAULT_HEADER = "Fencing-Token"
 #: Where a guarded request keeps its hold in the ASGI scope (read by ``current_lease``).
 HOLD_KEY = "asynclock_fastapi.hold"
+#: Set in the ASGI scope by the middleware ``install`` adds.
+INSTALLED_KEY = "asynclock_fastapi.installed"
 #: Attribute on a guarded endpoint: its :class:`GuardInfo` (read by ``install`` for OpenAPI).
 GUARD_ATTR = "__asynclock_guard__"
 _HOLD_PARAM = "asynclock_fastapi_hold_"
@@ -402,6 +404,14 @@ def _make_hold(
             if state.returned and in_response:
                 # The response may have started: only the middleware can tell (see
                 # ResponsePhase); with scope "function" it never has, so 503 below.
+                if not request.scope.get(INSTALLED_KEY):
+                    logger.warning(
+                        "%s %s: lease lost after the endpoint returned; call "
+                        "asynclock_fastapi.install(app) to end such responses without a "
+                        "server traceback",
+                        request.method,
+                        request.url.path,
+                    )
                 raise LostDuringResponse(exc, int(lost_retry or 0)) from exc
             headers = {} if lost_retry is None else {"Retry-After": lost_retry}
             logger.warning(

@@ -362,6 +362,56 @@ async def test_loss_during_a_background_task_stops_it_quietly(
     assert any("after the response was sent" in m for m in logs.messages("asynclock_fastapi"))
 
 
+async def test_without_install_the_guard_still_answers_409_and_503(
+    redis_server: RedisServer, lock_name: str
+) -> None:
+    locks = Locks(redis_server.url)
+    app = FastAPI(lifespan=locks.lifespan)  # no install(app)
+    gate, stream_gate = Gate(), Gate()
+
+    @app.post("/work/{key}")
+    @locks.guard("bare:{key}", ttl=1)
+    async def work(key: str) -> str:
+        await gate.passage()  # never opened
+        return "done"
+
+    @app.get("/stream/{key}")
+    @locks.guard("bare-stream:{key}", ttl=1)
+    async def stream(key: str) -> StreamingResponse:
+        async def rows() -> AsyncIterator[bytes]:
+            yield b"row 1\n"
+            await stream_gate.passage()  # never opened
+
+        return StreamingResponse(rows())
+
+    with recording_logs() as logs, serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            async with anyio.create_task_group() as tg:
+                answers: list[httpx.Response] = []
+
+                async def call() -> None:
+                    answers.append(await client.post(f"/work/{lock_name}"))
+
+                tg.start_soon(call)
+                await gate.reached()
+                busy = await client.post(f"/work/{lock_name}")
+                assert busy.status_code == 409 and "Retry-After" in busy.headers
+                await delete_lock_keys([redis_server.url], f"bare:{lock_name}")
+            assert answers[0].status_code == 503 and answers[0].headers["Retry-After"] == "1"
+            assert logs.tracebacks() == []
+            # After the response started, only install()'s middleware can end it quietly:
+            # without it the server logs a traceback, and the guard says what to do.
+            async with client.stream("GET", f"/stream/{lock_name}") as answer:
+                chunks = answer.aiter_raw()
+                assert await chunks.__anext__() == b"row 1\n"
+                await stream_gate.reached()
+                await delete_lock_keys([redis_server.url], f"bare-stream:{lock_name}")
+                with pytest.raises(httpx.RemoteProtocolError):
+                    async for _ in chunks:
+                        pass
+    assert any("call asynclock_fastapi.install(app)" in m for m in logs.messages("asynclock"))
+
+
 async def test_openapi_documents_busy_and_lost_answers_and_the_token_header(
     redis_server: RedisServer,
 ) -> None:
