@@ -377,7 +377,10 @@ def _make_hold(
     async def hold(**values: Any) -> AsyncIterator[_Hold]:
         request: Request = values.pop(_REQUEST_PARAM)
         response: Response = values.pop(_RESPONSE_PARAM)
-        name = template.format(values)
+        try:
+            name = template.format(values)
+        except ValueError as exc:  # e.g. longer than a lock name may be: the input's fault
+            raise HTTPException(422, detail=f"cannot make the lock name: {exc}") from None
         lock = locks.backend.lock(
             name, ttl=ttl, timeout=timeout, blocking=blocking, max_hold=max_hold
         )

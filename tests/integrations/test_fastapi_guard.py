@@ -469,6 +469,9 @@ async def test_name_is_made_from_validated_path_and_query_values(
             assert (await client.get("/a/007", params={"region": "us"})).json() == "acct:7:us"
             assert (await client.get("/a/8")).json() == "acct:8:eu"
             assert (await client.get("/a/x")).status_code == 422  # refused before locking
+            too_long = await client.get("/a/1", params={"region": "r" * 600})
+            assert too_long.status_code == 422
+            assert "cannot make the lock name" in too_long.json()["detail"]
 
 
 @pytest.mark.parametrize("style", ["nested", "wrap"])
