@@ -176,11 +176,19 @@ def _add_responses(route: APIRoute, responses: dict[int | str, dict[str, Any]]) 
 
 
 def _add_token_headers(app: FastAPI, schema: dict[str, Any]) -> None:
-    """The success response of each guarded route documents the token header."""
+    """Fenced operations list their token header; guarded ones their response header."""
     paths = schema.get("paths", {})
     for route in app.routes:
         if not isinstance(route, APIRoute):
             continue
+        fences = [c for c in _dependency_calls(route.dependant) if isinstance(c, FencingToken)]
+        for fence in fences[:1]:
+            for method in route.methods or ():
+                operation = paths.get(route.path_format, {}).get(method.lower())
+                if operation is not None:
+                    parameters = operation.setdefault("parameters", [])
+                    if not any(p.get("name") == fence.header for p in parameters):
+                        parameters.append(fence.openapi_parameter())
         info = guard_info(route.endpoint)
         if info is None or info.header is None:
             continue

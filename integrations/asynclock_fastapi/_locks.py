@@ -27,6 +27,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import Depends, HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
 
 import asynclock
 from asynclock import AcquireTimeout, Backend, Lease, LeaseLost, LockHeld, NameTemplate
@@ -359,6 +360,15 @@ def _is_current_lease(param: inspect.Parameter) -> bool:
     return False
 
 
+def _is_plain(param: inspect.Parameter) -> bool:
+    """A required ``name: str`` parameter: FastAPI takes it from the path, else the query.
+
+    Declaring it again on the hold would make FastAPI validate it a second time, which
+    cost ~60 Python calls a request (cProfile), about 7 % of a guarded request.
+    """
+    return param.annotation is str and param.default is inspect.Parameter.empty
+
+
 def _make_hold(
     locks: Locks,
     template: NameTemplate,
@@ -372,11 +382,23 @@ def _make_hold(
     """The guard's dependency with ``yield``: acquire, run the request inside, release."""
     ttl, busy_status, header = info.ttl, info.busy_status, info.header
     blocking = timeout is not None
+    plain = [p.name for p in fields if _is_plain(p)]
     in_response = scope == "request"  # the hold outlives the endpoint: it spans the response
 
     async def hold(**values: Any) -> AsyncIterator[_Hold]:
         request: Request = values.pop(_REQUEST_PARAM)
         response: Response = values.pop(_RESPONSE_PARAM)
+        for field in plain:
+            # A required `str` path or query parameter: FastAPI's validation would
+            # return the value as it is (see _is_plain), so it is read directly.
+            value = request.path_params.get(field)
+            if value is None:
+                value = request.query_params.get(field)
+                if value is None:
+                    raise RequestValidationError(
+                        [{"type": "missing", "loc": ("query", field), "msg": "Field required"}]
+                    )
+            values[field] = value
         try:
             name = template.format(values)
         except ValueError as exc:  # e.g. longer than a lock name may be: the input's fault
@@ -430,7 +452,7 @@ def _make_hold(
     params = [
         inspect.Parameter(_REQUEST_PARAM, inspect.Parameter.KEYWORD_ONLY, annotation=Request),
         inspect.Parameter(_RESPONSE_PARAM, inspect.Parameter.KEYWORD_ONLY, annotation=Response),
-        *(p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in fields),
+        *(p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in fields if not _is_plain(p)),
     ]
     hold.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     return hold

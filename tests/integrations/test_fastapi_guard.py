@@ -462,8 +462,19 @@ async def test_name_is_made_from_validated_path_and_query_values(
     async def nested(account_id: int, who: str = Depends(writer)) -> str:
         return who
 
+    @app.get("/q")
+    @locks.guard("q:{tenant}:{job}", ttl=5)
+    async def by_query(tenant: str, job: str, lease: Lease = Depends(current_lease)) -> str:
+        assert lease.name == f"q:{tenant}:{job}"  # the values FastAPI gave the endpoint
+        return lease.name
+
     with serving(app) as server:
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            named = await client.get("/q", params=[("tenant", "a b"), ("job", "1"), ("job", "2")])
+            assert named.json() == "q:a b:2"  # as FastAPI reads them: the last of a repeat
+            missing = await client.get("/q", params={"tenant": "a"})
+            assert missing.status_code == 422
+            assert missing.json()["detail"][0]["loc"] == ["query", "job"]
             assert (await client.get("/b/1")).json().startswith("writer with token ")
             assert (await client.get("/b/x")).status_code == 422
             assert (await client.get("/a/007", params={"region": "us"})).json() == "acct:7:us"
