@@ -547,6 +547,24 @@ async def test_name_from_a_body_field_and_an_annotated_lease(
             assert (await client.post("/orders", json={"id": "x"})).status_code == 422
 
 
+async def test_locks_over_a_backend_you_made(tmp_path: Path, lock_name: str) -> None:
+    backend = asynclock.connect(f"sqlite:///{tmp_path / 'locks.db'}")
+    locks = Locks(backend=backend)
+    app = install(FastAPI(lifespan=locks.lifespan))
+
+    @app.post("/r/{key}")
+    @locks.guard("own:{key}", ttl=5)
+    async def route(key: str, lease: Lease = Depends(current_lease)) -> bool:
+        return locks.backend is backend and lease.name == f"own:{key}"
+
+    assert "closed" in repr(locks)
+    with serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            assert (await client.post(f"/r/{lock_name}")).json() is True
+    with pytest.raises(TypeError, match="go with a URL"):
+        Locks(backend=backend, drift=0.02)
+
+
 def test_guard_refuses_at_decoration_time() -> None:
     locks = Locks("memory://")
 
