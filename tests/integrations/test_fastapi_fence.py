@@ -9,6 +9,11 @@ guarded holder calls the service with ``FencingAuth``; a frozen holder's late ca
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -37,12 +42,19 @@ from asynclock_fastapi import (
     fencing_token,
     install,
 )
-from tests.support.asgi_servers import ServerThread, recording_logs, serving, wait_thread_event
+from tests.support.asgi_servers import (
+    ServerThread,
+    free_port,
+    recording_logs,
+    serving,
+    wait_thread_event,
+)
 from tests.support.pg_servers import PgServer
-from tests.support.redis_servers import RedisServer
+from tests.support.redis_servers import RedisServer, wait_until
 
 pytestmark = pytest.mark.anyio
 STORES = ["sqlite", "postgres", "redis"]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Item(BaseModel):
@@ -471,6 +483,82 @@ async def test_fencing_auth_end_to_end_a_frozen_holders_late_call_is_412(
     value, mark = await store.read(lock_name)
     assert value == "successor" and mark == successor.token
     assert logs.tracebacks() == []
+
+
+def _process_state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+async def test_fencing_auth_end_to_end_a_sigstopped_holders_late_call_is_412(
+    redis_server: RedisServer, tmp_path: Path, lock_name: str
+) -> None:
+    """The same story with a real process freeze: the holder runs in its own uvicorn
+    process and SIGSTOPs itself with the token on its outgoing request."""
+    store = SqliteStore(tmp_path / "ledger.db")
+    app = service(store)
+    seen: list[tuple[str | None, int]] = []  # (token header, status) of each ledger write
+
+    @app.middleware("http")
+    async def record(request: Any, call_next: Any) -> Any:
+        response = await call_next(request)
+        if request.method == "PUT":
+            seen.append((request.headers.get("Fencing-Token"), response.status_code))
+        return response
+
+    port = free_port()
+    log = tmp_path / "holder.log"
+    with serving(app) as ledger, log.open("wb") as log_file:
+        holder = _start_holder(redis_server.url, ledger.url, port, log_file)
+        try:
+            await wait_until(lambda: _port_open(port), timeout=30)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+                first = await client.post(f"/sync/{lock_name}")
+                assert first.status_code == 200 and first.json()["ledger"] == 200
+                late: list[httpx.Response] = []
+
+                async def call() -> None:
+                    late.append(await client.post(f"/sync/{lock_name}", params={"freeze": "true"}))
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(call)
+                    await wait_until(lambda: _process_state(holder.pid) == "T", timeout=20)
+                    async with (
+                        asynclock.connect(redis_server.url) as backend,
+                        backend.lock(f"sync:{lock_name}", ttl=5, timeout=20) as successor,
+                        httpx.AsyncClient(base_url=ledger.url, auth=FencingAuth()) as direct,
+                    ):
+                        wrote = await direct.put(f"/items/{lock_name}", json={"value": "successor"})
+                        assert wrote.status_code == 200
+                    os.kill(holder.pid, signal.SIGCONT)
+        finally:
+            os.kill(holder.pid, signal.SIGCONT)
+            holder.terminate()
+            holder.wait(30)
+    frozen_token = str(first.json()["token"] + 1)
+    assert seen == [
+        (str(first.json()["token"]), 200),
+        (str(successor.token), 200),
+        (frozen_token, 412),  # the frozen holder's late write, refused by the fence
+    ]
+    assert late[0].status_code == 503
+    value, mark = await store.read(lock_name)
+    assert value == "successor" and mark == successor.token
+    output = log.read_bytes().decode()
+    assert "Traceback" not in output and "CancelledError" not in output, output
+
+
+def _start_holder(lock_url: str, ledger_url: str, port: int, log: Any) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.support.fastapi_holder", lock_url, ledger_url, str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 async def test_fencing_auth_without_a_lease_and_with_a_lost_one() -> None:
