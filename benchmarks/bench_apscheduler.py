@@ -21,7 +21,7 @@ one node is healthy.
 
 Usage::
 
-    uv run python benchmarks/bench_apscheduler.py [--cycles N] [--occurrences N]
+    uv run python -m benchmarks.bench_apscheduler [--cycles N] [--occurrences N]
         [--backends sqlite,redis,postgres] [--quick]
 
 This is a comparison table, not a pass/fail test.
