@@ -18,6 +18,7 @@ from ._core.exceptions import (
     QuorumNotReached,
     StaleToken,
 )
+from ._core.holder import Holder
 from ._core.leadership import Leader, Leadership, Term
 from ._core.lease import Lease, LossSignal
 from ._core.stats import BackendStats, HoldTimes
@@ -34,6 +35,7 @@ __all__ = (
     "Clock",
     "Driver",
     "HoldTimes",
+    "Holder",
     "Lease",
     "Leader",
     "Leadership",

@@ -23,8 +23,7 @@ are shown.
 
 Usage::
 
-    uv run --group bench python benchmarks/bench_celery.py [--tasks N] [--reps R]
-        [--samples S] [--quick]
+    uv run python -m benchmarks.bench_celery [--tasks N] [--reps R] [--samples S] [--quick]
 
 This is a comparison table, not a pass/fail test.
 """
@@ -50,6 +49,7 @@ from celery import Celery, signals
 import asynclock
 from asynclock_celery import LockedTask
 from asynclock_celery.testing import force_loss
+from tests.support.redis_servers import RedisFactory
 
 ROOT = Path(__file__).resolve().parents[1]
 BROKER = os.environ.get("BENCH_BROKER", "memory://")
@@ -211,9 +211,6 @@ def main() -> None:
     opts = parser.parse_args()
     if opts.quick:
         opts.tasks, opts.reps, opts.samples = 100, 1, 20
-    sys.path.insert(0, str(ROOT))
-    from tests.support.redis_servers import RedisFactory
-
     with tempfile.TemporaryDirectory(prefix="bench-celery-") as tmp:
         factory = RedisFactory(Path(tmp))
         try:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.procs import ROOT
+ROOT = Path(__file__).resolve().parents[1]
 
 TESTS = """
 import pytest

@@ -39,11 +39,16 @@ class _FieldArgs(AsynclockError):
 class LockHeld(_FieldArgs):
     """``blocking=False`` and someone else holds the lock right now."""
 
-    _fields = ("name", "retry_after")
+    _fields = ("name", "retry_after", "detail")
 
-    def __init__(self, name: str, retry_after: float | None = None) -> None:
+    def __init__(
+        self, name: str, retry_after: float | None = None, detail: str | None = None
+    ) -> None:
         hint = f"; it frees in at most {retry_after:.3f}s" if retry_after is not None else ""
-        super().__init__(f"lock {name!r} is held by another owner{hint}", name, retry_after)
+        if detail:
+            hint = f"; {detail}"
+        super().__init__(f"lock {name!r} is held by another owner{hint}", name, retry_after, detail)
+        self.detail = detail
         self.name = name
         self.retry_after = retry_after
 

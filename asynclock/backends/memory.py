@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
+from .._core.holder import Holder
 
 
 @dataclass(slots=True)
@@ -29,6 +30,7 @@ class MemoryDriver(Driver):
         super().__init__()
         self.leases: dict[str, _Entry] = {}
         self.counters: dict[str, int] = {}
+        self.scope_counters: dict[str, int] = {}
         self.queues: dict[str, deque[str]] = {}
 
     def _live(self, name: str) -> _Entry | None:
@@ -38,7 +40,9 @@ class MemoryDriver(Driver):
             return None
         return entry
 
-    async def acquire(self, name: str, owner: str, ttl: float, *, queue: bool) -> int | Busy:
+    async def acquire(
+        self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
+    ) -> int | Busy:
         now = self.clock.now()
         entry = self._live(name)
         waiting = self.queues.get(name)
@@ -47,7 +51,12 @@ class MemoryDriver(Driver):
                 waiting.popleft()
                 if not waiting:
                     del self.queues[name]
-            token = self.counters[name] = self.counters.get(name, 0) + 1
+            token = self.counters.get(name, 0) + 1
+            if scope is not None:
+                # G2 for the scope and the name: above both counters, and both move up.
+                token = max(token, self.scope_counters.get(scope, 0) + 1)
+                self.scope_counters[scope] = token
+            self.counters[name] = token
             self.leases[name] = _Entry(owner, token, now + ttl)
             return token
         if queue:
@@ -93,6 +102,20 @@ class MemoryDriver(Driver):
     async def owner_of(self, name: str) -> tuple[str, int] | None:
         entry = self._live(name)
         return None if entry is None else (entry.owner, entry.token)
+
+    async def holder(self, name: str) -> Holder | None:
+        entry = self._live(name)
+        if entry is None:
+            return None
+        return Holder(name, entry.owner, entry.token, max(0.0, entry.expires_at - self.clock.now()))
+
+    async def break_lock(self, name: str) -> bool:
+        # The counter stays (G2); the broken owner's next extend finds no entry (refused).
+        if self._live(name) is None:
+            return False
+        del self.leases[name]
+        self._wake(name)
+        return True
 
 
 def driver_from_url(url: str, **options: Any) -> MemoryDriver:

@@ -23,7 +23,6 @@ survives power loss, at an fsync per transaction) and ``?busy_timeout=SECONDS`` 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import secrets
@@ -41,6 +40,7 @@ import anyio
 
 from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
 from .._core.exceptions import BackendUnavailable
+from .._core.holder import Holder
 from .._core.validation import check_seconds
 
 T = TypeVar("T")
@@ -73,6 +73,10 @@ CREATE TABLE IF NOT EXISTS asynclock_waiter (
     PRIMARY KEY (name, owner)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS asynclock_waiter_order ON asynclock_waiter (name, seq);
+CREATE TABLE IF NOT EXISTS asynclock_scope (
+    scope      TEXT PRIMARY KEY,
+    token      INTEGER NOT NULL
+) WITHOUT ROWID;
 """
 
 # G1/G2, the uncontended path in one statement: take :name if its row is free (released,
@@ -97,6 +101,17 @@ SQL_GRANT = (
     "token = asynclock_lease.token + 1, expires_at = excluded.expires_at, boot = excluded.boot "
     "RETURNING token"
 )
+# G2 per token scope, in the grant's transaction right after SQL_GRANT: the scope's next
+# token is above its counter and at least the name's new token (?2); the counter row is
+# never deleted. Args: scope, the name's new token. Returns the token to grant.
+SQL_SCOPE_NEXT = (
+    "INSERT INTO asynclock_scope (scope, token) VALUES (?1, ?2) "
+    "ON CONFLICT (scope) DO UPDATE SET token = max(asynclock_scope.token + 1, excluded.token) "
+    "RETURNING token"
+)
+# The scope's token was above the name's: the lease row carries it (so the name's own
+# counter stays above it too). Args: token, name.
+SQL_SET_TOKEN = "UPDATE asynclock_lease SET token = ? WHERE name = ?"
 # The live lease of :name (G1, G9): args name, boot, now. Returns owner, token, expires_at.
 SQL_LIVE = (
     "SELECT owner, token, expires_at FROM asynclock_lease "
@@ -134,8 +149,21 @@ SQL_RELEASE = (
     "AND expires_at > ?5 ORDER BY seq LIMIT 1)"
 )
 SQL_FORGET_WAITER = "DELETE FROM asynclock_waiter WHERE name = ? AND owner = ?"
+# A waiting backend whose wake address nobody listens on any more (its process is gone):
+# args name, wake address.
+SQL_FORGET_DEAD = "DELETE FROM asynclock_waiter WHERE name = ? AND wake = ?"
 # Housekeeping: waiters that stopped asking. Args now, boot.
 SQL_PRUNE_WAITERS = "DELETE FROM asynclock_waiter WHERE expires_at <= ? OR boot <> ?"
+# Operator's break (G2 kept: the row and its token stay, only the expiry goes, so the
+# broken holder's SQL_EXTEND matches no row and the next grant bumps the token).
+# Args: name, boot, now. One row back if a live lease was ended, carrying the wake address
+# of the first live waiter (or NULL) to notify.
+SQL_BREAK = (
+    "UPDATE asynclock_lease SET expires_at = 0 "
+    "WHERE name = ?1 AND boot = ?2 AND expires_at > ?3 "
+    "RETURNING (SELECT wake FROM asynclock_waiter WHERE name = ?1 AND boot = ?2 "
+    "AND expires_at > ?3 ORDER BY seq LIMIT 1)"
+)
 
 
 @dataclass(slots=True)
@@ -374,22 +402,45 @@ class SQLiteDriver(Driver):
         """After a release: tell the first live waiter (any process) to try now."""
         head = self.db.execute(SQL_HEAD, (name, self.boot, time.monotonic())).fetchone()
         if head is not None and head[1]:
-            self._send_wake(name, head[1])
+            self._wake_head(name, head[1])
 
-    def _send_wake(self, name: str, address: str) -> None:
+    def _wake_head(self, name: str, address: str) -> None:
+        """Wake the head waiter at ``address``. One whose process is gone (nobody listens
+        there) loses its place at once and the next is woken, so a dead waiter does not
+        hold up the live ones behind it for its ``WAITER_TTL``."""
+        for _ in range(8):
+            if self._send_wake(name, address):
+                return
+            if self._try_statement(SQL_FORGET_DEAD, (name, address)) is None:
+                return  # busy: its place runs out within WAITER_TTL instead
+            head = self.db.execute(SQL_HEAD, (name, self.boot, time.monotonic())).fetchone()
+            if head is None or not head[1]:
+                return
+            address = head[1]
+
+    def _send_wake(self, name: str, address: str) -> bool:
+        """Send the wake-up; False if nobody listens on ``address`` (its process is gone)."""
         if self._sock is None:
-            return
-        # If that waiter is gone or its buffer is full, it polls as a fallback.
-        with contextlib.suppress(OSError):
+            return True
+        try:
             self._sock.sendto(name.encode(), "\0" + address)
+        except (ConnectionRefusedError, FileNotFoundError):
+            return False
+        except OSError:
+            pass  # e.g. its buffer is full: that waiter polls as a fallback
+        return True
 
     # -- primitives ------------------------------------------------------------------------
 
-    async def acquire(self, name: str, owner: str, ttl: float, *, queue: bool) -> int | Busy:
+    async def acquire(
+        self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
+    ) -> int | Busy:
         boot = self.boot
         key = (name, owner)
         now = time.monotonic()
-        if key not in self._queued:
+        if scope is not None and not queue:
+            return await self._write(lambda db: self._try_scoped(db, name, owner, ttl, scope))
+        if scope is None and key not in self._queued:
             args = (name, owner, now + ttl, boot, now)
             cursor = self._try_statement(SQL_TRY, args) or await self._statement(SQL_TRY, args)
             row = cursor.fetchone()
@@ -417,6 +468,8 @@ class SQLiteDriver(Driver):
                 head = db.execute(SQL_HEAD, (name, boot, now)).fetchone()
                 if head is None or head[0] == owner:
                     token: int = db.execute(SQL_GRANT, (name, owner, now + ttl, boot)).fetchone()[0]
+                    if scope is not None:
+                        token = self._scope_token(db, name, token, scope)
                     db.execute(SQL_FORGET_WAITER, key)
                     return token
             expires = now if live is None else float(live[2])
@@ -436,6 +489,27 @@ class SQLiteDriver(Driver):
             self._queued.discard(key)
             self._seen.pop(key, None)
         return result
+
+    def _scope_token(self, db: sqlite3.Connection, name: str, token: int, scope: str) -> int:
+        """Inside the grant's transaction: the token above both the name's and the scope's."""
+        scoped: int = db.execute(SQL_SCOPE_NEXT, (scope, token)).fetchone()[0]
+        if scoped != token:
+            db.execute(SQL_SET_TOKEN, (scoped, name))
+        return scoped
+
+    def _try_scoped(
+        self, db: sqlite3.Connection, name: str, owner: str, ttl: float, scope: str
+    ) -> int | Busy:
+        """A non-blocking attempt with a token scope: take the name only if it is free and
+        nobody is queued for it (as SQL_TRY does), never joining the queue."""
+        boot, now = self.boot, time.monotonic()
+        live = db.execute(SQL_LIVE, (name, boot, now)).fetchone()
+        if live is not None:
+            return Busy(float(live[2]) - now)
+        if db.execute(SQL_HEAD, (name, boot, now)).fetchone() is not None:
+            return Busy(MAX_POLL)
+        token: int = db.execute(SQL_GRANT, (name, owner, now + ttl, boot)).fetchone()[0]
+        return self._scope_token(db, name, token, scope)
 
     async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
         boot = self.boot
@@ -459,7 +533,7 @@ class SQLiteDriver(Driver):
         if row is None:
             return False
         if row[0] is not None:
-            self._send_wake(name, row[0])
+            self._wake_head(name, row[0])
         return True
 
     async def validate(self, name: str, token: int) -> bool:
@@ -484,6 +558,28 @@ class SQLiteDriver(Driver):
         await self._write(forget)
         # If we were first in line, the next waiter may go now.
         self._notify_next(name)
+
+    async def holder(self, name: str) -> Holder | None:
+        try:
+            row = self.db.execute(SQL_LIVE, (name, self.boot, time.monotonic())).fetchone()
+        except sqlite3.Error as exc:
+            raise self._unavailable("holder", exc) from exc
+        if row is None:
+            return None
+        # CLOCK_MONOTONIC is system-wide on Linux: the same clock every process's rows use.
+        left = max(0.0, float(row[2]) - time.monotonic())
+        return Holder(name, str(row[0]), int(row[1]), left)
+
+    async def break_lock(self, name: str) -> bool:
+        args = (name, self.boot, time.monotonic())
+        cursor = self._try_statement(SQL_BREAK, args) or await self._statement(SQL_BREAK, args)
+        row = cursor.fetchone()
+        if row is None:
+            return False
+        if row[0] is not None:
+            self._send_wake(name, row[0])
+        self._wake(name)
+        return True
 
     async def owner_of(self, name: str) -> tuple[str, int] | None:
         try:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 import redis
 from celery import Celery
@@ -97,7 +98,16 @@ def test_a_redis_broker_is_the_default_lock_server(celery_redis: RedisServer) ->
     broker = redis_db(celery_redis, 5)
     app = make_app(broker=broker)
 
-    @app.task(bind=True, base=LockedTask, lock="brokered:{n}", lazy=False)
+    async def first_use() -> None:
+        # A database that never held a lock grants none for restart_grace (default: the
+        # ttl asked for) after its first use, in case it lost its data: wait that out.
+        async with asynclock.connect(broker) as backend:
+            async with backend.lock("warm-up", ttl=1.0, timeout=30):
+                pass
+
+    anyio.run(first_use)
+
+    @app.task(bind=True, base=LockedTask, lock="brokered:{n}", lock_ttl=1.0, lazy=False)
     def task(self: LockedTask, n: int) -> bool:
         return bool(redis.Redis.from_url(broker).exists(keys_for(self.lease.name).lock))
 

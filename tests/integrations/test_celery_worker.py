@@ -46,7 +46,8 @@ def configure_client(server: RedisServer) -> None:
 
 def lock_url_for(kind: str, server: RedisServer, directory: Path) -> str:
     if kind == "redis":
-        return redis_db(server, 4)
+        # No restart grace: the suite's Redis is fresh, and these tests are not about it.
+        return redis_db(server, 4) + "?restart_grace=0"
     return f"sqlite:///{directory / 'locks.db'}"
 
 
