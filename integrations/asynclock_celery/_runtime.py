@@ -45,8 +45,8 @@ class Runtime:
         self._thread = threading.Thread(target=self._run, name="asynclock-celery", daemon=True)
         self._thread.start()
         self._backends: dict[str, asynclock.Backend] = {}
-        #: Per backend: (the task holding it open, the event that ends it).
-        self._holders: list[tuple[concurrent.futures.Future[None], asyncio.Event]] = []
+        #: Per URL: (the task holding its backend open, the event that ends it).
+        self._holders: dict[str, tuple[concurrent.futures.Future[None], asyncio.Event]] = {}
         self._lock = threading.Lock()
 
     def _run(self) -> None:
@@ -66,16 +66,19 @@ class Runtime:
 
     def backend(self, url: str) -> asynclock.Backend:
         backend = self._backends.get(url)
-        if backend is not None:
+        if backend is not None and not self._holders[url][0].done():
             return backend
         with self._lock:
             backend = self._backends.get(url)
-            if backend is None:
-                backend = self._open(url)
+            if backend is None or self._holders[url][0].done():
+                # First use, or the backend ended (its background task failed): open anew.
+                backend, self._holders[url] = self._open(url)
                 self._backends[url] = backend
         return backend
 
-    def _open(self, url: str) -> asynclock.Backend:
+    def _open(
+        self, url: str
+    ) -> tuple[asynclock.Backend, tuple[concurrent.futures.Future[None], asyncio.Event]]:
         opened: concurrent.futures.Future[tuple[asynclock.Backend, asyncio.Event]]
         opened = concurrent.futures.Future()
 
@@ -94,12 +97,11 @@ class Runtime:
 
         holder = self.submit(hold())
         backend, stop = opened.result()
-        self._holders.append((holder, stop))
-        return backend
+        return backend, (holder, stop)
 
     def close(self) -> None:
         with self._lock:
-            holders, self._holders = self._holders, []
+            holders, self._holders = list(self._holders.values()), {}
             self._backends.clear()
         for _, stop in holders:
             self.loop.call_soon_threadsafe(stop.set)
