@@ -231,3 +231,18 @@ def test_example_celery_app() -> None:
         "ledger: account 7, token 2: second sync",
     ]
     assert "lease lost" in done.stderr  # logged at WARNING, with the reason
+
+
+def test_public_api_of_the_package() -> None:
+    import asynclock_celery
+    import asynclock_celery.testing
+
+    assert asynclock_celery.__all__ == ("ON_BUSY", "LockedTask", "close_runtime", "locked")
+    assert asynclock_celery.testing.__all__ == ("force_loss", "run_eagerly")
+    for module in (asynclock_celery, asynclock_celery.testing):
+        for name in module.__all__:
+            assert hasattr(module, name), name
+    # Integrations stand on the public asynclock API only (DESIGN section 8).
+    package = Path(asynclock_celery.__file__).parent
+    for source in package.glob("*.py"):
+        assert "asynclock._" not in source.read_text(), source.name
