@@ -1,0 +1,581 @@
+"""The etcd driver: etcd's ``concurrency.Mutex`` layout over shared session leases.
+
+* **Sessions.** One etcd lease per distinct ttl in use (granted on first use, revoked once
+  nothing has used it for a while), all kept alive on the client's one keep-alive stream.
+  etcd grants whole seconds and at least its minimum (about 1.5 election timeouts); we ask
+  for ``ceil(1.25 * ttl)`` so a key always outlives the local deadline the core computes
+  from the ttl asked for. A lease the server reports gone (TTL <= 0) loses every holder
+  on it at once (like ``Session.Done()``).
+* **Mutex.** A lock's key is ``<prefix><name>/<lease id in hex>``, created in a txn with
+  ``create_revision == 0``; the holder is the key with the lowest create revision under
+  ``<prefix><name>/``; a waiter watches only its predecessor (FIFO, no herd). The token is
+  the holder key's create revision: cluster-wide and monotonic (G2). ``etcdctl lock NAME``
+  and Go's ``concurrency.Mutex`` use the same layout, so they exclude each other with us.
+* **One participant per name per process.** Two tasks here on one name and ttl would write
+  the same key (etcd's Mutex calls that a re-lock), so each name has one *slot*: the task
+  that owns it is the process's participant in etcd; other tasks queue locally, first come
+  first served, and take the slot when it is freed.
+* **Driver-side expiry.** A held slot the core stops renewing (a lease lost locally) is
+  deleted by the driver once its ttl has passed since the last confirmed renewal, exactly
+  when the server would have expired a per-lock lease — the shared session keeps living
+  for the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
+from ..._core.exceptions import BackendUnavailable
+from . import _proto as pb
+from .client import EtcdClient, EtcdError, prefix_end
+
+logger = logging.getLogger("asynclock.etcd")
+
+#: A waiter's fallback poll: the predecessor watch is the real signal, this only bounds
+#: the damage of a notification that never comes.
+WAIT_POLL = 1.0
+#: A task queued behind another task of this process polls this often (it is woken when
+#: the slot is freed).
+LOCAL_POLL = 1.0
+#: Server and client clocks may run at slightly different rates.
+SERVER_DRIFT = 0.01
+#: etcd rejects transactions with more operations than --max-txn-ops (default 128).
+MAX_TXN_OPS = 128
+
+
+def requested_ttl(ttl: float) -> int:
+    """The whole seconds asked of etcd for locks of ``ttl`` (the server may grant more)."""
+    return max(1, math.ceil(ttl * 1.25))
+
+
+@dataclass(eq=False)
+class Session:
+    """One etcd lease shared by every lock of one ttl in this process."""
+
+    ttl: float
+    lease_id: int
+    granted: int
+    #: Our clock, read before the last acknowledged keep-alive (or the grant) was sent: the
+    #: server's lease lives at least ``granted`` seconds past it.
+    acked_at: float
+    users: int = 0
+    idle_since: float | None = None
+    dead: bool = False
+
+    @property
+    def interval(self) -> float:
+        """Keep-alive period: often enough that a new lock of ``ttl`` always fits."""
+        headroom = self.granted * (1 - SERVER_DRIFT) - self.ttl
+        return max(0.05, min(self.granted / 3, headroom / 2))
+
+
+@dataclass(eq=False)
+class _Slot:
+    """This process's one participant in etcd for a name."""
+
+    name: str
+    owner: str
+    ttl: float
+    session: Session | None = None
+    rev: int | None = None  # our key's create revision, once known
+    held: bool = False
+    expires_at: float = math.inf  # held: when the core's lease would have ended
+    pred: tuple[bytes, int] | None = None  # predecessor key, revision it was seen at
+    watch: tuple[bytes, int] | None = None  # (watched key, watch id)
+
+
+class EtcdDriver(Driver):
+    """Locks in an etcd cluster. See the module docstring and docs/backends/etcd.md."""
+
+    def __init__(self, client: EtcdClient, *, prefix: str = "", display: str) -> None:
+        super().__init__()
+        self.client = client
+        self.prefix = prefix
+        self.display = display
+        self.sessions: dict[float, Session] = {}
+        self._granting: dict[float, anyio.Event] = {}
+        self.slots: dict[str, _Slot] = {}
+        self._queues: dict[str, deque[str]] = {}
+        self._watched: dict[str, int] = {}
+        self._orphans: dict[bytes, int | None] = {}
+        self._poke = anyio.Event()
+        self._granted_ttls: dict[str, int] = {}
+        client.on_watch_reset = self._watches_reset
+
+    # -- keys ------------------------------------------------------------------------------
+
+    def lock_prefix(self, name: str) -> bytes:
+        return f"{self.prefix}{name}/".encode("utf-8", "surrogatepass")
+
+    def _key(self, name: str, session: Session) -> bytes:
+        return self.lock_prefix(name) + f"{session.lease_id:x}".encode()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        await self.client.open()
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(self.client.timeout):
+                for session in list(self.sessions.values()):
+                    try:
+                        await self.client.revoke(session.lease_id)
+                    except Exception as exc:
+                        logger.debug("revoke of lease %x failed: %r", session.lease_id, exc)
+            self.sessions.clear()
+            try:
+                await self.client.aclose()
+            except Exception as exc:  # pragma: no cover - must not raise
+                logger.debug("closing the etcd client failed: %r", exc)
+
+    async def background(self) -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self.client.run_keepalive_stream)
+            tg.start_soon(self.client.run_watch_stream)
+            tg.start_soon(self._housekeeping)
+
+    # -- sessions --------------------------------------------------------------------------
+
+    async def _session(self, ttl: float) -> Session:
+        while True:
+            session = self.sessions.get(ttl)
+            if session is not None and not session.dead:
+                return session
+            granting = self._granting.get(ttl)
+            if granting is not None:
+                await granting.wait()
+                continue
+            granting = self._granting[ttl] = anyio.Event()
+            try:
+                # Shielded (the call has its deadline): a grant another task is waiting for
+                # must not be abandoned half way because the first asker was cancelled.
+                with anyio.CancelScope(shield=True):
+                    t_send = self.clock.now()
+                    reply = await self.client.grant(requested_ttl(ttl))
+                if reply.error or reply.TTL <= 0:
+                    raise BackendUnavailable(f"etcd: lease grant refused: {reply.error}")
+                session = Session(ttl, reply.ID, reply.TTL, t_send)
+                self.sessions[ttl] = session
+                self._poke.set()
+                return session
+            finally:
+                del self._granting[ttl]
+                granting.set()
+
+    def _session_lost(self, session: Session, why: str) -> None:
+        """The server says the lease is gone: every lock on it is lost at once (G4)."""
+        if session.dead:
+            return
+        session.dead = True
+        if self.sessions.get(session.ttl) is session:
+            del self.sessions[session.ttl]
+        for name, slot in list(self.slots.items()):
+            if slot.session is not session:
+                continue
+            if slot.held:
+                self._free(name, slot)
+                self._notify_lost(name, slot.owner, why)
+            else:  # a waiter: its key is gone; the next attempt queues again
+                self._unwatch_slot(slot)
+                slot.session, slot.rev, slot.pred = None, None, None
+                self._wake(name)
+
+    async def _fresh(self, session: Session, ttl: float) -> None:
+        """G3: make sure the session outlives a lock of ``ttl`` granted from now."""
+        now = self.clock.now()
+        if session.acked_at + session.granted * (1 - SERVER_DRIFT) >= now + ttl:
+            return
+        await self._keep_alive([session])
+        if session.dead:
+            raise BackendUnavailable(f"etcd: lease {session.lease_id:x} expired at the server")
+
+    async def _keep_alive(self, sessions: Sequence[Session]) -> None:
+        t_send = self.clock.now()
+        ttls = await self.client.keep_alive([s.lease_id for s in sessions])
+        for session in sessions:
+            ttl = ttls.get(session.lease_id)
+            if ttl is None:
+                continue
+            if ttl <= 0:
+                self._session_lost(session, f"etcd lease {session.lease_id:x} expired")
+            elif t_send > session.acked_at:
+                session.acked_at = t_send
+
+    # -- acquire ---------------------------------------------------------------------------
+
+    def _claim(self, name: str, owner: str, ttl: float, queue: bool) -> _Slot | Busy:
+        slot = self.slots.get(name)
+        if slot is not None:
+            if slot.owner == owner:
+                return slot
+            if queue:
+                line = self._queues.setdefault(name, deque())
+                if owner not in line:
+                    line.append(owner)
+            return Busy(retry_after=LOCAL_POLL)
+        waiting = self._queues.get(name)
+        if waiting and waiting[0] != owner:
+            if queue and owner not in waiting:
+                waiting.append(owner)
+            return Busy(retry_after=LOCAL_POLL)
+        if waiting:
+            waiting.popleft()
+            if not waiting:
+                del self._queues[name]
+        slot = self.slots[name] = _Slot(name, owner, ttl)
+        return slot
+
+    async def acquire(self, name: str, owner: str, ttl: float, *, queue: bool) -> int | Busy:
+        claimed = self._claim(name, owner, ttl, queue)
+        if isinstance(claimed, Busy):
+            return claimed
+        slot = claimed
+        for _ in range(3):
+            if slot.session is None or slot.session.dead:
+                session = await self._session(ttl)
+                if self.slots.get(name) is not slot:
+                    return Busy(retry_after=LOCAL_POLL)  # freed while we waited
+                if slot.session is not session:
+                    if slot.session is not None:
+                        slot.session.users -= 1
+                    slot.session, slot.rev, slot.pred = session, None, None
+                    session.users += 1
+                    session.idle_since = None
+            session = slot.session
+            assert session is not None
+            await self._fresh(session, ttl)
+            result = await self._attempt(name, slot, session)
+            if result is None:
+                continue  # our key vanished or was a stale one: queue again
+            if isinstance(result, int):
+                slot.held = True
+                slot.expires_at = self.clock.now() + ttl
+                self._unwatch_slot(slot)
+                self._granted_ttls[owner] = session.granted
+                return result
+            if not queue:
+                await self._delete_own(slot)
+                self._free(name, slot)
+                return result
+            self._watch_slot(name, slot)
+            return result
+        raise BackendUnavailable(f"etcd: could not queue for {name!r}: our key kept vanishing")
+
+    async def _attempt(self, name: str, slot: _Slot, session: Session) -> int | Busy | None:
+        """One txn: create our key (or look at it again) and see who holds the name.
+
+        Returns our create revision if we hold it, Busy (with the predecessor recorded),
+        or None if our key is gone or was a stale one of ours (deleted; try again).
+        """
+        prefix = self.lock_prefix(name)
+        end = prefix_end(prefix)
+        key = self._key(name, session)
+        first = pb.RequestOp(
+            request_range=pb.RangeRequest(
+                key=prefix,
+                range_end=end,
+                sort_order=pb.SORT_ASCEND,
+                sort_target=pb.SORT_TARGET_CREATE,
+                limit=1,
+                keys_only=True,
+            )
+        )
+        if slot.rev is None:
+            # Create our key; the last two keys by creation are ours and our predecessor.
+            newest = pb.RequestOp(
+                request_range=pb.RangeRequest(
+                    key=prefix,
+                    range_end=end,
+                    sort_order=pb.SORT_DESCEND,
+                    sort_target=pb.SORT_TARGET_CREATE,
+                    limit=2,
+                    keys_only=True,
+                )
+            )
+            put = pb.RequestOp(
+                request_put=pb.PutRequest(
+                    key=key, value=slot.owner.encode(), lease=session.lease_id
+                )
+            )
+            get = pb.RequestOp(request_range=pb.RangeRequest(key=key, keys_only=True))
+            request = pb.TxnRequest(
+                compare=[_created_at(key, 0)], success=[put, first, newest], failure=[get]
+            )
+            try:
+                reply = await self.client.txn(request)
+            except EtcdError as exc:
+                if exc.code == "NOT_FOUND":  # "requested lease not found"
+                    self._session_lost(session, f"etcd lease {session.lease_id:x} expired")
+                    return None
+                raise
+            if not reply.succeeded:
+                # A key of ours left from an earlier hold (its release never confirmed):
+                # its revision is an old token, never reuse it (G2). Delete, start over.
+                kvs = reply.responses[0].response_range.kvs
+                stale = kvs[0].create_revision if kvs else None
+                await self._delete_key(key, stale)
+                self._orphans.pop(key, None)
+                return None
+            slot.rev = reply.header.revision
+            holder = reply.responses[1].response_range.kvs
+            newest_kvs = reply.responses[2].response_range.kvs
+            if not holder or holder[0].create_revision == slot.rev:
+                return slot.rev
+            pred = newest_kvs[1].key if len(newest_kvs) > 1 else holder[0].key
+            slot.pred = (pred, reply.header.revision)
+            return Busy(retry_after=WAIT_POLL)
+        before = pb.RequestOp(
+            request_range=pb.RangeRequest(
+                key=prefix,
+                range_end=end,
+                sort_order=pb.SORT_DESCEND,
+                sort_target=pb.SORT_TARGET_CREATE,
+                max_create_revision=slot.rev - 1,
+                limit=1,
+                keys_only=True,
+            )
+        )
+        request = pb.TxnRequest(compare=[_created_at(key, slot.rev)], success=[first, before])
+        reply = await self.client.txn(request)
+        if not reply.succeeded:
+            slot.rev, slot.pred = None, None
+            self._unwatch_slot(slot)
+            return None
+        holder = reply.responses[0].response_range.kvs
+        earlier = reply.responses[1].response_range.kvs
+        if not earlier or (holder and holder[0].create_revision == slot.rev):
+            return slot.rev
+        slot.pred = (earlier[0].key, reply.header.revision)
+        return Busy(retry_after=WAIT_POLL)
+
+    # -- watching the predecessor ----------------------------------------------------------
+
+    async def watch(self, name: str) -> bool:
+        self._watched[name] = self._watched.get(name, 0) + 1
+        slot = self.slots.get(name)
+        if slot is not None:
+            self._watch_slot(name, slot)
+        # Watches start at the revision the attempt saw, so no release is missed.
+        return False
+
+    async def unwatch(self, name: str) -> None:
+        count = self._watched.get(name, 0) - 1
+        if count > 0:
+            self._watched[name] = count
+            return
+        self._watched.pop(name, None)
+        slot = self.slots.get(name)
+        if slot is not None:
+            self._unwatch_slot(slot)
+
+    def _watch_slot(self, name: str, slot: _Slot) -> None:
+        if not self._watched.get(name) or slot.pred is None or slot.held:
+            return
+        key, seen_at = slot.pred
+        if slot.watch is not None:
+            if slot.watch[0] == key:
+                return
+            self._unwatch_slot(slot)
+
+        def on_event(kind: str, revision: int) -> None:
+            if kind == "canceled" and slot.watch is not None and slot.watch[1] == watch_id:
+                slot.watch = None  # compacted history: the next attempt looks afresh
+            self._wake(name)
+
+        watch_id = self.client.watch(key, seen_at + 1, on_event)
+        slot.watch = (key, watch_id)
+
+    def _unwatch_slot(self, slot: _Slot) -> None:
+        if slot.watch is not None:
+            self.client.cancel_watch(slot.watch[1])
+            slot.watch = None
+
+    def _watches_reset(self) -> None:
+        for name, slot in self.slots.items():
+            if slot.watch is not None:
+                slot.watch = None
+                self._wake(name)
+
+    # -- renew, release, validate ----------------------------------------------------------
+
+    async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
+        t_send = self.clock.now()
+        results: list[ExtendResult | None] = []
+        sessions: dict[int, Session] = {}
+        for ref in leases:
+            slot = self.slots.get(ref.name)
+            if slot is None or slot.owner != ref.owner or not slot.held or slot.rev != ref.token:
+                results.append(Refused("not held by this owner"))
+                continue
+            assert slot.session is not None
+            sessions[slot.session.lease_id] = slot.session
+            results.append(None)
+        if not sessions:
+            return [r for r in results if r is not None]
+        attached: dict[int, set[bytes]] = {}
+
+        async def keys_of(session: Session) -> None:
+            reply = await self.client.time_to_live(session.lease_id, keys=True)
+            # TTL is whole seconds left, rounded down (0 is alive); -1: the lease is gone.
+            attached[session.lease_id] = set(reply.keys) if reply.TTL >= 0 else set()
+
+        # One keep-alive per session on the stream, and one look at the keys each carries.
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._keep_alive, list(sessions.values()))
+            for session in sessions.values():
+                tg.start_soon(keys_of, session)
+        out: list[ExtendResult] = []
+        for ref, result in zip(leases, results, strict=True):
+            if result is not None:
+                out.append(result)
+                continue
+            slot = self.slots.get(ref.name)
+            if slot is None or slot.owner != ref.owner or not slot.held:
+                out.append(Refused("lost while renewing"))
+                continue
+            held_on = slot.session
+            assert held_on is not None
+            if held_on.dead:
+                out.append(Refused(f"etcd lease {held_on.lease_id:x} expired"))
+            elif self._key(ref.name, held_on) not in attached.get(held_on.lease_id, set()):
+                out.append(Refused("lock key deleted at the server"))
+            else:
+                slot.expires_at = max(slot.expires_at, t_send + ref.ttl)
+                out.append(True)
+        return out
+
+    async def release(self, name: str, owner: str, token: int | None) -> bool:
+        slot = self.slots.get(name)
+        if slot is None or slot.owner != owner:
+            return False
+        if token is not None and (not slot.held or slot.rev != token):
+            return False
+        removed = await self._delete_own(slot)
+        self._free(name, slot)
+        return removed
+
+    async def abandon(self, name: str, owner: str) -> None:
+        waiting = self._queues.get(name)
+        if waiting is not None and owner in waiting:
+            waiting.remove(owner)
+            if not waiting:
+                del self._queues[name]
+            self._wake(name)  # the head may have left: let the next one try now
+        slot = self.slots.get(name)
+        if slot is not None and slot.owner == owner and not slot.held:
+            await self._delete_own(slot)
+            self._free(name, slot)
+
+    async def validate(self, name: str, token: int) -> bool:
+        prefix = self.lock_prefix(name)
+        reply = await self.client.range(
+            pb.RangeRequest(
+                key=prefix,
+                range_end=prefix_end(prefix),
+                sort_order=pb.SORT_ASCEND,
+                sort_target=pb.SORT_TARGET_CREATE,
+                limit=1,
+                keys_only=True,
+            )
+        )
+        return bool(reply.kvs) and reply.kvs[0].create_revision == token
+
+    def granted_ttl(self, owner: str) -> int | None:
+        """Seconds etcd granted the session lease of the hold ``owner`` (None: unknown)."""
+        return self._granted_ttls.get(owner)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    async def _delete_own(self, slot: _Slot) -> bool:
+        """Delete our key (owner-checked by its create revision when we know it)."""
+        if slot.session is None:
+            return False
+        return await self._delete_key(self._key(slot.name, slot.session), slot.rev)
+
+    async def _delete_key(self, key: bytes, rev: int | None) -> bool:
+        if rev is None:
+            # Only this slot writes keys named after our lease: a plain delete is ours.
+            reply = await self.client.delete(key)
+            return bool(reply.deleted)
+        delete = pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=key))
+        reply = await self.client.txn(
+            pb.TxnRequest(compare=[_created_at(key, rev)], success=[delete])
+        )
+        return bool(reply.succeeded)
+
+    def _free(self, name: str, slot: _Slot) -> None:
+        if self.slots.get(name) is not slot:
+            return
+        del self.slots[name]
+        self._granted_ttls.pop(slot.owner, None)
+        self._unwatch_slot(slot)
+        session = slot.session
+        if session is not None:
+            session.users -= 1
+            if session.users <= 0:
+                session.idle_since = self.clock.now()
+        self._wake(name)
+
+    async def _housekeeping(self) -> None:
+        """Keep sessions alive, expire holds the core stopped renewing, retry orphan
+        deletes, revoke sessions nobody used for a while."""
+        while True:
+            now = self.clock.now()
+            due = now + 1.0
+            alive = [s for s in self.sessions.values() if not s.dead and s.users > 0]
+            stale = [s for s in alive if now >= s.acked_at + s.interval]
+            if stale:
+                try:
+                    await self._keep_alive(stale)
+                except Exception as exc:
+                    logger.debug("keep-alive failed, will retry: %r", exc)
+                    due = min(due, self.clock.now() + 0.05)
+            for session in alive:
+                due = min(due, session.acked_at + session.interval)
+            now = self.clock.now()
+            for name, slot in list(self.slots.items()):
+                if slot.held and now >= slot.expires_at:
+                    # The core stopped renewing (lost locally): expire it like the server
+                    # would a lease of its own.
+                    if slot.session is not None and not slot.session.dead:
+                        self._orphans[self._key(name, slot.session)] = slot.rev
+                    self._free(name, slot)
+                elif slot.held:
+                    due = min(due, slot.expires_at)
+            for key, rev in list(self._orphans.items()):
+                try:
+                    await self._delete_key(key, rev)
+                except Exception as exc:
+                    logger.debug("delete of %r failed, will retry: %r", key, exc)
+                    due = min(due, self.clock.now() + 0.2)
+                else:
+                    self._orphans.pop(key, None)
+            for session in list(self.sessions.values()):
+                idle = session.idle_since
+                if session.users <= 0 and idle is not None and now - idle >= session.granted:
+                    del self.sessions[session.ttl]
+                    session.dead = True
+                    try:
+                        await self.client.revoke(session.lease_id)
+                    except Exception as exc:
+                        logger.debug("revoke of lease %x failed: %r", session.lease_id, exc)
+                elif session.users <= 0 and idle is not None:
+                    due = min(due, idle + session.granted)
+            self._poke = anyio.Event()
+            with anyio.move_on_after(max(0.0, due - self.clock.now())):
+                await self._poke.wait()
+
+
+def _created_at(key: bytes, revision: int) -> Any:
+    return pb.Compare(
+        result=pb.CMP_EQUAL, target=pb.CMP_TARGET_CREATE, key=key, create_revision=revision
+    )
