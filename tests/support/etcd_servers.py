@@ -74,7 +74,7 @@ class EtcdNode:
     def peer_url(self) -> str:
         return f"http://127.0.0.1:{self.peer_port}"
 
-    def start(self, initial_cluster: str, state: str) -> None:
+    def start(self, initial_cluster: str, state: str, token: str) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         args = [
             etcd_binary(),
@@ -86,7 +86,7 @@ class EtcdNode:
             "--initial-advertise-peer-urls", self.peer_url,
             "--initial-cluster", initial_cluster,
             "--initial-cluster-state", state,
-            "--initial-cluster-token", f"asynclock-{os.getpid()}-{self.peer_port}",
+            "--initial-cluster-token", token,
             "--heartbeat-interval", str(HEARTBEAT_MS),
             "--election-timeout", str(ELECTION_MS),
             "--unsafe-no-fsync",  # a kill -9 keeps the page cache; the tests run faster
@@ -127,6 +127,7 @@ class EtcdCluster:
     def __init__(self, root: Path, size: int) -> None:
         self.nodes = [EtcdNode(f"n{i}", root / f"n{i}") for i in range(size)]
         self.initial = ",".join(f"{n.name}={n.peer_url}" for n in self.nodes)
+        self.token = f"asynclock-{os.getpid()}-{self.nodes[0].peer_port}"
 
     @property
     def url(self) -> str:
@@ -138,7 +139,7 @@ class EtcdCluster:
 
     def start(self) -> EtcdCluster:
         for node in self.nodes:
-            node.start(self.initial, "new")
+            node.start(self.initial, "new", self.token)
         self.wait_healthy()
         return self
 
@@ -174,7 +175,7 @@ class EtcdCluster:
     def restart(self, node: EtcdNode) -> None:
         """Kill -9 and start again on the same ports with the same data."""
         node.kill()
-        node.start(self.initial, "existing")
+        node.start(self.initial, "existing", self.token)
         self.wait_healthy()
 
     def etcdctl(self, *args: str, timeout: float = 15) -> str:

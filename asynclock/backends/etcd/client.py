@@ -489,27 +489,14 @@ def _start(aw: Awaitable[T]) -> asyncio.Future[T]:
 
 
 async def _end_stream(call: Any, reading: asyncio.Future[Any] | None) -> None:
-    """Half-close ``call`` and read it to its end (bounded); cancel it only if the server
-    does not end it in time."""
-    with anyio.move_on_after(1.0):
-        try:
-            if not call.done():
-                await _settle(call.done_writing(), cancel=False)
-            while not call.done():
-                if reading is None:
-                    reading = _start(call.read())
-                await _wait_done(reading)
-                if reading.cancelled() or reading.exception() is not None:
-                    break
-                if reading.result() is grpc.aio.EOF:
-                    break
-                reading = None
-        except Exception as exc:  # the stream is being dropped anyway
-            logger.debug("ending an etcd stream: %r", exc)
+    """Cancel ``call`` and wait until grpc has finished with it (bounded): a completion
+    that arrives after its event loop closed breaks the next loop grpc serves."""
     if not call.done():
         call.cancel()
-    if reading is not None and not reading.done():
-        reading.cancel()
+    with anyio.move_on_after(1.0):
+        if reading is not None:
+            await _wait_done(reading)
+        await _wait_call(call)
 
 
 async def _wait_done(task: asyncio.Future[Any]) -> None:
