@@ -6,9 +6,12 @@ Every test runs against real etcd servers the suite starts (tests/support/etcd_s
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import anyio
 import anyio.abc
@@ -393,3 +396,20 @@ async def test_auth_user_password(etcd_factory: EtcdFactory, lock_name: str) -> 
     with pytest.raises(asynclock.BackendUnavailable, match="authenticate"):
         async with asynclock.connect(f"etcd://root:wrong@{host}"):
             pass  # pragma: no cover
+
+
+def test_demo_tells_the_story_on_etcd(etcd_cluster: EtcdCluster) -> None:
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "COLUMNS": "100"}
+    result = subprocess.run(
+        [sys.executable, "-m", "asynclock._cli", "demo", "--url", etcd_cluster.url, "--no-color"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=50,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = " ".join(result.stdout.split())
+    assert "The story played out as told" in text
+    assert "StaleToken" in text

@@ -90,6 +90,7 @@ class _Slot:
     expires_at: float = math.inf  # held: when the core's lease would have ended
     pred: tuple[bytes, int] | None = None  # predecessor key, revision it was seen at
     watch: tuple[bytes, int] | None = None  # (watched key, watch id)
+    holder_lease: int = 0  # the etcd lease of the holder seen by the last attempt
 
 
 class EtcdDriver(Driver):
@@ -265,7 +266,7 @@ class EtcdDriver(Driver):
             if not queue:
                 await self._delete_own(slot)
                 self._free(name, slot)
-                return result
+                return await self._holder_left(slot.holder_lease)
             self._watch_slot(name, slot)
             return result
         raise BackendUnavailable(f"etcd: could not queue for {name!r}: our key kept vanishing")
@@ -332,6 +333,7 @@ class EtcdDriver(Driver):
                 return slot.rev
             pred = newest_kvs[1].key if len(newest_kvs) > 1 else holder[0].key
             slot.pred = (pred, reply.header.revision)
+            slot.holder_lease = holder[0].lease
             return Busy(retry_after=WAIT_POLL)
         before = pb.RequestOp(
             request_range=pb.RangeRequest(
@@ -355,7 +357,20 @@ class EtcdDriver(Driver):
         if not earlier or (holder and holder[0].create_revision == slot.rev):
             return slot.rev
         slot.pred = (earlier[0].key, reply.header.revision)
+        slot.holder_lease = holder[0].lease if holder else 0
         return Busy(retry_after=WAIT_POLL)
+
+    async def _holder_left(self, lease_id: int) -> Busy:
+        """For LockHeld: at most how long the holder's etcd lease has left (it may be
+        etcdctl's 60 s session), from the server; unknown if the lookup fails."""
+        if not lease_id:
+            return Busy(retry_after=None)
+        try:
+            reply = await self.client.time_to_live(lease_id, keys=False)
+        except EtcdError:
+            return Busy(retry_after=None)
+        # Whole seconds, rounded down: add one for an upper bound.
+        return Busy(retry_after=float(reply.TTL + 1) if reply.TTL >= 0 else 0.0)
 
     # -- watching the predecessor ----------------------------------------------------------
 
