@@ -106,7 +106,8 @@ class EtcdDriver(Driver):
         self.slots: dict[str, _Slot] = {}
         self._queues: dict[str, deque[str]] = {}
         self._watched: dict[str, int] = {}
-        self._orphans: dict[bytes, int | None] = {}
+        #: Keys of ours whose delete failed: key -> (create revision, owner), retried.
+        self._orphans: dict[bytes, tuple[int | None, bytes]] = {}
         self._poke = anyio.Event()
         self._granted_ttls: dict[str, int] = {}
         client.on_watch_reset = self._watches_reset
@@ -218,10 +219,11 @@ class EtcdDriver(Driver):
         if slot is not None:
             if slot.owner == owner:
                 return slot
-            if queue:
-                line = self._queues.setdefault(name, deque())
-                if owner not in line:
-                    line.append(owner)
+            if not queue:
+                return Busy(retry_after=None)
+            line = self._queues.setdefault(name, deque())
+            if owner not in line:
+                line.append(owner)
             return Busy(retry_after=LOCAL_POLL)
         waiting = self._queues.get(name)
         if waiting and waiting[0] != owner:
@@ -264,8 +266,7 @@ class EtcdDriver(Driver):
                 self._granted_ttls[owner] = session.granted
                 return result
             if not queue:
-                await self._delete_own(slot)
-                self._free(name, slot)
+                await self._drop(slot)
                 return await self._holder_left(slot.holder_lease)
             self._watch_slot(name, slot)
             return result
@@ -323,7 +324,7 @@ class EtcdDriver(Driver):
                 # its revision is an old token, never reuse it (G2). Delete, start over.
                 kvs = reply.responses[0].response_range.kvs
                 stale = kvs[0].create_revision if kvs else None
-                await self._delete_key(key, stale)
+                await self._delete_key(key, stale, None)
                 self._orphans.pop(key, None)
                 return None
             slot.rev = reply.header.revision
@@ -474,9 +475,27 @@ class EtcdDriver(Driver):
             return False
         if token is not None and (not slot.held or slot.rev != token):
             return False
-        removed = await self._delete_own(slot)
-        self._free(name, slot)
-        return removed
+        if token is not None:
+            # Local state changes only once the server confirmed (G6): a failed release
+            # keeps the slot, so it can be retried (or expires with its ttl).
+            removed = await self._delete_own(slot)
+            self._free(name, slot)
+            return removed
+        return await self._drop(slot)
+
+    async def _drop(self, slot: _Slot) -> bool:
+        """Delete the key of a slot that does not hold (an interrupted or abandoned
+        attempt) and free the slot; if the delete fails, it is retried in the background
+        so the next task here is not stuck behind it."""
+        try:
+            return await self._delete_own(slot)
+        except BaseException:
+            if slot.session is not None and not slot.session.dead:
+                key = self._key(slot.name, slot.session)
+                self._orphans[key] = (slot.rev, slot.owner.encode())
+            raise
+        finally:
+            self._free(slot.name, slot)
 
     async def abandon(self, name: str, owner: str) -> None:
         waiting = self._queues.get(name)
@@ -487,8 +506,7 @@ class EtcdDriver(Driver):
             self._wake(name)  # the head may have left: let the next one try now
         slot = self.slots.get(name)
         if slot is not None and slot.owner == owner and not slot.held:
-            await self._delete_own(slot)
-            self._free(name, slot)
+            await self._drop(slot)
 
     async def validate(self, name: str, token: int) -> bool:
         prefix = self.lock_prefix(name)
@@ -514,17 +532,22 @@ class EtcdDriver(Driver):
         """Delete our key (owner-checked by its create revision when we know it)."""
         if slot.session is None:
             return False
-        return await self._delete_key(self._key(slot.name, slot.session), slot.rev)
+        key = self._key(slot.name, slot.session)
+        return await self._delete_key(key, slot.rev, slot.owner.encode())
 
-    async def _delete_key(self, key: bytes, rev: int | None) -> bool:
-        if rev is None:
-            # Only this slot writes keys named after our lease: a plain delete is ours.
-            reply = await self.client.delete(key)
-            return bool(reply.deleted)
+    async def _delete_key(self, key: bytes, rev: int | None, owner: bytes | None) -> bool:
+        """Delete ``key`` if it is still the one we wrote: same create revision, or (the
+        revision unknown: the reply to our put was lost) the same owner in its value."""
+        if rev is not None:
+            guard = _created_at(key, rev)
+        elif owner is not None:
+            guard = pb.Compare(
+                result=pb.CMP_EQUAL, target=pb.CMP_TARGET_VALUE, key=key, value=owner
+            )
+        else:
+            raise ValueError("a delete needs the key's create revision or its owner")
         delete = pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=key))
-        reply = await self.client.txn(
-            pb.TxnRequest(compare=[_created_at(key, rev)], success=[delete])
-        )
+        reply = await self.client.txn(pb.TxnRequest(compare=[guard], success=[delete]))
         return bool(reply.succeeded)
 
     def _free(self, name: str, slot: _Slot) -> None:
@@ -562,13 +585,14 @@ class EtcdDriver(Driver):
                     # The core stopped renewing (lost locally): expire it like the server
                     # would a lease of its own.
                     if slot.session is not None and not slot.session.dead:
-                        self._orphans[self._key(name, slot.session)] = slot.rev
+                        key = self._key(name, slot.session)
+                        self._orphans[key] = (slot.rev, slot.owner.encode())
                     self._free(name, slot)
                 elif slot.held:
                     due = min(due, slot.expires_at)
-            for key, rev in list(self._orphans.items()):
+            for key, (rev, owner) in list(self._orphans.items()):
                 try:
-                    await self._delete_key(key, rev)
+                    await self._delete_key(key, rev, owner)
                 except Exception as exc:
                     logger.debug("delete of %r failed, will retry: %r", key, exc)
                     due = min(due, self.clock.now() + 0.2)
