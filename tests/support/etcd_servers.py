@@ -65,6 +65,8 @@ class EtcdNode:
     client_port: int = field(default_factory=free_port)
     peer_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
+    #: fsync the WAL (etcd's default); the tests turn it off to run faster.
+    fsync: bool = False
 
     @property
     def address(self) -> str:
@@ -89,11 +91,12 @@ class EtcdNode:
             "--initial-cluster-token", token,
             "--heartbeat-interval", str(HEARTBEAT_MS),
             "--election-timeout", str(ELECTION_MS),
-            "--unsafe-no-fsync",  # a kill -9 keeps the page cache; the tests run faster
             "--logger", "zap",
             "--log-level", "error",
             "--log-outputs", str(self.directory / "etcd.log"),
         ]  # fmt: skip
+        if not self.fsync:
+            args.append("--unsafe-no-fsync")  # a kill -9 keeps the page cache
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     def healthy(self) -> bool:
@@ -124,8 +127,8 @@ class EtcdNode:
 class EtcdCluster:
     """``size`` members started together; ``url`` lists every client endpoint."""
 
-    def __init__(self, root: Path, size: int) -> None:
-        self.nodes = [EtcdNode(f"n{i}", root / f"n{i}") for i in range(size)]
+    def __init__(self, root: Path, size: int, *, fsync: bool = False) -> None:
+        self.nodes = [EtcdNode(f"n{i}", root / f"n{i}", fsync=fsync) for i in range(size)]
         self.initial = ",".join(f"{n.name}={n.peer_url}" for n in self.nodes)
         self.token = f"asynclock-{os.getpid()}-{self.nodes[0].peer_port}"
 

@@ -124,6 +124,8 @@ class EtcdClient:
         self._watches: dict[int, Callable[[str, int], None]] = {}
         self.on_watch_reset: Callable[[], None] = lambda: None
         self._streams: set[Any] = set()
+        #: How often each stream was opened (by method name): 1 unless one broke.
+        self.streams_opened: dict[str, int] = {"LeaseKeepAlive": 0, "Watch": 0}
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -424,6 +426,8 @@ class EtcdClient:
                 path, request_serializer=_serialize, response_deserializer=response.FromString
             )
             call = method(metadata=self._metadata(REQUIRE_LEADER))
+            what = path.rsplit("/", 1)[-1]
+            self.streams_opened[what] = self.streams_opened.get(what, 0) + 1
             self._streams.add(call)
             call.add_done_callback(self._streams.discard)
             got_reply = False
