@@ -26,6 +26,7 @@ from tests.support.etcd_servers import (
     EtcdCluster,
     EtcdFactory,
     etcd_binary,
+    make_certs,
 )
 from tests.support.redis_servers import free_port, wait_until
 
@@ -413,3 +414,24 @@ def test_demo_tells_the_story_on_etcd(etcd_cluster: EtcdCluster) -> None:
     text = " ".join(result.stdout.split())
     assert "The story played out as told" in text
     assert "StaleToken" in text
+
+
+async def test_tls_with_client_certificates(
+    etcd_factory: EtcdFactory, tmp_path: Path, lock_name: str
+) -> None:
+    certs = make_certs(tmp_path / "certs")
+    cluster = etcd_factory(1, certs=certs)
+    port = cluster.nodes[0].client_port
+    files = f"ca={certs.ca}&cert={certs.client_cert}&key={certs.client_key}"
+    for host in ("127.0.0.1", "localhost"):  # the certificate names both
+        async with asynclock.connect(f"etcd://{host}:{port}?{files}") as backend:
+            async with backend.lock(lock_name, ttl=2.0) as lease:
+                await backend._renewal_round()
+                assert await backend.validate(lock_name, lease.token)
+    # The server requires a client certificate; a wrong CA fails the handshake.
+    with pytest.raises(asynclock.BackendUnavailable):
+        async with asynclock.connect(f"etcd://127.0.0.1:{port}?ca={certs.ca}&timeout=1"):
+            pass  # pragma: no cover
+    with pytest.raises(asynclock.BackendUnavailable):
+        async with asynclock.connect(f"etcd://127.0.0.1:{port}?timeout=1", tls=True):
+            pass  # pragma: no cover

@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -49,9 +50,58 @@ def etcd_binary(name: str = "etcd") -> str:
     return str(candidate)
 
 
-def _get(url: str, *, data: bytes | None = None, timeout: float = 0.5) -> dict[str, object]:
+@dataclass(frozen=True)
+class Certs:
+    """A throwaway CA, a server certificate for 127.0.0.1/localhost and a client one."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path
+    client_key: Path
+
+
+def make_certs(directory: Path) -> Certs:
+    """Made with the openssl command line tool (Debian's ``openssl``; .ci/run installs it)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    openssl = shutil.which("openssl")
+    if openssl is None:  # pragma: no cover - .ci/run installs it
+        pytest.fail("the TLS tests need the openssl command (apt-get install openssl)")
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], cwd=directory, check=True, capture_output=True)
+
+    key = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    run("req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+        "-subj", "/CN=asynclock test CA")  # fmt: skip
+    for who, ext in (
+        ("server", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth"),
+        ("client", "extendedKeyUsage=clientAuth"),
+    ):
+        (directory / f"{who}.ext").write_text(ext + "\n")
+        run("req", *key, "-keyout", f"{who}.key", "-out", f"{who}.csr", "-subj", f"/CN={who}")
+        run("x509", "-req", "-in", f"{who}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", f"{who}.pem", "-days", "2",
+            "-extfile", f"{who}.ext")  # fmt: skip
+    d = directory
+    return Certs(
+        d / "ca.pem", d / "server.pem", d / "server.key", d / "client.pem", d / "client.key"
+    )
+
+
+def _get(
+    url: str,
+    *,
+    data: bytes | None = None,
+    timeout: float = 0.5,
+    certs: Certs | None = None,
+) -> dict[str, object]:
     request = urllib.request.Request(url, data=data, method="POST" if data else "GET")
-    with urllib.request.urlopen(request, timeout=timeout) as reply:
+    context = None
+    if certs is not None:
+        context = ssl.create_default_context(cafile=str(certs.ca))
+        context.load_cert_chain(str(certs.client_cert), str(certs.client_key))
+    with urllib.request.urlopen(request, timeout=timeout, context=context) as reply:
         result: dict[str, object] = json.loads(reply.read())
         return result
 
@@ -67,6 +117,12 @@ class EtcdNode:
     process: subprocess.Popen[bytes] | None = None
     #: fsync the WAL (etcd's default); the tests turn it off to run faster.
     fsync: bool = False
+    #: Serve clients over TLS with these certificates (client certificates required).
+    certs: Certs | None = None
+
+    @property
+    def client_url(self) -> str:
+        return f"{'https' if self.certs else 'http'}://{self.address}"
 
     @property
     def address(self) -> str:
@@ -82,8 +138,8 @@ class EtcdNode:
             etcd_binary(),
             "--name", self.name,
             "--data-dir", str(self.directory / "data"),
-            "--listen-client-urls", f"http://{self.address}",
-            "--advertise-client-urls", f"http://{self.address}",
+            "--listen-client-urls", self.client_url,
+            "--advertise-client-urls", self.client_url,
             "--listen-peer-urls", self.peer_url,
             "--initial-advertise-peer-urls", self.peer_url,
             "--initial-cluster", initial_cluster,
@@ -97,16 +153,24 @@ class EtcdNode:
         ]  # fmt: skip
         if not self.fsync:
             args.append("--unsafe-no-fsync")  # a kill -9 keeps the page cache
+        if self.certs is not None:
+            args += [
+                "--cert-file", str(self.certs.server_cert),
+                "--key-file", str(self.certs.server_key),
+                "--trusted-ca-file", str(self.certs.ca),
+                "--client-cert-auth",
+            ]  # fmt: skip
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     def healthy(self) -> bool:
         try:
-            return _get(f"http://{self.address}/health").get("health") == "true"
+            return _get(f"{self.client_url}/health", certs=self.certs).get("health") == "true"
         except (OSError, ValueError):
             return False
 
     def status(self) -> dict[str, object]:
-        return _get(f"http://{self.address}/v3/maintenance/status", data=b"{}", timeout=2)
+        url = f"{self.client_url}/v3/maintenance/status"
+        return _get(url, data=b"{}", timeout=2, certs=self.certs)
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -127,8 +191,13 @@ class EtcdNode:
 class EtcdCluster:
     """``size`` members started together; ``url`` lists every client endpoint."""
 
-    def __init__(self, root: Path, size: int, *, fsync: bool = False) -> None:
-        self.nodes = [EtcdNode(f"n{i}", root / f"n{i}", fsync=fsync) for i in range(size)]
+    def __init__(
+        self, root: Path, size: int, *, fsync: bool = False, certs: Certs | None = None
+    ) -> None:
+        self.nodes = [
+            EtcdNode(f"n{i}", root / f"n{i}", fsync=fsync, certs=certs) for i in range(size)
+        ]
+        self.certs = certs
         self.initial = ",".join(f"{n.name}={n.peer_url}" for n in self.nodes)
         self.token = f"asynclock-{os.getpid()}-{self.nodes[0].peer_port}"
 
@@ -182,8 +251,12 @@ class EtcdCluster:
         self.wait_healthy()
 
     def etcdctl(self, *args: str, timeout: float = 15) -> str:
+        tls: list[str] = []
+        if self.certs is not None:
+            c = self.certs
+            tls = [f"--cacert={c.ca}", f"--cert={c.client_cert}", f"--key={c.client_key}"]
         out = subprocess.run(
-            [etcd_binary("etcdctl"), "--endpoints", self.endpoints, *args],
+            [etcd_binary("etcdctl"), "--endpoints", self.endpoints, *tls, *args],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -280,8 +353,8 @@ class EtcdFactory:
         self.clusters: list[EtcdCluster] = []
         self.proxies: list[BlackholeProxy] = []
 
-    def __call__(self, size: int = 1) -> EtcdCluster:
-        cluster = EtcdCluster(self.root / f"c{len(self.clusters)}", size)
+    def __call__(self, size: int = 1, *, certs: Certs | None = None) -> EtcdCluster:
+        cluster = EtcdCluster(self.root / f"c{len(self.clusters)}", size, certs=certs)
         self.clusters.append(cluster)
         return cluster.start()
 
