@@ -435,3 +435,26 @@ async def test_tls_with_client_certificates(
     with pytest.raises(asynclock.BackendUnavailable):
         async with asynclock.connect(f"etcd://127.0.0.1:{port}?timeout=1", tls=True):
             pass  # pragma: no cover
+
+
+async def test_a_frozen_member_is_failed_over_while_held(
+    etcd_factory: EtcdFactory, lock_name: str
+) -> None:
+    """A member that is up but silent (frozen, or cut off from its peers) keeps its TCP
+    connection, so grpc would stay on it: the client moves to the next member."""
+    cluster = etcd_factory(3)
+    first = cluster.nodes[0]  # the client talks to the first endpoint while it answers
+    async with asynclock.connect(cluster.url + "?timeout=1", release_timeout=10) as backend:
+        client = etcd_driver(backend).client
+        async with backend.lock(lock_name, ttl=6.0) as lease:
+            await backend._renewal_round()
+            first.freeze()
+            try:
+                with anyio.fail_after(20):
+                    while client.failovers == 0 or backend.stats().renewals < 3:
+                        await backend._renewal_round()
+                assert not lease.lost
+                assert await backend.validate(lock_name, lease.token)
+            finally:
+                first.thaw()
+        assert backend.stats().losses == 0

@@ -21,7 +21,9 @@ import asyncio
 import ipaddress
 import itertools
 import logging
+import math
 import random
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -126,24 +128,66 @@ class EtcdClient:
         self._streams: set[Any] = set()
         #: How often each stream was opened (by method name): 1 unless one broke.
         self.streams_opened: dict[str, int] = {"LeaseKeepAlive": 0, "Watch": 0}
+        self._addresses: list[str] = []
+        self._options: list[tuple[str, Any]] = []
+        self._retired: list[tuple[float, grpc.aio.Channel]] = []
+        self._rotated_at = -math.inf
+        self._w_reset = anyio.Event()
+        #: How often the client moved to the next member (see _failed_over).
+        self.failovers = 0
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def open(self) -> None:
-        target, options = await self._target()
-        tls = self.endpoints.tls
-        if tls is None:
-            self._channel = grpc.aio.insecure_channel(target, options=options)
-        else:
-            creds = grpc.ssl_channel_credentials(tls.ca, tls.key, tls.cert)
-            self._channel = grpc.aio.secure_channel(target, creds, options=options)
+        self._addresses, self._options = await self._target()
+        self._channel = self._new_channel()
         if self.endpoints.user is not None:
             await self._authenticate()
         await self.status()  # fail now, with a clear message, if nothing answers
 
+    def _new_channel(self) -> grpc.aio.Channel:
+        # pick_first over the list: grpc moves on when the member in use goes away.
+        scheme = "ipv6:" if self._addresses[0].startswith("[") else "ipv4:"
+        target = scheme + ",".join(self._addresses)
+        tls = self.endpoints.tls
+        if tls is None:
+            return grpc.aio.insecure_channel(target, options=self._options)
+        creds = grpc.ssl_channel_credentials(tls.ca, tls.key, tls.cert)
+        return grpc.aio.secure_channel(target, creds, options=self._options)
+
+    def _failed_over(self, code: str) -> None:
+        """A call through the member in use timed out or found it unavailable: a member
+        that is up but cut off from the others (or frozen) keeps its connection, so grpc
+        would stay on it; put the next member first (at most once per call timeout)."""
+        if code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED") or len(self._addresses) < 2:
+            return
+        now = time.monotonic()
+        if now - self._rotated_at < self.timeout or self._channel is None:
+            return
+        self._rotated_at = now
+        self._addresses = self._addresses[1:] + self._addresses[:1]
+        self._retired.append((now, self._channel))
+        self._channel = self._new_channel()
+        self._unary.clear()
+        self.failovers += 1
+        logger.info("etcd: failing over to %s", self._addresses[0])
+        self._ka_reset.set()  # the streams reopen on the new channel
+        self._w_reset.set()
+
+    async def _close_retired(self, older_than: float) -> None:
+        keep: list[tuple[float, grpc.aio.Channel]] = []
+        for at, channel in self._retired:
+            if at <= older_than:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+                    await _settle(channel.close(grace=None))
+            else:
+                keep.append((at, channel))
+        self._retired = keep
+
     async def aclose(self) -> None:
         channel, self._channel = self._channel, None
         self._unary.clear()
+        await self._close_retired(math.inf)
         with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
             # Every stream read and write ends before the channel does: grpc delivers
             # late completions to the loop they came from, even a closed one.
@@ -155,7 +199,7 @@ class EtcdClient:
             if channel is not None:
                 await _settle(channel.close(grace=None))
 
-    async def _target(self) -> tuple[str, list[tuple[str, Any]]]:
+    async def _target(self) -> tuple[list[str], list[tuple[str, Any]]]:
         hosts = self.endpoints.hosts
         options: list[tuple[str, Any]] = [
             ("grpc.keepalive_time_ms", 10_000),
@@ -191,9 +235,7 @@ class EtcdClient:
                     v4.append(f"{addr}:{port}")
                 else:
                     v6.append(f"[{addr}]:{port}")
-        if v4:
-            return "ipv4:" + ",".join(dict.fromkeys(v4)), options
-        return "ipv6:" + ",".join(dict.fromkeys(v6)), options
+        return list(dict.fromkeys(v4 or v6)), options
 
     # -- unary calls -----------------------------------------------------------------------
 
@@ -229,7 +271,9 @@ class EtcdClient:
                     return await self._call_once(path, request, response, timeout)
                 except grpc.aio.AioRpcError as again:
                     raise _error(path, again) from again
-            raise _error(path, exc) from exc
+            error = _error(path, exc)
+            self._failed_over(error.code)
+            raise error from exc
 
     async def _call_once(
         self, path: str, request: Any, response: Any, timeout: float | None
@@ -314,6 +358,7 @@ class EtcdClient:
             # No answer within the deadline: the stream may be dead without knowing it
             # (a blackholed connection); open a fresh one for the next round.
             self._ka_reset.set()
+            self._failed_over("DEADLINE_EXCEEDED")
             raise EtcdError(
                 "etcd: keep-alive not acknowledged in time", "DEADLINE_EXCEEDED"
             ) from None
@@ -336,7 +381,7 @@ class EtcdClient:
             "_ka_wake",
             self._on_keepalive,
             self._fail_keepalives,
-            reset=lambda: self._ka_reset,
+            reset_slot="_ka_reset",
         )
 
     def _on_keepalive(self, reply: Any) -> None:
@@ -385,7 +430,7 @@ class EtcdClient:
             "_w_wake",
             self._on_watch,
             self._fail_watches,
-            reset=None,
+            reset_slot="_w_reset",
         )
 
     def _on_watch(self, reply: Any) -> None:
@@ -416,7 +461,7 @@ class EtcdClient:
         wake_slot: str,
         on_reply: Callable[[Any], None],
         on_broken: Callable[[BaseException], None],
-        reset: Callable[[], anyio.Event] | None,
+        reset_slot: str,
     ) -> None:
         backoff = STREAM_BACKOFF[0]
         while True:
@@ -457,17 +502,16 @@ class EtcdClient:
                     got_reply = True
                     on_reply(reply)
 
-            async def watch_reset(tg: anyio.abc.TaskGroup) -> None:
-                assert reset is not None
-                await reset().wait()
+            async def watch_reset(tg: anyio.abc.TaskGroup, reset: anyio.Event) -> None:
+                await reset.wait()  # a dead-looking stream, or a fail-over: reconnect
                 tg.cancel_scope.cancel()
 
             try:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(write_loop)
-                    if reset is not None:
-                        self._ka_reset = anyio.Event()
-                        tg.start_soon(watch_reset, tg)
+                    reset = anyio.Event()
+                    setattr(self, reset_slot, reset)
+                    tg.start_soon(watch_reset, tg, reset)
                     await read_loop()
                     tg.cancel_scope.cancel()
             except grpc.aio.AioRpcError as exc:
@@ -479,6 +523,7 @@ class EtcdClient:
                     await _end_stream(call, reading)
             logger.debug("etcd %s stream restarts: %s", path, error)
             on_broken(error)
+            await self._close_retired(time.monotonic() - 2 * self.timeout)
             if got_reply:
                 backoff = STREAM_BACKOFF[0]
             await anyio.sleep(backoff * (0.5 + random.random()))
