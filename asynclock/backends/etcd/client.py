@@ -362,15 +362,9 @@ class EtcdClient:
             raise EtcdError(
                 "etcd: keep-alive not acknowledged in time", "DEADLINE_EXCEEDED"
             ) from None
-        finally:
-            for lease_id, waiter in waiters:
-                pending = self._ka_pending.get(lease_id)
-                if pending is not None and waiter in pending:
-                    # Unanswered: the ack, if it comes, goes to a later waiter — harmless,
-                    # an ack is an ack of the lease at the time it was sent or later.
-                    pending.remove(waiter)
-                    if not pending:
-                        del self._ka_pending[lease_id]
+        # An unanswered waiter stays in line (until its ack, or the stream breaks): acks come
+        # back in order, so a late ack must answer its own request, never a later one —
+        # that would date the lease from the later send, after the server refreshed it.
         return result
 
     async def run_keepalive_stream(self) -> None:
