@@ -362,16 +362,17 @@ class EtcdDriver(Driver):
         return Busy(retry_after=WAIT_POLL)
 
     async def _holder_left(self, lease_id: int) -> Busy:
-        """For LockHeld: at most how long the holder's etcd lease has left (it may be
-        etcdctl's 60 s session), from the server; unknown if the lookup fails."""
+        """For LockHeld: how long the holder's etcd lease has left (it may be etcdctl's
+        60 s session), from the server; unknown if the lookup fails."""
         if not lease_id:
             return Busy(retry_after=None)
         try:
             reply = await self.client.time_to_live(lease_id, keys=False)
         except EtcdError:
             return Busy(retry_after=None)
-        # Whole seconds, rounded down: add one for an upper bound.
-        return Busy(retry_after=float(reply.TTL + 1) if reply.TTL >= 0 else 0.0)
+        # Whole seconds, rounded down: the lease lives at least this long from now (and
+        # etcd's expiry sweep adds up to half a second), never less.
+        return Busy(retry_after=float(max(reply.TTL, 0)))
 
     # -- watching the predecessor ----------------------------------------------------------
 
