@@ -84,16 +84,13 @@ class _Waiter:
         self.error: BaseException | None = None
 
 
-#: Tasks running a grpc.aio awaitable for _settle; closing waits for them (a completion
-#: that arrives after its event loop closed is an error in the next loop grpc serves).
-_INFLIGHT: set[asyncio.Future[Any]] = set()
-
-
-async def _settle(aw: Awaitable[T], *, cancel: bool = True) -> T:
+async def _settle(
+    aw: Awaitable[T], *, cancel: bool = True, inflight: set[asyncio.Future[Any]] | None = None
+) -> T:
     """Await a grpc.aio awaitable in its own task (see the module docstring). If we are
     cancelled, the task is cancelled too unless ``cancel`` is false (it then runs on, and
     closing the client waits for it)."""
-    task = _start(aw)
+    task = _start(aw, inflight)
     done = anyio.Event()
     task.add_done_callback(lambda _t: done.set())
     try:
@@ -126,6 +123,10 @@ class EtcdClient:
         self._watches: dict[int, Callable[[str, int], None]] = {}
         self.on_watch_reset: Callable[[], None] = lambda: None
         self._streams: set[Any] = set()
+        #: Stream reads and writes in flight (tasks): closing waits for them, since a
+        #: completion that arrives after its event loop closed breaks the next loop grpc
+        #: serves.
+        self._inflight: set[asyncio.Future[Any]] = set()
         #: How often each stream was opened (by method name): 1 unless one broke.
         self.streams_opened: dict[str, int] = {"LeaseKeepAlive": 0, "Watch": 0}
         self._addresses: list[str] = []
@@ -141,9 +142,13 @@ class EtcdClient:
     async def open(self) -> None:
         self._addresses, self._options = await self._target()
         self._channel = self._new_channel()
-        if self.endpoints.user is not None:
-            await self._authenticate()
-        await self.status()  # fail now, with a clear message, if nothing answers
+        try:
+            if self.endpoints.user is not None:
+                await self._authenticate()
+            await self.status()  # fail now, with a clear message, if nothing answers
+        except BaseException:
+            await self.aclose()  # the backend never opened: nobody else will close it
+            raise
 
     def _new_channel(self) -> grpc.aio.Channel:
         # pick_first over the list: grpc moves on when the member in use goes away.
@@ -191,8 +196,7 @@ class EtcdClient:
         with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
             # Every stream read and write ends before the channel does: grpc delivers
             # late completions to the loop they came from, even a closed one.
-            loop = asyncio.get_running_loop()
-            for task in [t for t in _INFLIGHT if t.get_loop() is loop]:
+            for task in list(self._inflight):
                 await _wait_done(task)
             for call in list(self._streams):
                 await _wait_call(call)
@@ -479,7 +483,8 @@ class EtcdClient:
             async def write_loop(call: Any = call) -> None:
                 while True:
                     while outbox:
-                        await _settle(call.write(outbox.popleft()), cancel=False)
+                        message = outbox.popleft()
+                        await _settle(call.write(message), cancel=False, inflight=self._inflight)
                     event = anyio.Event()
                     setattr(self, wake_slot, event)
                     if not outbox:
@@ -488,7 +493,7 @@ class EtcdClient:
             async def read_loop(call: Any = call) -> None:
                 nonlocal got_reply, reading
                 while True:
-                    reading = _start(call.read())
+                    reading = _start(call.read(), self._inflight)
                     await _wait_done(reading)
                     reply, reading = reading.result(), None
                     if reply is grpc.aio.EOF:
@@ -524,10 +529,11 @@ class EtcdClient:
             backoff = min(backoff * 2, STREAM_BACKOFF[1])
 
 
-def _start(aw: Awaitable[T]) -> asyncio.Future[T]:
+def _start(aw: Awaitable[T], inflight: set[asyncio.Future[Any]] | None = None) -> asyncio.Future[T]:
     task = asyncio.ensure_future(aw)
-    _INFLIGHT.add(task)
-    task.add_done_callback(_INFLIGHT.discard)
+    if inflight is not None:
+        inflight.add(task)
+        task.add_done_callback(inflight.discard)
     return task
 
 
