@@ -461,3 +461,28 @@ async def test_a_frozen_member_is_failed_over_while_held(
             finally:
                 first.thaw()
         assert backend.stats().losses == 0
+
+
+async def test_holder_and_break_lock_see_an_etcdctl_holder(
+    etcd_cluster: EtcdCluster, etcd: asynclock.Backend, lock_name: str
+) -> None:
+    process = await anyio.open_process(
+        [etcd_binary("etcdctl"), "--endpoints", etcd_cluster.endpoints, "lock", lock_name],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None
+        with anyio.fail_after(10):
+            key = (await process.stdout.receive()).decode().strip()
+        holder = await etcd.holder(lock_name)
+        assert holder is not None
+        assert holder.owner is None  # etcdctl's key has an empty value
+        got = json.loads(await etcdctl(etcd_cluster, "get", key, "-w", "json"))
+        assert holder.token == got["kvs"][0]["create_revision"]
+        assert holder.remaining is not None and 0 < holder.remaining <= 10  # etcdctl: --ttl 10
+        assert await etcd.break_lock(lock_name) is True
+        async with etcd.lock(lock_name, ttl=5.0, blocking=False) as lease:
+            assert holder.token is not None and lease.token > holder.token
+    finally:
+        process.terminate()
+        await process.wait()

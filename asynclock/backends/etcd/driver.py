@@ -3,9 +3,12 @@
 * **Sessions.** One etcd lease per distinct ttl in use (granted on first use, revoked once
   nothing has used it for a while), all kept alive on the client's one keep-alive stream.
   etcd grants whole seconds and at least its minimum (about 1.5 election timeouts); we ask
-  for ``ceil(1.25 * ttl)`` so a key always outlives the local deadline the core computes
-  from the ttl asked for. A lease the server reports gone (TTL <= 0) loses every holder
-  on it at once (like ``Session.Done()``).
+  for the next whole second above ``ttl`` so a key outlives the local deadline the core
+  computes from the ttl asked for (G3): a lock is taken, and renewed, only with a
+  keep-alive of its session acknowledged recently enough (sent alongside the acquire when
+  the last one is too old). A lease the server reports gone (TTL <= 0) loses every holder
+  on it at once (like ``Session.Done()``). ``lease.extend(ttl)`` moves the key to the new
+  ttl's session (a put keeps its create revision: same token).
 * **Mutex.** A lock's key is ``<prefix><name>/<lease id in hex>``, created in a txn with
   ``create_revision == 0``; the holder is the key with the lowest create revision under
   ``<prefix><name>/``; a waiter watches only its predecessor (FIFO, no herd). The token is
@@ -34,6 +37,7 @@ import anyio
 
 from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
 from ..._core.exceptions import BackendUnavailable
+from ..._core.holder import Holder
 from . import _proto as pb
 from .client import EtcdClient, EtcdError, prefix_end
 
@@ -52,8 +56,10 @@ MAX_TXN_OPS = 128
 
 
 def requested_ttl(ttl: float) -> int:
-    """The whole seconds asked of etcd for locks of ``ttl`` (the server may grant more)."""
-    return max(1, math.ceil(ttl * 1.25))
+    """The whole seconds asked of etcd for locks of ``ttl`` (the server may grant more):
+    the next whole second above ``ttl``, so a key outlives the local deadline, and etcd's
+    remaining TTL (whole seconds, rounded down) never reads above ``ttl``."""
+    return max(1, math.floor(ttl) + 1)
 
 
 @dataclass(eq=False)
@@ -71,10 +77,17 @@ class Session:
     dead: bool = False
 
     @property
+    def headroom(self) -> float:
+        """How much longer than a lock's ttl the lease lives after a keep-alive."""
+        return self.granted * (1 - SERVER_DRIFT) - self.ttl
+
+    @property
     def interval(self) -> float:
-        """Keep-alive period: often enough that a new lock of ``ttl`` always fits."""
-        headroom = self.granted * (1 - SERVER_DRIFT) - self.ttl
-        return max(0.05, min(self.granted / 3, headroom / 2))
+        """Keep-alive period: often enough that a new lock of ``ttl`` usually fits without
+        a keep-alive of its own (see :meth:`EtcdDriver._fresh`)."""
+        if self.headroom < 0.1:
+            return self.granted / 3
+        return max(0.05, min(self.granted / 3, self.headroom / 2))
 
 
 @dataclass(eq=False)
@@ -85,6 +98,7 @@ class _Slot:
     owner: str
     ttl: float
     session: Session | None = None
+    key: bytes = b""  # our key (named after the session it was created on)
     rev: int | None = None  # our key's create revision, once known
     held: bool = False
     expires_at: float = math.inf  # held: when the core's lease would have ended
@@ -188,17 +202,37 @@ class EtcdDriver(Driver):
                 self._notify_lost(name, slot.owner, why)
             else:  # a waiter: its key is gone; the next attempt queues again
                 self._unwatch_slot(slot)
-                slot.session, slot.rev, slot.pred = None, None, None
+                slot.session, slot.key, slot.rev, slot.pred = None, b"", None, None
                 self._wake(name)
 
-    async def _fresh(self, session: Session, ttl: float) -> None:
-        """G3: make sure the session outlives a lock of ``ttl`` granted from now."""
-        now = self.clock.now()
-        if session.acked_at + session.granted * (1 - SERVER_DRIFT) >= now + ttl:
-            return
-        await self._keep_alive([session])
+    def _fits(self, session: Session, ttl: float) -> bool:
+        """Does the session outlive a lock of ``ttl`` taken now, on its last keep-alive?"""
+        return session.acked_at + session.granted * (1 - SERVER_DRIFT) >= self.clock.now() + ttl
+
+    async def _fresh_attempt(
+        self, name: str, slot: _Slot, session: Session, ttl: float
+    ) -> int | Busy | None:
+        """G3: the attempt, plus a keep-alive sent alongside it when the session's last one
+        is too old for a lock of ``ttl`` (both are sent after the core read its t_send, so
+        the server keeps the key at least ``granted >= ttl`` past it)."""
+        if self._fits(session, ttl):
+            return await self._attempt(name, slot, session)
+        failed: list[Exception] = []
+
+        async def refresh() -> None:
+            try:
+                await self._keep_alive([session])
+            except Exception as exc:
+                failed.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(refresh)
+            result = await self._attempt(name, slot, session)
+        if failed:
+            raise failed[0]
         if session.dead:
             raise BackendUnavailable(f"etcd: lease {session.lease_id:x} expired at the server")
+        return result
 
     async def _keep_alive(self, sessions: Sequence[Session]) -> None:
         t_send = self.clock.now()
@@ -251,12 +285,12 @@ class EtcdDriver(Driver):
                     if slot.session is not None:
                         slot.session.users -= 1
                     slot.session, slot.rev, slot.pred = session, None, None
+                    slot.key = self._key(name, session)
                     session.users += 1
                     session.idle_since = None
             session = slot.session
             assert session is not None
-            await self._fresh(session, ttl)
-            result = await self._attempt(name, slot, session)
+            result = await self._fresh_attempt(name, slot, session, ttl)
             if result is None:
                 continue  # our key vanished or was a stale one: queue again
             if isinstance(result, int):
@@ -280,7 +314,7 @@ class EtcdDriver(Driver):
         """
         prefix = self.lock_prefix(name)
         end = prefix_end(prefix)
-        key = self._key(name, session)
+        key = slot.key
         first = pb.RequestOp(
             request_range=pb.RangeRequest(
                 key=prefix,
@@ -363,7 +397,7 @@ class EtcdDriver(Driver):
 
     async def _holder_left(self, lease_id: int) -> Busy:
         """For LockHeld: how long the holder's etcd lease has left (it may be etcdctl's
-        60 s session), from the server; unknown if the lookup fails."""
+        10 s session by default), from the server; unknown if the lookup fails."""
         if not lease_id:
             return Busy(retry_after=None)
         try:
@@ -434,6 +468,12 @@ class EtcdDriver(Driver):
                 results.append(Refused("not held by this owner"))
                 continue
             assert slot.session is not None
+            if ref.ttl != slot.ttl:  # lease.extend(ttl): the key moves to that ttl's session
+                try:
+                    results.append(await self._move(slot, ref, t_send))
+                except Exception as exc:
+                    results.append(exc)
+                continue
             sessions[slot.session.lease_id] = slot.session
             results.append(None)
         if not sessions:
@@ -463,12 +503,45 @@ class EtcdDriver(Driver):
             assert held_on is not None
             if held_on.dead:
                 out.append(Refused(f"etcd lease {held_on.lease_id:x} expired"))
-            elif self._key(ref.name, held_on) not in attached.get(held_on.lease_id, set()):
+            elif slot.key not in attached.get(held_on.lease_id, set()):
                 out.append(Refused("lock key deleted at the server"))
             else:
                 slot.expires_at = max(slot.expires_at, t_send + ref.ttl)
                 out.append(True)
         return out
+
+    async def _move(self, slot: _Slot, ref: LeaseRef, t_send: float) -> ExtendResult:
+        """Attach a held key to the session of a new ttl (``lease.extend(ttl)``): a put on
+        the existing key keeps its create revision, so the token is unchanged (G7)."""
+        session = await self._session(ref.ttl)
+        put = pb.RequestOp(
+            request_put=pb.PutRequest(
+                key=slot.key, value=slot.owner.encode(), lease=session.lease_id
+            )
+        )
+        assert slot.rev is not None
+        reply = await self.client.txn(
+            pb.TxnRequest(compare=[_created_at(slot.key, slot.rev)], success=[put])
+        )
+        if not reply.succeeded:
+            return Refused("lock key deleted at the server")
+        if not self._fits(session, ref.ttl):
+            await self._keep_alive([session])  # sent after t_send: G3 for the new ttl
+        if session.dead:
+            return Refused(f"etcd lease {session.lease_id:x} expired")
+        if self.slots.get(slot.name) is not slot or not slot.held:
+            return Refused("lost while renewing")
+        old = slot.session
+        if old is not None and old is not session:
+            old.users -= 1
+            if old.users <= 0:
+                old.idle_since = self.clock.now()
+        session.users += 1
+        session.idle_since = None
+        slot.session, slot.ttl = session, ref.ttl
+        slot.expires_at = t_send + ref.ttl
+        self._granted_ttls[slot.owner] = session.granted
+        return True
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         slot = self.slots.get(name)
@@ -492,8 +565,7 @@ class EtcdDriver(Driver):
             return await self._delete_own(slot)
         except BaseException:
             if slot.session is not None and not slot.session.dead:
-                key = self._key(slot.name, slot.session)
-                self._orphans[key] = (slot.rev, slot.owner.encode())
+                self._orphans[slot.key] = (slot.rev, slot.owner.encode())
             raise
         finally:
             self._free(slot.name, slot)
@@ -523,6 +595,46 @@ class EtcdDriver(Driver):
         )
         return bool(reply.kvs) and reply.kvs[0].create_revision == token
 
+    async def _first(self, name: str) -> Any:
+        """The key with the lowest create revision under the lock's prefix (the holder)."""
+        prefix = self.lock_prefix(name)
+        reply = await self.client.range(
+            pb.RangeRequest(
+                key=prefix,
+                range_end=prefix_end(prefix),
+                sort_order=pb.SORT_ASCEND,
+                sort_target=pb.SORT_TARGET_CREATE,
+                limit=1,
+            )
+        )
+        return reply.kvs[0] if reply.kvs else None
+
+    async def holder(self, name: str) -> Holder | None:
+        kv = await self._first(name)
+        if kv is None:
+            return None
+        remaining: float | None = None
+        if kv.lease:
+            reply = await self.client.time_to_live(kv.lease, keys=False)
+            if reply.TTL < 0:
+                return None  # its lease just expired: the key is being deleted
+            remaining = float(reply.TTL)  # whole seconds, rounded down
+        # Our keys carry the owner; etcdctl's and Go's Mutex keys are empty.
+        owner = kv.value.decode("utf-8", "replace") or None
+        return Holder(name, owner, kv.create_revision, remaining)
+
+    async def break_lock(self, name: str) -> bool:
+        kv = await self._first(name)
+        if kv is None:
+            return False
+        # G2: the next key anyone creates gets a larger revision; the broken holder's next
+        # renewal finds its key gone (refused).
+        broken = await self._delete_key(kv.key, kv.create_revision, None)
+        slot = self.slots.get(name)
+        if broken and slot is not None and slot.key == kv.key:
+            self._free(name, slot)  # a holder here: the name is free for the next task now
+        return broken
+
     def granted_ttl(self, owner: str) -> int | None:
         """Seconds etcd granted the session lease of the hold ``owner`` (None: unknown)."""
         return self._granted_ttls.get(owner)
@@ -533,8 +645,7 @@ class EtcdDriver(Driver):
         """Delete our key (owner-checked by its create revision when we know it)."""
         if slot.session is None:
             return False
-        key = self._key(slot.name, slot.session)
-        return await self._delete_key(key, slot.rev, slot.owner.encode())
+        return await self._delete_key(slot.key, slot.rev, slot.owner.encode())
 
     async def _delete_key(self, key: bytes, rev: int | None, owner: bytes | None) -> bool:
         """Delete ``key`` if it is still the one we wrote: same create revision, or (the
@@ -586,8 +697,7 @@ class EtcdDriver(Driver):
                     # The core stopped renewing (lost locally): expire it like the server
                     # would a lease of its own.
                     if slot.session is not None and not slot.session.dead:
-                        key = self._key(name, slot.session)
-                        self._orphans[key] = (slot.rev, slot.owner.encode())
+                        self._orphans[slot.key] = (slot.rev, slot.owner.encode())
                     self._free(name, slot)
                 elif slot.held:
                     due = min(due, slot.expires_at)
