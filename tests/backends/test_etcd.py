@@ -182,8 +182,8 @@ async def test_a_thousand_names_on_one_session(etcd: asynclock.Backend, lock_nam
         assert len([s for s in driver.sessions.values() if s.users]) == 1
         before = etcd.stats()
         with anyio.fail_after(10):
-            await etcd._renewal_round()
-            await etcd._renewal_round()
+            await asynclock.testing.next_renewal_round(etcd)
+            await asynclock.testing.next_renewal_round(etcd)
         after = etcd.stats()
         assert after.losses == 0
         assert after.renewals - before.renewals >= 1000
@@ -276,7 +276,7 @@ async def test_partitioned_holder_is_cancelled_before_the_server_expires_it(
     async with asynclock.connect(f"etcd://{proxy.address}?timeout=1") as cut_off:
         with pytest.raises(asynclock.LeaseLost) as info:
             async with cut_off.lock(lock_name, ttl=ttl) as lease:
-                await cut_off._renewal_round()
+                await asynclock.testing.next_renewal_round(cut_off)
                 session = etcd_driver(cut_off).sessions[ttl]
                 proxy.blackhole()
                 try:
@@ -304,13 +304,13 @@ async def test_leader_killed_while_held_keeps_the_lease(
     leader = cluster.leader()
     async with asynclock.connect(cluster.url, release_timeout=10) as backend:
         async with backend.lock(lock_name, ttl=6.0) as lease:
-            await backend._renewal_round()
+            await asynclock.testing.next_renewal_round(backend)
             await anyio.to_thread.run_sync(leader.kill)
             with anyio.fail_after(20):
                 await anyio.to_thread.run_sync(cluster.leader)
                 # Renewals go on through the new leader, on the same lease and token.
                 for _ in range(3):
-                    await backend._renewal_round()
+                    await asynclock.testing.next_renewal_round(backend)
             assert not lease.lost
             assert await backend.validate(lock_name, lease.token)
         assert backend.stats().losses == 0
@@ -395,7 +395,7 @@ async def test_auth_user_password(etcd_factory: EtcdFactory, lock_name: str) -> 
     host = cluster.nodes[0].address
     async with asynclock.connect(f"etcd://root:rootpw@{host}") as backend:
         async with backend.lock(lock_name, ttl=2.0) as lease:
-            await backend._renewal_round()
+            await asynclock.testing.next_renewal_round(backend)
             assert await backend.validate(lock_name, lease.token)
     with pytest.raises(asynclock.BackendUnavailable, match="authenticate"):
         async with asynclock.connect(f"etcd://root:wrong@{host}"):
@@ -429,7 +429,7 @@ async def test_tls_with_client_certificates(
     for host in ("127.0.0.1", "localhost"):  # the certificate names both
         async with asynclock.connect(f"etcd://{host}:{port}?{files}") as backend:
             async with backend.lock(lock_name, ttl=2.0) as lease:
-                await backend._renewal_round()
+                await asynclock.testing.next_renewal_round(backend)
                 assert await backend.validate(lock_name, lease.token)
     # The server requires a client certificate; a wrong CA fails the handshake.
     with pytest.raises(asynclock.BackendUnavailable):
@@ -450,12 +450,12 @@ async def test_a_frozen_member_is_failed_over_while_held(
     async with asynclock.connect(cluster.url + "?timeout=1", release_timeout=10) as backend:
         client = etcd_driver(backend).client
         async with backend.lock(lock_name, ttl=6.0) as lease:
-            await backend._renewal_round()
+            await asynclock.testing.next_renewal_round(backend)
             first.freeze()
             try:
                 with anyio.fail_after(20):
                     while client.failovers == 0 or backend.stats().renewals < 3:
-                        await backend._renewal_round()
+                        await asynclock.testing.next_renewal_round(backend)
                 assert not lease.lost
                 assert await backend.validate(lock_name, lease.token)
             finally:

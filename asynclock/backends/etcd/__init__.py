@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from ..._core.asyncio_only import require_asyncio
 from ..._core.backend import Backend
 from ..._core.lease import Lease
 from ..._core.validation import check_seconds
@@ -75,6 +76,7 @@ def _read(path: object, what: str) -> bytes:
 
 
 def driver_from_url(url: str, **options: Any) -> EtcdDriver:
+    require_asyncio("the etcd backend (etcd://)", "grpc.aio")
     parts = urlsplit(url)
     netloc = parts.netloc
     user: str | None = None

@@ -35,6 +35,7 @@ from typing import Any
 
 import anyio
 
+from ..._core.asyncio_only import require_asyncio
 from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
 from ..._core.exceptions import BackendUnavailable
 from ..._core.holder import Holder
@@ -137,6 +138,7 @@ class EtcdDriver(Driver):
     # -- lifecycle -------------------------------------------------------------------------
 
     async def open(self) -> None:
+        require_asyncio(self.display, "grpc.aio")
         await self.client.open()
 
     async def aclose(self) -> None:
