@@ -273,7 +273,11 @@ class EtcdDriver(Driver):
         slot = self.slots[name] = _Slot(name, owner, ttl)
         return slot
 
-    async def acquire(self, name: str, owner: str, ttl: float, *, queue: bool) -> int | Busy:
+    async def acquire(
+        self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
+    ) -> int | Busy:
+        # ``scope`` needs nothing here: a token is a create revision, which rises across
+        # the whole cluster, so it is above every token ever handed out, in any scope (G2).
         claimed = self._claim(name, owner, ttl, queue)
         if isinstance(claimed, Busy):
             return claimed
@@ -610,6 +614,13 @@ class EtcdDriver(Driver):
             )
         )
         return reply.kvs[0] if reply.kvs else None
+
+    async def owner_of(self, name: str) -> tuple[str, int] | None:
+        kv = await self._first(name)
+        if kv is None:
+            return None
+        # Our keys store the owner (with a leader's identity in it); etcdctl's are empty.
+        return kv.value.decode("utf-8", "replace"), kv.create_revision
 
     async def holder(self, name: str) -> Holder | None:
         kv = await self._first(name)
