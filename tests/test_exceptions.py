@@ -25,6 +25,12 @@ SAMPLES: dict[str, asynclock.AsynclockError] = {
 }
 
 
+#: Constructor arguments of exceptions defined by a backend module.
+BACKEND_ARGS: dict[str, tuple[object, ...]] = {
+    "EtcdError": ("etcd://h:2379: Range failed: connection refused", "UNAVAILABLE"),
+}
+
+
 def all_exception_classes() -> list[type[asynclock.AsynclockError]]:
     for module in pkgutil.iter_modules(asynclock.backends.__path__):
         importlib.import_module(f"asynclock.backends.{module.name}")
@@ -42,6 +48,8 @@ def all_exception_classes() -> list[type[asynclock.AsynclockError]]:
 def sample(cls: type[asynclock.AsynclockError]) -> asynclock.AsynclockError:
     if cls.__name__ in SAMPLES:
         return SAMPLES[cls.__name__]
+    if cls.__name__ in BACKEND_ARGS:
+        return cls(*BACKEND_ARGS[cls.__name__])
     # A subclass elsewhere (e.g. PoolerDetected) takes its base's constructor arguments.
     base = next(b for b in cls.__mro__[1:] if b.__name__ in SAMPLES)
     return cls(*SAMPLES[base.__name__].args)
