@@ -68,8 +68,11 @@ class Endpoints:
 class EtcdError(BackendUnavailable):
     """An etcd call failed; ``code`` is the gRPC status code name (``UNAVAILABLE``, …)."""
 
+    _fields = ("message", "code")  # rebuilt from both when unpickled
+
     def __init__(self, message: str, code: str) -> None:
         super().__init__(message)
+        self.message = message
         self.code = code
 
 
