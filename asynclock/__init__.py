@@ -11,6 +11,7 @@ from ._core.context import current_lease, use_lease
 from ._core.driver import Driver
 from ._core.exceptions import (
     AcquireTimeout,
+    AlreadyHeld,
     AsynclockError,
     BackendUnavailable,
     LeaseLost,
@@ -26,6 +27,7 @@ __version__ = "0.1.0.dev0"
 
 __all__ = (
     "AcquireTimeout",
+    "AlreadyHeld",
     "AsynclockError",
     "Backend",
     "BackendStats",

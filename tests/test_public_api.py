@@ -11,6 +11,7 @@ import asynclock.testing
 
 PUBLIC = {
     "AcquireTimeout",
+    "AlreadyHeld",
     "AsynclockError",
     "Backend",
     "BackendStats",

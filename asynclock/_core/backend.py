@@ -14,6 +14,8 @@ Everything here is shared by every backend (STYLE: small backends, smart core):
 
 from __future__ import annotations
 
+import functools
+import importlib
 import itertools
 import logging
 import math
@@ -21,9 +23,10 @@ import os
 import random
 import re
 import sys
+import threading
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Any, Self, TypeVar, cast
+from typing import Any, NoReturn, Self, TypeVar, cast
 
 import anyio
 import anyio.abc
@@ -35,6 +38,7 @@ from .context import HOLDS as _HOLDS
 from .driver import Busy, Driver, LeaseRef, Refused
 from .exceptions import (
     AcquireTimeout,
+    AlreadyHeld,
     AsynclockError,
     BackendUnavailable,
     LeaseLost,
@@ -45,6 +49,7 @@ from .stats import BackendStats, StatsRecorder
 from .validation import MAX_NAME_BYTES, check_name, check_timeout, check_token, check_ttl
 
 logger = logging.getLogger("asynclock")
+_get_ident = threading.get_ident
 T = TypeVar("T")
 
 #: How long a waiter sleeps between attempts when the driver gives no hint.
@@ -109,6 +114,17 @@ class Backend:
             anyio.lowlevel.checkpoint_if_cancelled
         )
         self._open = False
+        # Waiters' cancel scopes (cancelled when the backend closes) and the number of
+        # acquisitions in flight (close waits for them to settle before it closes the driver).
+        self._waiters: set[anyio.CancelScope] = set()
+        self._pending = 0
+        self._settled: anyio.Event | None = None
+        # The thread whose event loop opened the backend: every acquire, validate and
+        # release compares it with the running thread's id (~30 ns; asking for the running
+        # loop itself costs ~10 times that on the hold fast path).
+        self._thread: int | None = None
+        self._opened_in = "no event loop (not open)"
+        self._current_task: Callable[[], object] = _any_current_task
         driver.bind(self.clock, self._wake_waiters, self._lost_out_of_band)
 
     def __repr__(self) -> str:
@@ -119,11 +135,14 @@ class Backend:
     async def __aenter__(self) -> Self:
         if self._open:
             raise RuntimeError("this backend is already open; use one `async with` per backend")
-        await self.driver.open()
         # The running event loop's cancel scope class: holder scopes are made directly,
         # skipping anyio's per-call back-end lookup (a measurable part of a fast hold).
         self._scope_type = type(anyio.CancelScope())
         self._checkpoint_if_cancelled = _checkpoint_if_cancelled_for(self._scope_type)
+        self._current_task = _current_task_function(self._scope_type)
+        self._thread = _get_ident()
+        self._opened_in = _describe_loop()
+        await self.driver.open()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._open = True
@@ -140,6 +159,15 @@ class Backend:
         tb: TracebackType | None,
     ) -> bool | None:
         self._open = False
+        # Waiters raise BackendUnavailable; a lease granted from now on is released by
+        # the task that asked for it (see _acquire). Wait (bounded) for them to settle,
+        # so their clean-up still has a driver to talk to.
+        for scope in list(self._waiters):
+            scope.cancel()
+        if self._pending:
+            self._settled = anyio.Event()
+            with anyio.move_on_after(self.release_timeout, shield=True):
+                await self._settled.wait()
         held = list(self._held.values())
         for lease in held:
             self._lose(lease, "backend closed")
@@ -171,6 +199,14 @@ class Backend:
             raise RuntimeError(
                 "backend is not open: use `async with asynclock.connect(url) as backend:`"
             )
+
+    def _wrong_loop(self) -> None:
+        """Raise: this backend is used from an event loop other than the one it opened in."""
+        raise RuntimeError(
+            f"this {self.driver.display} backend belongs to the event loop it was opened in "
+            f"({self._opened_in}) but was used from another one ({_describe_loop()}); open "
+            "one backend per event loop (per thread)"
+        )
 
     # -- public API ------------------------------------------------------------------------
 
@@ -214,6 +250,8 @@ class Backend:
     async def validate(self, name: str, token: int) -> bool:
         """True if ``token`` is the live holder's token for ``name`` right now (G9)."""
         self._require_open()
+        if _get_ident() != self._thread:
+            self._wrong_loop()
         check_name(name)
         check_token(token)
         return bool(await self._call("validate", self.driver.validate(name, token)))
@@ -242,6 +280,8 @@ class Backend:
     ) -> Lease:
         if not self._open:
             self._require_open()
+        if _get_ident() != self._thread:
+            self._wrong_loop()
         await self._checkpoint_if_cancelled()
         if ttl * (1 - self.drift) - self.margin <= 0:
             raise ValueError(
@@ -251,6 +291,7 @@ class Backend:
         # Unique per acquisition: 96 random bits per backend plus a counter (a syscall for
         # fresh randomness on every acquisition showed up in the fast path).
         owner = f"{self._owner_prefix}{next(self._owner_seq):08x}"
+        self._pending += 1
         try:
             # The first attempt, inline (the loop in _wait repeats it): most acquisitions
             # succeed here, and a call less is measurable on the fast path.
@@ -261,12 +302,26 @@ class Backend:
                 await self._undo_acquire(name, owner, exc)
                 raise  # _undo_acquire raised the wrapped error for plain exceptions
             if not isinstance(result, Busy):
-                return self._grant(name, owner, result, ttl, t_send, max_hold)
+                if self._open:
+                    return self._grant(name, owner, result, ttl, t_send, max_hold)
+                await self._refuse_grant(name, owner, result)
             return await self._wait(name, owner, ttl, t_send, timeout, blocking, max_hold, result)
         except BaseException:
             if blocking:  # leave the wait queue (after any clean-up of the attempt)
                 await self._shielded(self.driver.abandon(name, owner), "abandon wait")
             raise
+        finally:
+            self._pending -= 1
+            if self._settled is not None and not self._pending:
+                self._settled.set()
+
+    async def _refuse_grant(self, name: str, owner: str, token: int) -> NoReturn:
+        """Granted after close began: nobody would renew it, so give it back and raise."""
+        await self._shielded(self.driver.release(name, owner, token), "release after close")
+        raise BackendUnavailable(
+            f"{self.driver.display}: backend closed while acquiring {name!r}; "
+            "the lease it granted meanwhile was released"
+        )
 
     async def _undo_acquire(self, name: str, owner: str, exc: BaseException) -> None:
         """An attempt was interrupted or failed: the server may have granted it (G6)."""
@@ -292,42 +347,53 @@ class Backend:
         driver, clock = self.driver, self.clock
         give_up_at = None if timeout is None else started + timeout
         watching = False
+        # Cancelled when the backend closes: a waiter must not outlive its backend (nobody
+        # would renew what it got).
+        closing = self._scope_type()
+        self._waiters.add(closing)
         try:
-            while True:
-                self._stats.busy_attempts += 1
-                if not blocking:
-                    raise LockHeld(name, result.retry_after)
-                now = clock.now()
-                if give_up_at is not None and now >= give_up_at:
-                    assert timeout is not None
-                    raise AcquireTimeout(name, timeout)
-                # Listen for local releases from now on (no await since the attempt).
-                released = self._release_events.get(name)
-                if released is None:
-                    released = self._release_events[name] = anyio.Event()
-                retry_now = False
-                if not watching:
-                    watching = True
-                    # A release between the failed attempt and a new subscription could
-                    # be missed: the driver says whether to try again at once.
-                    retry_now = bool(await self._call("watch", driver.watch(name)))
-                if not retry_now:
-                    delay = DEFAULT_POLL if result.retry_after is None else result.retry_after
-                    delay = delay * (1 + 0.1 * random.random()) + 0.0005 * random.random()
-                    if give_up_at is not None:
-                        delay = min(delay, give_up_at - now)
-                    with anyio.move_on_after(max(0.0, delay)):
-                        await released.wait()
-                t_send = clock.now()
-                try:
-                    attempt = await driver.acquire(name, owner, ttl, queue=blocking)
-                except BaseException as exc:
-                    await self._undo_acquire(name, owner, exc)
-                    raise
-                if not isinstance(attempt, Busy):
-                    return self._grant(name, owner, attempt, ttl, t_send, max_hold)
-                result = attempt
+            with closing:
+                while True:
+                    self._stats.busy_attempts += 1
+                    if not blocking:
+                        raise LockHeld(name, result.retry_after)
+                    now = clock.now()
+                    if give_up_at is not None and now >= give_up_at:
+                        assert timeout is not None
+                        raise AcquireTimeout(name, timeout)
+                    # Listen for local releases from now on (no await since the attempt).
+                    released = self._release_events.get(name)
+                    if released is None:
+                        released = self._release_events[name] = anyio.Event()
+                    retry_now = False
+                    if not watching:
+                        watching = True
+                        # A release between the failed attempt and a new subscription could
+                        # be missed: the driver says whether to try again at once.
+                        retry_now = bool(await self._call("watch", driver.watch(name)))
+                    if not retry_now:
+                        delay = DEFAULT_POLL if result.retry_after is None else result.retry_after
+                        delay = delay * (1 + 0.1 * random.random()) + 0.0005 * random.random()
+                        if give_up_at is not None:
+                            delay = min(delay, give_up_at - now)
+                        with anyio.move_on_after(max(0.0, delay)):
+                            await released.wait()
+                    t_send = clock.now()
+                    try:
+                        attempt = await driver.acquire(name, owner, ttl, queue=blocking)
+                    except BaseException as exc:
+                        await self._undo_acquire(name, owner, exc)
+                        raise
+                    if not isinstance(attempt, Busy):
+                        if self._open:
+                            return self._grant(name, owner, attempt, ttl, t_send, max_hold)
+                        await self._refuse_grant(name, owner, attempt)
+                    result = attempt
+            raise BackendUnavailable(
+                f"{driver.display}: backend closed while waiting for lock {name!r}"
+            )
         finally:
+            self._waiters.discard(closing)
             if watching:
                 await self._shielded(driver.unwatch(name), "unwatch")
 
@@ -371,6 +437,8 @@ class Backend:
         scope, shield turned on after the body); the release then runs in it instead of a
         new one, and its deadline bounds the call.
         """
+        if _get_ident() != self._thread:
+            self._wrong_loop()
         # Stop renewing first: renewal is tied to the holder's life, never outlives it.
         self._held.pop(lease.owner, None)
         if lease._released:
@@ -575,6 +643,37 @@ def _checkpoint_if_cancelled_for(
     return anyio.lowlevel.checkpoint_if_cancelled
 
 
+def _any_current_task() -> object:
+    return anyio.get_current_task().id
+
+
+def _current_task_function(scope_type: type[anyio.CancelScope]) -> Callable[[], object]:
+    """A cheap way to name the running task on the event loop whose cancel scope class is
+    ``scope_type`` (the anyio back-end is known once the backend opens)."""
+    module = scope_type.__module__
+    if module.endswith("._asyncio"):
+        import asyncio
+
+        # Passing the loop skips the running-loop lookup (half the cost of the call).
+        return functools.partial(asyncio.current_task, asyncio.get_running_loop())
+    if module.endswith("._trio"):
+        lowlevel = importlib.import_module("trio.lowlevel")  # present: trio is running
+        return cast(Callable[[], object], lowlevel.current_task)
+    return _any_current_task
+
+
+def _describe_loop() -> str:
+    import asyncio
+
+    thread = threading.current_thread()
+    try:
+        loop = asyncio.get_running_loop()
+        where = f"{type(loop).__name__} {id(loop):#x}"
+    except RuntimeError:
+        where = "the event loop"  # trio, or not in an event loop at all
+    return f"{where} in thread {thread.name!r} ({thread.ident})"
+
+
 def _deadline_reason(lease: Lease, now: float) -> str:
     hard = lease.hard_deadline is not None and now >= lease.hard_deadline
     return "max_hold reached" if hard else "local deadline passed"
@@ -610,6 +709,27 @@ def _check_lock_args(
     return name, ttl_f, timeout_f, blocking, hold
 
 
+def _refuse_nested(backend: Backend, name: str, holds: tuple[Any, ...]) -> None:
+    """Raise :class:`AlreadyHeld` if this task is inside ``async with backend.lock(name)``.
+
+    A child task starts with a copy of its parent's holds, so a hold counts only while
+    its lease is live and only in the task that entered it.
+    """
+    task: object = None
+    for _, lease, _ in holds:
+        if (
+            lease.name == name
+            and lease._backend is backend
+            and lease._task is not None
+            and not lease._released
+            and not lease.lost
+        ):
+            if task is None:
+                task = backend._current_task()
+            if lease._task is task:
+                raise AlreadyHeld(name, lease.token)
+
+
 class Lock:
     """``async with backend.lock(name, ttl=...) as lease:`` — see :meth:`Backend.lock`.
 
@@ -641,13 +761,17 @@ class Lock:
 
     async def __aenter__(self) -> Lease:
         backend = self._backend
+        holds = _HOLDS.get()
+        if holds:
+            _refuse_nested(backend, self._args[0], holds)
         lease = await backend._acquire(*self._args)
+        lease._task = backend._current_task()
         scope = backend._scope_type()
         scope.__enter__()
         lease._scope = scope
         if lease.lost.reason is not None:
             scope.cancel()
-        _HOLDS.set((*_HOLDS.get(), (self, lease, scope)))
+        _HOLDS.set((*holds, (self, lease, scope)))
         return lease
 
     async def __aexit__(

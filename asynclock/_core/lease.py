@@ -61,6 +61,7 @@ class Lease:
         "_deadline",
         "_released",
         "_scope",
+        "_task",
         "acquired_at",
         "hard_deadline",
         "lost",
@@ -95,6 +96,8 @@ class Lease:
         self._backend = backend
         #: The holder's cancel scope while inside ``async with backend.lock(...)``.
         self._scope: anyio.CancelScope | None = None
+        #: The task that entered ``async with backend.lock(...)`` (None for acquire()).
+        self._task: object = None
         self._released = False
 
     def __repr__(self) -> str:
