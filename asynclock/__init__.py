@@ -22,6 +22,7 @@ from ._core.exceptions import (
 from ._core.lease import Lease, LossSignal
 from ._core.stats import BackendStats, HoldTimes
 from ._core.templates import NameTemplate
+from ._core.validation import MAX_TTL
 
 __version__ = "0.1.0.dev0"
 
@@ -40,6 +41,7 @@ __all__ = (
     "Lock",
     "LockHeld",
     "LossSignal",
+    "MAX_TTL",
     "MonotonicClock",
     "NameTemplate",
     "QuorumNotReached",

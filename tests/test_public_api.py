@@ -24,6 +24,7 @@ PUBLIC = {
     "Lock",
     "LockHeld",
     "LossSignal",
+    "MAX_TTL",
     "MonotonicClock",
     "NameTemplate",
     "QuorumNotReached",

@@ -46,7 +46,15 @@ from .exceptions import (
 )
 from .lease import Lease
 from .stats import BackendStats, StatsRecorder
-from .validation import MAX_NAME_BYTES, check_name, check_timeout, check_token, check_ttl
+from .validation import (
+    MAX_NAME_BYTES,
+    MAX_TTL,
+    check_lease_ttl,
+    check_name,
+    check_timeout,
+    check_token,
+    check_ttl,
+)
 
 logger = logging.getLogger("asynclock")
 _get_ident = threading.get_ident
@@ -691,15 +699,16 @@ def _check_lock_args(
     if (
         type(name) is str
         and 0 < len(name) <= MAX_NAME_BYTES // 4
+        and name.isascii()
         and (type(ttl) is float or type(ttl) is int)
-        and 0 < ttl < math.inf
+        and 0 < ttl <= MAX_TTL
         and timeout is None
         and blocking is True
         and max_hold is None
     ):
         return name, float(ttl), None, True, None
     name = check_name(name)
-    ttl_f = check_ttl(ttl)
+    ttl_f = check_lease_ttl(ttl)
     timeout_f = check_timeout(timeout)
     if not isinstance(blocking, bool):
         raise TypeError(f"blocking must be True or False, not {type(blocking).__name__}")

@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import asynclock
 
@@ -19,6 +21,9 @@ pytestmark = pytest.mark.anyio
         ("", ValueError, "non-empty"),
         ("x" * 513, ValueError, "at most 512"),
         ("é" * 257, ValueError, "514 UTF-8 bytes"),
+        ("a\ud800b", ValueError, "lone surrogate .* at index 1"),
+        ("\udfff", ValueError, "encodable as UTF-8"),
+        ("x" * 300 + "\ud83d", ValueError, "lone surrogate"),
         (b"bytes", TypeError, "must be a str"),
         (42, TypeError, "must be a str"),
         (None, TypeError, "must be a str"),
@@ -54,6 +59,9 @@ async def test_longest_allowed_name_works(backend: asynclock.Backend) -> None:
         ({"ttl": 1.0, "blocking": False, "timeout": 1}, ValueError, "blocking=True"),
         ({"ttl": 1.0, "blocking": "no"}, TypeError, "True or False"),
         ({"ttl": 1.0, "max_hold": 0}, ValueError, "max_hold"),
+        ({"ttl": asynclock.MAX_TTL + 1}, ValueError, "at most 604800 seconds"),
+        ({"ttl": 1e300}, ValueError, "at most 604800 seconds"),
+        ({"ttl": 30 * 24 * 3600, "timeout": 1.0}, ValueError, "at most 604800 seconds"),
     ],
 )
 async def test_bad_lock_arguments(
@@ -61,6 +69,60 @@ async def test_bad_lock_arguments(
 ) -> None:
     with pytest.raises(error, match=words):
         backend.lock("x", **kwargs)
+
+
+@pytest.mark.parametrize("ttl", [asynclock.MAX_TTL + 0.5, 1e300, 2**70])
+async def test_huge_ttl_is_refused_before_any_io(backend: asynclock.Backend, ttl: float) -> None:
+    with pytest.raises(ValueError, match="ttl must be at most 604800 seconds"):
+        await backend.acquire("x", ttl=ttl)
+    with pytest.raises(ValueError, match="ttl must be at most 604800 seconds"):
+        async with backend.lock("x", ttl=ttl, blocking=False):
+            pass  # pragma: no cover
+
+
+async def test_longest_allowed_ttl_works(backend: asynclock.Backend, lock_name: str) -> None:
+    """Every backend honours MAX_TTL (PostgreSQL's idle_session_timeout is an int of ms)."""
+    assert asynclock.MAX_TTL == 7 * 24 * 3600
+    lease = await backend.acquire(lock_name, ttl=asynclock.MAX_TTL)
+    assert lease.remaining() > asynclock.MAX_TTL * 0.98
+    assert await backend.validate(lock_name, lease.token)
+    assert await lease.release()
+
+
+async def test_a_lone_surrogate_name_is_refused_before_any_io(
+    backend: asynclock.Backend,
+) -> None:
+    for name in ("\ud800", "ok\udfffok", "é\udc80"):
+        with pytest.raises(ValueError, match="lone surrogate"):
+            await backend.acquire(name, ttl=1.0)
+        with pytest.raises(ValueError, match="lone surrogate"):
+            await backend.validate(name, 1)
+    async with backend.lock("é😀ok", ttl=5.0) as lease:  # any other str is fine
+        assert lease.name == "é😀ok"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    name=st.one_of(st.text(max_size=200), st.text(alphabet=st.characters(), max_size=140)),
+    ttl=st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.integers(min_value=-(2**70), max_value=2**70),
+        st.sampled_from([asynclock.MAX_TTL, asynclock.MAX_TTL + 1e-6, 5e-324, 0.0, -0.0]),
+    ),
+)
+def test_fast_path_and_validators_agree(name: str, ttl: float) -> None:
+    """``backend.lock(name, ttl=...)`` takes a fast path; passing ``timeout`` takes the
+    full validators: both accept the same (name, ttl) and refuse the rest alike."""
+    backend = asynclock.connect("memory://")
+
+    def outcome(**extra: Any) -> tuple[str, Any]:
+        try:
+            lock = backend.lock(name, ttl=ttl, **extra)
+        except (TypeError, ValueError) as exc:
+            return type(exc).__name__, str(exc)
+        return "ok", (lock.name, repr(lock))
+
+    assert outcome() == outcome(timeout=math.inf)
 
 
 async def test_ttl_too_short_for_margin(backend: asynclock.Backend) -> None:
