@@ -32,7 +32,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import anyio
 import redis.asyncio
@@ -1196,7 +1196,69 @@ def _token_of(value: bytes) -> int | None:
         return None
 
 
+#: What asynclock sets on every Redis connection itself (a URL or option may not).
+_SET_BY_ASYNCLOCK = {
+    "decode_responses": "asynclock reads raw bytes (decode_responses=False)",
+}
+#: redis-py options that take a string in a URL query, besides its URL parsers' own.
+_REDIS_STR_OPTIONS = {
+    "client_name",
+    "username",
+    "password",
+    "path",
+    "ssl_ca_certs",
+    "ssl_ca_path",
+    "ssl_cert_reqs",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_password",
+    "ssl_ciphers",
+}
+
+
+def check_redis_url(
+    url: str, options: dict[str, Any], *, ours: set[str], scheme: str = "redis"
+) -> None:
+    """Refuse a Redis URL or option that would only fail at open (or be ignored): a
+    non-integer database, an unknown query option, one that asynclock sets itself. For
+    ``connect()``, so a configuration error is a ValueError there, never "unavailable".
+
+    ``ours``: the driver's own option names that its URL query may carry."""
+    from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS
+
+    parts = urlsplit(url)
+    if parts.scheme.lower() in ("redis", "rediss", "redlock"):
+        db = unquote(parts.path).strip("/")
+        if db and not db.isdigit():
+            raise ValueError(
+                f"the {scheme}:// URL path is the database number "
+                f"({scheme}://host:6379/0), got {db!r}"
+            )
+    allowed = set(URL_QUERY_ARGUMENT_PARSERS) | _REDIS_STR_OPTIONS | ours
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key in _SET_BY_ASYNCLOCK:
+            raise ValueError(
+                f"{scheme}:// URL option {key}={value} clashes with an option asynclock "
+                f"sets itself: {_SET_BY_ASYNCLOCK[key]}; remove it from the URL"
+            )
+        if key not in allowed:
+            raise ValueError(
+                f"unknown {scheme}:// URL option {key!r}; allowed: {', '.join(sorted(allowed))}"
+            )
+        if key == "db" and not value.isdigit():
+            raise ValueError(f"{scheme}:// URL option db must be an integer, got {value!r}")
+    for key in options:
+        if key in _SET_BY_ASYNCLOCK:
+            raise ValueError(
+                f"{scheme}:// option {key}={options[key]!r} clashes with an option asynclock "
+                f"sets itself: {_SET_BY_ASYNCLOCK[key]}; do not pass it"
+            )
+
+
 def driver_from_url(url: str, **options: Any) -> RedisDriver:
+    scheme = urlsplit(url).scheme.lower()
+    # The driver's own options are keyword arguments; the URL query goes to redis-py.
+    check_redis_url(url, options, ours=set(), scheme=scheme)
     ours, rest = split_options(options)
     return RedisDriver(url, **ours, **rest)
 

@@ -182,3 +182,71 @@ async def test_backend_must_be_open(backend: asynclock.Backend) -> None:
     closed = asynclock.connect("memory://")
     with pytest.raises(RuntimeError, match=r"async with asynclock\.connect"):
         await closed.acquire("x", ttl=1.0)
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("memory://host", "memory:// takes no host, path or query options"),
+        ("memory://?x=1", "memory:// takes no host, path or query options"),
+        ("memory:///some/path", "use exactly 'memory://'"),
+        ("sqlite:///x.db?foo=bar", "unknown sqlite:// URL option.*'foo'.*busy_timeout"),
+        ("sqlite:///x.db?foo", "unknown sqlite:// URL option.*'foo'"),
+        ("redis://localhost:6379/abc", r"redis:// URL path is the database number.*'abc'"),
+        ("redis://localhost:6379/0/1", "database number"),
+        ("rediss://localhost/x", "rediss:// URL path is the database number"),
+        (
+            "redis://localhost?foo=bar",
+            "unknown redis:// URL option 'foo'; allowed: .*socket_timeout",
+        ),
+        ("redis://localhost?db=two", "db must be an integer"),
+        ("unix:///tmp/r.sock?foo=1", "unknown unix:// URL option 'foo'"),
+        ("redis://localhost/0?decode_responses=True", "clashes with an option asynclock sets"),
+        ("redlock://a,b,c/abc", "database"),
+        ("redlock://a,b,c?foo=bar", "unknown redlock:// URL option 'foo'; allowed: .*node_timeout"),
+        ("redlock://a,b,c?decode_responses=1", "clashes with an option asynclock sets"),
+        ("postgresql://u@h/db?foo=bar", "unknown postgresql:// URL option 'foo'; allowed: .*mode"),
+        ("postgres://u@h/db?idle_session_timeout=5", "clashes with a setting asynclock manages"),
+    ],
+)
+def test_bad_urls_are_value_errors_at_connect(url: str, words: str) -> None:
+    """A configuration error is a ValueError from connect() (no I/O yet), never a
+    BackendUnavailable("connect failed") at open, and never silently ignored."""
+    with pytest.raises(ValueError, match=words):
+        asynclock.connect(url)
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "error", "words"),
+    [
+        ("redis://localhost", {"decode_responses": True}, ValueError, "asynclock sets itself"),
+        ("redlock://a,b,c", {"decode_responses": True}, ValueError, "asynclock sets itself"),
+        ("sqlite:///x.db", {"journal": "off"}, ValueError, "unknown sqlite:// option.*'journal'"),
+        ("postgresql://u@h/db", {"pool": 3}, TypeError, "unknown postgresql:// option.*'pool'"),
+        ("memory://", {"x": 1}, TypeError, "memory:// takes no options"),
+    ],
+)
+def test_bad_options_are_errors_at_connect(
+    url: str, options: dict[str, Any], error: type[Exception], words: str
+) -> None:
+    with pytest.raises(error, match=words):
+        asynclock.connect(url, **options)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "memory://",
+        "memory:",
+        "sqlite:///x.db?synchronous=full&busy_timeout=2",
+        "redis://localhost:6379/0?protocol=3&socket_timeout=2&client_name=me",
+        "redis://localhost:6379",
+        "redis://localhost:6379/",
+        "unix:///tmp/r.sock?db=3",
+        "rediss://localhost/2?ssl_cert_reqs=none",
+        "redlock://a,b,c/1?node_timeout=0.5&tls=1&prefix=app:",
+        "postgresql://u@h/db?mode=lease&sslmode=disable&application_name=x&myapp.tenant=3",
+    ],
+)
+def test_good_urls_are_accepted(url: str) -> None:
+    assert isinstance(asynclock.connect(url), asynclock.Backend)
