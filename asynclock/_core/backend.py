@@ -24,6 +24,7 @@ import random
 import re
 import sys
 import threading
+import weakref
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, NoReturn, Self, TypeVar, cast
@@ -105,7 +106,11 @@ class Backend:
         self.drift = drift
         self.margin = margin
         self.heartbeat = heartbeat
-        self._held: dict[str, Lease] = {}
+        # owner -> (weak reference to the Lease, name, token): a lease nobody references
+        # any more is not renewed but released, with a warning (see _reap_dropped).
+        self._held: dict[str, _Held] = {}
+        self._dropped: list[weakref.ref[Lease]] = []  # appended by the weakref callback
+        self._on_collected = self._dropped.append
         self._bounds = CallBounds(self.clock, release_timeout)
         self._owner_prefix = os.urandom(12).hex()
         self._owner_seq = itertools.count(1)
@@ -136,7 +141,7 @@ class Backend:
         driver.bind(self.clock, self._wake_waiters, self._lost_out_of_band)
 
     def __repr__(self) -> str:
-        return f"<asynclock.Backend {self.driver.display} held={len(self._held)}>"
+        return f"<asynclock.Backend {self.driver.display} held={len(self._live())}>"
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -176,12 +181,13 @@ class Backend:
             self._settled = anyio.Event()
             with anyio.move_on_after(self.release_timeout, shield=True):
                 await self._settled.wait()
-        held = list(self._held.values())
+        held = self._live()
         for lease in held:
             self._lose(lease, "backend closed")
         with anyio.CancelScope(shield=True):
             for lease in held:
                 await self._release(lease, quiet=True)
+            await self._reap_dropped()
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
         # Hand the task group only a cancellation (it may be its own, from a crashed
@@ -266,11 +272,14 @@ class Backend:
 
     def stats(self) -> BackendStats:
         """A snapshot of counters and hold-time percentiles since the backend opened."""
-        return self._stats.snapshot(held=len(self._held))
+        return self._stats.snapshot(held=len(self._live()))
 
     def held(self) -> list[Lease]:
         """The leases this backend currently holds (and renews)."""
-        return list(self._held.values())
+        return self._live()
+
+    def _live(self) -> list[Lease]:
+        return [lease for ref, _, _ in list(self._held.values()) if (lease := ref()) is not None]
 
     async def _renewal_round(self) -> None:
         """Wait until the renewer finishes its next round trip (for tests and tools)."""
@@ -417,7 +426,7 @@ class Backend:
         deadline = t_send + ttl * (1 - self.drift) - self.margin
         hard = None if max_hold is None else t_send + max_hold
         lease = Lease(name, owner, token, ttl, self.clock, t_send, deadline, hard, self)
-        self._held[owner] = lease
+        self._held[owner] = (weakref.ref(lease, self._on_collected), name, token)
         self._stats.acquired += 1
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("acquired %r token=%d ttl=%gs", name, token, ttl)
@@ -511,7 +520,8 @@ class Backend:
     # -- loss ------------------------------------------------------------------------------
 
     def _lost_out_of_band(self, name: str, owner: str, reason: str) -> None:
-        lease = self._held.get(owner)
+        entry = self._held.get(owner)
+        lease = None if entry is None else entry[0]()
         if lease is not None and lease.name == name:
             self._lose(lease, reason)
 
@@ -541,12 +551,16 @@ class Backend:
                 # wake-up call (tight acquire/release loops stay cheap).
                 self._next_round = self.clock.now() + idle
             await self._sleep_until(self._next_round, "_renew_wake")
+            if self._dropped:
+                await self._reap_dropped()
             if not self._held:
                 continue
             now = self.clock.now()
             if now < self._next_round:
                 continue
-            batch = list(self._held.values())
+            batch = self._live()
+            if not batch:
+                continue
             period = min(lease.ttl for lease in batch) * self.heartbeat
             idle = min(period, IDLE_NAP)
             refs = [LeaseRef(lease.name, lease.owner, lease.token, lease.ttl) for lease in batch]
@@ -562,7 +576,8 @@ class Backend:
             self._stats.renewal_round_trips += 1
             errors = 0
             for lease, result in zip(batch, results, strict=True):
-                if self._held.get(lease.owner) is not lease:
+                entry = self._held.get(lease.owner)
+                if entry is None or entry[0]() is not lease:
                     continue  # released or lost while we were asking
                 if result is True:
                     deadline = t_send + lease.ttl * (1 - self.drift) - self.margin
@@ -588,17 +603,35 @@ class Backend:
     async def _watchdog_loop(self) -> None:
         while True:
             now = self.clock.now()
-            earliest = min(
-                (lease.deadline for lease in self._held.values()), default=now + IDLE_NAP
-            )
+            earliest = min((lease.deadline for lease in self._live()), default=now + IDLE_NAP)
             if now < earliest:
                 self._watch_until = earliest
                 await self._sleep_until(earliest, "_watch_wake")
                 self._watch_until = -math.inf
                 continue
-            for lease in list(self._held.values()):
+            for lease in self._live():
                 if now >= lease.deadline:
                     self._lose(lease, _deadline_reason(lease, now))
+
+    async def _reap_dropped(self) -> None:
+        """Release the leases that were garbage-collected unreleased (nobody can use them,
+        so nobody may keep the name), and say so like an unclosed file's ResourceWarning."""
+        while self._dropped:  # drain first: a lease collected from now on flags again
+            self._dropped.pop()
+        for owner, entry in list(self._held.items()):
+            if entry[0]() is not None or self._held.get(owner) is not entry:
+                continue  # alive, or released while we were releasing another one
+            del self._held[owner]
+            _, name, token = entry
+            logger.warning(
+                "lease on %r (token %d) was garbage-collected without release(): releasing "
+                "it; call `await lease.release()`, or hold it with `async with "
+                "backend.lock(...)`",
+                name,
+                token,
+            )
+            await self._shielded(self.driver.release(name, owner, token), "release dropped")
+            self._wake_waiters(name)
 
     async def _sleep_until(self, when: float, slot: str) -> None:
         with anyio.CancelScope() as scope:
@@ -649,6 +682,11 @@ def _checkpoint_if_cancelled_for(
     if callable(method):
         return cast(Callable[[], Awaitable[None]], method)
     return anyio.lowlevel.checkpoint_if_cancelled
+
+
+#: What the backend keeps per held lease: a weak reference (the holder keeps the Lease
+#: alive), and the name and token to release it with once it is collected.
+_Held = tuple["weakref.ref[Lease]", str, int]
 
 
 def _any_current_task() -> object:

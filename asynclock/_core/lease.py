@@ -56,6 +56,7 @@ class Lease:
     """
 
     __slots__ = (
+        "__weakref__",
         "_backend",
         "_clock",
         "_deadline",

@@ -5,6 +5,8 @@ another event loop."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -64,13 +66,14 @@ async def test_closing_the_backend_fails_its_waiters(spec: BackendSpec, lock_nam
 
     with anyio.fail_after(20):
         async with anyio.create_task_group() as tg, backend:
-            await backend.acquire(lock_name, ttl=5.0)
+            held = await backend.acquire(lock_name, ttl=5.0)
             tg.start_soon(waiter)
             await busy.wait()
             # leaving `async with backend` closes it under the waiter
     [result] = outcome
     assert isinstance(result, asynclock.BackendUnavailable), result
     assert "backend closed while waiting" in str(result)
+    assert held.lost.reason == "backend closed"
     assert backend.held() == []
     await assert_free(spec, backend, lock_name)
 
@@ -209,3 +212,40 @@ async def test_use_from_another_event_loop_raises_at_once(
     assert not lease.lost
     assert await backend.validate(lock_name, lease.token)
     assert await lease.release()
+
+
+# -- item 11: a lease nobody references any more ------------------------------------------
+
+
+async def test_a_dropped_lease_is_released_with_a_warning(
+    backend: asynclock.Backend, lock_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    kept = await backend.acquire(lock_name + ":kept", ttl=3.0)
+    lease = await backend.acquire(lock_name, ttl=3.0)
+    token = lease.token
+    del lease
+    gc.collect()
+    with caplog.at_level(logging.WARNING, logger="asynclock"), anyio.fail_after(20):
+        await backend._renewal_round()  # the first round after the drop (ttl/3 = 1 s)
+        assert backend.held() == [kept]
+        # Released, not left to expire (that would take the whole ttl, 3 s).
+        assert not await backend.validate(lock_name, token)
+        again = await backend.acquire(lock_name, ttl=3.0, blocking=False)
+    assert [r.getMessage() for r in caplog.records if "garbage-collected" in r.getMessage()] == [
+        f"lease on {lock_name!r} (token {token}) was garbage-collected without release(): "
+        "releasing it; call `await lease.release()`, or hold it with `async with "
+        "backend.lock(...)`"
+    ]
+    assert await backend.validate(lock_name + ":kept", kept.token)  # still renewed
+    assert not kept.lost
+    assert await again.release()
+    assert await kept.release()
+
+
+async def test_dropped_leases_are_released_when_the_backend_closes(
+    spec: BackendSpec, lock_name: str
+) -> None:
+    async with spec.connect() as backend:
+        await backend.acquire(lock_name, ttl=30.0)  # dropped at once: never referenced
+        gc.collect()
+    await assert_free(spec, backend, lock_name)
