@@ -836,6 +836,7 @@ class Lock:
             _, lease, scope = holds[index]
             _HOLDS.set(holds[:index] + holds[index + 1 :])
         lease._scope = None
+        lease._task = None  # the hold is over (and a kept lease must not keep its task)
         assert scope is not None  # a Lock's own entry always carries its scope
         if scope.cancel_called:
             # Lost (or cancelled from inside): leave the cancelled scope, then release in
