@@ -553,6 +553,9 @@ class Backend:
             await self._sleep_until(self._next_round, "_renew_wake")
             if self._dropped:
                 await self._reap_dropped()
+                if not self._held:  # nothing left to renew: this was the round
+                    self._round_done.set()
+                    self._round_done = anyio.Event()
             if not self._held:
                 continue
             now = self.clock.now()
