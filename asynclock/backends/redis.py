@@ -1196,6 +1196,9 @@ def _token_of(value: bytes) -> int | None:
         return None
 
 
+#: Driver options a redis:// URL query may carry (the driver reads them, not redis-py);
+#: today every driver option is a keyword argument of connect().
+_URL_DRIVER_OPTIONS: set[str] = set()
 #: What asynclock sets on every Redis connection itself (a URL or option may not).
 _SET_BY_ASYNCLOCK = {
     "decode_responses": "asynclock reads raw bytes (decode_responses=False)",
@@ -1257,8 +1260,7 @@ def check_redis_url(
 
 def driver_from_url(url: str, **options: Any) -> RedisDriver:
     scheme = urlsplit(url).scheme.lower()
-    # The driver's own options are keyword arguments; the URL query goes to redis-py.
-    check_redis_url(url, options, ours=set(), scheme=scheme)
+    check_redis_url(url, options, ours=_URL_DRIVER_OPTIONS, scheme=scheme)
     ours, rest = split_options(options)
     return RedisDriver(url, **ours, **rest)
 
