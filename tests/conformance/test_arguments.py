@@ -108,9 +108,19 @@ async def test_a_lone_surrogate_name_is_refused_before_any_io(
         assert lease.name == "é😀ok"
 
 
+ASCII = st.characters(max_codepoint=0x7F)
+SURROGATES = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF, exclude_categories=())
+CHARS = st.one_of(ASCII, st.characters(), SURROGATES)
+
+
 @settings(max_examples=300, deadline=None)
 @given(
-    name=st.one_of(st.text(max_size=200), st.text(alphabet=st.characters(), max_size=140)),
+    name=st.one_of(
+        st.text(max_size=200),
+        st.text(alphabet=CHARS, max_size=140),
+        st.builds(str.__add__, st.text(alphabet=ASCII, min_size=124, max_size=130), st.text(CHARS)),
+        st.sampled_from(["", "x" * 128, "x" * 129, "é" * 128, "\ud800", "x" * 512, "x" * 513]),
+    ),
     ttl=st.one_of(
         st.floats(allow_nan=True, allow_infinity=True),
         st.integers(min_value=-(2**70), max_value=2**70),
