@@ -350,3 +350,44 @@ async def _close_under_a_hung_acquire(hung: anyio.Event) -> None:
             started = anyio.current_time()
         assert anyio.current_time() - started < 5.0
         tg.cancel_scope.cancel()
+
+
+def test_a_later_event_loop_in_the_same_thread_is_refused() -> None:
+    """A backend opened in one asyncio.run() and used from the next one in the same thread
+    (its renewer and watchdog died with the first loop) raises instead of granting leases
+    nobody renews or watches."""
+    import asyncio
+
+    backend = asynclock.testing.memory_backend()
+    kept: list[asynclock.Lease] = []
+
+    async def open_and_leave() -> None:
+        await backend.__aenter__()  # never closed: its loop ends under it
+        kept.append(await backend.acquire("first", ttl=5.0))
+
+    asyncio.run(open_and_leave())
+    errors: list[str] = []
+
+    async def use() -> None:
+        async def hold() -> None:
+            async with backend.lock("x", ttl=5.0):
+                pass  # pragma: no cover
+
+        calls: list[Any] = [
+            hold,
+            lambda: backend.acquire("y", ttl=5.0),
+            lambda: backend.validate("first", kept[0].token),
+            kept[0].release,
+        ]
+        for call in calls:
+            try:
+                await call()
+            except RuntimeError as exc:
+                errors.append(str(exc))
+
+    asyncio.run(use())
+    assert len(errors) == 4, errors
+    assert all("belongs to the event loop it was opened in" in e for e in errors)
+    driver = backend.driver
+    assert isinstance(driver, MemoryDriver)
+    assert set(driver.leases) == {"first"}

@@ -134,7 +134,9 @@ class Backend:
         self._settled: anyio.Event | None = None
         # The thread whose event loop opened the backend: every acquire, validate and
         # release compares it with the running thread's id (~30 ns; asking for the running
-        # loop itself costs ~10 times that on the hold fast path).
+        # loop itself costs ~10 times that on the hold fast path). Another loop in the
+        # same thread (a later asyncio.run) is caught where the running task is looked up
+        # anyway: asyncio's current task *of the opening loop* is None there.
         self._thread: int | None = None
         self._opened_in = "no event loop (not open)"
         self._current_task: Callable[[], object] = _any_current_task
@@ -214,6 +216,11 @@ class Backend:
                 "backend is not open: use `async with asynclock.connect(url) as backend:`"
             )
 
+    def _check_loop(self) -> None:
+        """Raise unless called from a task of the event loop that opened the backend."""
+        if _get_ident() != self._thread or self._current_task() is None:
+            self._wrong_loop()
+
     def _wrong_loop(self) -> None:
         """Raise: this backend is used from an event loop other than the one it opened in."""
         raise RuntimeError(
@@ -259,13 +266,14 @@ class Backend:
         ``lease.check()`` before side effects, and fence your writes with ``lease.token``.
         """
         args = _check_lock_args(name, ttl, timeout, blocking, max_hold)
+        if self._open and self._current_task() is None:
+            self._wrong_loop()
         return await self._acquire(*args)
 
     async def validate(self, name: str, token: int) -> bool:
         """True if ``token`` is the live holder's token for ``name`` right now (G9)."""
         self._require_open()
-        if _get_ident() != self._thread:
-            self._wrong_loop()
+        self._check_loop()
         check_name(name)
         check_token(token)
         return bool(await self._call("validate", self.driver.validate(name, token)))
@@ -759,25 +767,22 @@ def _check_lock_args(
     return name, ttl_f, timeout_f, blocking, hold
 
 
-def _refuse_nested(backend: Backend, name: str, holds: tuple[Any, ...]) -> None:
+def _refuse_nested(backend: Backend, name: str, holds: tuple[Any, ...], task: object) -> None:
     """Raise :class:`AlreadyHeld` if this task is inside ``async with backend.lock(name)``.
 
     A child task starts with a copy of its parent's holds, so a hold counts only while
     its lease is live and only in the task that entered it.
     """
-    task: object = None
     for _, lease, _ in holds:
         if (
             lease.name == name
             and lease._backend is backend
-            and lease._task is not None
+            and lease._task is task
+            and task is not None
             and not lease._released
             and not lease.lost
         ):
-            if task is None:
-                task = backend._current_task()
-            if lease._task is task:
-                raise AlreadyHeld(name, lease.token)
+            raise AlreadyHeld(name, lease.token)
 
 
 class Lock:
@@ -811,11 +816,14 @@ class Lock:
 
     async def __aenter__(self) -> Lease:
         backend = self._backend
+        task = backend._current_task()  # None: not on the loop that opened the backend
+        if task is None and backend._open:
+            backend._wrong_loop()
         holds = _HOLDS.get()
         if holds:
-            _refuse_nested(backend, self._args[0], holds)
+            _refuse_nested(backend, self._args[0], holds, task)
         lease = await backend._acquire(*self._args)
-        lease._task = backend._current_task()
+        lease._task = task
         scope = backend._scope_type()
         scope.__enter__()
         lease._scope = scope

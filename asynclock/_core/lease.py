@@ -146,4 +146,6 @@ class Lease:
         not confirm the release; the lease is unchanged, so you may call it again (renewal
         has stopped either way, so the server expires it within its ttl).
         """
-        return await self._backend._release(self)
+        backend = self._backend
+        backend._check_loop()
+        return await backend._release(self)
