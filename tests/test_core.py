@@ -181,6 +181,7 @@ async def test_closing_backend_loses_and_releases_held_leases() -> None:
         assert isinstance(driver, MemoryDriver)
     assert lease.lost.reason == "backend closed"
     assert "kept" not in driver.leases
+    assert await lease.release() is False  # a reported no-op, also after close
 
 
 async def test_lease_repr_and_check() -> None:

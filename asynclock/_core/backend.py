@@ -202,6 +202,8 @@ class Backend:
             await self._tg.__aexit__(None, None, None)
             return None
         finally:
+            # Closed: nothing runs on the loop any more (and the loop is not kept alive).
+            self._current_task = _any_current_task
             with anyio.CancelScope(shield=True):
                 await self.driver.aclose()
 
