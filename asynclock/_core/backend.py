@@ -779,7 +779,7 @@ def _refuse_nested(backend: Backend, name: str, holds: tuple[Any, ...], task: ob
         if (
             lease.name == name
             and lease._backend is backend
-            and lease._task is task
+            and lease._task == task  # tasks compare by identity; a fallback id by value
             and task is not None
             and not lease._released
             and not lease.lost
