@@ -1220,13 +1220,19 @@ _REDIS_STR_OPTIONS = {
 
 
 def check_redis_url(
-    url: str, options: dict[str, Any], *, ours: set[str], scheme: str = "redis"
+    url: str,
+    options: dict[str, Any],
+    *,
+    ours: set[str],
+    scheme: str = "redis",
+    keyword_options: set[str] = _DRIVER_OPTIONS,
 ) -> None:
     """Refuse a Redis URL or option that would only fail at open (or be ignored): a
     non-integer database, an unknown query option, one that asynclock sets itself. For
     ``connect()``, so a configuration error is a ValueError there, never "unavailable".
 
-    ``ours``: the driver's own option names that its URL query may carry."""
+    ``ours``: the driver's own option names that its URL query may carry;
+    ``keyword_options``: the driver's own keyword arguments (the rest go to redis-py)."""
     from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS
 
     parts = urlsplit(url)
@@ -1250,12 +1256,33 @@ def check_redis_url(
             )
         if key == "db" and not value.isdigit():
             raise ValueError(f"{scheme}:// URL option db must be an integer, got {value!r}")
+    keywords = _redis_keywords(parts.scheme.lower()) | keyword_options
     for key in options:
         if key in _SET_BY_ASYNCLOCK:
             raise ValueError(
                 f"{scheme}:// option {key}={options[key]!r} clashes with an option asynclock "
                 f"sets itself: {_SET_BY_ASYNCLOCK[key]}; do not pass it"
             )
+        if key not in keywords:
+            raise TypeError(
+                f"unknown {scheme}:// option {key!r}; allowed: "
+                f"{', '.join(sorted(keywords - {'self', 'args', 'kwargs'}))}"
+            )
+
+
+def _redis_keywords(scheme: str) -> set[str]:
+    """The keyword arguments redis-py's connection pool and connections accept."""
+    from redis.asyncio import connection as rc
+
+    cls = {"rediss": rc.SSLConnection, "unix": rc.UnixDomainSocketConnection}.get(
+        scheme, rc.Connection
+    )
+    names = {"connection_class", "max_connections"}
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is not None:
+            names |= set(inspect.signature(init).parameters)
+    return names - {"self", "args", "kwargs", *_SET_BY_ASYNCLOCK}
 
 
 def driver_from_url(url: str, **options: Any) -> RedisDriver:

@@ -439,7 +439,7 @@ def parse_url(url: str) -> tuple[list[str], str, dict[str, str]]:
 
 
 def driver_from_url(url: str, **options: Any) -> RedlockDriver:
-    check_redis_url("redlock://", options, ours=set(), scheme="redlock")
+    check_redis_url("redlock://", options, ours=set(), scheme="redlock", keyword_options=_OPTIONS)
     urls, display, from_url = parse_url(url)
     options = {**from_url, **options}
     for key in ("node_timeout", "connect_timeout"):

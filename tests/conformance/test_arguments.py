@@ -241,6 +241,8 @@ def test_bad_urls_are_value_errors_at_connect(url: str, words: str) -> None:
         ("sqlite:///x.db", {"journal": "off"}, ValueError, "unknown sqlite:// option.*'journal'"),
         ("postgresql://u@h/db", {"pool": 3}, TypeError, "unknown postgresql:// option.*'pool'"),
         ("memory://", {"x": 1}, TypeError, "memory:// takes no options"),
+        ("redis://localhost", {"foo": 1}, TypeError, "unknown redis:// option 'foo'; allowed"),
+        ("redlock://a,b,c", {"foo": 1}, TypeError, "unknown redlock:// option 'foo'.*node_time"),
     ],
 )
 def test_bad_options_are_errors_at_connect(
@@ -267,3 +269,13 @@ def test_bad_options_are_errors_at_connect(
 )
 def test_good_urls_are_accepted(url: str) -> None:
     assert isinstance(asynclock.connect(url), asynclock.Backend)
+
+
+def test_good_keyword_options_are_accepted() -> None:
+    redis_options: dict[str, Any] = {"max_connections": 3, "retry_on_timeout": True, "fair": 0}
+    assert asynclock.connect("redis://h", socket_timeout=2, **redis_options)
+    assert asynclock.connect("rediss://h", ssl_ca_certs="/ca.pem", client_name="me")
+    assert asynclock.connect("unix:///tmp/r.sock", db=2)
+    assert asynclock.connect("redlock://a,b,c", node_timeout=1.0, password="pw")
+    assert asynclock.connect("sqlite:///x.db", synchronous="full", busy_timeout=2)
+    assert asynclock.connect("postgresql://u@h/db", mode="lease", poll=0.5, check_pooler=False)
