@@ -19,6 +19,7 @@ from ._core.exceptions import (
     QuorumNotReached,
     StaleToken,
 )
+from ._core.holder import Holder
 from ._core.lease import Lease, LossSignal
 from ._core.stats import BackendStats, HoldTimes
 from ._core.templates import NameTemplate
@@ -36,6 +37,7 @@ __all__ = (
     "Clock",
     "Driver",
     "HoldTimes",
+    "Holder",
     "Lease",
     "LeaseLost",
     "Lock",

@@ -14,27 +14,35 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
-import re
 import secrets
-import shutil
-import signal
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
 
 import anyio
-import anyio.abc
 
 import asynclock
 from asynclock.fence import SQLFence
+
+from ._cli.output import Output, make_output
+from ._harness import Worker, WorkerFailed, WorkerGroup, die_with_parent, emit
+
+__all__ = (
+    "Deviation",
+    "LedgerRow",
+    "Output",
+    "Say",
+    "Story",
+    "check",
+    "make_output",
+    "play",
+    "run",
+)
 
 #: Fence key and lock name prefix; the ledger row everyone updates.
 FENCE_KEY = "ledger"
@@ -127,24 +135,6 @@ def read_ledger(path: str) -> tuple[list[LedgerRow], int | None]:
 # -- the workers (child processes) ---------------------------------------------------------
 
 
-def emit(event: str, **fields: Any) -> None:
-    fields = {"event": event, "t": time.monotonic(), **fields}
-    sys.stdout.write(json.dumps(fields) + "\n")
-    sys.stdout.flush()
-
-
-def _die_with_parent(parent: int) -> None:
-    """A frozen worker cannot notice its parent died: let the kernel kill it (Linux)."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(Exception):
-            import ctypes
-
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        raise SystemExit(3)
-
-
 async def _first(backend: asynclock.Backend, args: argparse.Namespace) -> None:
     pending: tuple[int, int, str] | None = None
     try:
@@ -214,7 +204,7 @@ def worker_main(argv: list[str]) -> int:
     parser.add_argument("--deadline", type=float, required=True)
     parser.add_argument("--parent", type=int, required=True)
     args = parser.parse_args(argv)
-    _die_with_parent(args.parent)
+    die_with_parent(args.parent)
     try:
         anyio.run(_worker, args)
     except Exception as exc:
@@ -272,140 +262,22 @@ class Story:
 Say = Callable[[int, list[tuple[str, str]]], None]
 
 
-class WorkerProcess:
-    """A worker child: its JSON events, its stderr (kept for error reports)."""
-
-    def __init__(self, label: str, process: anyio.abc.Process, stderr: Path) -> None:
-        self.label = label
-        self.process = process
-        self.pid = process.pid
-        self.stderr = stderr
-        self._buffer = b""
-
-    def _stderr_tail(self) -> str:
-        try:
-            text = self.stderr.read_text(errors="replace").strip()
-        except OSError:
-            return ""
-        lines = text.splitlines()[-8:]
-        return ("\n    " + "\n    ".join(lines)) if lines else ""
-
-    async def expect(self, kind: str, timeout: float, what: str) -> dict[str, Any]:
-        """The next event, which must be ``kind``; bounded by ``timeout`` seconds."""
-        stdout = self.process.stdout
-        assert stdout is not None
-        with anyio.move_on_after(timeout):
-            while b"\n" not in self._buffer:
-                try:
-                    self._buffer += await stdout.receive()
-                except (anyio.EndOfStream, anyio.ClosedResourceError):
-                    with anyio.move_on_after(2):
-                        await self.process.wait()
-                    raise Deviation(
-                        f"{self.label} exited (code {self.process.returncode}) before {what}"
-                        + self._stderr_tail()
-                    ) from None
-            line, self._buffer = self._buffer.split(b"\n", 1)
-            try:
-                event: dict[str, Any] = json.loads(line)
-            except ValueError:
-                raise Deviation(f"{self.label} printed {line!r} instead of an event") from None
-            if event.get("event") == "error":
-                raise Deviation(f"{self.label}: {event.get('message')}" + self._stderr_tail())
-            if event.get("event") != kind:
-                raise Deviation(f"{self.label} reported {event} when {what} was expected")
-            return event
-        raise Deviation(f"{self.label}: no report of {what} within {timeout:g}s")
-
-    async def send(self, line: str) -> None:
-        assert self.process.stdin is not None
-        await self.process.stdin.send(line.encode() + b"\n")
-
-    def signal(self, sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, sig)
-
-
-#: Where this asynclock is imported from: the workers must run the same code.
-_SOURCE_ROOT = str(Path(asynclock.__file__).resolve().parent.parent)
-
-#: pids of workers still running, killed by :func:`kill_leftovers` as a last resort.
-_live_pids: set[int] = set()
-
-
-def kill_leftovers() -> None:
-    for pid in list(_live_pids):
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-        _live_pids.discard(pid)
-
-
-def _create(path: Path) -> BinaryIO:
-    return open(path, "wb")
-
-
 @contextlib.asynccontextmanager
-async def _workers(story: Story, deadline: float) -> AsyncIterator[list[WorkerProcess]]:
+async def _workers(story: Story, deadline: float) -> AsyncIterator[list[Worker]]:
     """Start both workers; yield them; kill whatever still runs on exit."""
-    src = _SOURCE_ROOT
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])),
-    }
-    procs: list[WorkerProcess] = []
-    try:
+    async with WorkerGroup() as group:
+        procs: list[Worker] = []
         for role, label in (("first", "worker 1"), ("second", "worker 2")):
+            argv = [
+                "-m", "asynclock._demo", "worker", role,
+                "--url", story.url, "--name", story.name, "--ttl", repr(story.ttl),
+                "--ledger", story.ledger, "--deadline", repr(deadline),
+                "--parent", str(os.getpid()),
+            ]  # fmt: skip
             # stderr goes to a file (read back only to explain a failure): no pipe to drain.
-            errors = Path(story.ledger).with_name(f"{role}.stderr")
-            with _create(errors) as err:
-                process = await anyio.open_process(
-                    [
-                        sys.executable, "-m", "asynclock._demo", "worker", role,
-                        "--url", story.url, "--name", story.name, "--ttl", repr(story.ttl),
-                        "--ledger", story.ledger, "--deadline", repr(deadline),
-                        "--parent", str(os.getpid()),
-                    ],
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=err,
-                    env=env,
-                )  # fmt: skip
-            _live_pids.add(process.pid)
-            procs.append(WorkerProcess(label, process, errors))
+            stderr = Path(story.ledger).with_name(f"{role}.stderr")
+            procs.append(await group.start(argv, label=label, stderr=stderr))
         yield procs
-    finally:
-        with anyio.CancelScope(shield=True):
-            for worker in procs:
-                if worker.process.returncode is None:
-                    worker.signal(signal.SIGKILL)  # also ends a stopped process
-                with anyio.move_on_after(2):
-                    await worker.process.wait()
-                    _live_pids.discard(worker.pid)
-                with contextlib.suppress(Exception):
-                    await worker.process.aclose()
-
-
-def _process_state(pid: int) -> str | None:
-    """The kernel's one-letter state of ``pid`` ("T": stopped), or None without /proc."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
-async def _wait_stopped(pid: int, timeout: float) -> None:
-    """Wait until the kernel shows ``pid`` stopped (Linux /proc; elsewhere trust SIGSTOP).
-
-    SIGSTOP takes effect asynchronously; the state is the kernel's, there is no event to
-    wait for, so this checks it every millisecond, for at most ``timeout`` seconds.
-    """
-    for _ in range(max(1, int(timeout * 1000))):
-        state = _process_state(pid)
-        if state is None or state in ("T", "t"):
-            return
-        await anyio.sleep(0.001)
-    raise Deviation(f"worker 1 (pid {pid}) did not stop within {timeout:g}s of SIGSTOP")
 
 
 async def _server_expiry(story: Story) -> float:
@@ -422,7 +294,11 @@ async def _server_expiry(story: Story) -> float:
 
 
 async def play(story: Story, say: Say) -> None:
-    """Play the story, narrating through ``say``. Raises :class:`Deviation` if it goes off."""
+    """Play the story, narrating through ``say``.
+
+    Raises :class:`Deviation` if it goes off, :class:`WorkerFailed` if a worker does not
+    report the next step in time (or exits, or reports an error).
+    """
     create_ledger(story.ledger)
     ttl = story.ttl
     deadline = START_TIMEOUT + 4 * STEP_TIMEOUT + 2 * ttl
@@ -452,9 +328,9 @@ async def play(story: Story, say: Say) -> None:
                 ("LockHeld", "bad"), (". It waits for it (blocking acquire).", "")])  # fmt: skip
 
         # 3. Freeze worker 1 with its write on the way.
-        w1.signal(signal.SIGSTOP)
+        w1.pause()
         story.frozen_at = time.monotonic()
-        await _wait_stopped(w1.pid, STEP_TIMEOUT)
+        await w1.wait_stopped(STEP_TIMEOUT)
         story.log(story.frozen_at, "demo", n, "froze worker 1 (SIGSTOP)")
         story.expires_at = await _server_expiry(story)
         left = story.expires_at - story.frozen_at
@@ -487,7 +363,7 @@ async def play(story: Story, say: Say) -> None:
 
         # 6. Wake worker 1: its lease is gone, so its work is cancelled with LeaseLost.
         story.resumed_at = time.monotonic()  # before: worker 1 may report before we look
-        w1.signal(signal.SIGCONT)
+        w1.resume()
         story.log(story.resumed_at, "demo", n, "resumed worker 1 (SIGCONT)")
         ev = await w1.expect("lost", PROMPT + STEP_TIMEOUT, "worker 1's LeaseLost")
         story.lost_at, story.lost_reason = ev["t"], str(ev["reason"])
@@ -510,13 +386,9 @@ async def play(story: Story, say: Say) -> None:
                  f" (the fence has seen token {ev['mark']}); nothing written.", "")])  # fmt: skip
 
         for worker in (w1, w2):
-            with anyio.move_on_after(STEP_TIMEOUT):
-                await worker.process.wait()
-            if worker.process.returncode != 0:
-                raise Deviation(
-                    f"{worker.label} exited with code {worker.process.returncode}"
-                    + worker._stderr_tail()
-                )
+            code = await worker.wait(STEP_TIMEOUT)
+            if code != 0:
+                raise Deviation(f"{worker.label} exited with code {code}" + worker.stderr_tail())
     story.rows, story.mark = read_ledger(story.ledger)
 
 
@@ -547,156 +419,7 @@ def check(story: Story) -> list[str]:
     return out
 
 
-# -- output: rich when installed, aligned plain text otherwise ------------------------------
-
-Parts = list[tuple[str, str]]
-
-#: Styles used by the narrative, as (rich style, ANSI code).
-STYLES: dict[str, tuple[str, str]] = {
-    "w1": ("bold cyan", "\x1b[1;36m"),
-    "w2": ("bold magenta", "\x1b[1;35m"),
-    "tok": ("bold", "\x1b[1m"),
-    "good": ("bold green", "\x1b[1;32m"),
-    "bad": ("bold red", "\x1b[1;31m"),
-    "dim": ("dim", "\x1b[2m"),
-    "h": ("bold", "\x1b[1m"),
-}
 WHO_STYLE = {"worker 1": "w1", "worker 2": "w2", "demo": "dim", "server": "dim", "ledger": "dim"}
-
-
-class Output:
-    """Plain-text renderer: aligned columns, ANSI styles only when ``color``."""
-
-    def __init__(self, color: bool) -> None:
-        self.color = color
-        self.width = max(60, min(100, shutil.get_terminal_size((88, 24)).columns))
-
-    def _style(self, text: str, style: str) -> str:
-        if not self.color or not style or not text:
-            return text
-        return f"{STYLES[style][1]}{text}\x1b[0m"
-
-    def _wrap(self, parts: Parts, first: str, indent: str) -> list[Parts]:
-        """Lines of at most ``width`` columns; words may span parts ("token " "7" ".")."""
-        words: list[Parts] = [[]]
-        for text, style in parts:
-            for piece in re.findall(r"\s+|\S+", text):
-                if piece.isspace():
-                    words.append([])
-                else:
-                    words[-1].append((piece, style))
-        lines: list[Parts] = [[(first, "")]]
-        used = len(first)
-        for word in filter(None, words):
-            size = sum(len(t) for t, _ in word)
-            if used > len(indent) and used + 1 + size > self.width:
-                lines.append([(indent, "")])
-                used = len(indent)
-            elif len(lines[-1]) > 1:
-                # Inside a styled phrase ("worker 1") the space takes the phrase's style.
-                joint = word[0][1] if word[0][1] == lines[-1][-1][1] else ""
-                lines[-1].append((" ", joint))
-                used += 1
-            lines[-1].extend(word)
-            used += size
-        return lines
-
-    def line(self, parts: Parts) -> None:
-        merged: Parts = []
-        for text, style in parts:
-            if merged and merged[-1][1] == style:
-                merged[-1] = (merged[-1][0] + text, style)
-            else:
-                merged.append((text, style))
-        print("".join(self._style(text, style) for text, style in merged), flush=True)
-
-    def paragraph(self, parts: Parts, first: str = "", indent: str = "") -> None:
-        for line in self._wrap(parts, first, indent):
-            self.line(line)
-
-    def header(self, title: str, rows: list[tuple[str, str]]) -> None:
-        self.line([(title, "h")])
-        for key, value in rows:
-            self.paragraph([(value, "")], f"  {key:<9} ", " " * 12)
-        self.line([])
-
-    def step(self, n: int, parts: Parts) -> None:
-        self.paragraph(parts, f"{n:>2}. ", "    ")
-
-    def table(self, title: str, columns: list[tuple[str, str]], rows: list[list[str]]) -> None:
-        """``columns``: (heading, "<" or ">"); "who" cells are styled by WHO_STYLE."""
-        widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, (h, _) in enumerate(columns)]
-
-        def fmt(cells: list[str], styled: bool) -> str:
-            out = []
-            for cell, (_, align), width in zip(cells, columns, widths, strict=True):
-                style = WHO_STYLE.get(cell, "") if styled else ""
-                out.append(self._style(f"{cell:{align}{width}}", style))
-            return ("  " + "  ".join(out)).rstrip()
-
-        print()
-        self.line([(title, "h")])
-        print(fmt([h for h, _ in columns], False))
-        print("  " + "  ".join("-" * w for w in widths))
-        for row in rows:
-            print(fmt(row, True))
-
-    def verdict(self, ok: bool, title: str, lines: list[str], label: str = "") -> None:
-        label = label or ("OK" if ok else "DEVIATION")
-        print()
-        self.line([(f"{label}: ", "good" if ok else "bad"), (title, "h")])
-        for text in lines:
-            self.paragraph([(text, "")], "  - ", "    ")
-
-
-class RichOutput(Output):
-    """The same output through rich: styled text, tables, a panel for the verdict."""
-
-    def __init__(self, color: bool) -> None:
-        super().__init__(color)
-        from rich.console import Console
-
-        self.console = Console(highlight=False, color_system="auto" if color else None)
-        self.width = min(self.width, self.console.width)
-
-    def _text(self, parts: Parts) -> Any:
-        from rich.text import Text
-
-        return Text.assemble(*((t, STYLES[s][0] if s else "") for t, s in parts))
-
-    def line(self, parts: Parts) -> None:
-        self.console.print(self._text(parts), soft_wrap=True)
-
-    def table(self, title: str, columns: list[tuple[str, str]], rows: list[list[str]]) -> None:
-        from rich import box
-        from rich.table import Table
-
-        table = Table(title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD)
-        for heading, align in columns:
-            table.add_column(heading, justify="right" if align == ">" else "left")
-        for row in rows:
-            table.add_row(*(self._text([(c, WHO_STYLE.get(c, ""))]) for c in row))
-        self.console.print()
-        self.console.print(table)
-
-    def verdict(self, ok: bool, title: str, lines: list[str], label: str = "") -> None:
-        from rich.panel import Panel
-
-        label = label or ("OK" if ok else "DEVIATION")
-        color = "green" if ok else "red"
-        body = self._text([(title, "h")] + [(f"\n• {text}", "") for text in lines])
-        self.console.print()
-        self.console.print(
-            Panel(body, title=f"[bold {color}]{label}[/]", title_align="left", border_style=color)
-        )
-
-
-def make_output(color: bool) -> Output:
-    try:
-        import rich  # noqa: F401
-    except ImportError:
-        return Output(color)
-    return RichOutput(color)
 
 
 def render_tables(story: Story, out: Output) -> None:
@@ -705,11 +428,11 @@ def render_tables(story: Story, out: Output) -> None:
         for e in sorted(story.events, key=lambda e: e.t)
     ]
     columns = [("t (ms)", ">"), ("who", "<"), ("token", ">"), ("what happened", "<")]
-    out.table("Timeline (ms since the demo started)", columns, rows)
+    out.table("Timeline (ms since the demo started)", columns, rows, WHO_STYLE)
     ledger = [[str(r.seq), r.writer, str(r.token), str(r.balance), r.note] for r in story.rows]
     columns = [("#", ">"), ("writer", "<"), ("token", ">"), ("balance", ">"), ("note", "<")]
     mark = "none" if story.mark is None else str(story.mark)
-    out.table(f"Ledger (fence high-water mark: token {mark})", columns, ledger)
+    out.table(f"Ledger (fence high-water mark: token {mark})", columns, ledger, WHO_STYLE)
 
 
 async def run(url: str | None, ttl: float, out: Output) -> int:
@@ -736,7 +459,7 @@ async def run(url: str | None, ttl: float, out: Output) -> int:
             return 1
         try:
             await play(story, lambda n, parts: out.step(n, parts))
-        except Deviation as exc:
+        except (Deviation, WorkerFailed) as exc:
             story.deviations.append(str(exc))
             with contextlib.suppress(Exception):
                 story.rows, story.mark = read_ledger(story.ledger)

@@ -19,9 +19,9 @@ server's durable defaults (``fsync=on``, ``synchronous_commit=on``, as in produc
 mode=lease acquire is a WAL flush; a mode=session acquire writes no WAL);
 ``--fast`` turns durability off, ``--url`` uses your server.
 
-Usage::
+Usage (as a module, or as a script: ``python benchmarks/bench_postgres.py``)::
 
-    uv run --group bench --with psycopg2-binary python benchmarks/bench_postgres.py \\
+    uv run --group bench --with psycopg2-binary python -m benchmarks.bench_postgres \\
         [--cycles N] [--reps R] [--fast | --url postgresql://...]
 
 This is a comparison table, not a pass/fail test.
@@ -34,7 +34,6 @@ import contextlib
 import platform
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -48,8 +47,6 @@ import asyncpg  # type: ignore[import-untyped]
 import asynclock
 from asynclock._core.driver import Busy
 from asynclock.backends.postgres import lock_key
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 TTL = 10.0
 TARGETS = {"asynclock mode=session": 0.85, "asynclock mode=lease": 0.7}

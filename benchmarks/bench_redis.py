@@ -1,6 +1,7 @@
 """Redis and Redlock backends against the raw floor and peer libraries (issue 3).
 
-Run: ``uv run --group bench python benchmarks/bench_redis.py [--reps 3]``; ``--only
+Run: ``uv run --group bench python -m benchmarks.bench_redis [--reps 3]`` (or as a script,
+``python benchmarks/bench_redis.py``); ``--only
 uncontended`` (or ``--skip contention,leases``) runs some of the tables, ``--rows redlock``
 only the uncontended rows whose label contains one of the given words (the floor always
 runs: the ratios need it).
@@ -38,9 +39,8 @@ import redis.asyncio
 import redis.asyncio.connection
 import redis.connection
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 import asynclock
+from asynclock._harness import Hold, overlaps
 from tests.support.redis_servers import RedisFactory, RedisServer, redlock_url
 
 # -- command counting at the client ---------------------------------------------------------
@@ -302,8 +302,6 @@ async def contention(server: RedisServer, seconds: float, hold: float = 0.001) -
     events: list[tuple[float, float, int]] = []  # (acquired_at, released_at, worker)
     waits: list[float] = []
     waiting = [0]
-    inside = [0]
-    overlap = [0]
     COUNT[0] = 0
     stop = time.monotonic() + seconds
     backends = [asynclock.connect(server.url) for _ in range(workers)]
@@ -319,15 +317,11 @@ async def contention(server: RedisServer, seconds: float, hold: float = 0.001) -
                 async with backend.lock("contended", ttl=5.0):
                     waiting[0] -= 1
                     got = time.monotonic()
-                    inside[0] += 1
-                    if inside[0] > 1:
-                        overlap[0] += 1
                     waits.append(got - asked)
                     others_waiting = waiting[0] > 0
                     deadline = got + hold
                     while time.monotonic() < deadline:
                         await anyio.lowlevel.checkpoint()
-                    inside[0] -= 1
                     events.append((got, time.monotonic(), i if others_waiting else -1 - i))
                     mark_warm(i, events)
 
@@ -337,14 +331,16 @@ async def contention(server: RedisServer, seconds: float, hold: float = 0.001) -
     finally:
         for b in reversed(backends):
             await b.__aexit__(None, None, None)
-    return contention_summary(events, waits, COUNT[0], overlap[0])
+    return contention_summary(events, waits, COUNT[0])
 
 
 def contention_summary(
-    events: list[tuple[float, float, int]], waits: list[float], commands: int, overlap: int
+    events: list[tuple[float, float, int]], waits: list[float], commands: int
 ) -> dict[str, float]:
-    """Gap, handoff and wait statistics of one contention run. ``events`` are holds
-    (start, end, worker), the worker as ``-1 - i`` when nobody else was waiting."""
+    """Gap, handoff, wait and overlap statistics of one contention run. ``events`` are holds
+    (start, end, worker), the worker as ``-1 - i`` when nobody else was waiting; overlaps
+    are counted by the history checker."""
+    holds = [Hold(str(w if w >= 0 else -1 - w), a, b) for a, b, w in events]
     gaps = [b[0] - a[1] for a, b in itertools.pairwise(events)]
     possible = sum(1 for e in events[:-1] if e[2] >= 0)
     handed = sum(
@@ -360,7 +356,7 @@ def contention_summary(
         "max_wait_ms": max(waits) * 1000,
         "commands_per_acq": commands / max(len(events), 1),
         "steady_commands_per_acq": _steady(commands, len(events)),
-        "overlap": overlap,
+        "overlap": len(overlaps(holds)),
     }
 
 
@@ -396,7 +392,7 @@ async def contention_redis_py(
     async with anyio.create_task_group() as tg:
         for i, c in enumerate(clients):
             tg.start_soon(worker, i, c)
-    return contention_summary(events, waits, COUNT[0], 0)
+    return contention_summary(events, waits, COUNT[0])
 
 
 # -- 3. many leases ----------------------------------------------------------------------------

@@ -17,8 +17,9 @@ and for a naive peer (raw ``sqlite3``: ``BEGIN IMMEDIATE``, check the row, upser
 ``COMMIT``; on busy/held sleep a fixed 1 ms and retry, no queue). Each holder records its
 [start, end] interval; the parent checks that no two intervals overlap.
 
-Usage::
+Usage (as a module or as a script)::
 
+    uv run python -m benchmarks.bench_sqlite [--cycles N] [--reps R] [--seconds S] [--quick]
     uv run python benchmarks/bench_sqlite.py [--cycles N] [--reps R] [--seconds S] [--quick]
 
 This is a comparison table, not a pass/fail test.
@@ -30,7 +31,6 @@ import argparse
 import contextlib
 import importlib
 import itertools
-import json
 import os
 import platform
 import sqlite3
@@ -40,16 +40,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
-import anyio.abc
 import anyio.to_thread
-from anyio.streams.buffered import BufferedByteReceiveStream
 
 import asynclock
+from asynclock._harness import Hold, WorkerGroup, emit, overlaps, tokens_out_of_order
 
 LOCK_NAME = "bench"
 TTL = 5.0
@@ -60,7 +59,6 @@ TARGET_RATIO = 0.5
 #: Bounded retries when several processes open one file at the same moment (see README).
 OPEN_ATTEMPTS = 200
 OPEN_RETRY = 0.005
-SCRIPT = str(Path(__file__).resolve())
 
 # Floor / naive schema: one lease row per name, the minimum a lease lock must write.
 FLOOR_SCHEMA = (
@@ -332,21 +330,8 @@ class WorkerResult:
     pending: float | None  # a wait still unfinished when time ran out
     open_retries: int  # failed opens before the backend opened
 
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "waits": self.waits,
-                "intervals": self.intervals,
-                "tokens": self.tokens,
-                "attempts": self.attempts,
-                "pending": self.pending,
-                "open_retries": self.open_retries,
-            }
-        )
-
     @classmethod
-    def from_json(cls, text: str) -> WorkerResult:
-        raw = json.loads(text)
+    def from_event(cls, raw: dict[str, Any]) -> WorkerResult:
         return cls(
             waits=[float(w) for w in raw["waits"]],
             intervals=[(float(a), float(b)) for a, b in raw["intervals"]],
@@ -366,7 +351,7 @@ def hold_busy(seconds: float) -> None:
 
 def wait_for_start() -> float:
     """Block until the parent sends the common start instant (CLOCK_MONOTONIC)."""
-    print("ready", flush=True)
+    emit("ready")
     line = sys.stdin.readline()
     if not line:
         raise SystemExit("parent closed the pipe before the start signal")
@@ -489,60 +474,56 @@ def worker_naive(db_path: str, seconds: float, hold: float) -> WorkerResult:
     return WorkerResult(waits, intervals, [], attempts, pending, 0)
 
 
-def worker_main(mode: str, db_path: str, seconds: float, hold: float, out: str) -> None:
+def worker_main(mode: str, db_path: str, seconds: float, hold: float) -> None:
     if mode == "asynclock":
         result = anyio.run(worker_asynclock, db_path, seconds, hold)
     elif mode == "naive":
         result = worker_naive(db_path, seconds, hold)
     else:
         raise SystemExit(f"unknown worker mode {mode!r}")
-    Path(out).write_text(result.to_json())
+    emit("result", **asdict(result))
 
 
 async def run_contention(
-    mode: str, db_path: Path, seconds: float, hold: float, outs: Sequence[Path]
-) -> None:
-    """Start one worker per ``outs`` file, release them at one instant, wait for them."""
-    procs: list[anyio.abc.Process] = []
-    try:
-        for out in outs:
-            cmd = [sys.executable, SCRIPT, "--worker", mode, str(db_path), str(seconds)]
-            cmd += [str(hold), str(out)]
-            procs.append(await anyio.open_process(cmd, stderr=None))
-        with anyio.fail_after(60):  # start-up: imports, open, schema
-            for proc in procs:
-                assert proc.stdout is not None
-                line = await BufferedByteReceiveStream(proc.stdout).receive_until(b"\n", 64)
-                if line.strip() != b"ready":
-                    raise RuntimeError(f"worker said {line!r} instead of ready")
+    mode: str, db_path: Path, seconds: float, hold: float, processes: int
+) -> list[WorkerResult]:
+    """Start ``processes`` workers, release them at one instant, collect their results."""
+    async with WorkerGroup() as group:
+        argv = [
+            "-m",
+            "benchmarks.bench_sqlite",
+            "--worker",
+            mode,
+            *map(str, (db_path, seconds, hold)),
+        ]
+        workers = [await group.start(argv, label=f"{mode} worker {i}") for i in range(processes)]
+        for worker in workers:
+            await worker.expect("ready", 60)  # start-up: imports, open, schema
         start_at = time.monotonic() + 0.05
-        for proc in procs:
-            assert proc.stdin is not None
-            await proc.stdin.send(f"{start_at!r}\n".encode())
-        with anyio.fail_after(seconds + 60):
-            for proc in procs:
-                code = await proc.wait()
-                if code != 0:
-                    raise RuntimeError(f"{mode} worker exited with {code}")
-    finally:
-        for proc in procs:
-            if proc.returncode is None:
-                proc.kill()
-            with anyio.CancelScope(shield=True):
-                await proc.aclose()
+        for worker in workers:
+            await worker.send(repr(start_at))
+        results = []
+        for worker in workers:
+            event = await worker.expect("result", seconds + 60)
+            results.append(WorkerResult.from_event(event))
+            code = await worker.wait(60)
+            if code != 0:
+                raise RuntimeError(f"{worker.label} exited with {code}")
+        return results
+
+
+def holds(results: Sequence[WorkerResult]) -> list[Hold]:
+    """Every process's holds, for the history checker (tokens where the peer has them)."""
+    return [
+        Hold(str(p), a, b, r.tokens[i] if r.tokens else None)
+        for p, r in enumerate(results)
+        for i, (a, b) in enumerate(r.intervals)
+    ]
 
 
 def count_overlaps(results: Sequence[WorkerResult]) -> int:
     """Holds that start before another process's earlier hold has ended (0 = exclusion held)."""
-    spans = sorted((a, b, p) for p, r in enumerate(results) for a, b in r.intervals)
-    overlaps = 0
-    end_so_far, owner_so_far = -1.0, -1
-    for start, end, proc in spans:
-        if start < end_so_far and proc != owner_so_far:
-            overlaps += 1
-        if end > end_so_far:
-            end_so_far, owner_so_far = end, proc
-    return overlaps
+    return len(overlaps(holds(results)))
 
 
 def handoff_gaps(results: Sequence[WorkerResult]) -> list[float]:
@@ -552,8 +533,7 @@ def handoff_gaps(results: Sequence[WorkerResult]) -> list[float]:
 
 
 def tokens_increase(results: Sequence[WorkerResult]) -> bool:
-    pairs = sorted((a, t) for r in results for (a, _), t in zip(r.intervals, r.tokens, strict=True))
-    return all(x[1] < y[1] for x, y in itertools.pairwise(pairs))
+    return not tokens_out_of_order(holds(results))
 
 
 def part_b(seconds: float, hold: float, tmp: Path) -> None:
@@ -581,9 +561,7 @@ def part_b(seconds: float, hold: float, tmp: Path) -> None:
             anyio.run(init)
         else:
             open_plain(db_path).close()
-        outs = [tmp / f"{mode}-{i}.json" for i in range(PROCESSES)]
-        anyio.run(run_contention, mode, db_path, seconds, hold, outs)
-        results = [WorkerResult.from_json(out.read_text()) for out in outs]
+        results = anyio.run(run_contention, mode, db_path, seconds, hold, PROCESSES)
         counts = [len(r.waits) for r in results]
         for i, r in enumerate(results):
             waits = sorted(r.waits)
@@ -705,8 +683,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str]) -> None:
     if argv[:1] == ["--worker"]:
-        mode, db_path, seconds, hold, out = argv[1:6]
-        worker_main(mode, db_path, float(seconds), float(hold), out)
+        mode, db_path, seconds, hold = argv[1:5]
+        worker_main(mode, db_path, float(seconds), float(hold))
         return
     args = parse_args(argv)
     print(

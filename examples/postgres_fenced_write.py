@@ -26,7 +26,7 @@ fence = SQLFence()  # high-water marks in table asynclock_fence (key, token)
 
 
 async def set_total(conn: asyncpg.Connection, token: int, total: int) -> None:
-    async with conn.transaction():
+    async with conn.transaction():  # required: outside one, check_asyncpg raises
         await fence.check_asyncpg(conn, "invoice:42", token)  # the one line (G8)
         await conn.execute("UPDATE example_invoice SET total = $1 WHERE id = 42", total)
 

@@ -4,6 +4,9 @@ The conformance suite runs against every backend in ``BACKENDS``. Each backend i
 is provided by a session fixture ``spec_X`` (returning a :class:`BackendSpec`) defined in
 a plugin module listed in ``pytest_plugins``; server-backed ones start their server on a
 free loopback port themselves.
+
+Each test that uses backend ``X`` is marked ``X`` automatically, so ``pytest -m X`` or
+``pytest --backend X`` runs one backend's tests alone (tests/support/selection.py).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 import asynclock
+from tests.support import selection
 from tests.support.procs import kill_leftovers
 from tests.support.spec import BackendSpec
 
@@ -63,3 +67,18 @@ def _no_leftover_workers() -> Iterator[None]:
 def lock_name(request: pytest.FixtureRequest) -> str:
     """A name no other test uses (servers are shared across the session)."""
     return f"t:{request.node.name}:{uuid.uuid4().hex[:8]}"
+
+
+# -- one backend's tests alone: `-m redis`, `--backend sqlite` (tests/support/selection.py) --
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    selection.add_option(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    selection.register_markers(config, BACKENDS)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    selection.mark_and_select(config, items, BACKENDS)

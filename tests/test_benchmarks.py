@@ -1,5 +1,7 @@
 """Benchmarks are scripts, not tests; this only checks that the SQLite one still runs
-(``--quick``) and checks its own exclusion, so it cannot rot unnoticed. No timing asserts."""
+(``--quick``) and checks its own exclusion, and that every benchmark starts both as a module
+(``python -m benchmarks.bench_x``) and as a script, so they cannot rot unnoticed. No timing
+asserts."""
 
 from __future__ import annotations
 
@@ -9,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+NAMES = sorted(p.stem for p in BENCHMARKS.glob("bench_*.py"))
 
 
 @pytest.mark.timeout(120)
@@ -23,3 +27,23 @@ def test_sqlite_benchmark_smoke_run() -> None:
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "asynclock sqlite://: overlaps: 0" in done.stdout
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("form", ["module", "script"])
+@pytest.mark.parametrize("name", NAMES)
+def test_benchmark_starts(name: str, form: str, tmp_path: Path) -> None:
+    """``--help`` imports everything the benchmark needs; the script runs from elsewhere."""
+    if form == "module":
+        command, cwd = [sys.executable, "-m", f"benchmarks.{name}", "--help"], ROOT
+    else:
+        command, cwd = [sys.executable, str(BENCHMARKS / f"{name}.py"), "--help"], tmp_path
+    done = subprocess.run(command, capture_output=True, text=True, timeout=50, check=False, cwd=cwd)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "usage:" in done.stdout
+
+
+def test_benchmarks_do_not_edit_sys_path() -> None:
+    """They import the project as installed (editable) by ``uv sync``, like the tests do."""
+    for name in NAMES:
+        assert "sys.path" not in (BENCHMARKS / f"{name}.py").read_text(), name

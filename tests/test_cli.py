@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -178,3 +179,31 @@ def test_check_names_every_deviation() -> None:
 def test_console_script_is_declared() -> None:
     text = (ROOT / "pyproject.toml").read_text()
     assert 'asynclock = "asynclock._cli:main"' in text
+
+
+def test_a_registered_command_plugs_in(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The registry is how `drill` and `stats` will join `demo`: parser, help and run."""
+    from asynclock._cli import registry
+
+    monkeypatch.setattr(registry, "COMMANDS", dict(registry.COMMANDS))
+    monkeypatch.setattr(_cli, "COMMANDS", registry.COMMANDS)
+
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--times", type=int, default=1)
+
+    def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+        print("hello " * args.times)
+        return 7
+
+    hello = registry.Command("hello", "say hello", "Say hello.", "", add_arguments, run)
+    registry.register(hello)
+    with pytest.raises(ValueError, match="'hello' is registered twice"):
+        registry.register(hello)
+    assert _cli.main(["hello", "--times", "2"]) == 7
+    assert "hello hello" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        _cli.main(["--help"])
+    text = capsys.readouterr().out
+    assert "demo" in text and "say hello" in text

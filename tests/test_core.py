@@ -19,41 +19,17 @@ from asynclock.backends.memory import MemoryDriver
 pytestmark = pytest.mark.anyio
 
 
-class ManualClock:
-    """A clock that moves only when told to; sleepers wake when it passes their deadline."""
-
-    def __init__(self) -> None:
-        self.t = 1000.0
-        self._moved = anyio.Event()
-
-    def now(self) -> float:
-        return self.t
-
-    async def sleep_until(self, deadline: float) -> None:
-        while self.t < deadline:
-            await self._moved.wait()
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
-        self._moved.set()
-        self._moved = anyio.Event()
-
-
 async def test_injected_clock_drives_deadlines_and_renewals() -> None:
-    clock = ManualClock()
+    clock = asynclock.testing.ManualClock(1000.0)
     async with asynclock.Backend(MemoryDriver(), clock=clock) as backend:
         lease = await backend.acquire("x", ttl=9.0)
         assert lease.deadline == pytest.approx(1000.0 + 9.0 * 0.99 - 0.005)
         assert lease.remaining() == pytest.approx(9.0 * 0.99 - 0.005)
         clock.advance(3.0)  # one heartbeat (ttl/3): the renewer extends from the new now
-        await backend._renewal_round()
+        await asynclock.testing.next_renewal_round(backend)
         assert lease.deadline == pytest.approx(1003.0 + 9.0 * 0.99 - 0.005)
         assert backend.stats().renewals == 1
-
-        async def refuse(leases: Any) -> Any:
-            raise ConnectionError("partition")
-
-        setattr(backend.driver, "extend", refuse)  # noqa: B010
+        asynclock.testing.DriverFaults(backend).fail("extend", ConnectionError("partition"))
         clock.advance(20.0)  # far past the deadline; renewals fail meanwhile
         assert await lease.lost == "local deadline passed"
         assert await lease.release() is False
@@ -62,16 +38,15 @@ async def test_injected_clock_drives_deadlines_and_renewals() -> None:
 async def test_one_round_trip_renews_every_lease() -> None:
     async with asynclock.testing.memory_backend() as backend:
         calls: list[int] = []
-        real = backend.driver.extend
 
-        async def counting(leases: Any) -> Any:
+        async def counting(real: Any, leases: Any) -> Any:
             calls.append(len(leases))
             return await real(leases)
 
-        setattr(backend.driver, "extend", counting)  # noqa: B010
+        asynclock.testing.DriverFaults(backend).around("extend", counting)
         leases = [await backend.acquire(f"n{i}", ttl=0.3) for i in range(200)]
         for _ in range(3):
-            await backend._renewal_round()
+            await asynclock.testing.next_renewal_round(backend)
         assert calls[-3:] == [200, 200, 200]
         stats = backend.stats()
         assert stats.renewal_round_trips == len(calls)

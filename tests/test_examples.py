@@ -38,6 +38,15 @@ def test_fencing() -> None:
     assert ledger == ["ledger: token 1: first holder, on time", "ledger: token 2: second holder"]
 
 
+def test_stuck_holder() -> None:
+    out = run("stuck_holder.py")
+    assert "held by token 1" in out
+    assert "broken: True" in out
+    assert "stuck run stopped: renewal refused" in out
+    assert "next run got token 2 (larger" in out
+    assert "still locked: False" in out
+
+
 @pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.py")))
 def test_every_example_has_a_test(example: str) -> None:
     tested = Path(__file__).read_text() + "".join(

@@ -1,5 +1,7 @@
-"""SQLFence on sqlite3 and aiosqlite (asyncpg: tests/backends/test_postgres.py): the mark
-only moves up, an equal token passes, a stale one raises and writes nothing (G8)."""
+"""SQLFence on sqlite3, aiosqlite and asyncpg (a real PostgreSQL; the stale-write story on
+asyncpg is in tests/backends/test_postgres.py): the mark only moves up, an equal token
+passes, a stale one raises and writes nothing (G8); a check outside a transaction and bad
+keys or tokens are refused before any SQL runs, the same way on every driver."""
 
 from __future__ import annotations
 
@@ -7,10 +9,12 @@ import sqlite3
 from pathlib import Path
 
 import aiosqlite
+import asyncpg  # type: ignore[import-untyped]
 import pytest
 
 import asynclock
 from asynclock.fence import SQLFence
+from tests.support.pg_servers import PgServer
 
 pytestmark = pytest.mark.anyio
 
@@ -64,9 +68,143 @@ def test_bad_fence_arguments(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="plain SQL identifier"):
         SQLFence("fence; DROP TABLE x")
     conn, fence = ledger(tmp_path / "r.db"), SQLFence()
-    with pytest.raises(ValueError, match="non-empty str"):
+    with pytest.raises(ValueError, match="non-empty"):
         fence.check_sqlite(conn, "", 1)
     with pytest.raises(ValueError, match="positive 64-bit"):
         fence.check_sqlite(conn, "k", 0)
     with pytest.raises(TypeError, match="must be an int"):
         fence.check_sqlite(conn, "k", "1")  # type: ignore[arg-type]
+
+
+# -- a check outside a transaction would autocommit the mark on its own (issue 8, item 5) --
+
+
+def fence_rows(conn: sqlite3.Connection) -> list[tuple[str, int]]:
+    return list(conn.execute("SELECT key, token FROM asynclock_fence ORDER BY key"))
+
+
+def test_sqlite3_check_outside_a_transaction_is_refused(tmp_path: Path) -> None:
+    conn, fence = ledger(tmp_path / "r.db"), SQLFence()  # autocommit (isolation_level=None)
+    assert not conn.in_transaction
+    with pytest.raises(RuntimeError, match=r"check_sqlite\(\).*no transaction is open") as info:
+        fence.check_sqlite(conn, "k", 5)
+    assert "sqlite_transaction" in str(info.value) and "BEGIN" in str(info.value)
+    assert fence_rows(conn) == [] and not conn.in_transaction  # nothing written, nothing begun
+    conn.execute("BEGIN")  # inside a transaction it works, and commits with the write
+    fence.check_sqlite(conn, "k", 5)
+    conn.execute("COMMIT")
+    assert fence_rows(conn) == [("k", 5)]
+
+
+def test_sqlite3_check_in_an_implicit_transaction_is_accepted(tmp_path: Path) -> None:
+    ledger(tmp_path / "r.db").close()
+    # sqlite3's default (legacy) transaction control opens a transaction before the
+    # check's INSERT, so the mark commits or rolls back with the caller's writes.
+    conn, fence = sqlite3.connect(tmp_path / "r.db"), SQLFence()
+    fence.check_sqlite(conn, "k", 5)
+    assert conn.in_transaction
+    conn.execute("INSERT INTO ledger VALUES (5)")
+    conn.rollback()
+    assert fence_rows(conn) == [] and rows(conn) == []
+    fence.check_sqlite(conn, "k", 6)
+    conn.commit()
+    assert fence_rows(conn) == [("k", 6)]
+
+
+async def test_aiosqlite_check_outside_a_transaction_is_refused(tmp_path: Path) -> None:
+    ledger(tmp_path / "r.db").close()
+    fence = SQLFence()
+    async with aiosqlite.connect(tmp_path / "r.db", isolation_level=None) as conn:
+        with pytest.raises(RuntimeError, match=r"check_aiosqlite\(\).*no transaction is open"):
+            await fence.check_aiosqlite(conn, "k", 5)
+        assert not conn.in_transaction
+    assert fence_rows(sqlite3.connect(tmp_path / "r.db")) == []
+
+
+async def test_asyncpg_check_outside_a_transaction_is_refused(pg_server: PgServer) -> None:
+    fence = SQLFence("fence_no_tx")
+    conn = await asyncpg.connect(pg_server.url())
+    try:
+        await fence.create_asyncpg(conn)
+        with pytest.raises(
+            RuntimeError, match=r"check_asyncpg\(\).*no transaction is open"
+        ) as info:
+            await fence.check_asyncpg(conn, "k", 5)
+        assert "conn.transaction()" in str(info.value)
+        assert await conn.fetch("SELECT key FROM fence_no_tx") == []  # nothing written
+        async with conn.transaction():
+            await fence.check_asyncpg(conn, "k", 5)
+        assert await conn.fetchval("SELECT token FROM fence_no_tx WHERE key = 'k'") == 5
+    finally:
+        await conn.close()
+    pool = await asyncpg.create_pool(pg_server.url(), min_size=1, max_size=2)
+    try:  # a pool would run the check and the write on different connections
+        with pytest.raises(TypeError, match=r"not Pool.*pool.acquire\(\)"):
+            await fence.check_asyncpg(pool, "k", 6)
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SELECT token FROM fence_no_tx WHERE key = 'k'") == 5
+            async with conn.transaction():  # a pool's connection proxy works
+                await fence.check_asyncpg(conn, "k", 6)
+    finally:
+        await pool.close()
+
+
+# -- every fence input checked the same way on every driver, before any SQL (item 15) -------
+
+BAD_INPUTS: list[tuple[object, object, type[Exception], str]] = [
+    (1, 1, TypeError, "fence key must be a str, not int"),
+    (b"k", 1, TypeError, "fence key must be a str, not bytes"),
+    ("", 1, ValueError, "fence key must be a non-empty str"),
+    ("a\x00b", 1, ValueError, "NUL"),
+    ("\ud800", 1, ValueError, "surrogate"),
+    ("x" * 513, 1, ValueError, "at most 512"),
+    ("k", 0, ValueError, "positive 64-bit"),
+    ("k", -1, ValueError, "positive 64-bit"),
+    ("k", 2**63, ValueError, "positive 64-bit"),
+    ("k", True, TypeError, "must be an int"),
+    ("k", "1", TypeError, "must be an int"),
+    ("k", 1.0, TypeError, "must be an int"),
+]
+BAD_IDS = [f"{k!r:.12}-{t!r}" for k, t, _, _ in BAD_INPUTS]
+
+
+@pytest.mark.parametrize(("key", "token", "error", "message"), BAD_INPUTS, ids=BAD_IDS)
+async def test_bad_fence_input_is_refused_alike_on_every_driver(
+    pg_server: PgServer,
+    tmp_path: Path,
+    key: object,
+    token: object,
+    error: type[Exception],
+    message: str,
+) -> None:
+    fence = SQLFence("fence_bad_input")
+    sync = sqlite3.connect(tmp_path / "r.db", isolation_level=None)
+    fence.create_sqlite(sync)
+    sync.execute("BEGIN")
+    with pytest.raises(error, match=message):
+        fence.check_sqlite(sync, key, token)  # type: ignore[arg-type]
+    sync.execute("ROLLBACK")
+    with pytest.raises(error, match=message):
+        with fence.sqlite_transaction(sync, key, token):  # type: ignore[arg-type]
+            pass
+    assert not sync.in_transaction  # refused before BEGIN IMMEDIATE
+    async with aiosqlite.connect(tmp_path / "r.db", isolation_level=None) as conn:
+        await conn.execute("BEGIN")
+        with pytest.raises(error, match=message):
+            await fence.check_aiosqlite(conn, key, token)  # type: ignore[arg-type]
+        await conn.execute("ROLLBACK")
+    assert fence_rows_of(sync, "fence_bad_input") == []
+    pg = await asyncpg.connect(pg_server.url())
+    try:
+        await fence.create_asyncpg(pg)
+        async with pg.transaction():
+            with pytest.raises(error, match=message):
+                await fence.check_asyncpg(pg, key, token)  # type: ignore[arg-type]
+            # Refused before any statement: the transaction is not aborted.
+            assert await pg.fetchval("SELECT count(*) FROM fence_bad_input") == 0
+    finally:
+        await pg.close()
+
+
+def fence_rows_of(conn: sqlite3.Connection, table: str) -> list[tuple[str, int]]:
+    return list(conn.execute(f"SELECT key, token FROM {table}"))

@@ -19,6 +19,7 @@ PUBLIC = {
     "Clock",
     "Driver",
     "HoldTimes",
+    "Holder",
     "Lease",
     "LeaseLost",
     "Lock",
@@ -44,7 +45,13 @@ def test_all_is_exactly_the_public_api() -> None:
 
 
 def test_submodule_all() -> None:
-    assert set(asynclock.testing.__all__) == {"force_loss", "memory_backend"}
+    assert set(asynclock.testing.__all__) == {
+        "DriverFaults",
+        "ManualClock",
+        "force_loss",
+        "memory_backend",
+        "next_renewal_round",
+    }
     assert "SQLFence" in asynclock.fence.__all__
     for module in (asynclock.testing, asynclock.fence):
         assert isinstance(module.__all__, tuple)
@@ -81,5 +88,7 @@ def test_core_imports_without_optional_drivers() -> None:
         "bad = [m for m in ('redis', 'asyncpg', 'aetcd', 'rich', 'celery', 'fastapi')"
         " if m in sys.modules]; print(bad); raise SystemExit(1 if bad else 0)"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=50
+    )
     assert done.returncode == 0, done.stdout + done.stderr

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import itertools
 import logging
 import math
@@ -25,9 +26,9 @@ import re
 import sys
 import threading
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
-from typing import Any, NoReturn, Self, TypeVar, cast
+from typing import Any, NoReturn, ParamSpec, Self, TypeVar, cast
 
 import anyio
 import anyio.abc
@@ -45,8 +46,10 @@ from .exceptions import (
     LeaseLost,
     LockHeld,
 )
+from .holder import Holder
 from .lease import Lease
 from .stats import BackendStats, StatsRecorder
+from .templates import NameTemplate
 from .validation import (
     MAX_NAME_BYTES,
     MAX_TTL,
@@ -60,6 +63,7 @@ from .validation import (
 logger = logging.getLogger("asynclock")
 _get_ident = threading.get_ident
 T = TypeVar("T")
+P = ParamSpec("P")
 
 #: How long a waiter sleeps between attempts when the driver gives no hint.
 DEFAULT_POLL = 0.05
@@ -119,8 +123,11 @@ class Backend:
         self._renew_wake: anyio.CancelScope | None = None
         self._watch_wake: anyio.CancelScope | None = None
         self._next_round: float = math.inf
+        self._renew_asap = False  # renew_now() asked for a round after the current one
         self._watch_until: float = -math.inf  # what the watchdog sleeps until, if it sleeps
         self._round_done = anyio.Event()
+        #: ``lease.extend(ttl)`` requests for the renewer's next round, by owner.
+        self._extends: dict[str, _ExtendRequest] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         self._scope_type: type[anyio.CancelScope] = anyio.CancelScope
         self._checkpoint_if_cancelled: Callable[[], Awaitable[None]] = (
@@ -140,7 +147,7 @@ class Backend:
         self._thread: int | None = None
         self._opened_in = "no event loop (not open)"
         self._current_task: Callable[[], object] = _any_current_task
-        driver.bind(self.clock, self._wake_waiters, self._lost_out_of_band)
+        driver.bind(self.clock, self._wake_waiters, self._lost_out_of_band, self._renew_soon)
 
     def __repr__(self) -> str:
         return f"<asynclock.Backend {self.driver.display} held={len(self._live())}>"
@@ -383,7 +390,7 @@ class Backend:
                 while True:
                     self._stats.busy_attempts += 1
                     if not blocking:
-                        raise LockHeld(name, result.retry_after)
+                        raise LockHeld(name, result.retry_after, result.detail)
                     now = clock.now()
                     if give_up_at is not None and now >= give_up_at:
                         assert timeout is not None
@@ -468,6 +475,8 @@ class Backend:
             self._wrong_loop()
         # Stop renewing first: renewal is tied to the holder's life, never outlives it.
         self._held.pop(lease.owner, None)
+        if self._extends:
+            self._end_extend(lease, Refused("released"))
         if lease._released:
             return False
         now = self.clock.now()
@@ -538,6 +547,8 @@ class Backend:
     def _lose(self, lease: Lease, reason: str) -> None:
         """Mark ``lease`` lost (once), stop renewing it and cancel its holder (G4)."""
         self._held.pop(lease.owner, None)
+        if self._extends:
+            self._end_extend(lease, Refused(reason))
         if lease.lost:
             return
         lease.lost._set(reason)
@@ -549,6 +560,14 @@ class Backend:
         self._stats.losses += 1
         self._stats.loss_reasons[re.split(r"[:;(]", reason, maxsplit=1)[0].strip()] += 1
         logger.warning("lease lost: %r token=%d: %s", lease.name, lease.token, reason)
+
+    def _renew_soon(self) -> None:
+        """The driver's ``renew_now``: renew every held lease now, not at the next heartbeat
+        (a connection came back; the server may have restarted and lost them)."""
+        self._renew_asap = True
+        if self._held:
+            self._next_round = self.clock.now()
+            _poke(self._renew_wake)
 
     # -- background loops ------------------------------------------------------------------
 
@@ -577,7 +596,11 @@ class Backend:
             period = min(lease.ttl for lease in batch) * self.heartbeat
             idle = min(period, IDLE_NAP)
             refs = [LeaseRef(lease.name, lease.owner, lease.token, lease.ttl) for lease in batch]
+            # lease.extend(ttl) requests ride this round with their new ttl (one renewer:
+            # rounds never overlap, so the server's expiry is the last one we sent).
+            asked = self._extends_for(refs) if self._extends else None
             t_send = self.clock.now()
+            self._renew_asap = False
             results: list[object]
             try:
                 with anyio.fail_after(max(period, 0.01)):
@@ -588,10 +611,17 @@ class Backend:
                 results = [exc] * len(refs)
             self._stats.renewal_round_trips += 1
             errors = 0
-            for lease, result in zip(batch, results, strict=True):
+            for lease, ref, result in zip(batch, refs, results, strict=True):
+                request = asked.get(lease.owner) if asked else None
                 entry = self._held.get(lease.owner)
                 if entry is None or entry[0]() is not lease:
+                    if request is not None:
+                        self._end_extend(lease, Refused(lease.lost.reason or "released"), request)
                     continue  # released or lost while we were asking
+                if request is not None:
+                    self._extended(lease, ref, result, t_send)
+                    self._end_extend(lease, result, request)
+                    continue
                 if result is True:
                     deadline = t_send + lease.ttl * (1 - self.drift) - self.margin
                     if deadline > lease._deadline:
@@ -612,6 +642,11 @@ class Backend:
             else:
                 failures = 0
                 self._next_round = t_send + period
+            if asked is not None or self._extends:
+                # A ttl changed (the period with it), or an extend waits for a round.
+                self._next_round = self._after_extends(t_send, errors > 0)
+            if self._renew_asap:  # asked during this round: its answers may predate it
+                self._next_round = self.clock.now()
 
     async def _watchdog_loop(self) -> None:
         while True:
@@ -679,6 +714,217 @@ class Backend:
             raise
         except Exception as exc:
             raise BackendUnavailable(f"{self.driver.display}: {what} failed: {exc!r}") from exc
+
+    # -- who holds it, changing a ttl, breaking a lock, decorating a function --------------
+
+    async def holder(self, name: str) -> Holder | None:
+        """Who holds ``name`` right now, as the server sees it, or ``None`` if nobody does.
+
+        A snapshot (the lease may end the moment after): for dashboards and operators, not
+        for deciding who may write (fence writes with your lease's token). Fields a backend
+        cannot know are ``None``; see :class:`~asynclock.Holder`.
+        """
+        self._require_open()
+        self._check_loop()
+        check_name(name)
+        try:
+            result = await self.driver.holder(name)
+        except (AsynclockError, NotImplementedError):
+            raise
+        except Exception as exc:
+            raise BackendUnavailable(f"{self.driver.display}: holder failed: {exc!r}") from exc
+        return result
+
+    async def locked(self, name: str) -> bool:
+        """True if some lease holds ``name`` right now (a snapshot, as :meth:`holder`)."""
+        return await self.holder(name) is not None
+
+    async def break_lock(self, name: str) -> bool:
+        """Remove whoever holds ``name`` (for operators); True if a live lease was removed.
+
+        Logged at WARNING. The broken holder, in any process, loses its lease at its next
+        renewal at the latest (its ``async with`` raises :class:`LeaseLost`), and its token
+        stays fenced off: the next acquisition's token is larger. Unlike a release this is
+        not owner-checked, so it can end a healthy holder's lease: use it for a holder
+        that is stuck, not to take a lock. PostgreSQL ``mode=session`` ends the holder's
+        database session, and with it every lock that session holds.
+        """
+        self._require_open()
+        self._check_loop()
+        check_name(name)
+        logger.warning("break_lock(%r) on %s: removing whoever holds it", name, self.driver.display)
+        try:
+            broken = bool(await self.driver.break_lock(name))
+        except (AsynclockError, NotImplementedError):
+            raise
+        except Exception as exc:
+            raise BackendUnavailable(f"{self.driver.display}: break_lock failed: {exc!r}") from exc
+        if broken:
+            logger.warning("break_lock(%r): a live lease was removed", name)
+            # A holder on this very backend need not wait for its next renewal.
+            for lease in [lease for lease in self._live() if lease.name == name]:
+                self._lose(lease, "lock broken by break_lock()")
+        return broken
+
+    def locked_function(
+        self,
+        name: str,
+        /,
+        *,
+        ttl: float,
+        timeout: float | None = None,
+        blocking: bool = True,
+        max_hold: float | None = None,
+    ) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Coroutine[Any, Any, T]]]:
+        """Decorate an ``async def`` function so every call runs holding a lock.
+
+        ``name`` is a :class:`~asynclock.NameTemplate` formatted from the call's arguments
+        (``"invoice:{invoice_id}"``); the other arguments are those of :meth:`lock`. Inside
+        the call :func:`asynclock.current_lease` is the lease, and a lost lease cancels the
+        call, which raises :class:`LeaseLost`.
+
+        Raises:
+            TypeError: at decoration, if the function is not an ``async def`` function or
+                the template names an argument it does not take.
+            ValueError: at decoration, for a malformed template or bad lock arguments.
+        """
+        template = NameTemplate(name)
+        # The lock arguments are checked now, not at the first call.
+        _check_lock_args("name", ttl, timeout, blocking, max_hold)
+
+        def decorate(func: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+            if not inspect.iscoroutinefunction(func):
+                kind = "an async generator" if inspect.isasyncgenfunction(func) else "not async"
+                raise TypeError(
+                    f"locked_function needs an `async def` function; "
+                    f"{getattr(func, '__qualname__', func)!s} is {kind} (for sync code, hold "
+                    "the lock around the call with `async with backend.lock(...)`)"
+                )
+            template.check_callable(func)
+            signature = inspect.signature(func)
+
+            @functools.wraps(func)
+            async def locked_call(*args: P.args, **kwargs: P.kwargs) -> T:
+                lock_name = template.format_call(func, args, kwargs)
+                lock = self.lock(
+                    lock_name, ttl=ttl, timeout=timeout, blocking=blocking, max_hold=max_hold
+                )
+                async with lock as lease:
+                    return await func(*args, **kwargs)
+                # Only a lost lease's cancellation is swallowed, and then __aexit__ raises.
+                raise LeaseLost(lease.name, lease.token, lease.lost.reason or "lost")
+
+            locked_call.__signature__ = signature  # type: ignore[attr-defined]
+            return locked_call
+
+        return decorate
+
+    async def _extend_lease(self, lease: Lease, ttl: object) -> None:
+        """``lease.extend(ttl)``: the renewer's next round, now, carries the new ttl."""
+        self._check_loop()
+        new_ttl = check_lease_ttl(ttl)
+        if new_ttl * (1 - self.drift) - self.margin <= 0:
+            raise ValueError(
+                f"ttl={new_ttl:g}s leaves no time after drift ({self.drift:.0%}) and margin "
+                f"({self.margin:g}s); use a ttl of at least {2 * self.margin + 0.001:g}s"
+            )
+        while True:
+            lease.check()  # lost, released or past its deadline: LeaseLost, before any I/O
+            entry = self._held.get(lease.owner)
+            if entry is None or entry[0]() is not lease:
+                raise LeaseLost(lease.name, lease.token, "no longer renewed by this backend")
+            pending = self._extends.get(lease.owner)
+            if pending is None:
+                break
+            await pending.done.wait()  # one ttl change at a time, in call order
+        request = self._extends[lease.owner] = _ExtendRequest(new_ttl)
+        self._next_round = self.clock.now()
+        _poke(self._renew_wake)
+        try:
+            await request.done.wait()
+        finally:
+            if self._extends.get(lease.owner) is request:
+                del self._extends[lease.owner]  # cancelled before the renewer sent it
+            request.done.set()  # an extend queued behind this one may go now
+        result = request.result
+        if result is True:
+            return
+        if lease.lost.reason is not None:
+            raise LeaseLost(lease.name, lease.token, lease.lost.reason)
+        if isinstance(result, Refused):
+            raise LeaseLost(lease.name, lease.token, result.reason)
+        raise BackendUnavailable(
+            f"{self.driver.display}: extend of {lease.name!r} to ttl={new_ttl:g}s failed "
+            f"(the lease keeps renewing with ttl={lease.ttl:g}s): {result!r}"
+        ) from (result if isinstance(result, BaseException) else None)
+
+    def _extends_for(self, refs: list[LeaseRef]) -> dict[str, _ExtendRequest]:
+        """The extend requests this round sends; their refs get the new ttl (in place)."""
+        asked: dict[str, _ExtendRequest] = {}
+        for i, ref in enumerate(refs):
+            request = self._extends.get(ref.owner)
+            if request is not None and not request.sent:
+                request.sent = True
+                asked[ref.owner] = request
+                refs[i] = LeaseRef(ref.name, ref.owner, ref.token, request.ttl)
+        return asked
+
+    def _extended(self, lease: Lease, ref: LeaseRef, result: object, t_send: float) -> None:
+        """Apply the answer to ``lease.extend(ref.ttl)`` sent at ``t_send`` (G3, G4)."""
+        deadline = t_send + ref.ttl * (1 - self.drift) - self.margin
+        if result is True:
+            lease.ttl = ref.ttl
+            lease._deadline = deadline  # may move earlier: a shorter ttl
+            self._stats.renewals += 1
+        elif isinstance(result, Refused):
+            self._lose(lease, f"extend refused: {result.reason}")
+            return
+        elif deadline < lease._deadline:
+            # Unknown whether the server took the shorter ttl: assume it did.
+            lease._deadline = deadline
+        else:
+            return
+        if lease.deadline < self._watch_until:
+            _poke(self._watch_wake)
+
+    def _end_extend(
+        self, lease: Lease, result: object, request: _ExtendRequest | None = None
+    ) -> None:
+        """Answer ``request`` (default: the lease's pending one) with ``result``."""
+        pending = self._extends.get(lease.owner)
+        if request is None:
+            request = pending
+        if request is None:
+            return
+        if pending is request:
+            del self._extends[lease.owner]
+        request.result = result
+        request.done.set()
+
+    def _after_extends(self, t_send: float, backing_off: bool) -> float:
+        """When the next round runs after one that changed a ttl or left a request."""
+        if any(not request.sent for request in self._extends.values()):
+            return self.clock.now()
+        live = self._live()
+        if not live:
+            return self._next_round
+        # The period of the ttls now held (this round's was computed from the old ones).
+        shortest = min(lease.ttl for lease in live) * self.heartbeat
+        if backing_off:
+            return min(self._next_round, t_send + shortest)
+        return t_send + shortest
+
+
+class _ExtendRequest:
+    """One ``lease.extend(ttl)`` waiting for the renewer's answer."""
+
+    __slots__ = ("done", "result", "sent", "ttl")
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self.sent = False
+        self.result: object = None
+        self.done = anyio.Event()
 
 
 def _checkpoint_if_cancelled_for(

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .clock import Clock, MonotonicClock
+from .holder import Holder
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,9 +21,11 @@ class Busy:
 
     ``retry_after`` is how long the current lease has left at most (Redis ``PTTL``, a
     lease row's expiry), or a backend's suggested poll delay; ``None`` if unknown.
+    ``detail``, if given, says why (it goes into :class:`~asynclock.LockHeld`'s message).
     """
 
     retry_after: float | None = None
+    detail: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,18 +60,24 @@ class Driver:
         self.clock: Clock = MonotonicClock()
         self._wake: Callable[[str], None] = lambda name: None
         self._notify_lost: Callable[[str, str, str], None] = lambda name, owner, why: None
+        self._renew_now: Callable[[], None] = lambda: None
 
     def bind(
         self,
         clock: Clock,
         wake: Callable[[str], None],
         notify_lost: Callable[[str, str, str], None],
+        renew_now: Callable[[], None] | None = None,
     ) -> None:
         """Called once by the backend: ``wake(name)`` when a release of ``name`` is seen,
-        ``notify_lost(name, owner, reason)`` when a lease is known lost out of band."""
+        ``notify_lost(name, owner, reason)`` when a lease is known lost out of band,
+        ``renew_now()`` to have every held lease renewed at once (a connection came back:
+        the server may have restarted and lost them)."""
         self.clock = clock
         self._wake = wake
         self._notify_lost = notify_lost
+        if renew_now is not None:
+            self._renew_now = renew_now
 
     async def open(self) -> None:
         """Connect, create schema, load scripts. Raise BackendUnavailable with a clear message."""
@@ -119,3 +128,18 @@ class Driver:
 
     async def abandon(self, name: str, owner: str) -> None:
         """A queued waiter gave up (timeout or cancellation); forget it."""
+
+    async def holder(self, name: str) -> Holder | None:
+        """Who holds ``name`` right now (the server's view), or None if nobody does.
+
+        A name reserved for a queued waiter, or whose lease expired, is not held.
+        """
+        raise NotImplementedError(f"{self.display} does not report holders")
+
+    async def break_lock(self, name: str) -> bool:
+        """Remove whoever holds ``name``, for operators; True if a live lease was removed.
+
+        Must keep G2: the next acquisition's token is above the broken lease's token. The
+        broken holder's next extend must be refused (its next renewal then loses it).
+        """
+        raise NotImplementedError(f"{self.display} cannot break locks")

@@ -12,8 +12,12 @@ class AsynclockError(Exception):
 class LockHeld(AsynclockError):
     """``blocking=False`` and someone else holds the lock right now."""
 
-    def __init__(self, name: str, retry_after: float | None = None) -> None:
+    def __init__(
+        self, name: str, retry_after: float | None = None, detail: str | None = None
+    ) -> None:
         hint = f"; it frees in at most {retry_after:.3f}s" if retry_after is not None else ""
+        if detail:
+            hint = f"; {detail}"
         super().__init__(f"lock {name!r} is held by another owner{hint}")
         self.name = name
         self.retry_after = retry_after

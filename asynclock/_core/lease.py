@@ -149,3 +149,20 @@ class Lease:
         backend = self._backend
         backend._check_loop()
         return await backend._release(self)
+
+    async def extend(self, ttl: float) -> None:
+        """Change this lease's ttl now; the heartbeat carries on with the new one.
+
+        The server extends the lease by ``ttl`` from now, owner-checked (G5), and the local
+        deadline is recomputed from the moment the request was sent (G3); a shorter ttl
+        moves it earlier. The backend's renewer sends it at once, in its one round trip.
+
+        Raises:
+            TypeError, ValueError: ``ttl`` is not a number of seconds > 0 and at most
+                :data:`asynclock.MAX_TTL` (before any I/O).
+            LeaseLost: the lease is lost or released, or the server refused the extend; a
+                refusal also loses the lease (its ``async with`` body is cancelled).
+            BackendUnavailable: the server did not answer; the lease keeps its old ttl
+                (and, for a shorter ttl, a deadline as if the server had taken it).
+        """
+        await self._backend._extend_lease(self, ttl)

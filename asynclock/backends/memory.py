@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
+from .._core.holder import Holder
 
 
 @dataclass(slots=True)
@@ -90,6 +91,20 @@ class MemoryDriver(Driver):
                 del self.queues[name]
             # The head may have left: let the next waiter try now.
             self._wake(name)
+
+    async def holder(self, name: str) -> Holder | None:
+        entry = self._live(name)
+        if entry is None:
+            return None
+        return Holder(name, entry.owner, entry.token, max(0.0, entry.expires_at - self.clock.now()))
+
+    async def break_lock(self, name: str) -> bool:
+        # The counter stays (G2); the broken owner's next extend finds no entry (refused).
+        if self._live(name) is None:
+            return False
+        del self.leases[name]
+        self._wake(name)
+        return True
 
 
 def driver_from_url(url: str, **options: Any) -> MemoryDriver:

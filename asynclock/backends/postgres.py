@@ -63,6 +63,7 @@ import functools
 import hashlib
 import logging
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
@@ -70,8 +71,10 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsp
 import anyio
 import asyncpg  # type: ignore[import-untyped]  # no stubs; see fence/sql.py Protocols
 
+from .._core.asyncio_only import require_asyncio
 from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
 from .._core.exceptions import BackendUnavailable, LockHeld
+from .._core.holder import Holder
 from .._core.validation import check_name, check_seconds
 
 __all__ = (
@@ -338,6 +341,10 @@ SQL_X_TOKEN = f"WITH l AS (SELECT true AS ok),{_X_TAKE}"
 # (NULL, -1) when it needs SQL_L_TTL ($3 above its copy of the longest ttl) first. The
 # token comes from the shared source (a value taken by a busy attempt is skipped, never
 # reused). The lease table is unlogged: the commit waits for no WAL flush.
+# G2 for a slow acquire: the token is taken *before* the upsert waits for the row's lock,
+# so another holder may take and free the name meanwhile with a larger token. Rows are
+# never deleted (release marks them free), and a free row is taken only by a larger token;
+# otherwise the answer is (NULL, 0): busy for no time, try again with a fresh token.
 SQL_L_ACQUIRE = f"""
 WITH l AS (SELECT true AS ok),{_NEXT},
 g AS (SELECT t.token, $3::float8 <= t.lease_ttl_ms AS ttl_ok,
@@ -349,7 +356,7 @@ ins AS (
     FROM g WHERE g.ttl_ok AND NOT g.in_grace
     ON CONFLICT (name) DO UPDATE
         SET owner = EXCLUDED.owner, token = EXCLUDED.token, expires_at = EXCLUDED.expires_at
-        WHERE x.expires_at <= clock_timestamp()
+        WHERE x.expires_at <= clock_timestamp() AND x.token < EXCLUDED.token
     RETURNING x.token
 )
 SELECT token, NULL::float8 AS left_s FROM ins
@@ -377,16 +384,19 @@ WHERE l.name = x.name AND l.owner = x.owner AND l.token = x.token
   AND l.expires_at > clock_timestamp()
 RETURNING x.i
 """
-# G5: owner-checked delete; args $1 name, $2 owner, $3 token or NULL, $4 channel, $5 and
-# $6 the waiter key. Returns one row (was it still live?) if it was our row; notifies
-# waiters if some backend announced one (as SQL_S_RELEASE). The commit does not wait for
-# the WAL flush: if a crash undid the delete, the row would just expire.
+# G5: owner-checked release; args $1 name, $2 owner, $3 token or NULL, $4 channel, $5 and
+# $6 the waiter key. Marks our row free (never deletes it: its token keeps a slow
+# acquire's smaller token out, see SQL_L_ACQUIRE). Returns one row (was it still live?)
+# if it was our row; notifies waiters if some backend announced one (as SQL_S_RELEASE).
+# The commit does not wait for the WAL flush: if a crash undid it, the row would just expire.
 SQL_L_RELEASE = """
 WITH c AS (SELECT set_config('synchronous_commit', 'off', true)),
 d AS (
-    DELETE FROM asynclock_lease
-    WHERE name = $1 AND owner = $2 AND ($3::bigint IS NULL OR token = $3)
-    RETURNING expires_at > clock_timestamp() AS live
+    UPDATE asynclock_lease AS l SET expires_at = 'epoch'
+    FROM (SELECT expires_at FROM asynclock_lease WHERE name = $1) AS was
+    WHERE l.name = $1 AND l.owner = $2 AND ($3::bigint IS NULL OR l.token = $3)
+      AND l.expires_at > 'epoch'
+    RETURNING was.expires_at > clock_timestamp() AS live
 )
 SELECT d.live FROM c, d
 LEFT JOIN LATERAL (SELECT pg_notify($4, '') WHERE NOT pg_try_advisory_xact_lock($5, $6)) AS n
@@ -396,6 +406,54 @@ LEFT JOIN LATERAL (SELECT pg_notify($4, '') WHERE NOT pg_try_advisory_xact_lock(
 SQL_L_VALIDATE = """
 SELECT EXISTS (SELECT 1 FROM asynclock_lease
                WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp())
+"""
+
+# -- holder and break_lock: statements -----------------------------------------------------
+
+# Mode session (and xact_lock): the server pid holding key $1 in this database, or NULL,
+# and our own pid. Owner, token and expiry of another session's hold are not on the server
+# (the token lock is a hash of the token), so only the pid can be known.
+_S_HOLDER_PID = """(SELECT l.pid FROM pg_locks AS l
+     WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+       AND l.mode = 'ExclusiveLock'
+       AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+       AND (l.classid::bigint << 32) | l.objid::bigint = $1
+     LIMIT 1)"""
+SQL_S_HOLDER = f"SELECT {_S_HOLDER_PID} AS pid, pg_backend_pid() AS me"
+# Operators' break in mode session, run on a connection of its own: end the session
+# holding key $1 (a session lock can only be freed by its own session) unless it is $2 (our
+# pinned session: that one unlocks instead). One statement, so it ends the session that
+# holds the key now, never one that held it a moment ago. Args: $1 key, $2 our pid, $3 ms to
+# wait for the session to exit (PostgreSQL >= 14; SQL_S_BREAK_NOWAIT before, without $3).
+# Returns the ended pid, or no row when nobody else holds it. G2 holds: tokens come from the
+# shared source, which only rises. Every other lock of that session ends with it.
+SQL_S_BREAK = f"""
+SELECT h.pid FROM (SELECT {_S_HOLDER_PID} AS pid) AS h
+WHERE h.pid <> $2 AND pg_terminate_backend(h.pid, $3)
+"""
+SQL_S_BREAK_NOWAIT = f"""
+SELECT h.pid FROM (SELECT {_S_HOLDER_PID} AS pid) AS h
+WHERE h.pid <> $2 AND pg_terminate_backend(h.pid)
+"""
+# Mode lease: the live row of $1 name: owner, token and seconds left on the server's clock.
+SQL_L_HOLDER = """
+SELECT owner, token, greatest(0, extract(epoch FROM expires_at - clock_timestamp()))::float8
+FROM asynclock_lease WHERE name = $1 AND expires_at > clock_timestamp()
+"""
+# Operators' break in mode lease: mark the live row of $1 free whoever owns it, notifying
+# waiters as SQL_L_RELEASE does ($2 channel, $3 and $4 the waiter key). The broken owner's
+# SQL_L_EXTEND matches no live row (refused); G2 holds (the row keeps its token).
+# Returns the broken token, or no row if nothing live held it.
+SQL_L_BREAK = """
+WITH c AS (SELECT set_config('synchronous_commit', 'off', true)),
+d AS (
+    UPDATE asynclock_lease SET expires_at = 'epoch'
+    WHERE name = $1 AND expires_at > clock_timestamp()
+    RETURNING token
+)
+SELECT d.token FROM c, d
+LEFT JOIN LATERAL (SELECT pg_notify($2, '') WHERE NOT pg_try_advisory_xact_lock($3, $4)) AS n
+    ON true
 """
 
 _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
@@ -426,6 +484,7 @@ class PostgresDriver(Driver):
         password: str | None = None,
     ) -> None:
         super().__init__()
+        require_asyncio("the postgresql:// backend", "asyncpg")
         if mode not in MODES:
             raise ValueError(f"postgres mode must be 'session' or 'lease', got {mode!r}")
         self.dsn = dsn
@@ -494,13 +553,46 @@ class PostgresDriver(Driver):
             raise self._unavailable("not authorised", exc) from None
         except asyncpg.exceptions.InvalidCatalogNameError as exc:
             raise self._unavailable("database does not exist", exc) from None
+        except asyncpg.exceptions.TooManyConnectionsError as exc:
+            raise self._no_slot(exc) from None
         except (TimeoutError, OSError) as exc:
             raise self._unavailable("cannot connect", exc) from None
         except (asyncpg.PostgresError, asyncpg.InterfaceError, ValueError) as exc:
             raise self._unavailable("cannot connect", exc) from None
         return conn
 
+    def _no_slot(self, exc: BaseException) -> BackendUnavailable:
+        """The server has no connection slot for us (SQLSTATE 53300): say that a backend
+        needs two, and which limit was reached."""
+        carries = "its lease statements" if self.mode == "lease" else "its locks"
+        text = self._scrub(str(exc))
+        named = re.search(r'for (role|database) "(.*)"', text)
+        if named and named[1] == "role":
+            role = _ident(named[2])
+            fix = (
+                f"role's CONNECTION LIMIT is reached: raise it to its other connections "
+                f"+ 2 (ALTER ROLE {role} CONNECTION LIMIT n) or close some of them"
+            )
+        elif named:
+            db = _ident(named[2])
+            fix = (
+                f"database's CONNECTION LIMIT is reached: raise it by 2 "
+                f"(ALTER DATABASE {db} CONNECTION LIMIT n) or close other connections"
+            )
+        else:
+            fix = (
+                "server's max_connections is reached (the last "
+                "superuser_reserved_connections slots are kept for superusers): raise "
+                "max_connections (postgresql.conf, then restart) or close other connections"
+            )
+        return BackendUnavailable(
+            f"{self.display}: no free connection slot ({text}). This backend needs two "
+            f"connections to PostgreSQL: one pinned that carries {carries} and one for "
+            f"LISTEN (release notifications). The {fix}."
+        )
+
     async def open(self) -> None:
+        require_asyncio(self.display, "asyncpg")
         self._closed = False
         conn = await self._open_main()
         self._conn = conn
@@ -800,6 +892,9 @@ class PostgresDriver(Driver):
             unrenewed = [n for n, at in self._expires.items() if at <= t_send]
             if unrenewed:
                 await self._unlock_unrenewed(conn, unrenewed)
+            for ref in leases:  # lease.extend(ttl) may change a ttl: idle timeout follows
+                if self._holders.get(ref.name) == ref.owner and ref.name in self._ttls:
+                    self._ttls[ref.name] = ref.ttl
             try:
                 idle = self._idle_change()
                 if idle is None:
@@ -900,7 +995,9 @@ class PostgresDriver(Driver):
 
     # -- mode lease ----------------------------------------------------------------------
 
-    async def _lease_acquire(self, name: str, owner: str, ttl: float) -> int | Busy:
+    async def _lease_acquire(
+        self, name: str, owner: str, ttl: float, *, raced: bool = False
+    ) -> int | Busy:
         async with self._io:
             conn = await self._main()
             try:
@@ -921,6 +1018,10 @@ class PostgresDriver(Driver):
             # The row vanished between the insert's conflict and our read: try again now.
             return Busy(0.0)
         row = rows[0]
+        if row["token"] is None and row["left_s"] == 0 and not raced:
+            # Free, but our token was taken before another holder's came and went while
+            # we waited for the row (SQL_L_ACQUIRE): once more at once, with a fresh one.
+            return await self._lease_acquire(name, owner, ttl, raced=True)
         if row["token"] is not None:
             return int(row["token"])
         left = float(row["left_s"])
@@ -962,6 +1063,99 @@ class PostgresDriver(Driver):
         if live is not None:
             self._wake(name)
         return bool(live)
+
+    # -- holder and break_lock -----------------------------------------------------------
+
+    async def holder(self, name: str) -> Holder | None:
+        async with self._io:
+            conn = await self._main()
+            try:
+                if self.mode == "lease":
+                    row = await conn.fetchrow(SQL_L_HOLDER, _name_bytes(name))
+                else:
+                    row = await conn.fetchrow(SQL_S_HOLDER, lock_key(name))
+            except _CONNECTION_ERRORS as exc:
+                raise self._unavailable("holder failed", exc) from exc
+        if self.mode == "lease":
+            return None if row is None else Holder(name, row[0], int(row[1]), float(row[2]))
+        assert row is not None
+        pid, me = row
+        if pid is None:
+            return None
+        owner = self._holders.get(name) if pid == me else None
+        if owner is None:
+            # Another session (or one of our transactions): only its pid is on the server.
+            return Holder(name, None, None, None)
+        return Holder(name, owner, self._tokens.get(name), None)
+
+    async def break_lock(self, name: str) -> bool:
+        if self.mode == "lease":
+            async with self._io:
+                conn = await self._main()
+                try:
+                    token = await conn.fetchval(
+                        SQL_L_BREAK, _name_bytes(name), notify_channel(name), *waiter_key(name)
+                    )
+                except _CONNECTION_ERRORS as exc:
+                    raise self._unavailable("break_lock failed", exc) from exc
+            if token is not None:
+                self._wake(name)
+            return token is not None
+        key = lock_key(name)
+        async with self._io:
+            conn = await self._main()
+            try:
+                pid, me = await conn.fetchrow(SQL_S_HOLDER, key)
+            except _CONNECTION_ERRORS as exc:
+                raise self._unavailable("break_lock failed", exc) from exc
+            if pid is None:
+                return False
+            if pid == me:  # our own session holds it: unlock it here, nothing else
+                owner = self._holders.get(name)
+                try:
+                    await self._unlock(conn, name)
+                except BaseException as exc:
+                    self._broken(conn, exc)
+                    raise
+                self._forget(name)
+                if owner is not None:
+                    self._notify_lost(name, owner, "lock broken by break_lock()")
+                self._wake(name)
+                return True
+        # Another session: end it from a connection of our own, so that waiting for it to
+        # exit never holds up this backend's renewals on the pinned connection.
+        other = await self._connect(statement_cache_size=0)
+        try:
+            if self._idle_timeout:
+                ended = await other.fetchval(SQL_S_BREAK, key, me, _BREAK_WAIT_MS)
+            else:
+                ended = await other.fetchval(SQL_S_BREAK_NOWAIT, key, me)
+        except asyncpg.exceptions.InsufficientPrivilegeError as exc:
+            raise self._unavailable(
+                "break_lock failed: ending the holder's session needs its role or "
+                "pg_signal_backend",
+                exc,
+            ) from None
+        except _CONNECTION_ERRORS as exc:
+            raise self._unavailable("break_lock failed", exc) from exc
+        finally:
+            await _close(other)
+        if ended is None:
+            return False  # released (or already ending) meanwhile
+        self._wake(name)
+        return True
+
+
+#: How long break_lock waits for the holder's session to exit (ms), so a successor's next
+#: attempt finds the key free.
+_BREAK_WAIT_MS = 5_000
+
+
+def _ident(name: str) -> str:
+    """``name`` as an SQL identifier in a hint (quoted unless plain lower case)."""
+    if name.isidentifier() and name.isascii() and name == name.lower():
+        return name
+    return '"' + name.replace('"', '""') + '"'
 
 
 async def _close(conn: asyncpg.Connection) -> None:

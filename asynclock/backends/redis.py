@@ -17,7 +17,14 @@ URL: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://…`` for TLS,
 Driver options (keyword arguments to :func:`asynclock.connect`): ``socket_timeout`` (per
 call, seconds, default 1.0 — keep it small relative to your ttls), ``connect_timeout``
 (default 1.0), ``prefix`` (key prefix, default ``"asynclock:"``), ``fair`` (FIFO waiter
-queue, default True); anything else goes to ``redis.asyncio.ConnectionPool.from_url``.
+queue, default True), ``restart_grace`` (seconds with no grant after the database lost its
+data, default the ttl asked for; also a URL query option); anything else goes to
+``redis.asyncio.ConnectionPool.from_url``.
+
+* A restart is noticed on the pub/sub connection (kept open while a lease is held): a new
+  ``run_id`` loses every lease the server granted before, and any reconnect asks the core
+  for a renewal round at once. A missing epoch key (fresh or lost data) starts the restart
+  grace (see ``grace_left``).
 """
 
 from __future__ import annotations
@@ -28,19 +35,22 @@ import hashlib
 import inspect
 import logging
 import math
+import secrets
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import anyio
 import redis.asyncio
 import redis.exceptions
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 
+from .._core.asyncio_only import require_asyncio
 from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
 from .._core.exceptions import BackendUnavailable
+from .._core.holder import Holder
 from .._core.validation import check_seconds
 
 _hiredis: Any
@@ -55,7 +65,10 @@ logger = logging.getLogger("asynclock.redis")
 #
 # Values: the lock key holds "owner:token" while held, or "~owner" while a release has
 # reserved the name for the waiter ``owner`` (who then claims it with ACQUIRE). Waiters are
-# members "owner:ttl_ms" of two sorted sets: by arrival (queue) and by expiry (queue_exp).
+# members "owner:ttl_ms:probe" (or "owner:ttl_ms": no probe yet) of two sorted sets: by
+# arrival (queue) and by expiry (queue_exp). ``probe`` names the waiting backend's probe
+# channel, "<prefix>w:<probe>", which that backend subscribes to while it lives: PUBLISH
+# there answers 0 once its connection is gone (the process died).
 
 # Shared helpers for the scripts that take and free a lease (single node and Redlock).
 _LEASE = """
@@ -82,6 +95,20 @@ local function held_token(cur, owner)
   end
   return nil
 end
+-- G1 across data loss: ms left of the restart grace (0: none). The epoch key lives as
+-- long as the database's data; when it is missing (a fresh database, or a restart or
+-- flush that lost the data) a lease granted before may still run in its holder, so none
+-- is granted for grace ms from now. t: a TIME reply.
+local function grace_left(epoch, grace, t)
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  grace = tonumber(grace)
+  local since = tonumber(redis.call('GET', epoch) or '')
+  if since == nil then
+    since = now
+    redis.call('SET', epoch, string.format('%d', now))
+  end
+  return math.min(grace, math.max(0, since + grace - now))
+end
 -- G5, for release: true if cur is owner's lease with token ('' = unknown: an interrupted
 -- acquire, any token of ours), false if it is only owner's reservation (token ''), nil if
 -- it is not ours.
@@ -102,11 +129,29 @@ local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
 end
--- Forget waiters that stopped asking (their entry expired); return the oldest live one.
-local function head(q, qx, now)
+-- (owner, ttl, probe or nil) of queue member m.
+local function parse_member(m)
+  local owner, ttl, probe = string.match(m, '^([^:]*):(%d+):(%x+)$')
+  if owner then return owner, ttl, probe end
+  owner, ttl = string.match(m, '^(.*):(%d+)$')
+  return owner, ttl, nil
+end
+-- Forget waiters that stopped asking (their entry expired) or died (nobody listens on
+-- their probe channel: the waiter's connection closed); return the oldest live one.
+-- lock: the lock key, whose text up to '{' is the key prefix.
+local function head(q, qx, now, lock)
   if redis.call('EXISTS', q) == 0 then return nil end
   local dead = redis.call('ZRANGEBYSCORE', qx, '-inf', now, 'LIMIT', 0, 100)
   for _, m in ipairs(dead) do
+    redis.call('ZREM', q, m)
+    redis.call('ZREM', qx, m)
+  end
+  local pre = string.match(lock, '^[^{]*') .. 'w:'
+  for _ = 1, 100 do
+    local m = redis.call('ZRANGE', q, 0, 0)[1]
+    if m == nil then return nil end
+    local _, _, probe = parse_member(m)
+    if probe == nil or redis.call('PUBLISH', pre .. probe, '') > 0 then return m end
     redis.call('ZREM', q, m)
     redis.call('ZREM', qx, m)
   end
@@ -118,7 +163,7 @@ local function handoff(lock, q, qx, chan, m)
   if m then
     redis.call('ZREM', q, m)
     redis.call('ZREM', qx, m)
-    local owner, ttl = string.match(m, '^(.*):(%d+)$')
+    local owner, ttl = parse_member(m)
     redis.call('SET', lock, '~' .. owner, 'PX', ttl)
     redis.call('PUBLISH', chan, owner)
     return tonumber(ttl)
@@ -129,19 +174,34 @@ end
 """
 
 # ACQUIRE (G1 exclusion, G2 monotonic tokens, fair queue).
-# KEYS: lock, fence, queue, queue_exp. ARGV: owner, ttl_ms, mode, channel; mode 0 = no
-# queue (fair=False), 1 = respect the queue, 2 = respect it and wait in it.
-# Returns {token} when granted, {0, retry_after_ms} when busy.
+# KEYS: lock, fence, queue, queue_exp, epoch. ARGV: owner, ttl_ms, mode, channel, grace_ms,
+# probe; mode 0 = no queue (fair=False), 1 = respect the queue, 2 = respect it and wait in
+# it; grace_ms: the restart grace (see grace_left); probe: this backend's probe id, or ''
+# (not subscribed yet: a waiter that joined without one gets it added, keeping its place).
+# Returns {token} when granted, {0, retry_after_ms} when busy (or in the restart grace),
+# {0, -1} when the lock key has no expiry (not ours: another tool's or a legacy key).
 # The fence counter is never deleted (see next_token).
 ACQUIRE = (
     _LEASE
     + _HANDOFF
     + """
-local lock, fence, q, qx = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local lock, fence, q, qx, epoch = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local owner, ttl, mode, chan = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local member = owner .. ':' .. ttl
 local cur = redis.call('GET', lock)
 local now, t = now_ms()
+if mode == '2' and ARGV[6] ~= '' then
+  local plain = member
+  member = member .. ':' .. ARGV[6]
+  local score = redis.call('ZSCORE', q, plain)
+  if score then  -- queued before our probe was subscribed: add it, keep the place
+    local until_ms = redis.call('ZSCORE', qx, plain) or (now + 1000)
+    redis.call('ZREM', q, plain)
+    redis.call('ZREM', qx, plain)
+    redis.call('ZADD', q, score, member)
+    redis.call('ZADD', qx, until_ms, member)
+  end
+end
 local function grant()
   local token = next_token(fence, t)
   hold(lock, owner, token, ttl)
@@ -156,13 +216,19 @@ local mine = held_token(cur, owner)
 if mine then return {mine} end
 local left
 if cur == false then
+  left = grace_left(epoch, ARGV[5], t)
+end
+if left and left > 0 then
+  -- In the restart grace: wait (and queue) as if the name were held.
+elseif cur == false then
   if mode == '0' then return grant() end
-  local first = head(q, qx, now)
+  local first = head(q, qx, now, lock)
   if first == nil or first == member then return grant() end
   left = handoff(lock, q, qx, chan, first)
 else
   left = redis.call('PTTL', lock)
 end
+local no_expiry = left == -1
 if left == nil or left < 0 then left = 0 end
 if mode == '2' then
   redis.call('ZADD', q, 'NX', t[1] .. string.format('%06d', tonumber(t[2])), member)
@@ -173,6 +239,7 @@ if mode == '2' then
     redis.call('PEXPIRE', qx, life)
   end
 end
+if no_expiry then return {0, -1} end
 return {0, left}
 """
 )
@@ -213,7 +280,7 @@ local held = owned(cur, owner, token)
 if held == nil then return 0 end
 redis.call('DEL', lock)
 if redis.call('EXISTS', q) == 1 then
-  handoff(lock, q, qx, chan, head(q, qx, (now_ms())))
+  handoff(lock, q, qx, chan, head(q, qx, (now_ms()), lock))
 else
   redis.call('PUBLISH', chan, '')
 end
@@ -223,17 +290,21 @@ return 0
 )
 
 # ABANDON: a queued waiter gave up. KEYS: lock, queue, queue_exp.
-# ARGV: member ("owner:ttl_ms"), owner, channel. If the name was reserved for this waiter,
-# pass the reservation on to the next one. Returns 1.
+# ARGV: member ("owner:ttl_ms", with or without ":probe": both are removed), owner, channel.
+# If the name was reserved for this waiter, pass the reservation on to the next one.
+# Returns 1.
 ABANDON = (
     _HANDOFF
     + """
 local lock, q, qx = KEYS[1], KEYS[2], KEYS[3]
-redis.call('ZREM', q, ARGV[1])
-redis.call('ZREM', qx, ARGV[1])
+local plain = string.match(ARGV[1], '^([^:]*:%d+)') or ARGV[1]
+for _, m in ipairs({ARGV[1], plain}) do
+  redis.call('ZREM', q, m)
+  redis.call('ZREM', qx, m)
+end
 if redis.call('GET', lock) == '~' .. ARGV[2] then
   redis.call('DEL', lock)
-  handoff(lock, q, qx, ARGV[3], head(q, qx, (now_ms())))
+  handoff(lock, q, qx, ARGV[3], head(q, qx, (now_ms()), lock))
 end
 return 1
 """
@@ -242,9 +313,9 @@ return 1
 # REDLOCK_ACQUIRE (Redlock phase 1; G1 exclusion, G2 monotonic tokens): ACQUIRE in mode 0
 # (no waiter queue: Redlock never queues) with nothing that mode does not need, so each
 # node spends less time per call (every node's time is on the path of every acquisition).
-# KEYS: lock, fence. ARGV: owner, ttl_ms.
-# Returns {token} when granted, {0, retry_after_ms} when busy. The counter is seeded from
-# TIME exactly as in ACQUIRE (next_token).
+# KEYS: lock, fence, epoch. ARGV: owner, ttl_ms, grace_ms (the restart grace, per node).
+# Returns {token} when granted, {0, retry_after_ms} when busy, {0, -1} when the lock key has
+# no expiry (as ACQUIRE). The counter is seeded from TIME exactly as in ACQUIRE (next_token).
 REDLOCK_ACQUIRE = (
     _LEASE
     + """
@@ -254,17 +325,22 @@ if cur and cur ~= '~' .. owner then
   local mine = held_token(cur, owner)
   if mine then return {mine} end
   local left = redis.call('PTTL', lock)
+  if left == -1 then return {0, -1} end
   if left < 0 then left = 0 end
   return {0, left}
 end
-local token = next_token(fence, nil)
+local t = redis.call('TIME')
+local left = grace_left(KEYS[3], ARGV[3], t)
+if left > 0 then return {0, left} end
+local token = next_token(fence, t)
 hold(lock, owner, token, ARGV[2])
 return {token}
 """
 )
 
 # REDLOCK_RELEASE (G5): RELEASE without the waiter queue (Redlock never queues): delete the
-# lock only if it is ours, then wake the name's watchers.
+# lock only if it is ours, then wake the name's watchers with "-owner" (so the releasing
+# backend can tell its own give-back of a failed attempt from another's release).
 # KEYS: lock. ARGV: owner, token ('' = unknown: an interrupted acquire, match any token of
 # ours or our reservation), channel.
 # Returns 1 if our lease was removed, 0 if it was not ours (or only a reservation).
@@ -276,7 +352,7 @@ if cur == false then return 0 end
 local held = owned(cur, ARGV[1], ARGV[2])
 if held == nil then return 0 end
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[3], '')
+redis.call('PUBLISH', ARGV[3], '-' .. ARGV[1])
 if held then return 1 end
 return 0
 """
@@ -295,6 +371,35 @@ redis.call('SET', KEYS[1], owner .. ':' .. ARGV[2], 'KEEPTTL')
 return 1
 """
 
+# HOLDER: who holds the lock, in one round trip. KEYS: lock. Returns {"owner:token",
+# pttl_ms} while a lease holds it, {} when it is free or only reserved for a waiter.
+HOLDER = """
+local cur = redis.call('GET', KEYS[1])
+if not cur or string.sub(cur, 1, 1) == '~' then return {} end
+return {cur, redis.call('PTTL', KEYS[1])}
+"""
+
+# BREAK (operators; G2 kept: the fence counter is untouched, so the next token is larger):
+# delete whoever's lease holds the lock, then hand the name to the next waiter as RELEASE
+# does. The broken owner's next EXTEND finds the key gone (refused). KEYS: lock, queue,
+# queue_exp. ARGV: channel. Returns 1 if a lease was deleted, 0 if none held the lock (a
+# waiter's reservation is left alone).
+BREAK = (
+    _HANDOFF
+    + """
+local lock, q, qx, chan = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
+local cur = redis.call('GET', lock)
+if not cur or string.sub(cur, 1, 1) == '~' then return 0 end
+redis.call('DEL', lock)
+if redis.call('EXISTS', q) == 1 then
+  handoff(lock, q, qx, chan, head(q, qx, (now_ms()), lock))
+else
+  redis.call('PUBLISH', chan, '')
+end
+return 1
+"""
+)
+
 SCRIPTS = {
     "acquire": ACQUIRE,
     "extend": EXTEND,
@@ -303,6 +408,8 @@ SCRIPTS = {
     "raise_fence": RAISE_FENCE,
     "redlock_acquire": REDLOCK_ACQUIRE,
     "redlock_release": REDLOCK_RELEASE,
+    "holder": HOLDER,
+    "break": BREAK,
 }
 #: EVALSHA digests (the same on every server: SHA1 of the script text).
 SHAS = {key: hashlib.sha1(text.encode()).hexdigest().encode() for key, text in SCRIPTS.items()}
@@ -310,10 +417,17 @@ SHAS = {key: hashlib.sha1(text.encode()).hexdigest().encode() for key, text in S
 # Modes of ACQUIRE.
 NO_QUEUE, RESPECT_QUEUE, JOIN_QUEUE = b"0", b"1", b"2"
 
+#: The answer for a lock key without an expiry (PTTL -1): asynclock's keys always have one.
+NO_EXPIRY = Busy(
+    None,
+    "its Redis key has no expiry (PTTL -1: set by another tool, or a legacy lock), so when "
+    "it frees is unknown; waiters poll for it",
+)
+
 #: Idle pub/sub subscriptions kept open (so a name locked again soon costs no SUBSCRIBE).
 MAX_IDLE_SUBSCRIPTIONS = 256
 
-_DRIVER_OPTIONS = {"socket_timeout", "connect_timeout", "prefix", "fair"}
+_DRIVER_OPTIONS = {"socket_timeout", "connect_timeout", "prefix", "fair", "restart_grace"}
 
 
 # -- keys ---------------------------------------------------------------------------------
@@ -340,6 +454,11 @@ def keys_for(name: str, prefix: str = "asynclock:") -> Keys:
     return Keys(base, base + ":fence", base + ":q", base + ":qx", base + ":released")
 
 
+def epoch_key(prefix: str = "asynclock:") -> str:
+    """The database's epoch key (see ``grace_left``): no braces, so no lock name's key."""
+    return f"{prefix}epoch"
+
+
 @dataclass(frozen=True, slots=True)
 class WireKeys:
     """The keys of one name as the scripts take them (bytes), and its channel's name."""
@@ -350,8 +469,10 @@ class WireKeys:
     queue_exp: bytes
     channel: bytes
     channel_name: str
-    acquire_keys: tuple[bytes, bytes, bytes, bytes]
+    acquire_keys: tuple[bytes, bytes, bytes, bytes, bytes]
     release_keys: tuple[bytes, bytes, bytes]
+    #: The keys of REDLOCK_ACQUIRE: lock, fence, epoch.
+    redlock_keys: tuple[bytes, bytes, bytes]
 
 
 class KeyCache:
@@ -361,6 +482,7 @@ class KeyCache:
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
+        self.epoch = epoch_key(prefix).encode()
         self._cache: dict[str, WireKeys] = {}
 
     def __call__(self, name: str) -> WireKeys:
@@ -377,8 +499,9 @@ class KeyCache:
                 qx,
                 s.channel.encode(),
                 s.channel,
-                (lock, fence, q, qx),
+                (lock, fence, q, qx, self.epoch),
                 (lock, q, qx),
+                (lock, fence, self.epoch),
             )
         return k
 
@@ -637,6 +760,8 @@ class Node:
         self._idle: list[Wire] = []
         self._closed = False
         self.deadlines = Deadlines()
+        #: The server's ``run_id`` when last seen (None: not yet, or INFO is denied).
+        self.run_id: str | None = None
 
     def scrub(self, text: str) -> str:
         return text.replace(self._secret, "***") if self._secret else text
@@ -757,13 +882,24 @@ class Node:
     # -- scripts -------------------------------------------------------------------------
 
     async def load(self, timeout: float | None = None) -> None:
-        """Load every script (also checks that the server is reachable and lets us in)."""
+        """Load every script (also checks that the server is reachable and lets us in),
+        and read the server's ``run_id``."""
         deadline = self.deadline(timeout)
         try:
             for text in SCRIPTS.values():
                 await self.call(pack(b"SCRIPT", b"LOAD", text.encode()), deadline)
+            self.run_id = await self.read_run_id(deadline)
         except Exception as exc:
             raise self.error("connect", exc) from exc
+
+    async def read_run_id(self, deadline: float) -> str | None:
+        """The server's ``run_id`` (new on every start), or None if ``INFO`` is denied."""
+        try:
+            info = await self.call(pack(b"INFO", b"server"), deadline)
+        except redis.exceptions.ResponseError as exc:
+            logger.debug("INFO on %s refused: %r", self.display, exc)
+            return None
+        return parse_run_id(info)
 
     async def run(
         self,
@@ -814,6 +950,15 @@ async def drop_connection(conn: AbstractConnection) -> None:
         await conn.disconnect(nowait=True)
 
 
+def parse_run_id(info: object) -> str | None:
+    """``run_id`` from an ``INFO server`` reply."""
+    text = info.decode(errors="replace") if isinstance(info, bytes) else str(info)
+    for line in text.splitlines():
+        if line.startswith("run_id:"):
+            return line[len("run_id:") :].strip() or None
+    return None
+
+
 def pack_script(script: str, keys: Sequence[bytes], args: Sequence[bytes]) -> bytes:
     return pack(b"EVALSHA", SHAS[script], b"%d" % len(keys), *keys, *args)
 
@@ -822,20 +967,28 @@ class Listener:
     """One pub/sub connection to a node, carrying every channel its driver watches.
 
     ``on_message(channel, payload)`` runs for each message; ``on_reset()`` after the
-    connection drops (messages may have been missed). :meth:`run` is the reader; the driver
-    runs it from :meth:`Driver.background`. It connects on the first subscription and
-    reconnects with backoff.
+    connection drops (messages may have been missed); ``on_connect(run_id, reconnected)``
+    after each connect, with the server's ``run_id`` (None if ``INFO`` is denied).
+    :meth:`run` is the reader; the driver runs it from :meth:`Driver.background`. It
+    connects on the first subscription or :meth:`keep_connected`, and reconnects with
+    backoff: while a lease is held, this connection is how a server restart is noticed
+    (the socket closes at once), not the next renewal.
     """
+
+    #: Longest pause between reconnect attempts.
+    MAX_BACKOFF = 0.25
 
     def __init__(
         self,
         node: Node,
         on_message: Callable[[str, bytes], None],
         on_reset: Callable[[], None],
+        on_connect: Callable[[str | None, bool], None] | None = None,
     ) -> None:
         self.node = node
         self.on_message = on_message
         self.on_reset = on_reset
+        self.on_connect = on_connect
         self.wanted: set[str] = set()
         self.confirmed: set[str] = set()
         #: Bumped on every (re)connect: a subscription confirmed in an older epoch is void.
@@ -844,6 +997,10 @@ class Listener:
         self._confirm_events: dict[str, anyio.Event] = {}
         self._write = anyio.Lock()
         self._needed = anyio.Event()
+
+    def keep_connected(self) -> None:
+        """Connect now (if not yet) and stay connected: a lease is held on this node."""
+        self._needed.set()
 
     async def subscribe(self, channel: str, wait: float) -> None:
         """Subscribe; wait up to ``wait`` seconds for the server to confirm. Never raises."""
@@ -875,15 +1032,20 @@ class Listener:
         """Read messages until cancelled (the backend closing)."""
         await self._needed.wait()
         backoff = 0.02
+        connected = False
         while True:
             conn = self.node.make_connection()
             try:
                 await conn.connect()  # type: ignore[no-untyped-call]
+                run_id = await self._run_id(conn) if self.on_connect is not None else None
                 self._conn = conn
                 if self.wanted:
                     async with self._write:
                         await conn.send_command("SUBSCRIBE", *self.wanted, check_health=False)
                 backoff = 0.02
+                if self.on_connect is not None:
+                    self.on_connect(run_id, connected)
+                connected = True
                 while True:
                     reply = await conn.read_response(timeout=math.inf)
                     self._handle(reply)
@@ -896,7 +1058,16 @@ class Listener:
                 await drop_connection(conn)
             self.on_reset()
             await anyio.sleep(backoff)
-            backoff = min(backoff * 2, 1.0)
+            backoff = min(backoff * 2, self.MAX_BACKOFF)
+
+    async def _run_id(self, conn: AbstractConnection) -> str | None:
+        """The server's ``run_id``, read before subscribing (None if INFO is denied)."""
+        await conn.send_command("INFO", "server", check_health=False)
+        try:
+            reply = await conn.read_response(timeout=self.node.connect_timeout)
+        except redis.exceptions.ResponseError:
+            return None
+        return parse_run_id(reply)
 
     def _handle(self, reply: Any) -> None:
         if not isinstance(reply, list) or len(reply) < 3:
@@ -929,7 +1100,47 @@ def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, An
         ours[key] = check_seconds(ours.get(key, 1.0), key)
     ours["prefix"] = check_prefix(ours.get("prefix", "asynclock:"))
     ours["fair"] = bool(ours.get("fair", True))
+    ours["restart_grace"] = check_restart_grace(ours.get("restart_grace"))
     return ours, rest
+
+
+def check_restart_grace(value: object) -> float | None:
+    """``restart_grace``: None (the ttl being asked for) or seconds >= 0 (0: none)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ValueError(f"restart_grace must be a number of seconds, got {value!r}") from None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"restart_grace must be a number of seconds, not {type(value).__name__}")
+    if not 0 <= value < math.inf:
+        raise ValueError(
+            f"restart_grace must be a finite number of seconds >= 0 (0 turns it off), got {value!r}"
+        )
+    return float(value)
+
+
+def grace_ms(restart_grace: float | None, ttl_ms: int) -> bytes:
+    """ARGV ``grace_ms`` of the acquire scripts."""
+    if restart_grace is None:
+        return b"%d" % ttl_ms
+    return b"%d" % math.ceil(restart_grace * 1000)
+
+
+def pop_query_options(url: str, names: set[str]) -> tuple[str, dict[str, str]]:
+    """(``url`` without the query options ``names``, their values): options of ours that
+    redis-py must not see."""
+    parts = urlsplit(url)
+    if not parts.query:
+        return url, {}
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    ours = {k: v for k, v in pairs if k in names}
+    if not ours:
+        return url, {}
+    rest = urlencode([(k, v) for k, v in pairs if k not in names])
+    return urlunsplit(parts._replace(query=rest)), ours
 
 
 # -- the driver -----------------------------------------------------------------------------
@@ -958,6 +1169,7 @@ class SubscribingDriver(Driver):
 
     def __init__(self, prefix: str) -> None:
         super().__init__()
+        require_asyncio("the Redis backend (redis://, redlock://)", "redis-py's asyncio client")
         self.keys = KeyCache(prefix)
         self._channels: dict[str, str] = {}  # channel -> name
         self._watchers: dict[str, int] = {}
@@ -1020,9 +1232,11 @@ class RedisDriver(SubscribingDriver):
         connect_timeout: float = 1.0,
         prefix: str = "asynclock:",
         fair: bool = True,
+        restart_grace: float | None = None,
         **redis_options: Any,
     ) -> None:
         super().__init__(prefix)
+        self.restart_grace = check_restart_grace(restart_grace)
         self.node = Node(
             url,
             socket_timeout=socket_timeout,
@@ -1032,12 +1246,20 @@ class RedisDriver(SubscribingDriver):
         self.display = self.node.display
         self.prefix = prefix
         self.fair = fair
-        self.listener = Listener(self.node, self._on_message, self._on_reset)
+        self.listener = Listener(self.node, self._on_message, self._on_reset, self._on_connect)
         self._waits: dict[str, dict[str, _Wait]] = {}
+        #: Leases granted here and not yet released: owner -> (name, drops seen at grant).
+        self._leases: dict[str, tuple[str, int]] = {}
+        self._drops = 0
+        #: This backend's probe channel (see the Lua notes): a queue entry naming it is
+        #: skipped at once when this backend's connection is gone.
+        self._probe = secrets.token_hex(8)
+        self._probe_channel = f"{prefix}w:{self._probe}"
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def open(self) -> None:
+        require_asyncio(self.display, "redis-py's asyncio client")
         await self.node.load()
         self._open = True
 
@@ -1061,7 +1283,9 @@ class RedisDriver(SubscribingDriver):
             now = self.clock.now()
             if wait is None:
                 wait = waits[owner] = _Wait(f"{owner}:{ttl_ms}")
-            elif wait.valid_bumps == wait.bumps and now < wait.valid_until:
+            if self._probe_channel in self.listener.confirmed:
+                wait.member = f"{owner}:{ttl_ms}:{self._probe}"
+            if wait.valid_bumps == wait.bumps and now < wait.valid_until:
                 # Nothing that concerns us was published since the server said "busy"
                 # (and we were subscribed before asking): that answer still holds.
                 self._quiet = name
@@ -1072,15 +1296,34 @@ class RedisDriver(SubscribingDriver):
         heard = self._heard.get(name, 0)
         bumps = wait.bumps if wait is not None else 0
         t_send = self.clock.now()
+        probe = self._probe.encode() if wait is not None and wait.member.count(":") == 2 else b""
         reply = await self.node.run(
             "acquire",
             k.acquire_keys,
-            (owner.encode(), b"%d" % ttl_ms, mode, k.channel),
+            (
+                owner.encode(),
+                b"%d" % ttl_ms,
+                mode,
+                k.channel,
+                grace_ms(self.restart_grace, ttl_ms),
+                probe,
+            ),
         )
         if reply[0]:
             if wait is not None:
                 self._forget_wait(name, owner)
+            self._leases[owner] = (name, self._drops)
+            if self.fair:
+                listener.wanted.add(self._probe_channel)  # subscribed when it connects
+            listener.keep_connected()
             return int(reply[0])
+        if wait is not None:
+            wait.joined = True
+        if int(reply[1]) == -1:
+            # No expiry: when it frees is unknown. The core polls (and a release through
+            # asynclock would still wake us); no valid_until, so no cached "busy" either.
+            self._quiet = None
+            return NO_EXPIRY
         retry = int(reply[1]) / 1000
         # Subscribed before we asked, still subscribed, and no wake-up for this name came
         # in while we asked: any release after our attempt will reach us as a message.
@@ -1090,23 +1333,25 @@ class RedisDriver(SubscribingDriver):
             and k.channel_name in listener.confirmed
             and self._heard.get(name, 0) == heard
         )
-        if wait is not None:
-            wait.joined = True
-            if quiet:
-                wait.valid_until = t_send + retry
-                wait.valid_bumps = bumps
+        if wait is not None and quiet:
+            wait.valid_until = t_send + retry
+            wait.valid_bumps = bumps
         self._quiet = name if quiet else None
         return Busy(retry)
 
     async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
         if not leases:
             return []
+        # The batch is every lease the backend holds: forget the rest (lost, dropped).
+        tracked = self._leases
+        self._leases = {r.owner: tracked[r.owner] for r in leases if r.owner in tracked}
         keys, args = extend_call(self.keys, leases)
         reply = await self.node.run("extend", keys, args)
         return [_extend_result(int(code)) for code in reply]
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         k = self.keys(name)
+        self._leases.pop(owner, None)
         reply = await self.node.run(
             "release",
             k.release_keys,
@@ -1130,7 +1375,10 @@ class RedisDriver(SubscribingDriver):
     # -- waking ----------------------------------------------------------------------------
 
     async def _subscribe(self, channel: str) -> None:
-        await self.listener.subscribe(channel, self.node.socket_timeout)
+        listener = self.listener
+        if self.fair and self._probe_channel not in listener.confirmed:
+            await listener.subscribe(self._probe_channel, self.node.socket_timeout)
+        await listener.subscribe(channel, self.node.socket_timeout)
 
     async def _unsubscribe(self, channel: str) -> None:
         await self.listener.unsubscribe(channel)
@@ -1152,11 +1400,30 @@ class RedisDriver(SubscribingDriver):
         self._heard_from(name)
 
     def _on_reset(self) -> None:
+        self._drops += 1
         for waits in self._waits.values():
             for wait in waits.values():
                 wait.bumps += 1
         for name in {*self._waits, *self._watchers}:
             self._heard_from(name)
+
+    def _on_connect(self, run_id: str | None, reconnected: bool) -> None:
+        """Connected (again). A new ``run_id`` means the server restarted: every lease it
+        granted before is gone (loss within one round trip of the reconnect, not at the
+        next renewal). Any reconnect asks for a renewal round now."""
+        before, self.node.run_id = self.node.run_id, run_id or self.node.run_id
+        if before is not None and run_id is not None and run_id != before:
+            why = (
+                f"the Redis server restarted (run_id {before} is now {run_id}); "
+                "the leases it granted are gone"
+            )
+            drops = self._drops
+            for owner, (name, seen) in list(self._leases.items()):
+                if seen < drops or not reconnected:
+                    del self._leases[owner]
+                    self._notify_lost(name, owner, why)
+        if reconnected:
+            self._renew_now()
 
     def _forget_wait(self, name: str, owner: str) -> _Wait | None:
         waits = self._waits.get(name)
@@ -1166,6 +1433,16 @@ class RedisDriver(SubscribingDriver):
         if not waits:
             del self._waits[name]
         return wait
+
+    # -- who holds it, breaking a lock ------------------------------------------------------
+
+    async def holder(self, name: str) -> Holder | None:
+        reply = await self.node.run("holder", (self.keys(name).lock,), ())
+        return holder_from_reply(name, reply)
+
+    async def break_lock(self, name: str) -> bool:
+        k = self.keys(name)
+        return bool(await self.node.run("break", k.release_keys, (k.channel,)))
 
 
 def extend_call(keys: KeyCache, leases: Sequence[LeaseRef]) -> tuple[list[bytes], list[bytes]]:
@@ -1186,6 +1463,19 @@ def _extend_result(code: int) -> ExtendResult:
     return Refused("the lock is held by another owner")
 
 
+def holder_from_reply(name: str, reply: Any) -> Holder | None:
+    """A HOLDER script reply (``[b"owner:token", pttl_ms]`` or ``[]``) as a Holder."""
+    if not reply:
+        return None
+    value, pttl = bytes(reply[0]), int(reply[1])
+    token = _token_of(value)
+    # A value not in asynclock's "owner:token" form (another tool's key): no token, and
+    # the whole value stands for the owner.
+    owner = value.rpartition(b":")[0] if token is not None else value
+    # PTTL -1: a key with no expiry (not asynclock's): its remaining time is unknown.
+    return Holder(name, owner.decode("utf-8", "replace"), token, pttl / 1000 if pttl >= 0 else None)
+
+
 def _token_of(value: bytes) -> int | None:
     head, sep, tail = value.rpartition(b":")
     if not sep or not head or value.startswith(b"~"):
@@ -1196,9 +1486,8 @@ def _token_of(value: bytes) -> int | None:
         return None
 
 
-#: Driver options a redis:// URL query may carry (the driver reads them, not redis-py);
-#: today every driver option is a keyword argument of connect().
-_URL_DRIVER_OPTIONS: set[str] = set()
+#: Driver options a redis:// URL query may carry (the driver reads them, not redis-py).
+_URL_DRIVER_OPTIONS = {"restart_grace"}
 #: What asynclock sets on every Redis connection itself (a URL or option may not).
 _SET_BY_ASYNCLOCK = {
     "decode_responses": "asynclock reads raw bytes (decode_responses=False)",
@@ -1288,7 +1577,8 @@ def _redis_keywords(scheme: str) -> set[str]:
 def driver_from_url(url: str, **options: Any) -> RedisDriver:
     scheme = urlsplit(url).scheme.lower()
     check_redis_url(url, options, ours=_URL_DRIVER_OPTIONS, scheme=scheme)
-    ours, rest = split_options(options)
+    url, from_query = pop_query_options(url, _URL_DRIVER_OPTIONS)
+    ours, rest = split_options({**from_query, **options})
     return RedisDriver(url, **ours, **rest)
 
 

@@ -18,23 +18,31 @@ counter without re-seeding it from a clock that does not run backwards (persiste
 ``TIME`` seed), and node clocks run at rates within the drift bound.
 
 URL: ``redlock://[[user]:password@]h1:p1,h2:p2,…[/db][?tls=1]``. Options: ``node_timeout``
-(seconds, default 0.25), ``connect_timeout``, ``prefix``; others go to redis-py.
+(seconds, default 0.25), ``connect_timeout``, ``prefix``, ``restart_grace`` (per node, as
+for ``redis://``); others go to redis-py. Every node must be a distinct server: a repeated
+address is refused at connect, two addresses of one server (same ``run_id``) at open.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import math
+import os.path
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import anyio
 import redis.exceptions
 
+from .._core.asyncio_only import require_asyncio
 from .._core.driver import Busy, ExtendResult, LeaseRef, Refused
 from .._core.exceptions import BackendUnavailable, QuorumNotReached
+from .._core.holder import Holder
 from .._core.validation import check_seconds
 from .redis import (
+    NO_EXPIRY,
     SCRIPTS,
     Deadlines,
     Listener,
@@ -43,8 +51,11 @@ from .redis import (
     Wire,
     check_prefix,
     check_redis_url,
+    check_restart_grace,
     drop_connection,
     extend_call,
+    grace_ms,
+    holder_from_reply,
     ms,
     pack,
     pack_script,
@@ -52,7 +63,7 @@ from .redis import (
 
 T = TypeVar("T")
 
-_OPTIONS = {"node_timeout", "connect_timeout", "prefix"}
+_OPTIONS = {"node_timeout", "connect_timeout", "prefix", "restart_grace"}
 
 #: An acquisition that took longer than this fraction of its ttl is given back: the
 #: lease would be lost before its first renewal.
@@ -70,11 +81,14 @@ class RedlockDriver(SubscribingDriver):
         node_timeout: float = 0.25,
         connect_timeout: float = 1.0,
         prefix: str = "asynclock:",
+        restart_grace: float | None = None,
         **redis_options: Any,
     ) -> None:
         super().__init__(prefix)
+        self.restart_grace = check_restart_grace(restart_grace)
         if len(urls) < 1:
             raise ValueError("redlock:// needs at least one node (use 3 or 5)")
+        check_distinct(urls)
         self.nodes = [
             Node(
                 url,
@@ -88,8 +102,13 @@ class RedlockDriver(SubscribingDriver):
         self.node_timeout = node_timeout
         self.prefix = prefix
         self.display = display
-        self.listeners = [Listener(n, self._on_message, self._on_reset) for n in self.nodes]
+        self.listeners = [
+            Listener(n, self._on_message, self._on_reset, self._connected(n)) for n in self.nodes
+        ]
         self._deadlines = Deadlines()
+        #: Owners whose acquisition is in progress here (they gave back partial grants):
+        #: the release message of such a give-back must not wake their own waiter.
+        self._attempting: set[str] = set()
 
     def _timeout(self, ttl: float) -> float:
         return max(0.001, min(self.node_timeout, ttl / 3))
@@ -226,10 +245,17 @@ class RedlockDriver(SubscribingDriver):
     # -- lifecycle -------------------------------------------------------------------------
 
     async def open(self) -> None:
+        require_asyncio(self.display, "redis-py's asyncio client")
+
         async def load(node: Node) -> None:
             await node.load()
 
         results = await self._each(load, max(self.node_timeout, 1.0))
+        try:
+            self._check_run_ids()
+        except ValueError:
+            await self.aclose()
+            raise
         ok = sum(1 for r in results.values() if not isinstance(r, BaseException))
         if ok < self.quorum:
             raise QuorumNotReached(
@@ -238,6 +264,23 @@ class RedlockDriver(SubscribingDriver):
                 self._failures(results),
             )
         self._open = True
+
+    def _check_run_ids(self) -> None:
+        """Refuse two node addresses that reach one server (an alias, a proxy, a NAT):
+        its vote would count twice toward the quorum (G1). Each start of a server has
+        its own ``run_id``; a node that did not answer is not checked."""
+        seen: dict[str, int] = {}
+        for i, node in enumerate(self.nodes):
+            if node.run_id is None:
+                continue
+            first = seen.setdefault(node.run_id, i)
+            if first != i:
+                raise ValueError(
+                    f"{self.display}: nodes {first + 1} and {i + 1} "
+                    f"({self.nodes[first].display} and {node.display}) are the same Redis "
+                    f"server (run_id {node.run_id}); every node must be a distinct server, "
+                    "or one server's vote counts twice toward the quorum"
+                )
 
     async def background(self) -> None:
         async with anyio.create_task_group() as tg:
@@ -260,7 +303,14 @@ class RedlockDriver(SubscribingDriver):
         epochs = [listener.epoch for listener in self.listeners] if trusted else None
         heard = self._heard.get(name, 0)
         ownerb = owner.encode()
-        packed = pack_script("redlock_acquire", (k.lock, k.fence), (ownerb, b"%d" % ms(ttl)))
+        if queue:
+            self._attempting.add(owner)  # until granted or abandoned (the core calls it)
+        ttl_ms = ms(ttl)
+        packed = pack_script(
+            "redlock_acquire",
+            k.redlock_keys,
+            (ownerb, b"%d" % ttl_ms, grace_ms(self.restart_grace, ttl_ms)),
+        )
         results = await self._fan("redlock_acquire", packed, timeout)
         tokens: dict[int, int] = {}
         busy: list[float] = []
@@ -270,7 +320,8 @@ class RedlockDriver(SubscribingDriver):
             if r[0]:
                 tokens[i] = int(r[0])
             else:
-                busy.append(int(r[1]) / 1000)
+                # -1: that node's key has no expiry (inf: it may never free).
+                busy.append(math.inf if int(r[1]) == -1 else int(r[1]) / 1000)
         if len(tokens) >= self.quorum:
             token = max(tokens.values())
             if min(tokens.values()) != token:
@@ -284,6 +335,9 @@ class RedlockDriver(SubscribingDriver):
                     if len(failures) > len(self.nodes) - self.quorum:
                         raise self._no_quorum(f"phase 2 of acquire of {name!r}", ok, failures)
                     return self._busy(name, timeout, quiet=False)
+            self._attempting.discard(owner)
+            for listener in self.listeners:
+                listener.keep_connected()  # to notice a node's restart at once
             elapsed = self.clock.now() - started
             if elapsed >= ttl * MAX_ACQUIRE_FRACTION:
                 await self.release(name, owner, None)
@@ -309,8 +363,15 @@ class RedlockDriver(SubscribingDriver):
                 and self._subscribed(k.channel_name)
                 and self._heard.get(name, 0) == heard
             )
-            return self._busy(name, busy[min(needed, len(busy)) - 1], quiet=quiet)
+            retry = busy[min(needed, len(busy)) - 1]
+            if retry == math.inf:
+                self._quiet = None
+                return NO_EXPIRY
+            return self._busy(name, retry, quiet=quiet)
         raise self._no_quorum(f"acquire of {name!r}", len(tokens), self._failures(results))
+
+    async def abandon(self, name: str, owner: str) -> None:
+        self._attempting.discard(owner)
 
     def _busy(self, name: str, retry_after: float, *, quiet: bool) -> Busy:
         self._quiet = name if quiet else None
@@ -396,12 +457,119 @@ class RedlockDriver(SubscribingDriver):
 
     def _on_message(self, channel: str, payload: bytes) -> None:
         name = self._channels.get(channel)
-        if name is not None:
-            self._heard_from(name)
+        if name is None:
+            return
+        if payload[:1] == b"-" and payload[1:].decode(errors="replace") in self._attempting:
+            return  # our own attempt giving back what it got: nothing was freed for us
+        self._heard_from(name)
 
     def _on_reset(self) -> None:
         for name in list(self._watchers):
             self._heard_from(name)
+
+    # -- who holds it, breaking a lock ------------------------------------------------------
+
+    async def holder(self, name: str) -> Holder | None:
+        packed = pack_script("holder", (self.keys(name).lock,), ())
+        results = await self._fan("holder", packed, self.node_timeout)
+        answered = 0
+        by_owner: dict[str | None, list[Holder]] = {}
+        for r in results.values():
+            if isinstance(r, BaseException):
+                continue
+            answered += 1
+            one = holder_from_reply(name, r)
+            if one is not None:
+                by_owner.setdefault(one.owner, []).append(one)
+        for owner, views in by_owner.items():
+            if len(views) >= self.quorum:
+                # Held while a quorum of nodes keeps the key: until the quorum-th longest
+                # remaining time among them runs out (None: a node keeps no expiry).
+                left = sorted((v.remaining for v in views if v.remaining is not None), reverse=True)
+                remaining = left[self.quorum - 1] if len(left) >= self.quorum else None
+                tokens = [v.token for v in views if v.token is not None]
+                return Holder(name, owner, max(tokens) if tokens else None, remaining)
+        if answered >= self.quorum:
+            return None
+        raise self._no_quorum(f"holder of {name!r}", answered, self._failures(results))
+
+    async def break_lock(self, name: str) -> bool:
+        k = self.keys(name)
+        packed = pack_script("break", k.release_keys, (k.channel,))
+        results = await self._fan("break", packed, self.node_timeout)
+        answered = removed = 0
+        for r in results.values():
+            if not isinstance(r, BaseException):
+                answered += 1
+                removed += r == 1
+        if answered < self.quorum:
+            # Some nodes may still carry the lease: the holder could keep a quorum.
+            raise self._no_quorum(f"break_lock of {name!r}", answered, self._failures(results))
+        return removed > 0
+
+    def _connected(self, node: Node) -> Callable[[str | None, bool], None]:
+        def on_connect(run_id: str | None, reconnected: bool) -> None:
+            # A node that restarted (a new run_id, or a reconnect: it may have) lost its keys
+            # unless it persists them: renew now, so a lease that lost its quorum is lost
+            # within one round trip, not at the next heartbeat.
+            before, node.run_id = node.run_id, run_id or node.run_id
+            if reconnected or node.run_id != before:
+                self._renew_now()
+
+        return on_connect
+
+
+#: Spellings of this host's loopback address that reach the same server (one socket can
+#: listen on all of them, and ``localhost`` resolves to one of them).
+_LOOPBACK = {"localhost", "localhost.localdomain", "ip6-localhost", "127.0.0.1", "::1"}
+
+
+def node_identity(url: str) -> str:
+    """The server a node URL reaches, as far as the URL alone tells: ``host:port`` with
+    the loopback spellings folded into one and IP addresses in canonical form, or the
+    normalised path of a Unix socket. The database number is left out: two databases of
+    one server are one node."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return "unix:" + os.path.normpath(os.path.abspath(unquote(parts.path)))
+    host = (parts.hostname or "localhost").lower().rstrip(".")
+    try:
+        port = parts.port or 6379
+    except ValueError:
+        return url  # not a valid port: connecting reports it
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        host = ip.compressed
+    if host in _LOOPBACK:
+        host = "loopback"
+    return f"{host}:{port}"
+
+
+def check_distinct(urls: Sequence[str]) -> None:
+    """Refuse a node given twice (before any I/O): it would count twice toward the quorum,
+    so two clients could both reach "a quorum" at once (G1)."""
+    seen: dict[str, int] = {}
+    for i, url in enumerate(urls):
+        identity = node_identity(url)
+        first = seen.setdefault(identity, i)
+        if first != i:
+            raise ValueError(
+                f"redlock:// nodes {first + 1} and {i + 1} ({_shown(urls[first])} and "
+                f"{_shown(url)}) are the same Redis server; every node must be a distinct "
+                "server, or one server's vote counts twice toward the quorum"
+            )
+
+
+def _shown(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return f"unix://{parts.path}"
+    return parts.netloc.rpartition("@")[2]
 
 
 def parse_url(url: str) -> tuple[list[str], str, dict[str, str]]:

@@ -23,7 +23,6 @@ survives power loss, at an fsync per transaction) and ``?busy_timeout=SECONDS`` 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import secrets
@@ -41,6 +40,7 @@ import anyio
 
 from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
 from .._core.exceptions import BackendUnavailable
+from .._core.holder import Holder
 from .._core.validation import check_seconds
 
 T = TypeVar("T")
@@ -134,8 +134,21 @@ SQL_RELEASE = (
     "AND expires_at > ?5 ORDER BY seq LIMIT 1)"
 )
 SQL_FORGET_WAITER = "DELETE FROM asynclock_waiter WHERE name = ? AND owner = ?"
+# A waiting backend whose wake address nobody listens on any more (its process is gone):
+# args name, wake address.
+SQL_FORGET_DEAD = "DELETE FROM asynclock_waiter WHERE name = ? AND wake = ?"
 # Housekeeping: waiters that stopped asking. Args now, boot.
 SQL_PRUNE_WAITERS = "DELETE FROM asynclock_waiter WHERE expires_at <= ? OR boot <> ?"
+# Operator's break (G2 kept: the row and its token stay, only the expiry goes, so the
+# broken holder's SQL_EXTEND matches no row and the next grant bumps the token).
+# Args: name, boot, now. One row back if a live lease was ended, carrying the wake address
+# of the first live waiter (or NULL) to notify.
+SQL_BREAK = (
+    "UPDATE asynclock_lease SET expires_at = 0 "
+    "WHERE name = ?1 AND boot = ?2 AND expires_at > ?3 "
+    "RETURNING (SELECT wake FROM asynclock_waiter WHERE name = ?1 AND boot = ?2 "
+    "AND expires_at > ?3 ORDER BY seq LIMIT 1)"
+)
 
 
 @dataclass(slots=True)
@@ -374,14 +387,33 @@ class SQLiteDriver(Driver):
         """After a release: tell the first live waiter (any process) to try now."""
         head = self.db.execute(SQL_HEAD, (name, self.boot, time.monotonic())).fetchone()
         if head is not None and head[1]:
-            self._send_wake(name, head[1])
+            self._wake_head(name, head[1])
 
-    def _send_wake(self, name: str, address: str) -> None:
+    def _wake_head(self, name: str, address: str) -> None:
+        """Wake the head waiter at ``address``. One whose process is gone (nobody listens
+        there) loses its place at once and the next is woken, so a dead waiter does not
+        hold up the live ones behind it for its ``WAITER_TTL``."""
+        for _ in range(8):
+            if self._send_wake(name, address):
+                return
+            if self._try_statement(SQL_FORGET_DEAD, (name, address)) is None:
+                return  # busy: its place runs out within WAITER_TTL instead
+            head = self.db.execute(SQL_HEAD, (name, self.boot, time.monotonic())).fetchone()
+            if head is None or not head[1]:
+                return
+            address = head[1]
+
+    def _send_wake(self, name: str, address: str) -> bool:
+        """Send the wake-up; False if nobody listens on ``address`` (its process is gone)."""
         if self._sock is None:
-            return
-        # If that waiter is gone or its buffer is full, it polls as a fallback.
-        with contextlib.suppress(OSError):
+            return True
+        try:
             self._sock.sendto(name.encode(), "\0" + address)
+        except (ConnectionRefusedError, FileNotFoundError):
+            return False
+        except OSError:
+            pass  # e.g. its buffer is full: that waiter polls as a fallback
+        return True
 
     # -- primitives ------------------------------------------------------------------------
 
@@ -459,7 +491,7 @@ class SQLiteDriver(Driver):
         if row is None:
             return False
         if row[0] is not None:
-            self._send_wake(name, row[0])
+            self._wake_head(name, row[0])
         return True
 
     async def validate(self, name: str, token: int) -> bool:
@@ -484,6 +516,28 @@ class SQLiteDriver(Driver):
         await self._write(forget)
         # If we were first in line, the next waiter may go now.
         self._notify_next(name)
+
+    async def holder(self, name: str) -> Holder | None:
+        try:
+            row = self.db.execute(SQL_LIVE, (name, self.boot, time.monotonic())).fetchone()
+        except sqlite3.Error as exc:
+            raise self._unavailable("holder", exc) from exc
+        if row is None:
+            return None
+        # CLOCK_MONOTONIC is system-wide on Linux: the same clock every process's rows use.
+        left = max(0.0, float(row[2]) - time.monotonic())
+        return Holder(name, str(row[0]), int(row[1]), left)
+
+    async def break_lock(self, name: str) -> bool:
+        args = (name, self.boot, time.monotonic())
+        cursor = self._try_statement(SQL_BREAK, args) or await self._statement(SQL_BREAK, args)
+        row = cursor.fetchone()
+        if row is None:
+            return False
+        if row[0] is not None:
+            self._send_wake(name, row[0])
+        self._wake(name)
+        return True
 
 
 def driver_from_url(url: str, **options: Any) -> SQLiteDriver:

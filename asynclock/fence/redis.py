@@ -14,15 +14,51 @@ from .._core.exceptions import StaleToken
 from .._core.validation import check_token
 
 # FENCED_WRITE (G8): raise the high-water mark and write, atomically, unless a newer token
-# was already accepted. KEYS: mark, data. ARGV: token, op ('set' | 'hset' | 'del'), then
-# the op's arguments (set: value [, px_ms]; hset: field, value, ...).
-# Returns {1, token} when written, {0, current_mark} when stale (nothing written).
+# was already accepted. KEYS: mark, data. ARGV: token, op ('set' | 'hset' | 'del' |
+# 'none'), then the op's arguments (set: value [, px_ms]; hset: field, value, ...).
+# Returns {1, token} when written, {0, current_mark} when stale, {-1, mark value} when the
+# mark is not a token, {-2, 'mark' | 'data', type} when that key has the wrong type
+# (nothing is written in the last three cases).
+# Tokens are compared exactly, as decimal strings: Lua numbers are doubles, which above
+# 2**53 round (a stale token passed and the mark went down). Marks are plain decimals, as
+# every version of this script wrote them.
 FENCED_WRITE = """
-local mark = tonumber(redis.call('GET', KEYS[1]) or '0')
-local token = tonumber(ARGV[1])
-if token < mark then return {0, string.format('%d', mark)} end
-redis.call('SET', KEYS[1], ARGV[1])
+-- s as decimal digits without leading zeros ('' for zero), or nil if s is not a
+-- decimal integer below 10**19 (every token is below 2**63).
+local function digits(s)
+  if type(s) ~= 'string' or not string.match(s, '^%d+$') then return nil end
+  s = string.gsub(s, '^0+', '')
+  if #s > 19 then return nil end
+  return s
+end
+-- a < b for two results of digits(): by length, then in two exact halves (< 2**53 each).
+local function less(a, b)
+  if #a ~= #b then return #a < #b end
+  local n = #a - 9
+  if n > 0 then
+    local ha, hb = tonumber(string.sub(a, 1, n)), tonumber(string.sub(b, 1, n))
+    if ha ~= hb then return ha < hb end
+    a, b = string.sub(a, n + 1), string.sub(b, n + 1)
+  end
+  return (tonumber(a) or 0) < (tonumber(b) or 0)
+end
+local raw = redis.pcall('GET', KEYS[1])
+if type(raw) == 'table' and raw.err then
+  return {-2, 'mark', redis.call('TYPE', KEYS[1]).ok}
+end
+local mark = ''
+if raw then
+  mark = digits(raw)
+  if mark == nil then return {-1, raw} end
+end
+local token = digits(ARGV[1])
+if less(token, mark) then return {0, mark} end
 local op = ARGV[2]
+if op == 'hset' then
+  local t = redis.call('TYPE', KEYS[2]).ok
+  if t ~= 'hash' and t ~= 'none' then return {-2, 'data', t} end
+end
+redis.call('SET', KEYS[1], token)
 if op == 'set' then
   if ARGV[4] then
     redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
@@ -34,7 +70,7 @@ elseif op == 'hset' then
 elseif op == 'del' then
   redis.call('DEL', KEYS[2])
 end
-return {1, ARGV[1]}
+return {1, token}
 """
 _SHA = hashlib.sha1(FENCED_WRITE.encode()).hexdigest()
 
@@ -94,8 +130,22 @@ class RedisFence:
             if type(exc).__name__ != "NoScriptError" and "NOSCRIPT" not in str(exc):
                 raise
             reply = await client.eval(FENCED_WRITE, 2, *keys, token, *args)
-        if not int(reply[0]):
+        code = int(reply[0])
+        if code == 1:
+            return
+        if code == 0:
             raise StaleToken(key, token, int(reply[1]))
+        if code == -1:
+            raise ValueError(_not_a_token(keys[0], reply[1]) + "; nothing was written")
+        which, kind = _text(reply[1]), _text(reply[2])
+        if which == "mark":
+            raise TypeError(
+                f"fence mark {keys[0]!r} holds a Redis {kind}, not a string with a token; "
+                "nothing was written"
+            )
+        raise TypeError(
+            f"hset needs {key!r} to be a Redis hash, it is a {kind}; nothing was written"
+        )
 
     async def set(
         self,
@@ -131,5 +181,28 @@ class RedisFence:
 
     async def current(self, client: Any, key: str) -> int | None:
         """The newest token accepted for ``key``, or None."""
-        value = await client.get(mark_key(key, self.suffix))
-        return None if value is None else int(value)
+        mark = mark_key(key, self.suffix)
+        try:
+            value = await client.get(mark)
+        except Exception as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            raise TypeError(f"fence mark {mark!r} is not a Redis string: {exc}") from None
+        if value is None:
+            return None
+        text = _text(value)
+        if not (text.isascii() and text.isdigit()) or not 0 < int(text) < 2**63:
+            raise ValueError(_not_a_token(mark, value))
+        return int(text)
+
+
+def _text(value: object) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _not_a_token(mark: str, value: object) -> str:
+    return (
+        f"fence mark {mark!r} holds {_text(value)!r}, not a fencing token (a decimal integer "
+        "from 1 to 2**63-1); something other than the fence wrote it: delete the mark or "
+        "use another suffix"
+    )

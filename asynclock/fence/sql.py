@@ -15,6 +15,12 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62}
 
 
 class _AioSqlite(Protocol):
+    @property
+    def in_transaction(self) -> bool: ...
+
+    @property
+    def isolation_level(self) -> str | None: ...
+
     async def execute(self, sql: str, parameters: Any = ..., /) -> Any: ...
 
 
@@ -25,13 +31,79 @@ class _AsyncPG(Protocol):
 
     async def execute(self, query: str, *args: Any, timeout: Any = None) -> str: ...
 
+    def is_in_transaction(self) -> bool: ...
+
+
+#: The longest fence key, in UTF-8 bytes: the bound on lock names, so a lock name (the
+#: usual fence key) always fits, far below PostgreSQL's btree entry limit (~2.7 kB).
+MAX_KEY_BYTES = 512
+
+
+def check_key(key: object) -> str:
+    """A fence key every driver stores alike: a non-empty str of at most
+    :data:`MAX_KEY_BYTES` UTF-8 bytes, with no NUL (PostgreSQL text cannot hold one, so
+    sqlite would accept keys that asyncpg refuses) and no lone surrogate (not UTF-8)."""
+    if not isinstance(key, str):
+        raise TypeError(f"fence key must be a str, not {type(key).__name__}")
+    if not key:
+        raise ValueError(
+            f"fence key must be a non-empty str (1 to {MAX_KEY_BYTES} UTF-8 bytes), got ''"
+        )
+    nul = key.find("\x00")
+    if nul >= 0:
+        raise ValueError(
+            f"fence key {key[:40]!r} has a NUL character at index {nul}; PostgreSQL text "
+            "cannot store NUL, so no SQL fence accepts it (use another separator)"
+        )
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"fence key {key[:40]!r} has a lone surrogate {key[exc.start]!r} at index "
+            f"{exc.start}; fence keys must be text that encodes as UTF-8"
+        ) from None
+    if size > MAX_KEY_BYTES:
+        raise ValueError(
+            f"fence key is {size} UTF-8 bytes; at most {MAX_KEY_BYTES} are allowed "
+            "(the bound on lock names)"
+        )
+    return key
+
+
+def _in_sqlite_transaction(conn: sqlite3.Connection | _AioSqlite) -> bool:
+    """Will the check's INSERT run inside a transaction that the caller commits?
+
+    True inside an open transaction, and under sqlite3's legacy transaction control with
+    an ``isolation_level`` (the default), which opens one before an INSERT. False in
+    autocommit mode (``isolation_level=None`` or ``autocommit=True``) outside ``BEGIN``,
+    where the mark would commit on its own, before (and without) the caller's write.
+    """
+    if conn.in_transaction:
+        return True
+    legacy = getattr(sqlite3, "LEGACY_TRANSACTION_CONTROL", -1)  # Python >= 3.12
+    if getattr(conn, "autocommit", legacy) != legacy:
+        return False  # autocommit=True (False would have a transaction open)
+    return conn.isolation_level is not None
+
+
+def _no_sqlite_transaction(call: str) -> RuntimeError:
+    return RuntimeError(
+        f"{call} must run inside the transaction that does the write, but no transaction "
+        "is open (the connection is in autocommit mode): the mark would commit on its own, "
+        "not atomically with your write. Open one first (execute 'BEGIN IMMEDIATE', commit "
+        "after your writes) or use `with fence.sqlite_transaction(conn, key, token):`"
+    )
+
 
 class SQLFence:
     """High-water marks in table ``table`` (columns ``key TEXT PRIMARY KEY, token BIGINT``).
 
     Use one of the ``check_*`` methods *inside the transaction that does the write*; it
     raises :class:`StaleToken` if a newer token was already accepted for ``key``, so your
-    transaction rolls back and nothing is written::
+    transaction rolls back and nothing is written. Outside a transaction (autocommit) a
+    check raises :class:`RuntimeError` and writes nothing: the mark would commit on its
+    own, apart from the write. Keys are non-empty text of at most 512 UTF-8 bytes with
+    no NUL character; anything else raises TypeError/ValueError before any SQL::
 
         fence = SQLFence()
         with fence.sqlite_transaction(conn, "invoice:42", lease.token):
@@ -73,9 +145,7 @@ class SQLFence:
 
     @staticmethod
     def _args(key: object, token: object) -> tuple[str, int]:
-        if not isinstance(key, str) or not key:
-            raise ValueError(f"fence key must be a non-empty str, got {key!r}")
-        return key, check_token(token)
+        return check_key(key), check_token(token)
 
     # -- sqlite3 ---------------------------------------------------------------------------
 
@@ -83,8 +153,16 @@ class SQLFence:
         conn.execute(self.create_sql)
 
     def check_sqlite(self, conn: sqlite3.Connection, key: str, token: int) -> None:
-        """Inside your open transaction: accept ``token`` for ``key`` or raise StaleToken."""
+        """Inside your open transaction: accept ``token`` for ``key`` or raise StaleToken.
+
+        Raises :class:`RuntimeError` (nothing written) when the connection has no
+        transaction open and would not open one for the check (autocommit mode)."""
         key, token = self._args(key, token)
+        if not _in_sqlite_transaction(conn):
+            raise _no_sqlite_transaction("check_sqlite()")
+        self._sqlite_check_in_transaction(conn, key, token)
+
+    def _sqlite_check_in_transaction(self, conn: sqlite3.Connection, key: str, token: int) -> None:
         if conn.execute(self._sqlite_check, (key, token)).fetchone() is None:
             row = conn.execute(self._sqlite_current, (key,)).fetchone()
             raise StaleToken(key, token, None if row is None else int(row[0]))
@@ -99,6 +177,7 @@ class SQLFence:
         ``isolation_level=None`` to manage transactions yourself); inside one, call
         :meth:`check_sqlite` instead.
         """
+        key, token = self._args(key, token)
         if conn.in_transaction:
             raise ValueError(
                 "sqlite_transaction() starts its own transaction, but the connection is "
@@ -106,7 +185,7 @@ class SQLFence:
             )
         conn.execute("BEGIN IMMEDIATE")
         try:
-            self.check_sqlite(conn, key, token)
+            self._sqlite_check_in_transaction(conn, key, token)
             yield conn
         except BaseException:
             conn.execute("ROLLBACK")
@@ -116,8 +195,11 @@ class SQLFence:
     # -- aiosqlite -------------------------------------------------------------------------
 
     async def check_aiosqlite(self, conn: _AioSqlite, key: str, token: int) -> None:
-        """The same check on an ``aiosqlite`` connection, inside your transaction."""
+        """The same check on an ``aiosqlite`` connection, inside your transaction
+        (:class:`RuntimeError`, nothing written, outside one in autocommit mode)."""
         key, token = self._args(key, token)
+        if not _in_sqlite_transaction(conn):
+            raise _no_sqlite_transaction("check_aiosqlite()")
         cursor = await conn.execute(self._sqlite_check, (key, token))
         if await cursor.fetchone() is None:
             cursor = await conn.execute(self._sqlite_current, (key,))
@@ -130,8 +212,25 @@ class SQLFence:
         await conn.execute(self.create_sql)
 
     async def check_asyncpg(self, conn: _AsyncPG, key: str, token: int) -> None:
-        """Inside ``async with conn.transaction():`` — accept ``token`` or raise StaleToken."""
+        """Inside ``async with conn.transaction():`` — accept ``token`` or raise StaleToken.
+
+        Raises :class:`RuntimeError` (nothing written) outside a transaction, where the
+        mark would autocommit on its own, not atomically with your write."""
         key, token = self._args(key, token)
+        in_transaction = getattr(conn, "is_in_transaction", None)
+        if in_transaction is None:
+            raise TypeError(
+                f"check_asyncpg() needs an asyncpg connection in a transaction, not "
+                f"{type(conn).__name__} (a pool runs each statement on whichever connection "
+                "is free): `async with pool.acquire() as conn, conn.transaction():`"
+            )
+        if not in_transaction():
+            raise RuntimeError(
+                "check_asyncpg() must run inside the transaction that does the write, but "
+                "no transaction is open on this connection: the mark would autocommit on its "
+                "own, not atomically with your write. Wrap the check and your writes in "
+                "`async with conn.transaction():`"
+            )
         if await conn.fetchval(self._pg_check, key, token) is None:
             current = await conn.fetchval(self._pg_current, key)
             raise StaleToken(key, token, None if current is None else int(current))

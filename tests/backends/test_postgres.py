@@ -14,6 +14,7 @@ import asyncpg  # type: ignore[import-untyped]
 import pytest
 
 import asynclock
+import asynclock.testing
 from asynclock.backends.postgres import (
     EPOCH_SPAN,
     KEY_SQL,
@@ -30,6 +31,7 @@ from asynclock.backends.postgres import (
 from asynclock.fence import SQLFence
 from tests.support.checks import check_max_ttl
 from tests.support.pg_servers import PASSWORD, PgBouncer, PgServer, running_pg
+from tests.support.redis_servers import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -325,6 +327,60 @@ async def test_tokens_start_at_one_and_every_mode_shares_them(fresh_db: str, nam
         await conn.close()
 
 
+async def test_lease_mode_token_outranks_a_successor_that_came_while_it_waited(
+    pg_server: PgServer, admin: asyncpg.Connection, name: str
+) -> None:
+    """G2 for a slow acquire in mode lease: the statement takes its token before its
+    upsert waits for the row's lock. If another holder takes and frees the name meanwhile
+    (with a larger token), the waiting acquire must not be granted its smaller token."""
+    url = url_for(pg_server, "lease")
+    raw = await asyncpg.connect(pg_server.url())
+    try:
+        async with asynclock.connect(url) as backend:
+            async with backend.lock(name, ttl=5.0):
+                pass  # the name has a row now (free)
+            key = name.encode()
+            await raw.execute(  # and keeps one even if a release deleted it
+                "INSERT INTO asynclock_lease (name, owner, token, expires_at) "
+                "VALUES ($1, 'gone', 1, 'epoch') ON CONFLICT (name) DO NOTHING",
+                key,
+            )
+            blocker = raw.transaction()
+            await blocker.start()
+            await raw.execute("SELECT 1 FROM asynclock_lease WHERE name = $1 FOR UPDATE", key)
+            got: list[int] = []
+
+            async def slow_acquire() -> None:
+                async with backend.lock(name, ttl=5.0, timeout=20) as lease:
+                    got.append(lease.token)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(slow_acquire)
+                pid = pinned_pid(backend)
+
+                async def waits_for_the_row() -> bool:  # another session: only polling tells
+                    return bool(
+                        await admin.fetchval(
+                            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1",
+                            pid,
+                        )
+                    )
+
+                await wait_until(waits_for_the_row, timeout=20)
+                # A successor comes and goes while the acquire waits: a larger token.
+                successor = await raw.fetchval(
+                    "UPDATE asynclock_lease SET owner = 'successor', expires_at = 'epoch', "
+                    "token = (SELECT r.base + nextval('asynclock_token_seq') "
+                    "         FROM asynclock_token_range AS r) "
+                    "WHERE name = $1 RETURNING token",
+                    key,
+                )
+                await blocker.commit()
+            assert got and got[0] > successor, f"token {got} after the successor's {successor}"
+    finally:
+        await raw.close()
+
+
 async def test_used_up_range_takes_a_new_epoch_and_keeps_its_base(fresh_db: str, name: str) -> None:
     """Every EPOCH_SPAN tokens the acquire appends an epoch row (committed synchronously)
     before handing out a token past the old limit; the tokens just go on counting."""
@@ -453,8 +509,8 @@ async def _exclusive_renewed_and_handed_on(url: str, name: str) -> asynclock.Bac
             with pytest.raises(asynclock.LockHeld):
                 async with b.lock(name, ttl=1.0, blocking=False):
                     pass
-            await a._renewal_round()
-            await a._renewal_round()
+            await asynclock.testing.next_renewal_round(a)
+            await asynclock.testing.next_renewal_round(a)
             assert not first.lost and a.stats().renewals >= 1
             assert await b.validate(name, first.token)
         async with b.lock(name, ttl=1.0, timeout=5) as second:
@@ -503,7 +559,7 @@ async def test_a_thousand_names_one_round_trip_per_renewal(
                 await all_held.wait()
                 trips = backend.stats().renewal_round_trips
                 while backend.stats().renewals < count:
-                    await backend._renewal_round()
+                    await asynclock.testing.next_renewal_round(backend)
             done.set()
         stats = backend.stats()
         assert stats.losses == 0 and stats.acquired == count

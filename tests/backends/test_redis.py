@@ -15,6 +15,8 @@ import redis.asyncio
 from redis.crc import key_slot
 
 import asynclock
+import asynclock.testing
+from asynclock._core.backend import DEFAULT_POLL
 from asynclock.backends.redis import Deadlines, RedisDriver, display_url, keys_for
 from tests.support.procs import start_worker
 from tests.support.redis_servers import RedisFactory, RedisServer, wait_until
@@ -53,6 +55,10 @@ def raw_client(server: RedisServer) -> redis.asyncio.Redis:
 
 async def _queued(client: redis.asyncio.Redis, key: str) -> bool:
     return int(await client.zcard(key)) >= 1
+
+
+async def _queued_n(client: redis.asyncio.Redis, key: str, n: int) -> bool:
+    return int(await client.zcard(key)) >= n
 
 
 async def commands(client: redis.asyncio.Redis, name: str) -> int:
@@ -365,6 +371,95 @@ async def test_a_dead_waiter_delays_the_name_at_most_about_its_ttl(
     assert waited < 0.5 + 0.5
 
 
+async def test_a_killed_waiter_does_not_stall_the_live_waiter_behind_it(
+    redis_server: RedisServer, lock_name: str
+) -> None:
+    """Issue 8 item 10, reproduced: a queued waiter that died was handed the free name for
+    its own ttl (here 5 s) while a live waiter behind it waited. Now its probe channel has
+    no subscriber once its connection is gone, so the release skips it and hands the name
+    to the live waiter within one notification."""
+    spec = BackendSpec("redis", redis_server.url, lambda b, n: anyio.lowlevel.checkpoint())
+    client = raw_client(redis_server)
+    k = keys_for(lock_name)
+    async with (
+        asynclock.connect(redis_server.url) as holder,
+        asynclock.connect(redis_server.url) as live,
+    ):
+        lease = await holder.acquire(lock_name, ttl=10.0)
+        worker = await start_worker(spec, mode="hold", name=lock_name, ttl=5.0)
+
+        async def probe_of_queued_worker() -> bytes | None:
+            members = await client.zrange(k.queue, 0, 0)
+            parts = members[0].split(b":") if members and isinstance(members[0], bytes) else []
+            return parts[2] if len(parts) == 3 else None
+
+        async def worker_queued_with_probe() -> bool:
+            return await probe_of_queued_worker() is not None
+
+        await wait_until(worker_queued_with_probe, timeout=30)
+        probe = await probe_of_queued_worker()
+        assert probe is not None
+        got: list[float] = []
+
+        async def waiter() -> None:
+            async with live.lock(lock_name, ttl=5.0, timeout=20):
+                got.append(time.monotonic())
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await wait_until(lambda: _queued_n(client, k.queue, 2))  # behind the worker
+            worker.signal(__import__("signal").SIGKILL)
+            await worker.wait()
+
+            async def probe_gone() -> bool:
+                numsub = await client.pubsub_numsub(b"asynclock:w:" + probe)
+                return int(numsub[0][1]) == 0
+
+            await wait_until(probe_gone)  # the server has seen the connection close
+            released = time.monotonic()
+            await lease.release()
+    await client.aclose()
+    assert got[0] - released < 0.25, got[0] - released  # one notification, not 5 s
+
+
+async def test_a_key_without_expiry_makes_waiters_poll_not_hammer(
+    redis_server: RedisServer, lock_name: str
+) -> None:
+    """Issue 8 item 9, reproduced: a lock key with no expiry (PTTL -1, left by another tool)
+    gave retry_after 0: one waiter sent thousands of commands a second, and LockHeld said
+    "it frees in at most 0.000s". Now "no expiry" is unknown: the waiter polls at the
+    core's poll interval, and the message says so."""
+    client = raw_client(redis_server)
+    key = keys_for(lock_name).lock
+    await client.set(key, "legacy-tool:1")  # no PX
+    async with asynclock.connect(redis_server.url) as backend:
+        with pytest.raises(asynclock.LockHeld, match="no expiry") as info:
+            await backend.acquire(lock_name, ttl=5.0, blocking=False)
+        assert "frees in at most" not in str(info.value)
+        assert info.value.retry_after is None
+        window = 1.0
+        before = await commands(client, "evalsha")
+        with pytest.raises(asynclock.AcquireTimeout):
+            await backend.acquire(lock_name, ttl=5.0, timeout=window)
+        used = await commands(client, "evalsha") - before
+        # About one attempt per poll interval (50 ms): ~20 in the window, not thousands.
+        assert used <= window / DEFAULT_POLL * 1.5 + 5, used
+        got = anyio.Event()
+
+        async def waiter() -> None:
+            async with backend.lock(lock_name, ttl=5.0, timeout=10):
+                got.set()
+
+        busy = BusyWatch(backend)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await busy.reached(busy.count + 1)
+            await client.delete(key)  # the other tool lets go: found within a poll
+            with anyio.fail_after(5):
+                await got.wait()
+    await client.aclose()
+
+
 async def test_restart_with_data_loss_tokens_still_increase(
     redis_factory: RedisFactory,
 ) -> None:
@@ -377,7 +472,7 @@ async def test_restart_with_data_loss_tokens_still_increase(
     client = raw_client(server)
     assert await client.dbsize() == 0  # the counter really is gone
     await client.aclose()
-    async with asynclock.connect(server.url) as backend:
+    async with asynclock.connect(server.url, restart_grace=0.1) as backend:
         async with backend.lock("restart", ttl=5.0) as lease:
             assert lease.token > before
 
@@ -397,6 +492,98 @@ async def test_kill_9_while_held_loses_the_lease_then_recovers(
         server.start()
         async with backend.lock("kill", ttl=1.0) as again:
             assert again.token > lease.token
+
+
+async def test_a_restart_cancels_the_holder_at_the_reconnect_and_the_successor_waits(
+    redis_factory: RedisFactory,
+) -> None:
+    """Issue 8 item 3, reproduced: after a kill -9 and a restart without persistence, a
+    successor got the lock 0.21 s after the restart while the holder's body ran on until
+    its next renewal. Now (a) the reconnect notices the new run_id and cancels the holder
+    at once (its heartbeat is 10 s away), and (b) the wiped database grants no lock for the
+    restart grace, so the successor comes after the holder has stopped."""
+    server = redis_factory()
+    grace = 1.0
+    events: dict[str, float] = {}
+    async with (
+        asynclock.connect(server.url) as a,
+        asynclock.connect(f"{server.url}?restart_grace={grace}") as b,
+    ):
+        holding = anyio.Event()
+        restarted = anyio.Event()
+        driver = a.driver
+        assert isinstance(driver, RedisDriver)
+        on_connect = driver.listener.on_connect
+        assert on_connect is not None
+
+        def seen(run_id: str | None, reconnected: bool) -> None:
+            events.setdefault("connected", time.monotonic())  # the first after the restart
+            on_connect(run_id, reconnected)
+
+        async def holder() -> None:
+            with pytest.raises(asynclock.LeaseLost) as info:
+                async with a.lock("restart", ttl=30.0):
+                    holding.set()
+                    await anyio.sleep_forever()
+            events["lost"] = time.monotonic()
+            assert "restarted" in info.value.reason, info.value.reason
+
+        async def successor() -> None:
+            await restarted.wait()
+            with pytest.raises(asynclock.LockHeld):
+                await b.acquire("restart", ttl=5.0, blocking=False)
+            async with b.lock("restart", ttl=5.0, timeout=20):
+                events["granted"] = time.monotonic()
+
+        with anyio.fail_after(8):  # the holder's first renewal would come at 10 s
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(holder)
+                await holding.wait()
+                events.clear()
+                driver.listener.on_connect = seen
+                server.restart(keep_data=False)
+                events["restarted"] = time.monotonic()
+                restarted.set()
+                tg.start_soon(successor)
+    assert events["lost"] - events["restarted"] < 2.0, events
+    # Lost right at the reconnect (no renewal round needed: the run_id said it all).
+    assert events["lost"] - events["connected"] < 0.5, events
+    assert events["granted"] - events["restarted"] >= grace * 0.99, events
+    assert events["lost"] < events["granted"], events
+
+
+async def test_no_lock_is_granted_for_the_grace_after_the_data_is_lost(
+    redis_factory: RedisFactory,
+) -> None:
+    """Issue 8 item 3 (b): the epoch key is missing after a restart that lost the data (or
+    a FLUSHALL): no grant for the ttl asked for (the default grace), then as usual."""
+    server = redis_factory()
+    client = raw_client(server)
+    async with asynclock.connect(server.url) as backend:
+        async with backend.lock("g", ttl=1.0):  # a settled server: no wait
+            pass
+        server.restart(keep_data=False)
+        started = time.monotonic()
+        with pytest.raises(asynclock.LockHeld, match=r"frees in at most (0\.9|1\.0)"):
+            await backend.acquire("g", ttl=1.0, blocking=False)
+        async with backend.lock("g", ttl=1.0, timeout=10):
+            assert time.monotonic() - started >= 0.99
+        started = time.monotonic()
+        async with backend.lock("other", ttl=1.0, blocking=False):
+            assert time.monotonic() - started < 0.5  # the grace is over for every name
+        await client.flushall()
+        started = time.monotonic()
+        async with backend.lock("g", ttl=0.5, timeout=10):
+            assert time.monotonic() - started >= 0.5 * 0.99
+    async with asynclock.connect(f"{server.url}?restart_grace=0") as backend:
+        await client.flushall()
+        async with backend.lock("g", ttl=5.0, blocking=False):  # 0 turns the grace off
+            pass
+    with pytest.raises(ValueError, match="restart_grace must be a finite number"):
+        asynclock.connect(f"{server.url}?restart_grace=-1")
+    with pytest.raises(ValueError, match="restart_grace must be a number of seconds"):
+        asynclock.connect(server.url, restart_grace="soon")
+    await client.aclose()
 
 
 async def test_sigstop_node_times_out_and_nothing_hangs(redis_factory: RedisFactory) -> None:
@@ -429,11 +616,12 @@ async def test_ten_thousand_leases_renewed_with_one_call_per_interval(
         driver = backend.driver
         assert isinstance(driver, RedisDriver)
         leases = [await backend.acquire(f"many:{i}", ttl=ttl) for i in range(10_000)]
-        await backend._renewal_round()  # a round that may have started mid-acquisition
+        # A round that may have started mid-acquisition:
+        await asynclock.testing.next_renewal_round(backend)
         before_calls = await commands(client, "evalsha")
         before_rounds = backend.stats().renewal_round_trips
         for _ in range(2):
-            await backend._renewal_round()
+            await asynclock.testing.next_renewal_round(backend)
         rounds = backend.stats().renewal_round_trips - before_rounds
         calls = await commands(client, "evalsha") - before_calls
         assert rounds == 2 and calls == 2

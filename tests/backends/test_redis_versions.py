@@ -4,6 +4,7 @@ it). Same protocol, same answers."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,9 @@ import pytest
 import redis.asyncio
 
 import asynclock
+import asynclock.testing
+from asynclock.fence import RedisFence
+from asynclock.fence.redis import mark_key
 from tests.support.redis_servers import RedisServer, all_redis_server_binaries
 from tests.support.signals import BusyWatch
 
@@ -36,7 +40,7 @@ async def test_lock_lifecycle_on_each_version(server: RedisServer) -> None:
             assert first > 1_000_000  # seeded from the server's TIME (ms x 1000)
             with pytest.raises(asynclock.LockHeld):
                 await backend.acquire("v", ttl=5.0, blocking=False)
-            await backend._renewal_round()
+            await asynclock.testing.next_renewal_round(backend)
             assert backend.stats().renewals >= 1 and not lease.lost
             assert await backend.validate("v", first)
         assert not await backend.validate("v", first)
@@ -63,16 +67,39 @@ async def test_tokens_rise_after_data_loss_on_each_version(server: RedisServer) 
         async with backend.lock("lost", ttl=5.0) as before:
             pass
     server.restart(keep_data=False)  # the counter is gone; the TIME seed takes over
-    async with asynclock.connect(server.url) as backend:
+    async with asynclock.connect(f"{server.url}?restart_grace=0.5") as backend:
+        started = time.monotonic()
+        with pytest.raises(asynclock.LockHeld):  # the restart grace (issue 8 item 3)
+            await backend.acquire("other", ttl=5.0, blocking=False)
         async with backend.lock("lost", ttl=5.0) as after:
             assert after.token > before.token
+        assert time.monotonic() - started >= 0.5 * 0.99
+
+
+async def test_fence_compares_tokens_exactly_on_each_version(server: RedisServer) -> None:
+    """The fence script (pcall, TYPE, string compare) answers alike on every server."""
+    client = redis.asyncio.Redis.from_url(server.url)
+    fence = RedisFence()
+    try:
+        await fence.set(client, "f", "newer", 2**63 - 1)
+        with pytest.raises(asynclock.StaleToken):
+            await fence.set(client, "f", "stale", 2**63 - 2)
+        assert await fence.current(client, "f") == 2**63 - 1
+        await client.set(mark_key("g"), "not-a-token")
+        with pytest.raises(ValueError, match="not a fencing token"):
+            await fence.set(client, "g", "x", 5)
+        await client.hset(mark_key("h"), "a", "1")
+        with pytest.raises(TypeError, match="holds a Redis hash"):
+            await fence.set(client, "h", "x", 5)
+    finally:
+        await client.aclose()
 
 
 #: The ACL rules docs/backends/redis.md gives (kept in step with it by the test below).
 DOCUMENTED_ACL = (
     "~asynclock:* resetchannels &asynclock:* +evalsha +eval +script|load +subscribe +unsubscribe "
-    "+get +set +del +exists +incr +pexpire +pttl +time +publish +zadd +zrange +zrangebyscore "
-    "+zrem"
+    "+info +get +set +del +exists +incr +pexpire +pttl +time +publish +zadd +zrange +zrangebyscore "
+    "+zrem +zscore"
 )
 
 
@@ -92,7 +119,7 @@ async def test_an_acl_user_with_the_documented_rules_can_do_everything(server: R
     async with asynclock.connect(url) as a, asynclock.connect(url) as b:
         lease = await a.acquire("acl", ttl=1.0)
         assert await a.validate("acl", lease.token)
-        await a._renewal_round()  # extend ran under the ACL user
+        await asynclock.testing.next_renewal_round(a)  # extend ran under the ACL user
         got: list[int] = []
 
         async def waiter() -> None:
@@ -106,6 +133,13 @@ async def test_an_acl_user_with_the_documented_rules_can_do_everything(server: R
             assert await lease.release()
         assert got and got[0] > lease.token
         assert a.stats().renewal_errors == 0 and not lease.lost
+    # INFO (the server's run_id) is optional: without it everything still works.
+    await admin.execute_command(  # type: ignore[no-untyped-call]
+        "ACL", "SETUSER", "locks", "-info"
+    )
+    async with asynclock.connect(url) as c:
+        async with c.lock("acl", ttl=1.0) as third:
+            assert third.token > got[0]
     # One rule fewer is refused, so the test above did exercise the rules.
     await admin.execute_command(  # type: ignore[no-untyped-call]
         "ACL", "SETUSER", "locks", "-incr"
@@ -113,4 +147,38 @@ async def test_an_acl_user_with_the_documented_rules_can_do_everything(server: R
     with pytest.raises(asynclock.BackendUnavailable, match=r"permission denied.*ACL rules"):
         async with asynclock.connect(url) as c:
             await c.acquire("acl:fresh", ttl=1.0)
+    await admin.aclose()
+
+
+async def test_holder_and_break_lock_under_the_documented_acl(server: RedisServer) -> None:
+    """The HOLDER and BREAK scripts on every server version, run by an ACL user with only
+    the documented rules: a break hands the name to the queued waiter, tokens rise."""
+    admin = redis.asyncio.Redis(port=server.port)
+    await admin.execute_command(  # type: ignore[no-untyped-call]
+        "ACL", "SETUSER", "locks", "reset", "on", ">secret", *DOCUMENTED_ACL.split()
+    )
+    url = f"redis://locks:secret@127.0.0.1:{server.port}/0"
+    with anyio.fail_after(30):
+        async with asynclock.connect(url) as a, asynclock.connect(url) as b:
+            lease = await a.acquire("acl-break", ttl=30.0)
+            holder = await b.holder("acl-break")
+            assert holder is not None
+            assert (holder.owner, holder.token) == (lease.owner, lease.token)
+            assert holder.remaining is not None and 25.0 < holder.remaining <= 30.0
+            got: list[int] = []
+
+            async def waiter() -> None:
+                async with b.lock("acl-break", ttl=5.0, timeout=20) as second:
+                    got.append(second.token)
+
+            busy = BusyWatch(b)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(waiter)
+                await busy.reached(1)  # queued
+                assert await b.break_lock("acl-break") is True
+            assert got and got[0] > lease.token
+            await a._renewal_round()
+            assert lease.lost and "refused" in (lease.lost.reason or "")
+            assert await b.holder("acl-break") is None
+            assert await b.break_lock("acl-break") is False
     await admin.aclose()

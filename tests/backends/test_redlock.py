@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 import time
 
 import anyio
+import anyio.abc
 import pytest
 import redis.asyncio
 
 import asynclock
+import asynclock.testing
 from asynclock.backends.redis import (
     ACQUIRE,
     NO_QUEUE,
     REDLOCK_ACQUIRE,
     REDLOCK_RELEASE,
     RELEASE,
+    epoch_key,
     keys_for,
 )
 from asynclock.backends.redlock import RedlockDriver, parse_url
@@ -61,6 +65,97 @@ def test_driver_options_in_the_url_stay_out_of_the_node_urls() -> None:
         asynclock.connect("redlock://a:1?prefix={x}")
 
 
+@pytest.mark.parametrize(
+    "hosts",
+    [
+        "a:1,a:1,b:2",
+        "a:1,b:2,A:1",  # host names are case-insensitive
+        "localhost:7,127.0.0.1:7,b:2",
+        "[::1]:7,b:2,localhost:7",
+        "[::ffff:127.0.0.1]:7,127.0.0.1:7,b:2",
+        "[2001:db8::1]:7,[2001:0db8:0:0::1]:7,b:2",
+        "a,a:6379,b",  # the default port
+        "h.example:5,h.example.:5,b",  # a trailing dot names the same host
+    ],
+)
+def test_a_node_given_twice_is_refused_before_any_io(hosts: str) -> None:
+    """Issue 8 item 1: a repeated node counts twice toward the quorum. ``connect`` does no
+    I/O (nothing listens on these addresses), so this is refused from the URL alone."""
+    with pytest.raises(ValueError, match=r"nodes \d and \d .* are the same Redis server"):
+        asynclock.connect(f"redlock://{hosts}")
+    with pytest.raises(ValueError, match="same Redis server"):
+        RedlockDriver(
+            ["unix:///tmp/r.sock", "redis://b:1", "unix:///tmp/../tmp/r.sock"], display="x"
+        )
+    # Distinct ports, hosts, loopback addresses other than 127.0.0.1 are distinct nodes.
+    asynclock.connect("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.2:1,localhost:3")
+
+
+class TcpAlias:
+    """A second address for one server (a TCP forwarder, like a DNS alias, a load balancer
+    or a NAT rule would be): a distinct ``host:port`` that reaches the same Redis."""
+
+    def __init__(self, target: RedisServer) -> None:
+        self.target = target
+        self.port = 0
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+        self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+
+        async def pipe(src: anyio.abc.ByteStream, dst: anyio.abc.ByteStream) -> None:
+            with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                async for chunk in src:
+                    await dst.send(chunk)
+            with contextlib.suppress(Exception):
+                await dst.send_eof()
+
+        async def serve(client: anyio.abc.SocketStream) -> None:
+            async with client, await anyio.connect_tcp("127.0.0.1", self.target.port) as up:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(pipe, client, up)
+                    tg.start_soon(pipe, up, client)
+
+        async with listener:
+            task_status.started()
+            await listener.serve(serve)
+
+
+@pytest.mark.parametrize("spelling", ["repeated", "loopback-alias", "tcp-alias"])
+async def test_one_server_counted_twice_never_gives_two_holders(
+    redis_factory: RedisFactory, spelling: str
+) -> None:
+    """Issue 8 item 1, reproduced: a client on A,A,B and a correct client on A,B,C both held
+    the lock. Y (on A,B,C) holds it on B and C; A is free. X names A twice (literally, under
+    another loopback spelling, or behind a forwarder) and would count A's vote twice. X
+    must be refused (at connect, or at open through the servers' run_id), never hold."""
+    a, b, c = redis_factory.many(3)
+    name = "twice"
+    raw = redis.asyncio.Redis.from_url(a.url)
+    await raw.set(keys_for(name).lock, "someone-else:1", px=30_000)
+    async with anyio.create_task_group() as tg:
+        alias = TcpAlias(a)
+        await tg.start(alias.run)
+        twice = {
+            "repeated": f"{a.address},{a.address},{b.address}",
+            "loopback-alias": f"{a.address},localhost:{a.port},{b.address}",
+            "tcp-alias": f"{a.address},127.0.0.1:{alias.port},{b.address}",
+        }[spelling]
+        try:
+            async with asynclock.connect(redlock_url([a, b, c])) as y:
+                async with y.lock(name, ttl=30.0, blocking=False) as held:
+                    await raw.delete(keys_for(name).lock)  # A is free again
+                    with pytest.raises(ValueError, match="same Redis server") as info:
+                        async with asynclock.connect(f"redlock://{twice}") as x:
+                            async with x.lock(name, ttl=30.0, blocking=False) as second:
+                                pytest.fail(f"two holders: tokens {held.token}, {second.token}")
+                    if spelling == "tcp-alias":
+                        assert "run_id" in str(info.value)
+        finally:
+            await raw.aclose()
+            tg.cancel_scope.cancel()
+
+
 #: Lock-key states for the script equivalence test: (value, ttl in ms or None for no expiry).
 STATES: list[tuple[str | None, int | None]] = [
     (None, None),  # free
@@ -98,10 +193,11 @@ async def test_redlock_scripts_answer_as_the_single_node_scripts_do(
     try:
         for (value, ttl), fence in itertools.product(STATES, [None, 41]):
             answers: list[object] = []
-            queue_keys = [k.lock, k.fence, k.queue, k.queue_exp]
+            epoch = epoch_key()
+            queue_keys = [k.lock, k.fence, k.queue, k.queue_exp, epoch]
             calls: list[tuple[str, list[str], list[str | bytes]]] = [
-                (ACQUIRE, queue_keys, ["me", "3000", NO_QUEUE, channel]),
-                (REDLOCK_ACQUIRE, [k.lock, k.fence], ["me", "3000"]),
+                (ACQUIRE, queue_keys, ["me", "3000", NO_QUEUE, channel, "3000"]),
+                (REDLOCK_ACQUIRE, [k.lock, k.fence, epoch], ["me", "3000", "3000"]),
             ]
             for script, keys, args in calls:
                 await setup(value, ttl, fence)
@@ -206,6 +302,47 @@ async def test_a_node_that_hangs_on_the_careful_path_times_out_alone(
             servers[4].thaw()
 
 
+async def test_restarted_nodes_end_the_lease_at_the_reconnect_and_wait_the_grace(
+    redis_factory: RedisFactory,
+) -> None:
+    """Issue 8 item 3 on Redlock: two of three nodes restart without their data. The
+    holder's reconnects ask for a renewal round at once, which finds its keys gone on a
+    majority, so it is cancelled long before its next heartbeat; each restarted node grants
+    nothing for the restart grace, so no successor gets a quorum meanwhile."""
+    servers = redis_factory.many(3)
+    url = redlock_url(servers)
+    grace = 1.0
+    events: dict[str, float] = {}
+    async with (
+        asynclock.connect(url, node_timeout=NODE_TIMEOUT) as a,
+        asynclock.connect(f"{url}?restart_grace={grace}", node_timeout=NODE_TIMEOUT) as b,
+    ):
+        holding = anyio.Event()
+
+        async def holder() -> None:
+            with pytest.raises(asynclock.LeaseLost) as info:
+                async with a.lock("rl-restart", ttl=30.0):
+                    holding.set()
+                    await anyio.sleep_forever()
+            events["lost"] = time.monotonic()
+            assert "refused" in info.value.reason, info.value.reason
+
+        with anyio.fail_after(8):  # the holder's first renewal would come at 10 s
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(holder)
+                await holding.wait()
+                servers[0].restart(keep_data=False)
+                servers[1].restart(keep_data=False)
+                events["restarted"] = time.monotonic()
+                with pytest.raises(asynclock.LockHeld):
+                    await b.acquire("rl-restart", ttl=5.0, blocking=False)
+                async with b.lock("rl-restart", ttl=5.0, timeout=20):
+                    events["granted"] = time.monotonic()
+    assert events["lost"] - events["restarted"] < 2.0, events
+    assert events["granted"] - events["restarted"] >= grace * 0.99, events
+    assert events["lost"] < events["granted"], events
+
+
 async def test_phase_two_lifts_lagging_counters(redis_factory: RedisFactory) -> None:
     servers = redis_factory.many(5)
     url = redlock_url(servers)
@@ -231,7 +368,7 @@ async def test_two_of_five_dead_everything_works(redis_factory: RedisFactory) ->
     async with asynclock.connect(redlock_url(servers), node_timeout=NODE_TIMEOUT) as backend:
         async with backend.lock("two-dead", ttl=0.6) as lease:
             for _ in range(3):  # renewed across more than a ttl
-                await backend._renewal_round()
+                await asynclock.testing.next_renewal_round(backend)
             assert not lease.lost
             assert await backend.validate("two-dead", lease.token)
         assert not lease.lost
@@ -343,6 +480,33 @@ async def test_failed_attempt_gives_back_what_it_got(redis_factory: RedisFactory
         await c.aclose()
     for c in owner_clients:
         await c.aclose()
+
+
+async def test_a_key_without_expiry_on_a_majority_makes_waiters_poll(
+    redlock_servers: list[RedisServer], lock_name: str
+) -> None:
+    """Issue 8 item 9 on Redlock: keys with no expiry on a majority of nodes are "held, for
+    an unknown time", not "frees in 0 s"."""
+    url = redlock_url(redlock_servers)
+    clients = [redis.asyncio.Redis.from_url(s.url) for s in redlock_servers]
+    key = keys_for(lock_name).lock
+    try:
+        for c in clients[:3]:
+            await c.set(key, "legacy-tool:1")
+        async with asynclock.connect(url) as backend:
+            with pytest.raises(asynclock.LockHeld, match="no expiry") as info:
+                await backend.acquire(lock_name, ttl=5.0, blocking=False)
+            assert info.value.retry_after is None
+            before = sum([await info_calls(s, "evalsha") for s in redlock_servers])
+            with pytest.raises(asynclock.AcquireTimeout):
+                await backend.acquire(lock_name, ttl=5.0, timeout=1.0)
+            used = sum([await info_calls(s, "evalsha") for s in redlock_servers]) - before
+            # Attempt + give-back per node per 50 ms poll: ~20 rounds, not thousands.
+            assert used <= 2 * 5 * 30, used
+    finally:
+        for c in clients:
+            await c.delete(key)
+            await c.aclose()
 
 
 async def test_watchers_wake_on_release(redlock_servers: list[RedisServer], lock_name: str) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import signal
 import sqlite3
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -13,7 +15,10 @@ import pytest
 
 import asynclock
 from asynclock.backends.sqlite import WAITER_TTL, SQLiteDriver
+from tests.support.procs import start_worker
+from tests.support.redis_servers import wait_until
 from tests.support.signals import BusyWatch
+from tests.support.spec import BackendSpec
 
 pytestmark = pytest.mark.anyio
 
@@ -158,6 +163,42 @@ async def test_a_dead_waiter_does_not_block_the_queue(url: str) -> None:
         started = time.monotonic()
         async with backend.lock("q", ttl=5.0, timeout=10):
             assert time.monotonic() - started <= WAITER_TTL + 0.5
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract sockets are Linux-only")
+async def test_a_killed_waiter_does_not_stall_the_live_waiter_behind_it(url: str) -> None:
+    """Issue 8 item 10 on SQLite: a waiter process killed with -9 kept its place for up to
+    WAITER_TTL. Now the release finds nobody listening on its wake address, drops its place
+    and wakes the live waiter behind it at once."""
+    spec = BackendSpec("sqlite", url, lambda b, n: anyio.lowlevel.checkpoint())
+    conn = raw(url)
+
+    def queued(n: int) -> Callable[[], bool]:
+        def check() -> bool:
+            rows = conn.execute("SELECT count(*) FROM asynclock_waiter WHERE name = 'k'")
+            return bool(rows.fetchone()[0] >= n)
+
+        return check
+
+    async with asynclock.connect(url) as holder, asynclock.connect(url) as live:
+        lease = await holder.acquire("k", ttl=10.0)
+        worker = await start_worker(spec, mode="hold", name="k", ttl=5.0)
+        await wait_until(queued(1), timeout=30)
+        got: list[float] = []
+
+        async def waiter() -> None:
+            async with live.lock("k", ttl=5.0, timeout=20):
+                got.append(time.monotonic())
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await wait_until(queued(2))  # behind the worker
+            worker.signal(signal.SIGKILL)
+            await worker.wait()
+            released = time.monotonic()
+            await lease.release()
+    conn.close()
+    assert got[0] - released < 0.25, got[0] - released  # one notification, not WAITER_TTL
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract sockets are Linux-only")

@@ -80,6 +80,10 @@ async def test_huge_ttl_is_refused_before_any_io(backend: asynclock.Backend, ttl
     with pytest.raises(ValueError, match="ttl must be at most 604800 seconds"):
         async with backend.lock("x", ttl=ttl, blocking=False):
             pass  # pragma: no cover
+    async with backend.lock("x", ttl=5.0) as lease:
+        with pytest.raises(ValueError, match="ttl must be at most 604800 seconds"):
+            await lease.extend(ttl)
+        lease.check()
 
 
 # Not postgres_lease here: the lease table durably keeps the longest ttl ever granted (the
@@ -264,6 +268,8 @@ def test_bad_options_are_errors_at_connect(
         "unix:///tmp/r.sock?db=3",
         "rediss://localhost/2?ssl_cert_reqs=none",
         "redlock://a,b,c/1?node_timeout=0.5&tls=1&prefix=app:",
+        "redis://localhost/0?restart_grace=30",
+        "redlock://a,b,c?restart_grace=0",
         "postgresql://u@h/db?mode=lease&sslmode=disable&application_name=x&myapp.tenant=3",
     ],
 )

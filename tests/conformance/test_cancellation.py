@@ -17,7 +17,8 @@ import anyio.lowlevel
 import pytest
 
 import asynclock
-from asynclock._core.driver import Busy
+import asynclock.testing
+from asynclock.backends import Busy
 
 pytestmark = pytest.mark.anyio
 
@@ -32,12 +33,12 @@ class Injector:
         self.task_id: int | None = None
         self.busy_seen = anyio.Event()
         self.fired: str | None = None
-        driver = backend.driver
+        faults = asynclock.testing.DriverFaults(backend)
         for method in HOOKED:
-            setattr(driver, method, self._wrap(method, getattr(driver, method)))
+            faults.around(method, self._wrap(method))
 
-    def _wrap(self, method: str, call: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
-        async def wrapped(*args: Any, **kwargs: Any) -> Any:
+    def _wrap(self, method: str) -> Callable[..., Awaitable[Any]]:
+        async def wrapped(call: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
             await self._point(f"{method}:before")
             result = await call(*args, **kwargs)
             if method == "acquire" and isinstance(result, Busy):
@@ -79,7 +80,7 @@ async def run_scenario(backend: asynclock.Backend, injector: Injector, name: str
         with anyio.CancelScope() as scope:
             injector.scope = scope
             async with backend.lock(name, ttl=0.3, timeout=10) as lease:
-                await backend._renewal_round()
+                await asynclock.testing.next_renewal_round(backend)
                 assert not lease.lost
 
     async with anyio.create_task_group() as tg:
@@ -113,24 +114,11 @@ async def test_hung_extend_is_bounded_and_retried(
     backend: asynclock.Backend, lock_name: str
 ) -> None:
     """An extend that never answers is abandoned by the core and retried; no loss."""
-    driver = backend.driver
-    real_extend = driver.extend
-    hung = anyio.Event()
-    calls = 0
-
-    async def extend(leases: Any) -> Any:
-        nonlocal calls
-        calls += 1
-        if calls == 1:
-            hung.set()
-            await anyio.sleep_forever()
-        return await real_extend(leases)
-
-    setattr(driver, "extend", extend)  # noqa: B010
+    hung = asynclock.testing.DriverFaults(backend).hang("extend", calls=1)
     async with backend.lock(lock_name, ttl=0.6) as lease:
         await hung.wait()
         while backend.stats().renewals < 1:
-            await backend._renewal_round()
+            await asynclock.testing.next_renewal_round(backend)
         assert not lease.lost
     stats = backend.stats()
     assert stats.renewal_errors >= 1 and stats.losses == 0
@@ -139,12 +127,7 @@ async def test_hung_extend_is_bounded_and_retried(
 async def test_renewals_that_keep_failing_lose_the_lease_at_the_deadline(
     backend: asynclock.Backend, lock_name: str
 ) -> None:
-    driver = backend.driver
-
-    async def extend(leases: Any) -> Any:
-        raise ConnectionError("simulated outage")
-
-    setattr(driver, "extend", extend)  # noqa: B010
+    asynclock.testing.DriverFaults(backend).fail("extend", ConnectionError("simulated outage"))
     with pytest.raises(asynclock.LeaseLost) as info:
         async with backend.lock(lock_name, ttl=0.3):
             await anyio.sleep_forever()

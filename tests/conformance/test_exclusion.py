@@ -9,6 +9,7 @@ import anyio.lowlevel
 import pytest
 
 import asynclock
+from asynclock._harness import Hold, check, overlaps
 from tests.support.procs import start_worker
 from tests.support.spec import BackendSpec
 
@@ -38,22 +39,41 @@ async def test_fifty_tasks_never_lose_an_update(backend: asynclock.Backend, lock
     assert backend.stats().acquired == 50 * rounds
 
 
+async def count_in_processes(
+    spec: BackendSpec, name: str, tmp_path: Path, rounds: int, processes: int = 4
+) -> tuple[list[Hold], int]:
+    """``processes`` workers each add 1 to a counter file ``rounds`` times under the lock
+    (read-modify-write). Returns their holds, for the history checker, and the count."""
+    counter = anyio.Path(tmp_path / "counter")
+    await counter.write_text("0")
+    workers = [
+        await start_worker(spec, mode="count", name=name, rounds=rounds, counter_file=str(counter))
+        for _ in range(processes)
+    ]
+    holds: list[Hold] = []
+    for w in workers:
+        done = await w.expect("done")
+        holds += [Hold.from_json(raw) for raw in done["holds"]]
+        assert await w.wait() == 0
+    return holds, int(await counter.read_text())
+
+
 async def test_four_processes_never_lose_an_update(
     shared_spec: BackendSpec, lock_name: str, tmp_path: Path
 ) -> None:
-    counter = tmp_path / "counter"
-    counter.write_text("0")
     rounds = 25
-    workers = [
-        await start_worker(
-            shared_spec, mode="count", name=lock_name, rounds=rounds, counter_file=str(counter)
-        )
-        for _ in range(4)
-    ]
-    for w in workers:
-        await w.expect("done")
-        assert await w.wait() == 0
-    assert int(counter.read_text()) == 4 * rounds
+    holds, count = await count_in_processes(shared_spec, lock_name, tmp_path, rounds)
+    assert count == 4 * rounds
+    assert overlaps(holds) == []  # no two processes believed they held it at once
+
+
+async def test_four_processes_get_tokens_in_hold_order(
+    shared_spec: BackendSpec, lock_name: str, tmp_path: Path
+) -> None:
+    """G2 under contention between processes: each hold's token is above the one before."""
+    rounds = 25
+    holds, count = await count_in_processes(shared_spec, lock_name, tmp_path, rounds)
+    assert check(holds, increments=4 * rounds, final=count) == []
 
 
 async def test_blocking_false_raises_lock_held(backend: asynclock.Backend, lock_name: str) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 import asynclock
 import asynclock.testing
-from asynclock._core.driver import LeaseRef, Refused
+from asynclock.backends import LeaseRef, Refused
 from tests.support.procs import start_worker
 from tests.support.spec import BackendSpec
 

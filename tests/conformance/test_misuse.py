@@ -189,6 +189,9 @@ async def test_use_from_another_event_loop_raises_at_once(
             lambda: backend.acquire(lock_name + ":2", ttl=5.0),
             hold,
             lambda: backend.validate(lock_name, lease.token),
+            lambda: backend.holder(lock_name),
+            lambda: backend.break_lock(lock_name),
+            lambda: lease.extend(5.0),
             lease.release,
         ]
         for call in calls:
@@ -204,7 +207,7 @@ async def test_use_from_another_event_loop_raises_at_once(
 
     with anyio.fail_after(30):
         errors = await anyio.to_thread.run_sync(in_another_thread)
-    assert len(errors) == 4, errors
+    assert len(errors) == 7, errors
     for error in errors:
         assert "belongs to the event loop it was opened in" in error
         assert "MainThread" in error  # the loop that opened it

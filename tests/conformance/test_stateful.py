@@ -1,7 +1,8 @@
 """A Hypothesis state machine drives a real backend and checks it against a simple model.
 
 Model per name: the live lease (or None) and the last token handed out. Leases use a long
-ttl so time never decides the outcome; loss is injected with ``force_loss``.
+ttl so time never decides the outcome; loss is injected with ``force_loss``. ``holder()``,
+``extend()`` and ``break_lock()`` are steps too (a break keeps tokens rising: G2).
 """
 
 from __future__ import annotations
@@ -97,6 +98,38 @@ class LockMachine(RuleBasedStateMachine):
         holder = self.server_holder[name]
         expected = holder is not None and holder.token == token
         assert self.call(self.backend.validate, self.key(name), token) is expected
+
+    @rule(name=st.sampled_from(NAMES))
+    def holder(self, name: str) -> None:
+        holder = self.call(self.backend.holder, self.key(name))
+        lease = self.server_holder[name]
+        if lease is None:
+            assert holder is None
+        else:
+            assert holder is not None
+            assert (holder.owner, holder.token) == (lease.owner, lease.token)
+        assert self.call(self.backend.locked, self.key(name)) is (lease is not None)
+
+    @rule(item=leases)
+    def extend(self, item: Any) -> None:
+        if item is None:
+            return
+        name, lease = item
+        live = self.live[name]
+        if live is not None and live is lease:
+            self.call(live.extend, 60.0)
+        else:
+            with pytest.raises(asynclock.LeaseLost):
+                self.call(lease.extend, 60.0)
+
+    @rule(name=st.sampled_from(NAMES))
+    def break_lock(self, name: str) -> None:
+        held = self.server_holder[name] is not None
+        assert self.call(self.backend.break_lock, self.key(name)) is held
+        lease = self.live[name]
+        if lease is not None:
+            assert lease.lost  # a holder on this backend loses it at once
+        self.live[name] = self.server_holder[name] = None
 
     @invariant()
     def held_matches_model(self) -> None:

@@ -22,7 +22,7 @@ import anyio
 import pytest
 
 import asynclock
-from asynclock.backends.redis import keys_for
+from asynclock.backends.redis import epoch_key, keys_for
 
 from .spec import BackendSpec
 
@@ -63,7 +63,9 @@ def all_redis_server_binaries() -> dict[str, str]:
     for binary in candidates:
         if binary is None or not Path(binary).exists():
             continue
-        out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
+        out = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, check=False, timeout=30
+        )
         version = next((w.split("=", 1)[1] for w in out.stdout.split() if w.startswith("v=")), None)
         if version is None:
             continue  # not runnable here (another platform's build)
@@ -116,7 +118,10 @@ class RedisServer:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self) -> RedisServer:
+    def start(self, *, settle: bool = True) -> RedisServer:
+        """Start the server. ``settle``: write the database's epoch key as a server long in
+        service has it, so the first acquisition waits no restart grace (the grace after a
+        real restart is what ``restart`` and the tests of it check)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         args = [
             self.binary or redis_server_binary(),
@@ -145,14 +150,26 @@ class RedisServer:
             if time.monotonic() > give_up:
                 raise RuntimeError(f"redis-server on port {self.port} did not start in 10s")
             time.sleep(0.005)  # polling for readiness, not a guess
+        if settle:
+            self.settle()
         return self
+
+    def settle(self, db: int = 0) -> None:
+        """Mark database ``db`` as in service for long (no restart grace is due)."""
+        import redis
+
+        client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password, db=db)
+        try:
+            client.set(epoch_key(), "0", nx=True)
+        finally:
+            client.close()
 
     def kill(self) -> None:
         """``kill -9``: no shutdown, no save."""
         if self.process is not None and self.process.poll() is None:
             os.kill(self.process.pid, signal.SIGCONT)
             self.process.kill()
-            self.process.wait()
+            self.process.wait(30)
         self.process = None
 
     def freeze(self) -> None:
@@ -164,14 +181,15 @@ class RedisServer:
         os.kill(self.process.pid, signal.SIGCONT)
 
     def restart(self, *, keep_data: bool = True) -> None:
-        """Kill -9 and start again on the same port (data kept only if persisted)."""
+        """Kill -9 and start again on the same port (data kept only if persisted; a server
+        that lost its data waits the restart grace before it grants a lock)."""
         self.kill()
         if not keep_data:
             for f in self.directory.glob("*.aof"):
                 f.unlink()
             for f in self.directory.glob("appendonlydir"):
                 shutil.rmtree(f)
-        self.start()
+        self.start(settle=False)
 
     def stop(self) -> None:
         self.kill()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 
 import asynclock
 from asynclock.backends import Busy
+from asynclock.testing import DriverFaults
 
 
 class BusyWatch:
@@ -17,9 +19,8 @@ class BusyWatch:
     def __init__(self, backend: asynclock.Backend) -> None:
         self.count = 0
         self._waiting: list[tuple[int, anyio.Event]] = []
-        real = backend.driver.acquire
 
-        async def acquire(*args: Any, **kwargs: Any) -> Any:
+        async def acquire(real: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> Any:
             result = await real(*args, **kwargs)
             if isinstance(result, Busy):
                 self.count += 1
@@ -28,7 +29,7 @@ class BusyWatch:
                         event.set()
             return result
 
-        setattr(backend.driver, "acquire", acquire)  # noqa: B010
+        DriverFaults(backend).around("acquire", acquire)
 
     async def reached(self, n: int) -> None:
         """Return once ``n`` attempts in all have found the name held."""

@@ -1,8 +1,11 @@
 """A lock client in its own process, driven by tests through argv (JSON) and stdin/stdout.
 
+Events are JSON lines (``asynclock._harness.emit``: each also carries its time ``t``).
+
 Modes:
   count  - ``rounds`` times: under the lock, read an int from ``counter_file``, yield,
-           write it back + 1. Prints {"event": "done"}.
+           write it back + 1. Prints {"event": "done", "holds": [...]}, the holds as
+           ``asynclock._harness.Hold`` records for the history checker.
   hold   - acquire ``name``, print {"event": "acquired", "token": N}, then wait until the
            lease is lost. On LeaseLost print {"event": "lost", "reason": ...}; then replay
            the write that was in flight when it froze through the SQL fence in
@@ -12,6 +15,7 @@ Modes:
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import sys
 import time
@@ -20,22 +24,22 @@ from typing import Any
 import anyio
 
 import asynclock
+from asynclock._harness import Hold, emit
 from asynclock.fence import SQLFence
-
-
-def emit(**event: Any) -> None:
-    sys.stdout.write(json.dumps(event) + "\n")
-    sys.stdout.flush()
 
 
 async def count(backend: asynclock.Backend, cfg: dict[str, Any]) -> None:
     path = anyio.Path(cfg["counter_file"])
+    holds: list[dict[str, Any]] = []
     for _ in range(cfg["rounds"]):
-        async with backend.lock(cfg["name"], ttl=cfg.get("ttl", 5.0)):
+        async with backend.lock(cfg["name"], ttl=cfg.get("ttl", 5.0)) as lease:
+            start = time.monotonic()
             # Read-modify-write with awaits in between: any overlap loses an update.
             value = int(await path.read_text() or 0)
             await path.write_text(str(value + 1))
-    emit(event="done")
+            hold = Hold(str(os.getpid()), start, time.monotonic(), lease.token, cfg["name"])
+        holds.append(hold.to_json())
+    emit("done", holds=holds)
 
 
 def fenced_write(fence_db: str, key: str, token: int, value: str) -> str:
@@ -61,13 +65,13 @@ async def hold(backend: asynclock.Backend, cfg: dict[str, Any]) -> None:
             token = lease.token
             if cfg.get("fence_db"):
                 fenced_write(cfg["fence_db"], cfg["name"], token, "holder-before-pause")
-            emit(event="acquired", token=token, pid_time=time.monotonic())
+            emit("acquired", token=token, pid_time=time.monotonic())
             await anyio.sleep_forever()
     except asynclock.LeaseLost as exc:
-        emit(event="lost", reason=exc.reason, token=exc.token, at=time.monotonic())
+        emit("lost", reason=exc.reason, token=exc.token, at=time.monotonic())
         if cfg.get("fence_db"):
             result = fenced_write(cfg["fence_db"], cfg["name"], token, "holder-after-pause")
-            emit(event="late_write", result=result)
+            emit("late_write", result=result)
 
 
 async def main() -> None:

