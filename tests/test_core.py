@@ -293,7 +293,7 @@ async def test_a_dropped_lease_alone_is_released_at_the_next_round() -> None:
         await backend.acquire("dropped", ttl=0.6)  # the Lease is thrown away at once
         gc.collect()
         with anyio.fail_after(10):
-            await backend._renewal_round()
+            await asynclock.testing.next_renewal_round(backend)
         assert "dropped" not in driver.leases
         assert backend.held() == []
         assert backend.stats().renewals == 0  # released, never renewed

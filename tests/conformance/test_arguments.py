@@ -89,13 +89,14 @@ async def test_huge_ttl_is_refused_before_any_io(backend: asynclock.Backend, ttl
 # Not postgres_lease here: the lease table durably keeps the longest ttl ever granted (the
 # crash grace), which must not become 7 days on the shared server; tests/backends/
 # test_postgres.py checks both PostgreSQL modes on a database of their own.
-@pytest.mark.parametrize("backend_id", ["memory", "sqlite", "postgres", "redis", "redlock"])
+# (A parameter named *_spec: --backend/-m select it like the conformance `spec` parameter.)
+@pytest.mark.parametrize("long_ttl_spec", ["memory", "sqlite", "postgres", "redis", "redlock"])
 async def test_longest_allowed_ttl_works(
-    request: pytest.FixtureRequest, backend_id: str, lock_name: str
+    request: pytest.FixtureRequest, long_ttl_spec: str, lock_name: str
 ) -> None:
     """Every backend honours MAX_TTL (PostgreSQL's idle_session_timeout is an int of ms)."""
     assert asynclock.MAX_TTL == 7 * 24 * 3600
-    spec: BackendSpec = request.getfixturevalue(f"spec_{backend_id}")
+    spec: BackendSpec = request.getfixturevalue(f"spec_{long_ttl_spec}")
     async with spec.connect() as backend:
         await check_max_ttl(backend, lock_name)
 

@@ -14,6 +14,7 @@ import anyio
 import pytest
 
 import asynclock
+import asynclock.testing
 from asynclock._core.driver import Busy
 from asynclock.backends.memory import MemoryDriver
 from tests.support.spec import BackendSpec
@@ -229,7 +230,7 @@ async def test_a_dropped_lease_is_released_with_a_warning(
     del lease
     gc.collect()
     with caplog.at_level(logging.WARNING, logger="asynclock"), anyio.fail_after(20):
-        await backend._renewal_round()  # the first round after the drop (ttl/3 = 1 s)
+        await asynclock.testing.next_renewal_round(backend)  # the first after the drop
         assert backend.held() == [kept]
         # Released, not left to expire (that would take the whole ttl, 3 s).
         assert not await backend.validate(lock_name, token)
