@@ -20,6 +20,7 @@ from ._core.exceptions import (
     StaleToken,
 )
 from ._core.holder import Holder
+from ._core.leadership import Leader, Leadership, Term
 from ._core.lease import Lease, LossSignal
 from ._core.stats import BackendStats, HoldTimes
 from ._core.templates import NameTemplate
@@ -39,6 +40,8 @@ __all__ = (
     "HoldTimes",
     "Holder",
     "Lease",
+    "Leader",
+    "Leadership",
     "LeaseLost",
     "Lock",
     "LockHeld",
@@ -48,6 +51,7 @@ __all__ = (
     "NameTemplate",
     "QuorumNotReached",
     "StaleToken",
+    "Term",
     "__version__",
     "connect",
     "current_lease",

@@ -248,7 +248,9 @@ async def test_a_hung_clean_up_after_an_interrupted_acquire_is_bounded(
     class Stuck(MemoryDriver):
         entered = anyio.Event()
 
-        async def acquire(self, name: str, owner: str, ttl: float, *, queue: bool) -> Any:
+        async def acquire(
+            self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
+        ) -> Any:
             self.entered.set()
             await anyio.sleep_forever()
 

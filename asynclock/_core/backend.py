@@ -47,6 +47,7 @@ from .exceptions import (
     LockHeld,
 )
 from .holder import Holder
+from .leadership import Leader, Leadership, identity_of
 from .lease import Lease
 from .stats import BackendStats, StatsRecorder
 from .templates import NameTemplate
@@ -248,16 +249,25 @@ class Backend:
         timeout: float | None = None,
         blocking: bool = True,
         max_hold: float | None = None,
+        token_scope: str | None = None,
     ) -> Lock:
         """An async context manager that holds ``name`` for the body and yields the Lease.
 
         The body runs in a cancel scope that is cancelled when the lease is lost; the
         ``async with`` then raises :class:`LeaseLost`. Busy with ``blocking=False`` raises
         :class:`LockHeld`; not acquired within ``timeout`` raises :class:`AcquireTimeout`.
+
+        ``token_scope`` (a str validated like a name) draws the token from the scope's
+        counter as well as the name's: every lease taken with one scope gets a token
+        greater than every earlier token of that scope, whatever its name (G2 per scope),
+        and still greater than every earlier token of the name. Use it when one logical
+        job locks a new name per occurrence (``"nightly@2026-12-01T03:00"``) and its
+        writes must be fenced in order.
         """
         lock = Lock.__new__(Lock)  # skip a frame: one Lock is often made per hold
         lock._backend = self
         lock._args = _check_lock_args(name, ttl, timeout, blocking, max_hold)
+        lock._token_scope = None if token_scope is None else _check_scope(token_scope)
         return lock
 
     async def acquire(
@@ -268,16 +278,19 @@ class Backend:
         timeout: float | None = None,
         blocking: bool = True,
         max_hold: float | None = None,
+        token_scope: str | None = None,
     ) -> Lease:
         """Acquire without a context manager. You must ``await lease.release()``.
 
         No cancel scope guards your work here: watch ``lease.lost`` or call
         ``lease.check()`` before side effects, and fence your writes with ``lease.token``.
+        ``token_scope``: as in :meth:`lock`.
         """
         args = _check_lock_args(name, ttl, timeout, blocking, max_hold)
         if self._open and self._current_task() is None:
             self._wrong_loop()
-        return await self._acquire(*args)
+        scope = None if token_scope is None else _check_scope(token_scope)
+        return await self._acquire(*args, token_scope=scope)
 
     async def validate(self, name: str, token: int) -> bool:
         """True if ``token`` is the live holder's token for ``name`` right now (G9)."""
@@ -311,6 +324,8 @@ class Backend:
         timeout: float | None,
         blocking: bool,
         max_hold: float | None,
+        owner_tag: str = "",
+        token_scope: str | None = None,
     ) -> Lease:
         if not self._open:
             self._require_open()
@@ -324,14 +339,19 @@ class Backend:
             )
         # Unique per acquisition: 96 random bits per backend plus a counter (a syscall for
         # fresh randomness on every acquisition showed up in the fast path).
-        owner = f"{self._owner_prefix}{next(self._owner_seq):08x}"
+        owner = f"{self._owner_prefix}{next(self._owner_seq):08x}{owner_tag}"
         self._pending += 1
         try:
             # The first attempt, inline (the loop in _wait repeats it): most acquisitions
             # succeed here, and a call less is measurable on the fast path.
             t_send = self.clock.now()
             try:
-                result = await self.driver.acquire(name, owner, ttl, queue=blocking)
+                if token_scope is None:
+                    result = await self.driver.acquire(name, owner, ttl, queue=blocking)
+                else:
+                    result = await self.driver.acquire(
+                        name, owner, ttl, queue=blocking, scope=token_scope
+                    )
             except BaseException as exc:
                 await self._undo_acquire(name, owner, exc)
                 raise  # _undo_acquire raised the wrapped error for plain exceptions
@@ -339,7 +359,9 @@ class Backend:
                 if self._open:
                     return self._grant(name, owner, result, ttl, t_send, max_hold)
                 await self._refuse_grant(name, owner, result)
-            return await self._wait(name, owner, ttl, t_send, timeout, blocking, max_hold, result)
+            return await self._wait(
+                name, owner, ttl, t_send, timeout, blocking, max_hold, result, token_scope
+            )
         except BaseException:
             if blocking:  # leave the wait queue (after any clean-up of the attempt)
                 await self._shielded(self.driver.abandon(name, owner), "abandon wait")
@@ -376,6 +398,7 @@ class Backend:
         blocking: bool,
         max_hold: float | None,
         result: Busy,
+        token_scope: str | None = None,
     ) -> Lease:
         """After a failed first attempt: wait for a release and try again (or give up)."""
         driver, clock = self.driver, self.clock
@@ -414,7 +437,12 @@ class Backend:
                             await released.wait()
                     t_send = clock.now()
                     try:
-                        attempt = await driver.acquire(name, owner, ttl, queue=blocking)
+                        if token_scope is None:
+                            attempt = await driver.acquire(name, owner, ttl, queue=blocking)
+                        else:
+                            attempt = await driver.acquire(
+                                name, owner, ttl, queue=blocking, scope=token_scope
+                            )
                     except BaseException as exc:
                         await self._undo_acquire(name, owner, exc)
                         raise
@@ -535,6 +563,28 @@ class Backend:
             "release of %r token=%d was a no-op: lease already lost", lease.name, lease.token
         )
         return False
+
+    async def _let_expire(self, lease: Lease) -> bool:
+        """Extend ``lease`` once more (owner-checked, G5), then stop renewing it."""
+        self._check_loop()
+        entry = self._held.get(lease.owner)
+        if entry is None or entry[0]() is not lease or lease._released:
+            return False
+        ref = LeaseRef(lease.name, lease.owner, lease.token, lease.ttl)
+        result: object = None
+        try:
+            results = await shielded_call(self.driver.extend([ref]), self._bounds)
+            result = None if results is None else results[0]
+        except Exception as exc:
+            result = exc
+        if isinstance(result, Refused):
+            self._lose(lease, f"renewal refused: {result.reason}")
+            return False
+        # Stop renewing; from here on only the server's ttl keeps the name taken.
+        self._held.pop(lease.owner, None)
+        lease._released = True
+        self._stats.released += 1
+        return result is True
 
     # -- loss ------------------------------------------------------------------------------
 
@@ -914,6 +964,38 @@ class Backend:
             return min(self._next_round, t_send + shortest)
         return t_send + shortest
 
+    # -- leader election (asynclock/_core/leadership.py) ------------------------------------
+
+    def leadership(self, name: str, *, ttl: float, identity: str | None = None) -> Leadership:
+        """Campaign for leadership of ``name``; ``identity`` (default ``host:pid``) is what
+        :meth:`leader` tells other processes.
+
+        ``async with backend.leadership(name, ttl=...) as term:`` waits until elected and
+        yields a :class:`Term`; the body is cancelled when the term is lost and the block
+        raises :class:`LeaseLost`. ``async for term in backend.leadership(...):`` with
+        ``async with term:`` inside campaigns again after each loss (with backoff) until
+        the loop is left.
+        """
+        return Leadership(self, name, ttl, identity)
+
+    async def leader(self, name: str) -> Leader | None:
+        """Who leads ``name`` now (its identity and token), or None if nobody holds it.
+
+        Raises NotImplementedError on backends whose server keeps no owner for a lock
+        (postgres ``mode=session``, redlock).
+        """
+        self._require_open()
+        check_name(name)
+        try:
+            found = await self.driver.owner_of(name)
+        except (AsynclockError, NotImplementedError):
+            raise
+        except Exception as exc:
+            raise BackendUnavailable(f"{self.driver.display}: leader failed: {exc!r}") from exc
+        if found is None:
+            return None
+        return Leader(identity_of(found[0]), found[1])
+
 
 class _ExtendRequest:
     """One ``lease.extend(ttl)`` waiting for the renewer's answer."""
@@ -989,6 +1071,15 @@ def _poke(scope: anyio.CancelScope | None) -> None:
         scope.cancel()
 
 
+def _check_scope(scope: object) -> str:
+    if not isinstance(scope, str):
+        raise TypeError(f"token_scope must be a str or None, not {type(scope).__name__}")
+    try:
+        return check_name(scope)
+    except ValueError as exc:
+        raise ValueError(f"token_scope: {exc} (it is validated like a lock name)") from None
+
+
 def _check_lock_args(
     name: object, ttl: object, timeout: object, blocking: object, max_hold: object
 ) -> tuple[str, float, float | None, bool, float | None]:
@@ -1040,7 +1131,7 @@ class Lock:
     the lease, per task; never in thread-locals).
     """
 
-    __slots__ = ("_args", "_backend")
+    __slots__ = ("_args", "_backend", "_token_scope")
 
     def __init__(
         self,
@@ -1051,9 +1142,11 @@ class Lock:
         timeout: float | None,
         blocking: bool,
         max_hold: float | None,
+        token_scope: str | None = None,
     ) -> None:
         self._backend = backend
         self._args = _check_lock_args(name, ttl, timeout, blocking, max_hold)
+        self._token_scope = None if token_scope is None else _check_scope(token_scope)
 
     @property
     def name(self) -> str:
@@ -1070,7 +1163,10 @@ class Lock:
         holds = _HOLDS.get()
         if holds:
             _refuse_nested(backend, self._args[0], holds, task)
-        lease = await backend._acquire(*self._args)
+        if self._token_scope is None:
+            lease = await backend._acquire(*self._args)
+        else:
+            lease = await backend._acquire(*self._args, token_scope=self._token_scope)
         lease._task = task
         scope = backend._scope_type()
         scope.__enter__()

@@ -150,6 +150,18 @@ class Lease:
         backend._check_loop()
         return await backend._release(self)
 
+    async def let_expire(self) -> bool:
+        """Stop renewing without releasing: the server keeps the lease one more full ttl.
+
+        For a claim that must keep others out for a while after the work is done (a job
+        occurrence a late node must not run again). It extends the lease once more (so
+        nobody can take the name for ``ttl`` seconds from now), then forgets it locally;
+        afterwards it counts as released. Returns True if that last extension was
+        confirmed; False if the lease was already lost or released, or the server did not
+        answer (it then expires within its ttl from the last renewal).
+        """
+        return await self._backend._let_expire(self)
+
     async def extend(self, ttl: float) -> None:
         """Change this lease's ttl now; the heartbeat carries on with the new one.
 

@@ -36,7 +36,8 @@ appends epoch ``max + 1`` to the logged table ``asynclock_token_epoch`` and sets
 to that epoch's end, ``(epoch + 1) * 2**40 - 1`` (a new range row starts at ``epoch *
 2**40 + 1``), committing synchronously. So every token handed out is <= ``lim``, which is
 never visible before its epoch row is on disk, and after a crash the next epoch starts
-above all of them (G2), without a clock. One sequence for all names: a name's tokens
+above all of them (G2), without a clock. One sequence for all names (so a ``token_scope``
+needs no counter of its own: its tokens rise like any name's): a name's tokens
 rise with gaps. Not ``CACHE > 1`` (per-session caches would hand out values out of order),
 and not the sequence alone: nextval logs only every 32nd value, and the values between
 are handed out without waiting for that record's flush (with ``synchronous_commit = off``,
@@ -810,7 +811,11 @@ class PostgresDriver(Driver):
         self._idle_set = wanted
         return wanted
 
-    async def acquire(self, name: str, owner: str, ttl: float, *, queue: bool) -> int | Busy:
+    async def acquire(
+        self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
+    ) -> int | Busy:
+        # A token scope needs nothing here: one sequence (above the durable epoch) orders
+        # every token of every name and mode, so a scope's tokens already rise (G2).
         if self.mode == "lease":
             return await self._lease_acquire(name, owner, ttl)
         # Under the connection lock: a release in flight on our session finishes first.
@@ -1144,6 +1149,26 @@ class PostgresDriver(Driver):
             return False  # released (or already ending) meanwhile
         self._wake(name)
         return True
+
+    async def owner_of(self, name: str) -> tuple[str, int] | None:
+        if self.mode != "lease":
+            # A session advisory lock carries no owner, and its token lock is keyed by a
+            # hash of (token, key): neither can be read back.
+            return await super().owner_of(name)
+        async with self._io:
+            conn = await self._main()
+            try:
+                row = await conn.fetchrow(SQL_L_OWNER, _name_bytes(name))
+            except _CONNECTION_ERRORS as exc:
+                raise self._unavailable("owner lookup failed", exc) from exc
+        return None if row is None else (str(row["owner"]), int(row["token"]))
+
+
+# The live lease of mode lease (leader(), G9's read side). Args: $1 name. Returns its
+# owner and token, or no row when the name is free.
+SQL_L_OWNER = """
+SELECT owner, token FROM asynclock_lease WHERE name = $1 AND expires_at > clock_timestamp()
+"""
 
 
 #: How long break_lock waits for the holder's session to exit (ms), so a successor's next

@@ -115,6 +115,9 @@ async def test_server_restart_loses_holders_and_tokens_keep_rising(
         assert "connection" in info.value.reason
         async with session.lock(name, ttl=3.0, blocking=False) as after:
             assert after.token > held.token
+        # A token scope needs no counter of its own: the shared sequence orders it too.
+        async with session.lock(f"{name}@new", ttl=3.0, token_scope=name) as scoped:
+            assert scoped.token > after.token
         # The lease table keeps its rows and its sequence across the restart.
         async with lease_backend.lock(name, ttl=3.0) as one:
             pass
