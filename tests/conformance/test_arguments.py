@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import asynclock
+from tests.conftest import BACKENDS
 from tests.support.checks import check_max_ttl
 from tests.support.spec import BackendSpec
 
@@ -89,15 +90,17 @@ async def test_huge_ttl_is_refused_before_any_io(backend: asynclock.Backend, ttl
 # Not postgres_lease here: the lease table durably keeps the longest ttl ever granted (the
 # crash grace), which must not become 7 days on the shared server; tests/backends/
 # test_postgres.py checks both PostgreSQL modes on a database of their own.
-# (A parameter named *_spec: --backend/-m select it like the conformance `spec` parameter.)
-@pytest.mark.parametrize("long_ttl_spec", ["memory", "sqlite", "postgres", "redis", "redlock"])
-async def test_longest_allowed_ttl_works(
-    request: pytest.FixtureRequest, long_ttl_spec: str, lock_name: str
-) -> None:
+# (A fixture named *_spec: --backend/-m select it like the conformance `spec` fixture.)
+@pytest.fixture(params=[b for b in BACKENDS if b != "postgres_lease"])
+def long_ttl_spec(request: pytest.FixtureRequest) -> BackendSpec:
+    result: BackendSpec = request.getfixturevalue(f"spec_{request.param}")
+    return result
+
+
+async def test_longest_allowed_ttl_works(long_ttl_spec: BackendSpec, lock_name: str) -> None:
     """Every backend honours MAX_TTL (PostgreSQL's idle_session_timeout is an int of ms)."""
     assert asynclock.MAX_TTL == 7 * 24 * 3600
-    spec: BackendSpec = request.getfixturevalue(f"spec_{long_ttl_spec}")
-    async with spec.connect() as backend:
+    async with long_ttl_spec.connect() as backend:
         await check_max_ttl(backend, lock_name)
 
 
@@ -229,6 +232,7 @@ async def test_backend_must_be_open(backend: asynclock.Backend) -> None:
         ("redlock://a,b,c?decode_responses=1", "clashes with an option asynclock sets"),
         ("postgresql://u@h/db?foo=bar", "unknown postgresql:// URL option 'foo'; allowed: .*mode"),
         ("postgres://u@h/db?idle_session_timeout=5", "clashes with a setting asynclock manages"),
+        ("etcd://h:2379?foo=bar", "unknown URL option.*'foo'; allowed: .*prefix"),
     ],
 )
 def test_bad_urls_are_value_errors_at_connect(url: str, words: str) -> None:
@@ -248,6 +252,7 @@ def test_bad_urls_are_value_errors_at_connect(url: str, words: str) -> None:
         ("memory://", {"x": 1}, TypeError, "memory:// takes no options"),
         ("redis://localhost", {"foo": 1}, TypeError, "unknown redis:// option 'foo'; allowed"),
         ("redlock://a,b,c", {"foo": 1}, TypeError, "unknown redlock:// option 'foo'.*node_time"),
+        ("etcd://h:2379", {"foo": 1}, TypeError, "unknown option.*'foo'; allowed: .*prefix"),
     ],
 )
 def test_bad_options_are_errors_at_connect(
