@@ -11,6 +11,7 @@ from ._core.context import current_lease, use_lease
 from ._core.driver import Driver
 from ._core.exceptions import (
     AcquireTimeout,
+    AlreadyHeld,
     AsynclockError,
     BackendUnavailable,
     LeaseLost,
@@ -23,11 +24,13 @@ from ._core.leadership import Leader, Leadership, Term
 from ._core.lease import Lease, LossSignal
 from ._core.stats import BackendStats, HoldTimes
 from ._core.templates import NameTemplate
+from ._core.validation import MAX_TTL
 
 __version__ = "0.1.0.dev0"
 
 __all__ = (
     "AcquireTimeout",
+    "AlreadyHeld",
     "AsynclockError",
     "Backend",
     "BackendStats",
@@ -43,6 +46,7 @@ __all__ = (
     "Lock",
     "LockHeld",
     "LossSignal",
+    "MAX_TTL",
     "MonotonicClock",
     "NameTemplate",
     "QuorumNotReached",

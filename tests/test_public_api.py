@@ -11,6 +11,7 @@ import asynclock.testing
 
 PUBLIC = {
     "AcquireTimeout",
+    "AlreadyHeld",
     "AsynclockError",
     "Backend",
     "BackendStats",
@@ -26,6 +27,7 @@ PUBLIC = {
     "Lock",
     "LockHeld",
     "LossSignal",
+    "MAX_TTL",
     "MonotonicClock",
     "NameTemplate",
     "QuorumNotReached",

@@ -53,6 +53,25 @@ class LockHeld(_FieldArgs):
         self.retry_after = retry_after
 
 
+class AlreadyHeld(LockHeld):
+    """This task is already inside ``async with backend.lock(name)`` for the same name on
+    the same backend. Locks are not re-entrant: waiting would wait for itself forever.
+
+    ``token`` is the outer hold's fencing token.
+    """
+
+    def __init__(self, name: str, token: int) -> None:
+        AsynclockError.__init__(
+            self,
+            f"lock {name!r} is already held by this task (outer `async with "
+            f"backend.lock({name!r})`, token {token}); locks are not re-entrant: use the "
+            "outer lease (asynclock.current_lease()) instead of locking the name again",
+        )
+        self.name = name
+        self.retry_after = None
+        self.token = token
+
+
 class AcquireTimeout(AsynclockError, TimeoutError):
     """The lock was not acquired within ``timeout`` seconds."""
 

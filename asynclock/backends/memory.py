@@ -9,6 +9,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
 from .._core.holder import Holder
@@ -119,6 +120,11 @@ class MemoryDriver(Driver):
 
 
 def driver_from_url(url: str, **options: Any) -> MemoryDriver:
+    parts = urlsplit(url)
+    if parts.netloc or parts.path.strip("/") or parts.query or parts.fragment:
+        raise ValueError(
+            f"memory:// takes no host, path or query options: use exactly 'memory://', got {url!r}"
+        )
     if options:
         raise TypeError(f"memory:// takes no options, got {', '.join(sorted(options))}")
     return MemoryDriver()

@@ -1282,6 +1282,72 @@ async def xact_lock(conn: asyncpg.Connection, name: str, *, wait: bool = True) -
 _OPTIONS = {"mode", "poll", "connect_timeout", "check_pooler"}
 
 
+#: Query options asyncpg reads from a DSN itself (connection, TLS, authentication).
+_ASYNCPG_OPTIONS = {
+    "host",
+    "port",
+    "dbname",
+    "database",
+    "user",
+    "password",
+    "passfile",
+    "service",
+    "sslmode",
+    "sslcert",
+    "sslkey",
+    "sslrootcert",
+    "sslcrl",
+    "sslpassword",
+    "sslnegotiation",
+    "ssl_min_protocol_version",
+    "ssl_max_protocol_version",
+    "target_session_attrs",
+    "krbsrvname",
+    "gsslib",
+}
+#: Server settings a URL may set (asyncpg sends any other query option as one too, and
+#: the server refuses unknown names only at open); a custom ``prefix.name`` is allowed.
+_SERVER_SETTINGS = {
+    "application_name",
+    "search_path",
+    "statement_timeout",
+    "lock_timeout",
+    "idle_in_transaction_session_timeout",
+    "TimeZone",
+    "timezone",
+    "client_encoding",
+    "options",
+}
+#: Settings asynclock manages on its own sessions.
+_SET_BY_ASYNCLOCK = {
+    "idle_session_timeout": "asynclock sets it to the longest ttl held (session mode), so "
+    "a silent client's locks are freed",
+}
+
+
+def _check_query(query: list[tuple[str, str]], options: dict[str, Any]) -> None:
+    """A configuration error is a ValueError at connect(), never "connect failed" at open."""
+    allowed = _OPTIONS | _ASYNCPG_OPTIONS | _SERVER_SETTINGS
+    for key, value in query:
+        if key in _SET_BY_ASYNCLOCK:
+            raise ValueError(
+                f"postgresql:// URL option {key}={value} clashes with a setting asynclock "
+                f"manages itself: {_SET_BY_ASYNCLOCK[key]}; remove it from the URL"
+            )
+        if key not in allowed and "." not in key.strip("."):
+            raise ValueError(
+                f"unknown postgresql:// URL option {key!r}; allowed: "
+                f"{', '.join(sorted(allowed, key=str.lower))}, or a custom setting "
+                "'prefix.name'"
+            )
+    unknown = sorted(set(options) - _OPTIONS)
+    if unknown:
+        raise TypeError(
+            f"unknown postgresql:// option(s) {', '.join(map(repr, unknown))}; allowed: "
+            f"{', '.join(sorted(_OPTIONS))}"
+        )
+
+
 def driver_from_url(url: str, **options: Any) -> PostgresDriver:
     parts = urlsplit(url)
     try:
@@ -1295,6 +1361,7 @@ def driver_from_url(url: str, **options: Any) -> PostgresDriver:
         raise ValueError(f"not a postgresql:// URL (scheme {parts.scheme!r})")
     password = unquote(parts.password) if parts.password else None
     query = parse_qsl(parts.query, keep_blank_values=True)
+    _check_query(query, options)
     ours: dict[str, Any] = {k: v for k, v in query if k in _OPTIONS}
     rest = [(k, v) for k, v in query if k not in _OPTIONS]
     for key in ("poll", "connect_timeout"):

@@ -1518,8 +1518,98 @@ def _token_of(value: bytes) -> int | None:
         return None
 
 
+#: Driver options a redis:// URL query may carry (the driver reads them, not redis-py).
+_URL_DRIVER_OPTIONS = {"restart_grace"}
+#: What asynclock sets on every Redis connection itself (a URL or option may not).
+_SET_BY_ASYNCLOCK = {
+    "decode_responses": "asynclock reads raw bytes (decode_responses=False)",
+}
+#: redis-py options that take a string in a URL query, besides its URL parsers' own.
+_REDIS_STR_OPTIONS = {
+    "client_name",
+    "username",
+    "password",
+    "path",
+    "ssl_ca_certs",
+    "ssl_ca_path",
+    "ssl_cert_reqs",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_password",
+    "ssl_ciphers",
+}
+
+
+def check_redis_url(
+    url: str,
+    options: dict[str, Any],
+    *,
+    ours: set[str],
+    scheme: str = "redis",
+    keyword_options: set[str] = _DRIVER_OPTIONS,
+) -> None:
+    """Refuse a Redis URL or option that would only fail at open (or be ignored): a
+    non-integer database, an unknown query option, one that asynclock sets itself. For
+    ``connect()``, so a configuration error is a ValueError there, never "unavailable".
+
+    ``ours``: the driver's own option names that its URL query may carry;
+    ``keyword_options``: the driver's own keyword arguments (the rest go to redis-py)."""
+    from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS
+
+    parts = urlsplit(url)
+    if parts.scheme.lower() in ("redis", "rediss", "redlock"):
+        db = unquote(parts.path).strip("/")
+        if db and not db.isdigit():
+            raise ValueError(
+                f"the {scheme}:// URL path is the database number "
+                f"({scheme}://host:6379/0), got {db!r}"
+            )
+    allowed = set(URL_QUERY_ARGUMENT_PARSERS) | _REDIS_STR_OPTIONS | ours
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key in _SET_BY_ASYNCLOCK:
+            raise ValueError(
+                f"{scheme}:// URL option {key}={value} clashes with an option asynclock "
+                f"sets itself: {_SET_BY_ASYNCLOCK[key]}; remove it from the URL"
+            )
+        if key not in allowed:
+            raise ValueError(
+                f"unknown {scheme}:// URL option {key!r}; allowed: {', '.join(sorted(allowed))}"
+            )
+        if key == "db" and not value.isdigit():
+            raise ValueError(f"{scheme}:// URL option db must be an integer, got {value!r}")
+    keywords = _redis_keywords(parts.scheme.lower()) | keyword_options
+    for key in options:
+        if key in _SET_BY_ASYNCLOCK:
+            raise ValueError(
+                f"{scheme}:// option {key}={options[key]!r} clashes with an option asynclock "
+                f"sets itself: {_SET_BY_ASYNCLOCK[key]}; do not pass it"
+            )
+        if key not in keywords:
+            raise TypeError(
+                f"unknown {scheme}:// option {key!r}; allowed: "
+                f"{', '.join(sorted(keywords - {'self', 'args', 'kwargs'}))}"
+            )
+
+
+def _redis_keywords(scheme: str) -> set[str]:
+    """The keyword arguments redis-py's connection pool and connections accept."""
+    from redis.asyncio import connection as rc
+
+    cls = {"rediss": rc.SSLConnection, "unix": rc.UnixDomainSocketConnection}.get(
+        scheme, rc.Connection
+    )
+    names = {"connection_class", "max_connections"}
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is not None:
+            names |= set(inspect.signature(init).parameters)
+    return names - {"self", "args", "kwargs", *_SET_BY_ASYNCLOCK}
+
+
 def driver_from_url(url: str, **options: Any) -> RedisDriver:
-    url, from_query = pop_query_options(url, {"restart_grace"})
+    scheme = urlsplit(url).scheme.lower()
+    check_redis_url(url, options, ours=_URL_DRIVER_OPTIONS, scheme=scheme)
+    url, from_query = pop_query_options(url, _URL_DRIVER_OPTIONS)
     ours, rest = split_options({**from_query, **options})
     return RedisDriver(url, **ours, **rest)
 

@@ -50,6 +50,7 @@ from .redis import (
     SubscribingDriver,
     Wire,
     check_prefix,
+    check_redis_url,
     check_restart_grace,
     drop_connection,
     extend_call,
@@ -590,6 +591,7 @@ def parse_url(url: str) -> tuple[list[str], str, dict[str, str]]:
         raise ValueError(
             "redlock:// needs at least one host: redlock://host1:6379,host2:6379,host3:6379"
         )
+    check_redis_url(url, {}, ours=_OPTIONS | {"tls"}, scheme="redlock")
     query = dict(parse_qsl(parts.query))
     tls = query.pop("tls", "").lower() in ("1", "true", "yes", "on")
     ours = {k: query.pop(k) for k in list(query) if k in _OPTIONS}  # not for redis-py
@@ -614,6 +616,7 @@ def parse_url(url: str) -> tuple[list[str], str, dict[str, str]]:
 
 
 def driver_from_url(url: str, **options: Any) -> RedlockDriver:
+    check_redis_url("redlock://", options, ours=set(), scheme="redlock", keyword_options=_OPTIONS)
     urls, display, from_url = parse_url(url)
     options = {**from_url, **options}
     for key in ("node_timeout", "connect_timeout"):

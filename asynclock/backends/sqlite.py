@@ -602,11 +602,13 @@ def driver_from_url(url: str, **options: Any) -> SQLiteDriver:
             "sqlite URL needs a file path (sqlite:///locks.db or sqlite:////abs/locks.db); "
             "for in-process locks use memory://"
         )
-    query: dict[str, Any] = dict(parse_qsl(parts.query))
-    unknown = set(query) - {"synchronous", "busy_timeout"}
-    if unknown:
-        raise ValueError(
-            f"unknown sqlite URL option(s) {sorted(unknown)}; allowed: synchronous, busy_timeout"
-        )
+    query: dict[str, Any] = dict(parse_qsl(parts.query, keep_blank_values=True))
+    for where, keys in (("URL option", query), ("option", options)):
+        unknown = sorted(set(keys) - {"synchronous", "busy_timeout"})
+        if unknown:
+            raise ValueError(
+                f"unknown sqlite:// {where}(s) {', '.join(map(repr, unknown))}; "
+                "allowed: synchronous, busy_timeout"
+            )
     query.update(options)
     return SQLiteDriver(os.fspath(path), **query)

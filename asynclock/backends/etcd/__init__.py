@@ -92,12 +92,15 @@ def driver_from_url(url: str, **options: Any) -> EtcdDriver:
             f"etcd:// URL takes no path (got {parts.path!r}); use ?prefix=... to namespace locks"
         )
     merged: dict[str, Any] = dict(parse_qsl(parts.query, keep_blank_values=True))
+    # A URL query is configuration text (ValueError); a keyword is a call argument (TypeError).
+    for where, names, error in (("URL option", merged, ValueError), ("option", options, TypeError)):
+        unknown = sorted(set(names) - set(_OPTIONS))
+        if unknown:
+            raise error(
+                f"etcd:// got unknown {where}(s) {', '.join(map(repr, unknown))}; "
+                f"allowed: {', '.join(_OPTIONS)}"
+            )
     merged.update(options)
-    unknown = sorted(set(merged) - set(_OPTIONS))
-    if unknown:
-        raise TypeError(
-            f"etcd:// got unknown option(s) {', '.join(unknown)}; allowed: {', '.join(_OPTIONS)}"
-        )
     prefix = merged.get("prefix", "")
     if not isinstance(prefix, str):
         raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
