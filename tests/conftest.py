@@ -21,11 +21,13 @@ from tests.support import selection
 from tests.support.procs import kill_leftovers
 from tests.support.spec import BackendSpec
 
+# redis_servers first: etcd_servers imports from it, and a plugin module imported before
+# it is registered cannot have its asserts rewritten.
 pytest_plugins = [
+    "tests.support.redis_servers",
     "tests.support.etcd_servers",
     "tests.support.local_backends",
     "tests.support.pg_servers",
-    "tests.support.redis_servers",
 ]
 
 #: Every backend the conformance suite runs on (each needs a ``spec_<id>`` fixture).
