@@ -16,6 +16,7 @@ Stores, by the spec string the drill passes to its workers:
 
 from __future__ import annotations
 
+import secrets
 import sqlite3
 from typing import Any, Protocol
 
@@ -23,11 +24,15 @@ import anyio
 
 from ..fence import RedisFence, SQLFence
 
+# The register, and a log row per accepted write in the same transaction: the store's own
+# count of accepted increments (a worker killed mid-write may never report its write).
 SQLITE_SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS asynclock_drill_register (key TEXT PRIMARY KEY, value INTEGER)"
+    "CREATE TABLE IF NOT EXISTS asynclock_drill_register (key TEXT PRIMARY KEY, value INTEGER)",
+    "CREATE TABLE IF NOT EXISTS asynclock_drill_log (key TEXT NOT NULL, token INTEGER)",
 )
 PG_SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS asynclock_drill_register (key TEXT PRIMARY KEY, value BIGINT)"
+    "CREATE TABLE IF NOT EXISTS asynclock_drill_register (key TEXT PRIMARY KEY, value BIGINT)",
+    "CREATE TABLE IF NOT EXISTS asynclock_drill_log (key TEXT NOT NULL, token BIGINT)",
 )
 
 
@@ -40,6 +45,10 @@ class Register(Protocol):
 
     async def write(self, token: int | None, value: int) -> bool:
         """Write ``value``; with a token, through the fence. True if accepted."""
+        ...
+
+    async def applied(self) -> int:
+        """How many writes the store accepted (its own log)."""
         ...
 
     async def aclose(self) -> None: ...
@@ -57,7 +66,8 @@ class SqliteRegister:
         conn = self._conn()
         try:
             conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(SQLITE_SCHEMA)
+            for statement in SQLITE_SCHEMA:
+                conn.execute(statement)
             self.fence.create_sqlite(conn)
             conn.execute(
                 "INSERT OR IGNORE INTO asynclock_drill_register (key, value) VALUES (?, 0)",
@@ -82,12 +92,17 @@ class SqliteRegister:
 
         conn = self._conn()
         sql = "UPDATE asynclock_drill_register SET value = ? WHERE key = ?"
+        log = "INSERT INTO asynclock_drill_log (key, token) VALUES (?, ?)"
         try:
             if token is None:
+                conn.execute("BEGIN IMMEDIATE")
                 conn.execute(sql, (value, self.key))
+                conn.execute(log, (self.key, token))
+                conn.execute("COMMIT")
                 return True
             with self.fence.sqlite_transaction(conn, self.key, token):
                 conn.execute(sql, (value, self.key))
+                conn.execute(log, (self.key, token))
             return True
         except StaleToken:
             return False
@@ -103,6 +118,17 @@ class SqliteRegister:
     async def write(self, token: int | None, value: int) -> bool:
         return await anyio.to_thread.run_sync(self._write, token, value)
 
+    def _applied(self) -> int:
+        conn = self._conn()
+        try:
+            sql = "SELECT count(*) FROM asynclock_drill_log WHERE key = ?"
+            return int(conn.execute(sql, (self.key,)).fetchone()[0])
+        finally:
+            conn.close()
+
+    async def applied(self) -> int:
+        return await anyio.to_thread.run_sync(self._applied)
+
     async def aclose(self) -> None:
         pass
 
@@ -116,24 +142,29 @@ class RedisRegister:
         self.fence = RedisFence()
 
     async def setup(self) -> None:
-        await self.client.set(self.key, 0, nx=True)
+        await self.client.hsetnx(self.key, "value", 0)
 
     async def read(self, token: int | None) -> int:
         if token is not None:
             await self.fence.check(self.client, self.key, token)
-        return int(await self.client.get(self.key) or 0)
+        return int(await self.client.hget(self.key, "value") or 0)
 
     async def write(self, token: int | None, value: int) -> bool:
         from .. import StaleToken
 
+        # A hash: the value, and one log field per accepted write (same atomic HSET).
+        fields = {"value": value, f"log:{secrets.token_hex(8)}": token or 0}
         if token is None:
-            await self.client.set(self.key, value)
+            await self.client.hset(self.key, mapping=fields)
             return True
         try:
-            await self.fence.set(self.client, self.key, str(value), token)
+            await self.fence.hset(self.client, self.key, fields, token)
         except StaleToken:
             return False
         return True
+
+    async def applied(self) -> int:
+        return int(await self.client.hlen(self.key)) - 1
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -154,7 +185,8 @@ class PostgresRegister:
 
     async def setup(self) -> None:
         conn = await self._connect()
-        await conn.execute(PG_SCHEMA)
+        for statement in PG_SCHEMA:
+            await conn.execute(statement)
         await self.fence.create_asyncpg(conn)
         await conn.execute(
             "INSERT INTO asynclock_drill_register (key, value) VALUES ($1, 0) "
@@ -176,16 +208,25 @@ class PostgresRegister:
 
         conn = await self._connect()
         sql = "UPDATE asynclock_drill_register SET value = $1 WHERE key = $2"
+        log = "INSERT INTO asynclock_drill_log (key, token) VALUES ($1, $2)"
         if token is None:
-            await conn.execute(sql, value, self.key)
+            async with conn.transaction():
+                await conn.execute(sql, value, self.key)
+                await conn.execute(log, self.key, token)
             return True
         try:
             async with conn.transaction():
                 await self.fence.check_asyncpg(conn, self.key, token)
                 await conn.execute(sql, value, self.key)
+                await conn.execute(log, self.key, token)
         except StaleToken:
             return False
         return True
+
+    async def applied(self) -> int:
+        conn = await self._connect()
+        sql = "SELECT count(*) FROM asynclock_drill_log WHERE key = $1"
+        return int(await conn.fetchval(sql, self.key))
 
     async def aclose(self) -> None:
         if self.conn is not None:
@@ -201,7 +242,7 @@ def open_register(spec: str) -> Register:
     if base.startswith(("redis://", "rediss://")):
         return RedisRegister(base, key or "asynclock-drill:register")
     if base.startswith(("postgresql://", "postgres://")):
-        return PostgresRegister(base, key or "drill")
+        return PostgresRegister(base.partition("?")[0], key or "drill")
     raise ValueError(
         f"no drill register for {spec!r}: sqlite:PATH, redis://... or postgresql://..."
     )
