@@ -49,14 +49,14 @@ from ._harness import Hold, Worker, WorkerFailed, WorkerGroup, tokens_out_of_ord
 from ._harness.history import Write, overlaps
 from ._harness.proxy import Proxy
 from ._harness.register import open_register
-from ._harness.servers import RedisServer
+from ._harness.servers import RedisServer, running_pg
 
 __all__ = ("FAULTS", "SPAWN", "DrillReport", "Fault", "run", "run_async")
 
 #: Every fault the drill knows, in the order a schedule cycles through them.
 FAULTS = ("pause", "partition", "kill", "clock")
 #: What ``spawn=`` can start.
-SPAWN = ("sqlite", "redis", "redlock")
+SPAWN = ("sqlite", "redis", "redlock", "postgres")
 #: Bound on a worker's start (Python, imports, connect).
 START_TIMEOUT = 30.0
 #: Progress callback: (seconds elapsed, seconds planned, counters so far).
@@ -331,6 +331,11 @@ def _spawned(kind: str, tmp: Path, run_id: str) -> Any:
         yield Deployment(
             kind, f"sqlite:///{tmp / 'locks.db'}", f"sqlite:{tmp / 'register.db'}#drill"
         )
+        return
+    if kind == "postgres":
+        with running_pg("asynclock-drill-pg-") as pg:
+            url = pg.url()
+            yield Deployment(kind, url, f"{url}#drill-{run_id}")
         return
     nodes = 1 if kind == "redis" else 3
     servers = [RedisServer(tmp / f"redis{i}") for i in range(nodes)]
@@ -656,8 +661,14 @@ async def _deployment(
     if spawn is not None:
         if spawn not in SPAWN:
             raise ValueError(f"spawn must be one of {', '.join(SPAWN)}, got {spawn!r}")
-        with _spawned(spawn, tmp, run_id) as dep:
+        # Starting servers blocks (and PostgreSQL's set-up runs an event loop of its own).
+        stack = contextlib.ExitStack()
+        dep = await anyio.to_thread.run_sync(stack.enter_context, _spawned(spawn, tmp, run_id))
+        try:
             yield dep
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(stack.close)
         return
     assert url is not None
     kind = check_url(url, faults, allow_remote_faults)

@@ -21,9 +21,10 @@ from asynclock._harness import check, read_jsonl
 from tests.support.spec import BackendSpec
 
 #: Drills that start their own throwaway servers (redlock: 3 nodes, kills hit nodes too).
-SPAWN = ["sqlite", "redis", "redlock"]
-#: Drills against the suite's servers by URL (``spec_<id>`` fixtures).
-URL_BACKENDS = ["postgres", "postgres_lease"]
+SPAWN = ["sqlite", "redis", "redlock", "postgres"]
+#: Drills against the suite's servers by URL (``spec_<id>`` fixtures): PostgreSQL's lease
+#: mode (``--spawn postgres`` is session mode). Add "etcd" here once ``spec_etcd`` exists.
+URL_BACKENDS = ["postgres_lease"]
 
 SHORT: dict[str, Any] = {"workers": 3, "duration": 3.0, "ttl": 0.3, "seed": 7}
 
