@@ -46,7 +46,14 @@ from .holder import Holder
 from .lease import Lease
 from .stats import BackendStats, StatsRecorder
 from .templates import NameTemplate
-from .validation import MAX_NAME_BYTES, check_name, check_timeout, check_token, check_ttl
+from .validation import (
+    MAX_NAME_BYTES,
+    MAX_TTL,
+    check_name,
+    check_timeout,
+    check_token,
+    check_ttl,
+)
 
 logger = logging.getLogger("asynclock")
 T = TypeVar("T")
@@ -833,9 +840,10 @@ def _check_lock_args(
     # Fast path for the usual call, `backend.lock(name, ttl=...)` (made on every hold).
     if (
         type(name) is str
-        and 0 < len(name) <= MAX_NAME_BYTES // 4
+        and 0 < len(name) <= MAX_NAME_BYTES
+        and name.isascii()  # no lone surrogates, one byte a character
         and (type(ttl) is float or type(ttl) is int)
-        and 0 < ttl < math.inf
+        and 0 < ttl <= MAX_TTL
         and timeout is None
         and blocking is True
         and max_hold is None
