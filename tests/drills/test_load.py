@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import resource
+from collections.abc import Callable
 
 import anyio
 import anyio.lowlevel
@@ -31,7 +32,7 @@ def open_fds() -> int:
 
 
 async def test_200_tasks_over_50_names_leave_nothing_behind(
-    spec: BackendSpec, lock_name: str, record_property: pytest.RecordProperty
+    spec: BackendSpec, lock_name: str, record_property: Callable[[str, object], None]
 ) -> None:
     names = [f"{lock_name}-{i}" for i in range(NAMES)]
     fds_before = open_fds()
