@@ -51,7 +51,7 @@ from ._harness.proxy import Proxy
 from ._harness.register import open_register
 from ._harness.servers import RedisServer, running_pg
 
-__all__ = ("FAULTS", "SPAWN", "DrillReport", "Fault", "run", "run_async")
+__all__ = ("FAULTS", "SPAWN", "DrillReport", "Fault", "check_url", "run", "run_async", "save")
 
 #: Every fault the drill knows, in the order a schedule cycles through them.
 FAULTS = ("pause", "partition", "kill", "clock")

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import resource
 import statistics
 import tempfile
 import time
@@ -167,11 +166,26 @@ def part_checker() -> None:
         )
 
 
+def rss_mb() -> float:
+    """This process's resident memory now (VmRSS), in MB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
 async def _load(url: str, seconds: float) -> None:
     names = [f"load-{i}" for i in range(50)]
     holds = errors = 0
+    samples = [rss_mb()]
     async with asynclock.connect(url) as backend:
         end = time.monotonic() + seconds
+
+        async def sample() -> None:
+            while time.monotonic() < end:
+                await anyio.sleep(1)
+                samples.append(rss_mb())
 
         async def task(i: int) -> None:
             nonlocal holds, errors
@@ -185,13 +199,14 @@ async def _load(url: str, seconds: float) -> None:
                 r += 1
 
         async with anyio.create_task_group() as tg:
+            tg.start_soon(sample)
             for i in range(200):
                 tg.start_soon(task, i)
         held = backend.stats().held
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"  {holds / seconds:10.1f} holds/s   errors {errors}   held after {held}")
     print(
-        f"  {holds / seconds:10.1f} holds/s   errors {errors}   held after {held}   "
-        f"peak RSS {rss:.1f} MB"
+        f"  RSS: {samples[0]:.1f} MB at start, peak {max(samples):.1f} MB, "
+        f"{samples[-1]:.1f} MB at the end (sampled every second)"
     )
 
 

@@ -129,7 +129,9 @@ async def _cycle(
             if state.freeze:
                 state.freeze = False
                 emit("freeze_me", token=token)
-                await anyio.sleep_forever()  # the parent freezes us here; the lease expires
+                # The parent freezes us here and the lease expires; told to stop instead
+                # (the drill ended first), we carry on.
+                await state.stop.wait()
             await anyio.sleep(args.work)
             # The write is sent: a request on the wire finishes even if the lease is lost
             # meanwhile (the fence, not the lock, decides whether it lands).

@@ -98,3 +98,12 @@ def test_remote_faults_are_refused_unless_allowed() -> None:
     assert asynclock.drill.check_url("redis://10.1.2.3:6379/0", ("pause",), True) == "redis"
     assert asynclock.drill.check_url("redis://10.1.2.3:6379/0", (), False) == "redis"
     assert asynclock.drill.check_url("redlock://127.0.0.1:1,[::1]:2", ("kill",), False)
+
+
+def test_drill_module_exports_exactly_its_api() -> None:
+    assert isinstance(asynclock.drill.__all__, tuple)
+    assert set(asynclock.drill.__all__) == {
+        "FAULTS", "SPAWN", "DrillReport", "Fault", "check_url", "run", "run_async", "save",
+    }  # fmt: skip
+    for name in asynclock.drill.__all__:
+        assert hasattr(asynclock.drill, name), name
