@@ -494,7 +494,7 @@ class Drill:
 
     async def kill(self, tg: anyio.abc.TaskGroup) -> None:
         self.kills += 1
-        if len(self.dep.servers) > 1 and self.kills % 2 == 0:
+        if len(self.dep.servers) > 1 and self.kills % 2 == 1:  # nodes first: short drills too
             start = time.monotonic()
             if self.killed_node is not None:
                 self.killed_node.restart(keep_data=False)

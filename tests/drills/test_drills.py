@@ -48,8 +48,8 @@ def _assert_clean(report: asynclock.drill.DrillReport) -> None:
 def test_spawned_drill_loses_nothing_with_the_fence(spawn: str, tmp_path: Path) -> None:
     report = asynclock.drill.run(spawn=spawn, report_dir=tmp_path, **SHORT)
     _assert_clean(report)
-    if spawn == "redlock":
-        assert any(f.kind == "kill" for f in report.faults)
+    if spawn == "redlock":  # a lock node was killed -9, and no update was lost
+        assert any(f.kind == "kill" and f.target.startswith("node") for f in report.faults)
     if spawn != "sqlite":
         assert any(f.kind == "partition" for f in report.faults)
     else:
