@@ -438,17 +438,18 @@ class Drill:
     async def _read(self, slot: Slot, worker: Worker) -> None:
         while True:
             try:
-                event = await worker.next_event(timeout=3600)
+                events = await worker.next_events(timeout=3600)
             except WorkerFailed as exc:
                 if slot.worker is worker and worker.returncode not in (0, -9):
                     self.report.problems.append(f"{slot.label} failed: {exc}")
                 self.recorder.close_hold(slot.label, time.monotonic())
                 return
-            if event.get("event") == "error":
-                self.report.problems.append(f"{slot.label}: {event.get('message')}")
-            self.recorder.feed(slot.label, event)
-            if event.get("event") == "done":
-                return
+            for event in events:
+                if event.get("event") == "error":
+                    self.report.problems.append(f"{slot.label}: {event.get('message')}")
+                self.recorder.feed(slot.label, event)
+                if event.get("event") == "done":
+                    return
 
     def _pick(self, holders_first: bool = True) -> Slot:
         live = [s for s in self.slots if s.worker is not None and not s.paused]

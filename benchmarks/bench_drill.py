@@ -94,10 +94,10 @@ async def _cycle_time(url: str, workers: int, seconds: float, record: bool) -> f
 
         async def drain(proc: asynclock._harness.Worker) -> None:
             while True:
-                event = await proc.next_event(timeout=seconds + 60)
-                if event.get("event") == "done":
-                    done[proc.label] = event
-                    return
+                for event in await proc.next_events(timeout=seconds + 60):
+                    if event.get("event") == "done":
+                        done[proc.label] = event
+                        return
 
         for proc in procs:
             tg.start_soon(drain, proc)

@@ -17,13 +17,13 @@ FAULT_COLORS = {"pause": "#7b61ff", "partition": "#ff8c00", "kill": "#222222", "
 
 
 def _x(t: float, t0: float, span: float) -> float:
-    return LEFT + (t - t0) / span * (WIDTH - LEFT - RIGHT)
+    """The x of time ``t``; what happened before the drill's start (workers already looping
+    while the last ones started) is drawn at its left edge."""
+    return LEFT + max(0.0, t - t0) / span * (WIDTH - LEFT - RIGHT)
 
 
 def render_svg(report: Any) -> str:
     t0, t1 = report.start, max(report.end, report.start + 1e-3)
-    for h in report.holds:
-        t0 = min(t0, h.start)
     span = t1 - t0
     lanes = sorted(
         {f"w{i + 1}" for i in range(report.workers)} | {h.worker for h in report.holds},
