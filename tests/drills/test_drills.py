@@ -30,14 +30,15 @@ SHORT: dict[str, Any] = {"workers": 3, "duration": 3.0, "ttl": 0.3, "seed": 7}
 
 
 def _assert_clean(report: asynclock.drill.DrillReport) -> None:
-    assert report.problems == [], report.problems
-    assert report.ok
-    assert report.lost_updates == 0
-    assert report.final >= report.accepted > 0
+    summary = json.dumps(report.to_json(), indent=1)
+    assert report.problems == [], summary
+    assert report.ok, summary
+    assert report.lost_updates == 0, summary
+    assert report.final >= report.accepted > 0, summary
     kinds = {f.kind for f in report.faults}
-    assert "pause" in kinds, report.faults
+    assert "pause" in kinds, summary
     # The paused holder's write arrived after its successor's: the fence rejected it.
-    assert report.rejected >= 1
+    assert report.rejected >= 1, summary
     # The harness checker agrees on the recorded history: tokens in order, no stale write
     # accepted (believed overlaps are expected: a paused holder still believed it held).
     problems = check(report.holds, [w for w in report.writes if w.accepted])
@@ -51,7 +52,7 @@ def test_spawned_drill_loses_nothing_with_the_fence(spawn: str, tmp_path: Path) 
     if spawn == "redlock":  # a lock node was killed -9, and no update was lost
         assert any(f.kind == "kill" and f.target.startswith("node") for f in report.faults)
     if spawn != "sqlite":
-        assert any(f.kind == "partition" for f in report.faults)
+        assert any(f.kind == "partition" for f in report.faults), report.faults
     else:
         assert report.skipped == ["partition: SQLite has no network to partition"]
     # The history round-trips through the harness's JSON lines.
