@@ -119,7 +119,12 @@ async def _cycle(
             token = lease.token
             emit("acquired", token=token)
             try:
-                value = await register.read(token if args.fence else None)
+                # Shielded like the write: a loss that cancels a read inside its database
+                # transaction can cancel the ROLLBACK too (asyncpg), leaving the connection
+                # in a transaction that holds the fence row locked and never commits
+                # (seen as lost updates and 5 s stalls on PostgreSQL under load).
+                with anyio.CancelScope(shield=True):
+                    value = await register.read(token if args.fence else None)
             except asynclock.StaleToken as exc:
                 emit("read_rejected", token=token, mark=exc.current)
                 held_until = time.monotonic()
