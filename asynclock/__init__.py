@@ -11,6 +11,7 @@ from ._core.context import current_lease, use_lease
 from ._core.driver import Driver
 from ._core.exceptions import (
     AcquireTimeout,
+    AlreadyHeld,
     AsynclockError,
     BackendUnavailable,
     LeaseLost,
@@ -19,14 +20,17 @@ from ._core.exceptions import (
     StaleToken,
 )
 from ._core.holder import Holder
+from ._core.leadership import Leader, Leadership, Term
 from ._core.lease import Lease, LossSignal
 from ._core.stats import BackendStats, HoldTimes
 from ._core.templates import NameTemplate
+from ._core.validation import MAX_TTL
 
 __version__ = "0.1.0.dev0"
 
 __all__ = (
     "AcquireTimeout",
+    "AlreadyHeld",
     "AsynclockError",
     "Backend",
     "BackendStats",
@@ -36,14 +40,18 @@ __all__ = (
     "HoldTimes",
     "Holder",
     "Lease",
+    "Leader",
+    "Leadership",
     "LeaseLost",
     "Lock",
     "LockHeld",
     "LossSignal",
+    "MAX_TTL",
     "MonotonicClock",
     "NameTemplate",
     "QuorumNotReached",
     "StaleToken",
+    "Term",
     "__version__",
     "connect",
     "current_lease",

@@ -22,13 +22,16 @@ from tests.support.procs import kill_leftovers
 from tests.support.spec import BackendSpec
 
 pytest_plugins = [
+    "tests.support.etcd_servers",
     "tests.support.local_backends",
     "tests.support.pg_servers",
     "tests.support.redis_servers",
 ]
 
 #: Every backend the conformance suite runs on (each needs a ``spec_<id>`` fixture).
-BACKENDS = ["memory", "sqlite", "postgres", "postgres_lease", "redis", "redlock"]
+BACKENDS = [
+    "memory", "sqlite", "postgres", "postgres_lease", "redis", "redlock", "etcd", "etcd3"
+]  # fmt: skip
 #: Backends whose locks live inside one process (no multi-process tests for them).
 IN_PROCESS_ONLY = {"memory"}
 

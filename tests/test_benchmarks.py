@@ -47,3 +47,18 @@ def test_benchmarks_do_not_edit_sys_path() -> None:
     """They import the project as installed (editable) by ``uv sync``, like the tests do."""
     for name in NAMES:
         assert "sys.path" not in (BENCHMARKS / f"{name}.py").read_text(), name
+
+
+@pytest.mark.timeout(120)
+def test_apscheduler_benchmark_smoke_run() -> None:
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "bench_apscheduler.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    row = next(line for line in done.stdout.splitlines() if line.startswith("sqlite  "))
+    # No occurrence ran twice, and the fenced ledger's tokens rise with the run time.
+    assert row.split()[2] == "0" and row.split()[-1] == "True", done.stdout

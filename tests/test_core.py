@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import math
 from typing import Any
@@ -155,6 +156,7 @@ async def test_closing_backend_loses_and_releases_held_leases() -> None:
         assert isinstance(driver, MemoryDriver)
     assert lease.lost.reason == "backend closed"
     assert "kept" not in driver.leases
+    assert await lease.release() is False  # a reported no-op, also after close
 
 
 async def test_lease_repr_and_check() -> None:
@@ -246,7 +248,9 @@ async def test_a_hung_clean_up_after_an_interrupted_acquire_is_bounded(
     class Stuck(MemoryDriver):
         entered = anyio.Event()
 
-        async def acquire(self, name: str, owner: str, ttl: float, *, queue: bool) -> Any:
+        async def acquire(
+            self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
+        ) -> Any:
             self.entered.set()
             await anyio.sleep_forever()
 
@@ -281,3 +285,87 @@ async def test_driver_release_may_open_cancel_scopes() -> None:
             async with backend.lock("scoped", ttl=5.0):
                 pass
         assert backend.stats().released == 3
+
+
+async def test_a_dropped_lease_alone_is_released_at_the_next_round() -> None:
+    """With no other lease to renew, the round that releases a dropped lease still counts."""
+    async with asynclock.testing.memory_backend() as backend:
+        driver = backend.driver
+        assert isinstance(driver, MemoryDriver)
+        await backend.acquire("dropped", ttl=0.6)  # the Lease is thrown away at once
+        gc.collect()
+        with anyio.fail_after(10):
+            await asynclock.testing.next_renewal_round(backend)
+        assert "dropped" not in driver.leases
+        assert backend.held() == []
+        assert backend.stats().renewals == 0  # released, never renewed
+
+
+async def test_close_waits_a_bounded_time_for_a_hung_acquisition() -> None:
+    """Close waits for acquisitions in flight (so it can release what they get), but no
+    longer than release_timeout: a hung server call cannot hang the close."""
+    hung = anyio.Event()
+    with anyio.fail_after(20):
+        await _close_under_a_hung_acquire(hung)
+
+
+async def _close_under_a_hung_acquire(hung: anyio.Event) -> None:
+    async with anyio.create_task_group() as tg:
+        backend = asynclock.testing.memory_backend(release_timeout=0.2)
+
+        async def acquire(*args: Any, **kwargs: Any) -> Any:
+            hung.set()
+            await anyio.sleep_forever()
+
+        async def stuck() -> None:
+            with pytest.raises(anyio.get_cancelled_exc_class()):
+                await backend.acquire("hung", ttl=5.0)
+
+        async with backend:
+            setattr(backend.driver, "acquire", acquire)  # noqa: B010
+            tg.start_soon(stuck)
+            await hung.wait()
+            started = anyio.current_time()
+        assert anyio.current_time() - started < 5.0
+        tg.cancel_scope.cancel()
+
+
+def test_a_later_event_loop_in_the_same_thread_is_refused() -> None:
+    """A backend opened in one asyncio.run() and used from the next one in the same thread
+    (its renewer and watchdog died with the first loop) raises instead of granting leases
+    nobody renews or watches."""
+    import asyncio
+
+    backend = asynclock.testing.memory_backend()
+    kept: list[asynclock.Lease] = []
+
+    async def open_and_leave() -> None:
+        await backend.__aenter__()  # never closed: its loop ends under it
+        kept.append(await backend.acquire("first", ttl=5.0))
+
+    asyncio.run(open_and_leave())
+    errors: list[str] = []
+
+    async def use() -> None:
+        async def hold() -> None:
+            async with backend.lock("x", ttl=5.0):
+                pass  # pragma: no cover
+
+        calls: list[Any] = [
+            hold,
+            lambda: backend.acquire("y", ttl=5.0),
+            lambda: backend.validate("first", kept[0].token),
+            kept[0].release,
+        ]
+        for call in calls:
+            try:
+                await call()
+            except RuntimeError as exc:
+                errors.append(str(exc))
+
+    asyncio.run(use())
+    assert len(errors) == 4, errors
+    assert all("belongs to the event loop it was opened in" in e for e in errors)
+    driver = backend.driver
+    assert isinstance(driver, MemoryDriver)
+    assert set(driver.leases) == {"first"}

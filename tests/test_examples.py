@@ -47,6 +47,13 @@ def test_stuck_holder() -> None:
     assert "still locked: False" in out
 
 
+def test_apscheduler_cluster() -> None:
+    out = run("apscheduler_cluster.py")
+    summary = out.splitlines()[-1]
+    assert "each once: True; tokens rise: True" in summary, out
+    assert int(summary.split()[0]) >= 2, out  # ran for a few one-second occurrences
+
+
 @pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.py")))
 def test_every_example_has_a_test(example: str) -> None:
     tested = Path(__file__).read_text() + "".join(

@@ -11,6 +11,7 @@ import asynclock.testing
 
 PUBLIC = {
     "AcquireTimeout",
+    "AlreadyHeld",
     "AsynclockError",
     "Backend",
     "BackendStats",
@@ -20,14 +21,18 @@ PUBLIC = {
     "HoldTimes",
     "Holder",
     "Lease",
+    "Leader",
+    "Leadership",
     "LeaseLost",
     "Lock",
     "LockHeld",
     "LossSignal",
+    "MAX_TTL",
     "MonotonicClock",
     "NameTemplate",
     "QuorumNotReached",
     "StaleToken",
+    "Term",
     "__version__",
     "connect",
     "current_lease",
@@ -83,7 +88,7 @@ def test_core_imports_without_optional_drivers() -> None:
     """Importing asynclock must not import redis, asyncpg, etcd clients or rich."""
     code = (
         "import sys, asynclock, asynclock.fence, asynclock.testing;"
-        "bad = [m for m in ('redis', 'asyncpg', 'aetcd', 'rich', 'celery', 'fastapi')"
+        "bad = [m for m in ('redis', 'asyncpg', 'aetcd', 'grpc', 'rich', 'celery', 'fastapi')"
         " if m in sys.modules]; print(bad); raise SystemExit(1 if bad else 0)"
     )
     done = subprocess.run(

@@ -1,6 +1,6 @@
 """Under trio (issue 8, item 8): memory:// and sqlite:// pass the conformance basics (lock,
-contention between tasks, loss -> LeaseLost, cancellation); redis://, redlock:// and
-postgresql:// (their driver libraries run only on asyncio) refuse trio with a clear
+contention between tasks, loss -> LeaseLost, cancellation); redis://, redlock://,
+postgresql:// and etcd:// (their driver libraries run only on asyncio) refuse trio with a clear
 RuntimeError at connect(), or at open before any I/O when connect() ran outside the loop.
 
 The conformance tests are reused as they are (called from here, under trio), so the
@@ -155,7 +155,7 @@ async def test_two_sqlite_backends_wake_each_other(
 
 # -- backends whose driver library runs only on asyncio ----------------------------------
 
-ASYNCIO_ONLY = ["redis", "redlock", "postgres", "postgres_lease"]
+ASYNCIO_ONLY = ["redis", "redlock", "postgres", "postgres_lease", "etcd"]
 
 
 @pytest.fixture(params=ASYNCIO_ONLY)

@@ -15,6 +15,7 @@ Everything here is shared by every backend (STYLE: small backends, smart core):
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import itertools
 import logging
@@ -23,9 +24,11 @@ import os
 import random
 import re
 import sys
+import threading
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
-from typing import Any, ParamSpec, Self, TypeVar, cast
+from typing import Any, NoReturn, ParamSpec, Self, TypeVar, cast
 
 import anyio
 import anyio.abc
@@ -37,18 +40,21 @@ from .context import HOLDS as _HOLDS
 from .driver import Busy, Driver, LeaseRef, Refused
 from .exceptions import (
     AcquireTimeout,
+    AlreadyHeld,
     AsynclockError,
     BackendUnavailable,
     LeaseLost,
     LockHeld,
 )
 from .holder import Holder
+from .leadership import Leader, Leadership, identity_of
 from .lease import Lease
 from .stats import BackendStats, StatsRecorder
 from .templates import NameTemplate
 from .validation import (
     MAX_NAME_BYTES,
     MAX_TTL,
+    check_lease_ttl,
     check_name,
     check_timeout,
     check_token,
@@ -56,6 +62,7 @@ from .validation import (
 )
 
 logger = logging.getLogger("asynclock")
+_get_ident = threading.get_ident
 T = TypeVar("T")
 P = ParamSpec("P")
 
@@ -104,7 +111,11 @@ class Backend:
         self.drift = drift
         self.margin = margin
         self.heartbeat = heartbeat
-        self._held: dict[str, Lease] = {}
+        # owner -> (weak reference to the Lease, name, token): a lease nobody references
+        # any more is not renewed but released, with a warning (see _reap_dropped).
+        self._held: dict[str, _Held] = {}
+        self._dropped: list[weakref.ref[Lease]] = []  # appended by the weakref callback
+        self._on_collected = self._dropped.append
         self._bounds = CallBounds(self.clock, release_timeout)
         self._owner_prefix = os.urandom(12).hex()
         self._owner_seq = itertools.count(1)
@@ -124,21 +135,37 @@ class Backend:
             anyio.lowlevel.checkpoint_if_cancelled
         )
         self._open = False
+        # Waiters' cancel scopes (cancelled when the backend closes) and the number of
+        # acquisitions in flight (close waits for them to settle before it closes the driver).
+        self._waiters: set[anyio.CancelScope] = set()
+        self._pending = 0
+        self._settled: anyio.Event | None = None
+        # The thread whose event loop opened the backend: every acquire, validate and
+        # release compares it with the running thread's id (~30 ns; asking for the running
+        # loop itself costs ~10 times that on the hold fast path). Another loop in the
+        # same thread (a later asyncio.run) is caught where the running task is looked up
+        # anyway: asyncio's current task *of the opening loop* is None there.
+        self._thread: int | None = None
+        self._opened_in = "no event loop (not open)"
+        self._current_task: Callable[[], object] = _any_current_task
         driver.bind(self.clock, self._wake_waiters, self._lost_out_of_band, self._renew_soon)
 
     def __repr__(self) -> str:
-        return f"<asynclock.Backend {self.driver.display} held={len(self._held)}>"
+        return f"<asynclock.Backend {self.driver.display} held={len(self._live())}>"
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
         if self._open:
             raise RuntimeError("this backend is already open; use one `async with` per backend")
-        await self.driver.open()
         # The running event loop's cancel scope class: holder scopes are made directly,
         # skipping anyio's per-call back-end lookup (a measurable part of a fast hold).
         self._scope_type = type(anyio.CancelScope())
         self._checkpoint_if_cancelled = _checkpoint_if_cancelled_for(self._scope_type)
+        self._current_task = _current_task_function(self._scope_type)
+        self._thread = _get_ident()
+        self._opened_in = _describe_loop()
+        await self.driver.open()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         self._open = True
@@ -155,12 +182,22 @@ class Backend:
         tb: TracebackType | None,
     ) -> bool | None:
         self._open = False
-        held = list(self._held.values())
+        # Waiters raise BackendUnavailable; a lease granted from now on is released by
+        # the task that asked for it (see _acquire). Wait (bounded) for them to settle,
+        # so their clean-up still has a driver to talk to.
+        for scope in list(self._waiters):
+            scope.cancel()
+        if self._pending:
+            self._settled = anyio.Event()
+            with anyio.move_on_after(self.release_timeout, shield=True):
+                await self._settled.wait()
+        held = self._live()
         for lease in held:
             self._lose(lease, "backend closed")
         with anyio.CancelScope(shield=True):
             for lease in held:
                 await self._release(lease, quiet=True)
+            await self._reap_dropped()
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
         # Hand the task group only a cancellation (it may be its own, from a crashed
@@ -173,6 +210,8 @@ class Backend:
             await self._tg.__aexit__(None, None, None)
             return None
         finally:
+            # Closed: nothing runs on the loop any more (and the loop is not kept alive).
+            self._current_task = _any_current_task
             with anyio.CancelScope(shield=True):
                 await self.driver.aclose()
 
@@ -187,6 +226,19 @@ class Backend:
                 "backend is not open: use `async with asynclock.connect(url) as backend:`"
             )
 
+    def _check_loop(self) -> None:
+        """Raise unless called from a task of the event loop that opened the backend."""
+        if _get_ident() != self._thread or self._current_task() is None:
+            self._wrong_loop()
+
+    def _wrong_loop(self) -> None:
+        """Raise: this backend is used from an event loop other than the one it opened in."""
+        raise RuntimeError(
+            f"this {self.driver.display} backend belongs to the event loop it was opened in "
+            f"({self._opened_in}) but was used from another one ({_describe_loop()}); open "
+            "one backend per event loop (per thread)"
+        )
+
     # -- public API ------------------------------------------------------------------------
 
     def lock(
@@ -197,16 +249,25 @@ class Backend:
         timeout: float | None = None,
         blocking: bool = True,
         max_hold: float | None = None,
+        token_scope: str | None = None,
     ) -> Lock:
         """An async context manager that holds ``name`` for the body and yields the Lease.
 
         The body runs in a cancel scope that is cancelled when the lease is lost; the
         ``async with`` then raises :class:`LeaseLost`. Busy with ``blocking=False`` raises
         :class:`LockHeld`; not acquired within ``timeout`` raises :class:`AcquireTimeout`.
+
+        ``token_scope`` (a str validated like a name) draws the token from the scope's
+        counter as well as the name's: every lease taken with one scope gets a token
+        greater than every earlier token of that scope, whatever its name (G2 per scope),
+        and still greater than every earlier token of the name. Use it when one logical
+        job locks a new name per occurrence (``"nightly@2026-12-01T03:00"``) and its
+        writes must be fenced in order.
         """
         lock = Lock.__new__(Lock)  # skip a frame: one Lock is often made per hold
         lock._backend = self
         lock._args = _check_lock_args(name, ttl, timeout, blocking, max_hold)
+        lock._token_scope = None if token_scope is None else _check_scope(token_scope)
         return lock
 
     async def acquire(
@@ -217,29 +278,38 @@ class Backend:
         timeout: float | None = None,
         blocking: bool = True,
         max_hold: float | None = None,
+        token_scope: str | None = None,
     ) -> Lease:
         """Acquire without a context manager. You must ``await lease.release()``.
 
         No cancel scope guards your work here: watch ``lease.lost`` or call
         ``lease.check()`` before side effects, and fence your writes with ``lease.token``.
+        ``token_scope``: as in :meth:`lock`.
         """
         args = _check_lock_args(name, ttl, timeout, blocking, max_hold)
-        return await self._acquire(*args)
+        if self._open and self._current_task() is None:
+            self._wrong_loop()
+        scope = None if token_scope is None else _check_scope(token_scope)
+        return await self._acquire(*args, token_scope=scope)
 
     async def validate(self, name: str, token: int) -> bool:
         """True if ``token`` is the live holder's token for ``name`` right now (G9)."""
         self._require_open()
+        self._check_loop()
         check_name(name)
         check_token(token)
         return bool(await self._call("validate", self.driver.validate(name, token)))
 
     def stats(self) -> BackendStats:
         """A snapshot of counters and hold-time percentiles since the backend opened."""
-        return self._stats.snapshot(held=len(self._held))
+        return self._stats.snapshot(held=len(self._live()))
 
     def held(self) -> list[Lease]:
         """The leases this backend currently holds (and renews)."""
-        return list(self._held.values())
+        return self._live()
+
+    def _live(self) -> list[Lease]:
+        return [lease for ref, _, _ in list(self._held.values()) if (lease := ref()) is not None]
 
     async def _renewal_round(self) -> None:
         """Wait until the renewer finishes its next round trip (for tests and tools)."""
@@ -254,9 +324,13 @@ class Backend:
         timeout: float | None,
         blocking: bool,
         max_hold: float | None,
+        owner_tag: str = "",
+        token_scope: str | None = None,
     ) -> Lease:
         if not self._open:
             self._require_open()
+        if _get_ident() != self._thread:
+            self._wrong_loop()
         await self._checkpoint_if_cancelled()
         if ttl * (1 - self.drift) - self.margin <= 0:
             raise ValueError(
@@ -265,23 +339,45 @@ class Backend:
             )
         # Unique per acquisition: 96 random bits per backend plus a counter (a syscall for
         # fresh randomness on every acquisition showed up in the fast path).
-        owner = f"{self._owner_prefix}{next(self._owner_seq):08x}"
+        owner = f"{self._owner_prefix}{next(self._owner_seq):08x}{owner_tag}"
+        self._pending += 1
         try:
             # The first attempt, inline (the loop in _wait repeats it): most acquisitions
             # succeed here, and a call less is measurable on the fast path.
             t_send = self.clock.now()
             try:
-                result = await self.driver.acquire(name, owner, ttl, queue=blocking)
+                if token_scope is None:
+                    result = await self.driver.acquire(name, owner, ttl, queue=blocking)
+                else:
+                    result = await self.driver.acquire(
+                        name, owner, ttl, queue=blocking, scope=token_scope
+                    )
             except BaseException as exc:
                 await self._undo_acquire(name, owner, exc)
                 raise  # _undo_acquire raised the wrapped error for plain exceptions
             if not isinstance(result, Busy):
-                return self._grant(name, owner, result, ttl, t_send, max_hold)
-            return await self._wait(name, owner, ttl, t_send, timeout, blocking, max_hold, result)
+                if self._open:
+                    return self._grant(name, owner, result, ttl, t_send, max_hold)
+                await self._refuse_grant(name, owner, result)
+            return await self._wait(
+                name, owner, ttl, t_send, timeout, blocking, max_hold, result, token_scope
+            )
         except BaseException:
             if blocking:  # leave the wait queue (after any clean-up of the attempt)
                 await self._shielded(self.driver.abandon(name, owner), "abandon wait")
             raise
+        finally:
+            self._pending -= 1
+            if self._settled is not None and not self._pending:
+                self._settled.set()
+
+    async def _refuse_grant(self, name: str, owner: str, token: int) -> NoReturn:
+        """Granted after close began: nobody would renew it, so give it back and raise."""
+        await self._shielded(self.driver.release(name, owner, token), "release after close")
+        raise BackendUnavailable(
+            f"{self.driver.display}: backend closed while acquiring {name!r}; "
+            "the lease it granted meanwhile was released"
+        )
 
     async def _undo_acquire(self, name: str, owner: str, exc: BaseException) -> None:
         """An attempt was interrupted or failed: the server may have granted it (G6)."""
@@ -302,47 +398,64 @@ class Backend:
         blocking: bool,
         max_hold: float | None,
         result: Busy,
+        token_scope: str | None = None,
     ) -> Lease:
         """After a failed first attempt: wait for a release and try again (or give up)."""
         driver, clock = self.driver, self.clock
         give_up_at = None if timeout is None else started + timeout
         watching = False
+        # Cancelled when the backend closes: a waiter must not outlive its backend (nobody
+        # would renew what it got).
+        closing = self._scope_type()
+        self._waiters.add(closing)
         try:
-            while True:
-                self._stats.busy_attempts += 1
-                if not blocking:
-                    raise LockHeld(name, result.retry_after, result.detail)
-                now = clock.now()
-                if give_up_at is not None and now >= give_up_at:
-                    assert timeout is not None
-                    raise AcquireTimeout(name, timeout)
-                # Listen for local releases from now on (no await since the attempt).
-                released = self._release_events.get(name)
-                if released is None:
-                    released = self._release_events[name] = anyio.Event()
-                retry_now = False
-                if not watching:
-                    watching = True
-                    # A release between the failed attempt and a new subscription could
-                    # be missed: the driver says whether to try again at once.
-                    retry_now = bool(await self._call("watch", driver.watch(name)))
-                if not retry_now:
-                    delay = DEFAULT_POLL if result.retry_after is None else result.retry_after
-                    delay = delay * (1 + 0.1 * random.random()) + 0.0005 * random.random()
-                    if give_up_at is not None:
-                        delay = min(delay, give_up_at - now)
-                    with anyio.move_on_after(max(0.0, delay)):
-                        await released.wait()
-                t_send = clock.now()
-                try:
-                    attempt = await driver.acquire(name, owner, ttl, queue=blocking)
-                except BaseException as exc:
-                    await self._undo_acquire(name, owner, exc)
-                    raise
-                if not isinstance(attempt, Busy):
-                    return self._grant(name, owner, attempt, ttl, t_send, max_hold)
-                result = attempt
+            with closing:
+                while True:
+                    self._stats.busy_attempts += 1
+                    if not blocking:
+                        raise LockHeld(name, result.retry_after, result.detail)
+                    now = clock.now()
+                    if give_up_at is not None and now >= give_up_at:
+                        assert timeout is not None
+                        raise AcquireTimeout(name, timeout)
+                    # Listen for local releases from now on (no await since the attempt).
+                    released = self._release_events.get(name)
+                    if released is None:
+                        released = self._release_events[name] = anyio.Event()
+                    retry_now = False
+                    if not watching:
+                        watching = True
+                        # A release between the failed attempt and a new subscription could
+                        # be missed: the driver says whether to try again at once.
+                        retry_now = bool(await self._call("watch", driver.watch(name)))
+                    if not retry_now:
+                        delay = DEFAULT_POLL if result.retry_after is None else result.retry_after
+                        delay = delay * (1 + 0.1 * random.random()) + 0.0005 * random.random()
+                        if give_up_at is not None:
+                            delay = min(delay, give_up_at - now)
+                        with anyio.move_on_after(max(0.0, delay)):
+                            await released.wait()
+                    t_send = clock.now()
+                    try:
+                        if token_scope is None:
+                            attempt = await driver.acquire(name, owner, ttl, queue=blocking)
+                        else:
+                            attempt = await driver.acquire(
+                                name, owner, ttl, queue=blocking, scope=token_scope
+                            )
+                    except BaseException as exc:
+                        await self._undo_acquire(name, owner, exc)
+                        raise
+                    if not isinstance(attempt, Busy):
+                        if self._open:
+                            return self._grant(name, owner, attempt, ttl, t_send, max_hold)
+                        await self._refuse_grant(name, owner, attempt)
+                    result = attempt
+            raise BackendUnavailable(
+                f"{driver.display}: backend closed while waiting for lock {name!r}"
+            )
         finally:
+            self._waiters.discard(closing)
             if watching:
                 await self._shielded(driver.unwatch(name), "unwatch")
 
@@ -358,7 +471,7 @@ class Backend:
         deadline = t_send + ttl * (1 - self.drift) - self.margin
         hard = None if max_hold is None else t_send + max_hold
         lease = Lease(name, owner, token, ttl, self.clock, t_send, deadline, hard, self)
-        self._held[owner] = lease
+        self._held[owner] = (weakref.ref(lease, self._on_collected), name, token)
         self._stats.acquired += 1
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("acquired %r token=%d ttl=%gs", name, token, ttl)
@@ -386,6 +499,8 @@ class Backend:
         scope, shield turned on after the body); the release then runs in it instead of a
         new one, and its deadline bounds the call.
         """
+        if _get_ident() != self._thread:
+            self._wrong_loop()
         # Stop renewing first: renewal is tied to the holder's life, never outlives it.
         self._held.pop(lease.owner, None)
         if self._extends:
@@ -449,10 +564,33 @@ class Backend:
         )
         return False
 
+    async def _let_expire(self, lease: Lease) -> bool:
+        """Extend ``lease`` once more (owner-checked, G5), then stop renewing it."""
+        self._check_loop()
+        entry = self._held.get(lease.owner)
+        if entry is None or entry[0]() is not lease or lease._released:
+            return False
+        ref = LeaseRef(lease.name, lease.owner, lease.token, lease.ttl)
+        result: object = None
+        try:
+            results = await shielded_call(self.driver.extend([ref]), self._bounds)
+            result = None if results is None else results[0]
+        except Exception as exc:
+            result = exc
+        if isinstance(result, Refused):
+            self._lose(lease, f"renewal refused: {result.reason}")
+            return False
+        # Stop renewing; from here on only the server's ttl keeps the name taken.
+        self._held.pop(lease.owner, None)
+        lease._released = True
+        self._stats.released += 1
+        return result is True
+
     # -- loss ------------------------------------------------------------------------------
 
     def _lost_out_of_band(self, name: str, owner: str, reason: str) -> None:
-        lease = self._held.get(owner)
+        entry = self._held.get(owner)
+        lease = None if entry is None else entry[0]()
         if lease is not None and lease.name == name:
             self._lose(lease, reason)
 
@@ -492,12 +630,19 @@ class Backend:
                 # wake-up call (tight acquire/release loops stay cheap).
                 self._next_round = self.clock.now() + idle
             await self._sleep_until(self._next_round, "_renew_wake")
+            if self._dropped:
+                await self._reap_dropped()
+                if not self._held:  # nothing left to renew: this was the round
+                    self._round_done.set()
+                    self._round_done = anyio.Event()
             if not self._held:
                 continue
             now = self.clock.now()
             if now < self._next_round:
                 continue
-            batch = list(self._held.values())
+            batch = self._live()
+            if not batch:
+                continue
             period = min(lease.ttl for lease in batch) * self.heartbeat
             idle = min(period, IDLE_NAP)
             refs = [LeaseRef(lease.name, lease.owner, lease.token, lease.ttl) for lease in batch]
@@ -518,7 +663,8 @@ class Backend:
             errors = 0
             for lease, ref, result in zip(batch, refs, results, strict=True):
                 request = asked.get(lease.owner) if asked else None
-                if self._held.get(lease.owner) is not lease:
+                entry = self._held.get(lease.owner)
+                if entry is None or entry[0]() is not lease:
                     if request is not None:
                         self._end_extend(lease, Refused(lease.lost.reason or "released"), request)
                     continue  # released or lost while we were asking
@@ -555,17 +701,35 @@ class Backend:
     async def _watchdog_loop(self) -> None:
         while True:
             now = self.clock.now()
-            earliest = min(
-                (lease.deadline for lease in self._held.values()), default=now + IDLE_NAP
-            )
+            earliest = min((lease.deadline for lease in self._live()), default=now + IDLE_NAP)
             if now < earliest:
                 self._watch_until = earliest
                 await self._sleep_until(earliest, "_watch_wake")
                 self._watch_until = -math.inf
                 continue
-            for lease in list(self._held.values()):
+            for lease in self._live():
                 if now >= lease.deadline:
                     self._lose(lease, _deadline_reason(lease, now))
+
+    async def _reap_dropped(self) -> None:
+        """Release the leases that were garbage-collected unreleased (nobody can use them,
+        so nobody may keep the name), and say so like an unclosed file's ResourceWarning."""
+        while self._dropped:  # drain first: a lease collected from now on flags again
+            self._dropped.pop()
+        for owner, entry in list(self._held.items()):
+            if entry[0]() is not None or self._held.get(owner) is not entry:
+                continue  # alive, or released while we were releasing another one
+            del self._held[owner]
+            _, name, token = entry
+            logger.warning(
+                "lease on %r (token %d) was garbage-collected without release(): releasing "
+                "it; call `await lease.release()`, or hold it with `async with "
+                "backend.lock(...)`",
+                name,
+                token,
+            )
+            await self._shielded(self.driver.release(name, owner, token), "release dropped")
+            self._wake_waiters(name)
 
     async def _sleep_until(self, when: float, slot: str) -> None:
         with anyio.CancelScope() as scope:
@@ -611,6 +775,7 @@ class Backend:
         cannot know are ``None``; see :class:`~asynclock.Holder`.
         """
         self._require_open()
+        self._check_loop()
         check_name(name)
         try:
             result = await self.driver.holder(name)
@@ -635,6 +800,7 @@ class Backend:
         database session, and with it every lock that session holds.
         """
         self._require_open()
+        self._check_loop()
         check_name(name)
         logger.warning("break_lock(%r) on %s: removing whoever holds it", name, self.driver.display)
         try:
@@ -646,7 +812,7 @@ class Backend:
         if broken:
             logger.warning("break_lock(%r): a live lease was removed", name)
             # A holder on this very backend need not wait for its next renewal.
-            for lease in [lease for lease in self._held.values() if lease.name == name]:
+            for lease in [lease for lease in self._live() if lease.name == name]:
                 self._lose(lease, "lock broken by break_lock()")
         return broken
 
@@ -705,7 +871,8 @@ class Backend:
 
     async def _extend_lease(self, lease: Lease, ttl: object) -> None:
         """``lease.extend(ttl)``: the renewer's next round, now, carries the new ttl."""
-        new_ttl = check_ttl(ttl)
+        self._check_loop()
+        new_ttl = check_lease_ttl(ttl)
         if new_ttl * (1 - self.drift) - self.margin <= 0:
             raise ValueError(
                 f"ttl={new_ttl:g}s leaves no time after drift ({self.drift:.0%}) and margin "
@@ -713,7 +880,8 @@ class Backend:
             )
         while True:
             lease.check()  # lost, released or past its deadline: LeaseLost, before any I/O
-            if self._held.get(lease.owner) is not lease:
+            entry = self._held.get(lease.owner)
+            if entry is None or entry[0]() is not lease:
                 raise LeaseLost(lease.name, lease.token, "no longer renewed by this backend")
             pending = self._extends.get(lease.owner)
             if pending is None:
@@ -787,13 +955,46 @@ class Backend:
         """When the next round runs after one that changed a ttl or left a request."""
         if any(not request.sent for request in self._extends.values()):
             return self.clock.now()
-        if not self._held:
+        live = self._live()
+        if not live:
             return self._next_round
         # The period of the ttls now held (this round's was computed from the old ones).
-        shortest = min(lease.ttl for lease in self._held.values()) * self.heartbeat
+        shortest = min(lease.ttl for lease in live) * self.heartbeat
         if backing_off:
             return min(self._next_round, t_send + shortest)
         return t_send + shortest
+
+    # -- leader election (asynclock/_core/leadership.py) ------------------------------------
+
+    def leadership(self, name: str, *, ttl: float, identity: str | None = None) -> Leadership:
+        """Campaign for leadership of ``name``; ``identity`` (default ``host:pid``) is what
+        :meth:`leader` tells other processes.
+
+        ``async with backend.leadership(name, ttl=...) as term:`` waits until elected and
+        yields a :class:`Term`; the body is cancelled when the term is lost and the block
+        raises :class:`LeaseLost`. ``async for term in backend.leadership(...):`` with
+        ``async with term:`` inside campaigns again after each loss (with backoff) until
+        the loop is left.
+        """
+        return Leadership(self, name, ttl, identity)
+
+    async def leader(self, name: str) -> Leader | None:
+        """Who leads ``name`` now (its identity and token), or None if nobody holds it.
+
+        Raises NotImplementedError on backends whose server keeps no owner for a lock
+        (postgres ``mode=session``, redlock).
+        """
+        self._require_open()
+        check_name(name)
+        try:
+            found = await self.driver.owner_of(name)
+        except (AsynclockError, NotImplementedError):
+            raise
+        except Exception as exc:
+            raise BackendUnavailable(f"{self.driver.display}: leader failed: {exc!r}") from exc
+        if found is None:
+            return None
+        return Leader(identity_of(found[0]), found[1])
 
 
 class _ExtendRequest:
@@ -824,6 +1025,42 @@ def _checkpoint_if_cancelled_for(
     return anyio.lowlevel.checkpoint_if_cancelled
 
 
+#: What the backend keeps per held lease: a weak reference (the holder keeps the Lease
+#: alive), and the name and token to release it with once it is collected.
+_Held = tuple["weakref.ref[Lease]", str, int]
+
+
+def _any_current_task() -> object:
+    return anyio.get_current_task().id
+
+
+def _current_task_function(scope_type: type[anyio.CancelScope]) -> Callable[[], object]:
+    """A cheap way to name the running task on the event loop whose cancel scope class is
+    ``scope_type`` (the anyio back-end is known once the backend opens)."""
+    module = scope_type.__module__
+    if module.endswith("._asyncio"):
+        import asyncio
+
+        # Passing the loop skips the running-loop lookup (half the cost of the call).
+        return functools.partial(asyncio.current_task, asyncio.get_running_loop())
+    if module.endswith("._trio"):
+        lowlevel = importlib.import_module("trio.lowlevel")  # present: trio is running
+        return cast(Callable[[], object], lowlevel.current_task)
+    return _any_current_task
+
+
+def _describe_loop() -> str:
+    import asyncio
+
+    thread = threading.current_thread()
+    try:
+        loop = asyncio.get_running_loop()
+        where = f"{type(loop).__name__} {id(loop):#x}"
+    except RuntimeError:
+        where = "the event loop"  # trio, or not in an event loop at all
+    return f"{where} in thread {thread.name!r} ({thread.ident})"
+
+
 def _deadline_reason(lease: Lease, now: float) -> str:
     hard = lease.hard_deadline is not None and now >= lease.hard_deadline
     return "max_hold reached" if hard else "local deadline passed"
@@ -834,14 +1071,23 @@ def _poke(scope: anyio.CancelScope | None) -> None:
         scope.cancel()
 
 
+def _check_scope(scope: object) -> str:
+    if not isinstance(scope, str):
+        raise TypeError(f"token_scope must be a str or None, not {type(scope).__name__}")
+    try:
+        return check_name(scope)
+    except ValueError as exc:
+        raise ValueError(f"token_scope: {exc} (it is validated like a lock name)") from None
+
+
 def _check_lock_args(
     name: object, ttl: object, timeout: object, blocking: object, max_hold: object
 ) -> tuple[str, float, float | None, bool, float | None]:
     # Fast path for the usual call, `backend.lock(name, ttl=...)` (made on every hold).
     if (
         type(name) is str
-        and 0 < len(name) <= MAX_NAME_BYTES
-        and name.isascii()  # no lone surrogates, one byte a character
+        and 0 < len(name) <= MAX_NAME_BYTES // 4
+        and name.isascii()
         and (type(ttl) is float or type(ttl) is int)
         and 0 < ttl <= MAX_TTL
         and timeout is None
@@ -850,7 +1096,7 @@ def _check_lock_args(
     ):
         return name, float(ttl), None, True, None
     name = check_name(name)
-    ttl_f = check_ttl(ttl)
+    ttl_f = check_lease_ttl(ttl)
     timeout_f = check_timeout(timeout)
     if not isinstance(blocking, bool):
         raise TypeError(f"blocking must be True or False, not {type(blocking).__name__}")
@@ -860,6 +1106,24 @@ def _check_lock_args(
     return name, ttl_f, timeout_f, blocking, hold
 
 
+def _refuse_nested(backend: Backend, name: str, holds: tuple[Any, ...], task: object) -> None:
+    """Raise :class:`AlreadyHeld` if this task is inside ``async with backend.lock(name)``.
+
+    A child task starts with a copy of its parent's holds, so a hold counts only while
+    its lease is live and only in the task that entered it.
+    """
+    for _, lease, _ in holds:
+        if (
+            lease.name == name
+            and lease._backend is backend
+            and lease._task == task  # tasks compare by identity; a fallback id by value
+            and task is not None
+            and not lease._released
+            and not lease.lost
+        ):
+            raise AlreadyHeld(name, lease.token)
+
+
 class Lock:
     """``async with backend.lock(name, ttl=...) as lease:`` — see :meth:`Backend.lock`.
 
@@ -867,7 +1131,7 @@ class Lock:
     the lease, per task; never in thread-locals).
     """
 
-    __slots__ = ("_args", "_backend")
+    __slots__ = ("_args", "_backend", "_token_scope")
 
     def __init__(
         self,
@@ -878,9 +1142,11 @@ class Lock:
         timeout: float | None,
         blocking: bool,
         max_hold: float | None,
+        token_scope: str | None = None,
     ) -> None:
         self._backend = backend
         self._args = _check_lock_args(name, ttl, timeout, blocking, max_hold)
+        self._token_scope = None if token_scope is None else _check_scope(token_scope)
 
     @property
     def name(self) -> str:
@@ -891,13 +1157,23 @@ class Lock:
 
     async def __aenter__(self) -> Lease:
         backend = self._backend
-        lease = await backend._acquire(*self._args)
+        task = backend._current_task()  # None: not on the loop that opened the backend
+        if task is None and backend._open:
+            backend._wrong_loop()
+        holds = _HOLDS.get()
+        if holds:
+            _refuse_nested(backend, self._args[0], holds, task)
+        if self._token_scope is None:
+            lease = await backend._acquire(*self._args)
+        else:
+            lease = await backend._acquire(*self._args, token_scope=self._token_scope)
+        lease._task = task
         scope = backend._scope_type()
         scope.__enter__()
         lease._scope = scope
         if lease.lost.reason is not None:
             scope.cancel()
-        _HOLDS.set((*_HOLDS.get(), (self, lease, scope)))
+        _HOLDS.set((*holds, (self, lease, scope)))
         return lease
 
     async def __aexit__(
@@ -915,6 +1191,7 @@ class Lock:
             _, lease, scope = holds[index]
             _HOLDS.set(holds[:index] + holds[index + 1 :])
         lease._scope = None
+        lease._task = None  # the hold is over (and a kept lease must not keep its task)
         assert scope is not None  # a Lock's own entry always carries its scope
         if scope.cancel_called:
             # Lost (or cancelled from inside): leave the cancelled scope, then release in

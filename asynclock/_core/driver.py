@@ -85,11 +85,19 @@ class Driver:
     async def aclose(self) -> None:
         """Close connections. Must not raise."""
 
-    async def acquire(self, name: str, owner: str, ttl: float, *, queue: bool) -> int | Busy:
+    async def acquire(
+        self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
+    ) -> int | Busy:
         """One atomic attempt. Return the new fencing token, or :class:`Busy`.
 
         ``queue`` is true for a blocking waiter: a backend with a fair queue may register
         ``owner`` as waiting (see :meth:`abandon`).
+
+        ``scope`` (a token scope, validated like a name) is None for the name's own counter;
+        otherwise the token must be greater than every token handed out before for the
+        scope *and* for the name (G2 for both), drawn in the same atomic step as the grant.
+        The core passes ``scope`` only when it is set, so a driver that never sees one may
+        keep the old signature.
         """
         raise NotImplementedError
 
@@ -128,6 +136,14 @@ class Driver:
 
     async def abandon(self, name: str, owner: str) -> None:
         """A queued waiter gave up (timeout or cancellation); forget it."""
+
+    async def owner_of(self, name: str) -> tuple[str, int] | None:
+        """The live lease of ``name`` as the server stores it: (owner, token), or None if
+        free. Backends whose server keeps no owner raise NotImplementedError."""
+        raise NotImplementedError(
+            f"{self.display} does not store a lock's owner at the server, so it cannot "
+            "tell who holds or leads a name"
+        )
 
     async def holder(self, name: str) -> Holder | None:
         """Who holds ``name`` right now (the server's view), or None if nobody does.

@@ -3,14 +3,43 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 
 class AsynclockError(Exception):
-    """Root of every error asynclock raises on purpose."""
+    """Root of every error asynclock raises on purpose.
+
+    Every subclass survives a pickle round trip with its message and fields (Celery's
+    result backends and multiprocessing pools pickle exceptions): ``__reduce__`` rebuilds
+    it from the constructor arguments in ``_fields`` (or from ``args`` if none).
+    """
+
+    #: Constructor arguments, in order, each kept as an attribute of the same name.
+    _fields: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        message = self.__dict__.get("_message")
+        return message if isinstance(message, str) else super().__str__()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if not self._fields:
+            return (type(self), self.args, self.__dict__ or None)
+        return (type(self), tuple(getattr(self, f) for f in self._fields), self.__dict__)
 
 
-class LockHeld(AsynclockError):
+class _FieldArgs(AsynclockError):
+    """``args`` are the constructor arguments (and ``str()`` the message), so serializers
+    that rebuild an exception as ``cls(*args)`` (Celery's JSON result backend) get it back."""
+
+    def __init__(self, message: str, *fields: Any) -> None:
+        super().__init__(*fields)
+        self._message = message
+
+
+class LockHeld(_FieldArgs):
     """``blocking=False`` and someone else holds the lock right now."""
+
+    _fields = ("name", "retry_after", "detail")
 
     def __init__(
         self, name: str, retry_after: float | None = None, detail: str | None = None
@@ -18,13 +47,35 @@ class LockHeld(AsynclockError):
         hint = f"; it frees in at most {retry_after:.3f}s" if retry_after is not None else ""
         if detail:
             hint = f"; {detail}"
-        super().__init__(f"lock {name!r} is held by another owner{hint}")
+        super().__init__(f"lock {name!r} is held by another owner{hint}", name, retry_after, detail)
+        self.detail = detail
         self.name = name
         self.retry_after = retry_after
 
 
+class AlreadyHeld(LockHeld):
+    """This task is already inside ``async with backend.lock(name)`` for the same name on
+    the same backend. Locks are not re-entrant: waiting would wait for itself forever.
+
+    ``token`` is the outer hold's fencing token.
+    """
+
+    def __init__(self, name: str, token: int) -> None:
+        AsynclockError.__init__(
+            self,
+            f"lock {name!r} is already held by this task (outer `async with "
+            f"backend.lock({name!r})`, token {token}); locks are not re-entrant: use the "
+            "outer lease (asynclock.current_lease()) instead of locking the name again",
+        )
+        self.name = name
+        self.retry_after = None
+        self.token = token
+
+
 class AcquireTimeout(AsynclockError, TimeoutError):
     """The lock was not acquired within ``timeout`` seconds."""
+
+    _fields = ("name", "timeout")
 
     def __init__(self, name: str, timeout: float) -> None:
         super().__init__(f"lock {name!r} was not acquired within {timeout:g}s")
@@ -32,29 +83,40 @@ class AcquireTimeout(AsynclockError, TimeoutError):
         self.timeout = timeout
 
 
-class LeaseLost(AsynclockError):
+class LeaseLost(_FieldArgs):
     """The lease ended before the holder was done; its work was cancelled.
 
     ``reason`` says why: the renewal was refused, the local deadline passed, the
     connection or session carrying the lock is gone, ``max_hold`` was reached, ...
     """
 
+    _fields = ("name", "token", "reason")
+
     def __init__(self, name: str, token: int, reason: str) -> None:
-        super().__init__(f"lease on {name!r} (token {token}) was lost: {reason}")
+        super().__init__(
+            f"lease on {name!r} (token {token}) was lost: {reason}", name, token, reason
+        )
         self.name = name
         self.token = token
         self.reason = reason
 
 
-class StaleToken(AsynclockError):
+class StaleToken(_FieldArgs):
     """A fenced write carried a token older than the newest one the resource accepted.
 
     Nothing was written.
     """
 
+    _fields = ("key", "token", "current")
+
     def __init__(self, key: str, token: int, current: int | None) -> None:
         cur = f"; the resource has already accepted token {current}" if current is not None else ""
-        super().__init__(f"stale fencing token {token} for {key!r}{cur}; nothing was written")
+        super().__init__(
+            f"stale fencing token {token} for {key!r}{cur}; nothing was written",
+            key,
+            token,
+            current,
+        )
         self.key = key
         self.token = token
         self.current = current
@@ -67,9 +129,12 @@ class BackendUnavailable(AsynclockError, ConnectionError):
 class QuorumNotReached(BackendUnavailable):
     """Fewer than a quorum of nodes answered (Redlock). ``failures`` maps node to reason."""
 
+    _fields = ("message", "failures")
+
     def __init__(self, message: str, failures: Mapping[str, str] | None = None) -> None:
         detail = ""
         if failures:
             detail = "; " + ", ".join(f"{node}: {why}" for node, why in failures.items())
         super().__init__(message + detail)
+        self.message = message
         self.failures: dict[str, str] = dict(failures or {})

@@ -56,11 +56,13 @@ class Lease:
     """
 
     __slots__ = (
+        "__weakref__",
         "_backend",
         "_clock",
         "_deadline",
         "_released",
         "_scope",
+        "_task",
         "acquired_at",
         "hard_deadline",
         "lost",
@@ -95,6 +97,8 @@ class Lease:
         self._backend = backend
         #: The holder's cancel scope while inside ``async with backend.lock(...)``.
         self._scope: anyio.CancelScope | None = None
+        #: The task that entered ``async with backend.lock(...)`` (None for acquire()).
+        self._task: object = None
         self._released = False
 
     def __repr__(self) -> str:
@@ -142,7 +146,21 @@ class Lease:
         not confirm the release; the lease is unchanged, so you may call it again (renewal
         has stopped either way, so the server expires it within its ttl).
         """
-        return await self._backend._release(self)
+        backend = self._backend
+        backend._check_loop()
+        return await backend._release(self)
+
+    async def let_expire(self) -> bool:
+        """Stop renewing without releasing: the server keeps the lease one more full ttl.
+
+        For a claim that must keep others out for a while after the work is done (a job
+        occurrence a late node must not run again). It extends the lease once more (so
+        nobody can take the name for ``ttl`` seconds from now), then forgets it locally;
+        afterwards it counts as released. Returns True if that last extension was
+        confirmed; False if the lease was already lost or released, or the server did not
+        answer (it then expires within its ttl from the last renewal).
+        """
+        return await self._backend._let_expire(self)
 
     async def extend(self, ttl: float) -> None:
         """Change this lease's ttl now; the heartbeat carries on with the new one.
@@ -152,8 +170,8 @@ class Lease:
         moves it earlier. The backend's renewer sends it at once, in its one round trip.
 
         Raises:
-            TypeError, ValueError: ``ttl`` is not a finite number of seconds > 0 (before
-                any I/O).
+            TypeError, ValueError: ``ttl`` is not a number of seconds > 0 and at most
+                :data:`asynclock.MAX_TTL` (before any I/O).
             LeaseLost: the lease is lost or released, or the server refused the extend; a
                 refusal also loses the lease (its ``async with`` body is cancelled).
             BackendUnavailable: the server did not answer; the lease keeps its old ttl

@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 
 MAX_NAME_BYTES = 512
-#: The longest lease ttl: 2**31 - 1 ms (24.8 days), the longest interval PostgreSQL's
-#: millisecond settings (``idle_session_timeout``) hold; past it a server refused it *after*
-#: the acquire was sent, instead of the argument being refused up front.
-MAX_TTL = (2**31 - 1) / 1000
+#: The longest lease ttl, in seconds (7 days). Every backend can honour it: PostgreSQL's
+#: ``idle_session_timeout`` (session mode) is an int of milliseconds (at most ~24.8 days),
+#: Redis ``PX`` an int64 of milliseconds, a lease row an interval. A lease is renewed every
+#: ttl/3 for as long as it is held, so a long hold never needs a long ttl.
+MAX_TTL = 7 * 24 * 3600.0
 
 
 def check_name(name: object) -> str:
@@ -16,15 +17,15 @@ def check_name(name: object) -> str:
         raise TypeError(f"lock name must be a str, not {type(name).__name__}")
     if not name:
         raise ValueError("lock name must be a non-empty str (1 to 512 UTF-8 bytes)")
-    if len(name) <= MAX_NAME_BYTES and name.isascii():
-        return name  # one byte per character, and ASCII has no surrogates: no need to encode
+    if len(name) <= MAX_NAME_BYTES // 4 and name.isascii():
+        return name  # one byte per character: no need to encode
     try:
         size = len(name.encode("utf-8"))
     except UnicodeEncodeError as exc:
-        # A lone surrogate is no UTF-8: one backend would store it, another fail mid-call.
         raise ValueError(
-            f"lock name {name[:40]!r} has a lone surrogate {name[exc.start]!r} at index "
-            f"{exc.start}: names must be text that encodes to UTF-8"
+            f"lock name must be encodable as UTF-8, but it has a lone surrogate "
+            f"{name[exc.start]!r} at index {exc.start}: use any str of 1 to "
+            f"{MAX_NAME_BYTES} UTF-8 bytes without lone surrogates"
         ) from None
     if size > MAX_NAME_BYTES:
         raise ValueError(f"lock name is {size} UTF-8 bytes; at most {MAX_NAME_BYTES} are allowed")
@@ -44,10 +45,17 @@ def check_ttl(ttl: object, *, what: str = "ttl") -> float:
     f = _number(what, ttl)
     if not (0 < f < math.inf):
         raise ValueError(f"{what} must be a finite number of seconds > 0, got {ttl!r}")
-    if what == "ttl" and f > MAX_TTL:
+    return f
+
+
+def check_lease_ttl(ttl: object) -> float:
+    """A lease's ttl: what the server is asked to keep the lease for (at most MAX_TTL)."""
+    f = check_ttl(ttl)
+    if f > MAX_TTL:
         raise ValueError(
-            f"ttl must be at most {MAX_TTL:g} seconds (24.8 days: 2**31 - 1 ms), got {ttl!r}; "
-            "a lease that long is not renewed in any useful sense, use max_hold for long holds"
+            f"ttl must be at most {MAX_TTL:g} seconds (7 days), got {ttl!r}; the lease is "
+            "renewed every ttl/3 while held, so hold as long as you like with a short ttl "
+            "(bound the hold with max_hold)"
         )
     return f
 

@@ -9,6 +9,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
 from .._core.holder import Holder
@@ -30,6 +31,7 @@ class MemoryDriver(Driver):
         super().__init__()
         self.leases: dict[str, _Entry] = {}
         self.counters: dict[str, int] = {}
+        self.scope_counters: dict[str, int] = {}
         self.queues: dict[str, deque[str]] = {}
 
     def _live(self, name: str) -> _Entry | None:
@@ -39,7 +41,9 @@ class MemoryDriver(Driver):
             return None
         return entry
 
-    async def acquire(self, name: str, owner: str, ttl: float, *, queue: bool) -> int | Busy:
+    async def acquire(
+        self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
+    ) -> int | Busy:
         now = self.clock.now()
         entry = self._live(name)
         waiting = self.queues.get(name)
@@ -48,7 +52,12 @@ class MemoryDriver(Driver):
                 waiting.popleft()
                 if not waiting:
                     del self.queues[name]
-            token = self.counters[name] = self.counters.get(name, 0) + 1
+            token = self.counters.get(name, 0) + 1
+            if scope is not None:
+                # G2 for the scope and the name: above both counters, and both move up.
+                token = max(token, self.scope_counters.get(scope, 0) + 1)
+                self.scope_counters[scope] = token
+            self.counters[name] = token
             self.leases[name] = _Entry(owner, token, now + ttl)
             return token
         if queue:
@@ -91,6 +100,10 @@ class MemoryDriver(Driver):
             # The head may have left: let the next waiter try now.
             self._wake(name)
 
+    async def owner_of(self, name: str) -> tuple[str, int] | None:
+        entry = self._live(name)
+        return None if entry is None else (entry.owner, entry.token)
+
     async def holder(self, name: str) -> Holder | None:
         entry = self._live(name)
         if entry is None:
@@ -107,6 +120,11 @@ class MemoryDriver(Driver):
 
 
 def driver_from_url(url: str, **options: Any) -> MemoryDriver:
+    parts = urlsplit(url)
+    if parts.netloc or parts.path.strip("/") or parts.query or parts.fragment:
+        raise ValueError(
+            f"memory:// takes no host, path or query options: use exactly 'memory://', got {url!r}"
+        )
     if options:
         raise TypeError(f"memory:// takes no options, got {', '.join(sorted(options))}")
     return MemoryDriver()

@@ -36,7 +36,8 @@ appends epoch ``max + 1`` to the logged table ``asynclock_token_epoch`` and sets
 to that epoch's end, ``(epoch + 1) * 2**40 - 1`` (a new range row starts at ``epoch *
 2**40 + 1``), committing synchronously. So every token handed out is <= ``lim``, which is
 never visible before its epoch row is on disk, and after a crash the next epoch starts
-above all of them (G2), without a clock. One sequence for all names: a name's tokens
+above all of them (G2), without a clock. One sequence for all names (so a ``token_scope``
+needs no counter of its own: its tokens rise like any name's): a name's tokens
 rise with gaps. Not ``CACHE > 1`` (per-session caches would hand out values out of order),
 and not the sequence alone: nextval logs only every 32nd value, and the values between
 are handed out without waiting for that record's flush (with ``synchronous_commit = off``,
@@ -810,7 +811,11 @@ class PostgresDriver(Driver):
         self._idle_set = wanted
         return wanted
 
-    async def acquire(self, name: str, owner: str, ttl: float, *, queue: bool) -> int | Busy:
+    async def acquire(
+        self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
+    ) -> int | Busy:
+        # A token scope needs nothing here: one sequence (above the durable epoch) orders
+        # every token of every name and mode, so a scope's tokens already rise (G2).
         if self.mode == "lease":
             return await self._lease_acquire(name, owner, ttl)
         # Under the connection lock: a release in flight on our session finishes first.
@@ -1145,6 +1150,26 @@ class PostgresDriver(Driver):
         self._wake(name)
         return True
 
+    async def owner_of(self, name: str) -> tuple[str, int] | None:
+        if self.mode != "lease":
+            # A session advisory lock carries no owner, and its token lock is keyed by a
+            # hash of (token, key): neither can be read back.
+            return await super().owner_of(name)
+        async with self._io:
+            conn = await self._main()
+            try:
+                row = await conn.fetchrow(SQL_L_OWNER, _name_bytes(name))
+            except _CONNECTION_ERRORS as exc:
+                raise self._unavailable("owner lookup failed", exc) from exc
+        return None if row is None else (str(row["owner"]), int(row["token"]))
+
+
+# The live lease of mode lease (leader(), G9's read side). Args: $1 name. Returns its
+# owner and token, or no row when the name is free.
+SQL_L_OWNER = """
+SELECT owner, token FROM asynclock_lease WHERE name = $1 AND expires_at > clock_timestamp()
+"""
+
 
 #: How long break_lock waits for the holder's session to exit (ms), so a successor's next
 #: attempt finds the key free.
@@ -1257,6 +1282,72 @@ async def xact_lock(conn: asyncpg.Connection, name: str, *, wait: bool = True) -
 _OPTIONS = {"mode", "poll", "connect_timeout", "check_pooler"}
 
 
+#: Query options asyncpg reads from a DSN itself (connection, TLS, authentication).
+_ASYNCPG_OPTIONS = {
+    "host",
+    "port",
+    "dbname",
+    "database",
+    "user",
+    "password",
+    "passfile",
+    "service",
+    "sslmode",
+    "sslcert",
+    "sslkey",
+    "sslrootcert",
+    "sslcrl",
+    "sslpassword",
+    "sslnegotiation",
+    "ssl_min_protocol_version",
+    "ssl_max_protocol_version",
+    "target_session_attrs",
+    "krbsrvname",
+    "gsslib",
+}
+#: Server settings a URL may set (asyncpg sends any other query option as one too, and
+#: the server refuses unknown names only at open); a custom ``prefix.name`` is allowed.
+_SERVER_SETTINGS = {
+    "application_name",
+    "search_path",
+    "statement_timeout",
+    "lock_timeout",
+    "idle_in_transaction_session_timeout",
+    "TimeZone",
+    "timezone",
+    "client_encoding",
+    "options",
+}
+#: Settings asynclock manages on its own sessions.
+_SET_BY_ASYNCLOCK = {
+    "idle_session_timeout": "asynclock sets it to the longest ttl held (session mode), so "
+    "a silent client's locks are freed",
+}
+
+
+def _check_query(query: list[tuple[str, str]], options: dict[str, Any]) -> None:
+    """A configuration error is a ValueError at connect(), never "connect failed" at open."""
+    allowed = _OPTIONS | _ASYNCPG_OPTIONS | _SERVER_SETTINGS
+    for key, value in query:
+        if key in _SET_BY_ASYNCLOCK:
+            raise ValueError(
+                f"postgresql:// URL option {key}={value} clashes with a setting asynclock "
+                f"manages itself: {_SET_BY_ASYNCLOCK[key]}; remove it from the URL"
+            )
+        if key not in allowed and "." not in key.strip("."):
+            raise ValueError(
+                f"unknown postgresql:// URL option {key!r}; allowed: "
+                f"{', '.join(sorted(allowed, key=str.lower))}, or a custom setting "
+                "'prefix.name'"
+            )
+    unknown = sorted(set(options) - _OPTIONS)
+    if unknown:
+        raise TypeError(
+            f"unknown postgresql:// option(s) {', '.join(map(repr, unknown))}; allowed: "
+            f"{', '.join(sorted(_OPTIONS))}"
+        )
+
+
 def driver_from_url(url: str, **options: Any) -> PostgresDriver:
     parts = urlsplit(url)
     try:
@@ -1270,6 +1361,7 @@ def driver_from_url(url: str, **options: Any) -> PostgresDriver:
         raise ValueError(f"not a postgresql:// URL (scheme {parts.scheme!r})")
     password = unquote(parts.password) if parts.password else None
     query = parse_qsl(parts.query, keep_blank_values=True)
+    _check_query(query, options)
     ours: dict[str, Any] = {k: v for k, v in query if k in _OPTIONS}
     rest = [(k, v) for k, v in query if k not in _OPTIONS]
     for key in ("poll", "connect_timeout"):

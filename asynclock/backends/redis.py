@@ -83,6 +83,13 @@ local function next_token(fence, t)
   end
   return redis.call('INCR', fence)
 end
+-- G2 per token scope: the next token of the name's counter and of the scope's (both
+-- seeded as above), whichever is larger; both counters end at it.
+local function scoped_token(fence, scope, t)
+  local a, b = next_token(fence, t), next_token(scope, t)
+  if a < b then redis.call('SET', fence, b) elseif b < a then redis.call('SET', scope, a) end
+  return math.max(a, b)
+end
 -- Hold the lock for owner with token for ttl ms (%d: '..' would print 1.7e+15).
 local function hold(lock, owner, token, ttl)
   redis.call('SET', lock, owner .. ':' .. string.format('%d', token), 'PX', ttl)
@@ -174,7 +181,8 @@ end
 """
 
 # ACQUIRE (G1 exclusion, G2 monotonic tokens, fair queue).
-# KEYS: lock, fence, queue, queue_exp, epoch. ARGV: owner, ttl_ms, mode, channel, grace_ms,
+# KEYS: lock, fence, queue, queue_exp, epoch[, scope fence: token_scope's counter, next_token's
+# twin]. ARGV: owner, ttl_ms, mode, channel, grace_ms,
 # probe; mode 0 = no queue (fair=False), 1 = respect the queue, 2 = respect it and wait in
 # it; grace_ms: the restart grace (see grace_left); probe: this backend's probe id, or ''
 # (not subscribed yet: a waiter that joined without one gets it added, keeping its place).
@@ -203,7 +211,8 @@ if mode == '2' and ARGV[6] ~= '' then
   end
 end
 local function grant()
-  local token = next_token(fence, t)
+  local token
+  if KEYS[6] then token = scoped_token(fence, KEYS[6], t) else token = next_token(fence, t) end
   hold(lock, owner, token, ttl)
   if mode == '2' and redis.call('EXISTS', q) == 1 then
     redis.call('ZREM', q, member)
@@ -313,7 +322,8 @@ return 1
 # REDLOCK_ACQUIRE (Redlock phase 1; G1 exclusion, G2 monotonic tokens): ACQUIRE in mode 0
 # (no waiter queue: Redlock never queues) with nothing that mode does not need, so each
 # node spends less time per call (every node's time is on the path of every acquisition).
-# KEYS: lock, fence, epoch. ARGV: owner, ttl_ms, grace_ms (the restart grace, per node).
+# KEYS: lock, fence, epoch[, scope fence]. ARGV: owner, ttl_ms, grace_ms (the restart grace,
+# per node).
 # Returns {token} when granted, {0, retry_after_ms} when busy, {0, -1} when the lock key has
 # no expiry (as ACQUIRE). The counter is seeded from TIME exactly as in ACQUIRE (next_token).
 REDLOCK_ACQUIRE = (
@@ -332,7 +342,8 @@ end
 local t = redis.call('TIME')
 local left = grace_left(KEYS[3], ARGV[3], t)
 if left > 0 then return {0, left} end
-local token = next_token(fence, t)
+local token
+if KEYS[4] then token = scoped_token(fence, KEYS[4], t) else token = next_token(fence, t) end
 hold(lock, owner, token, ARGV[2])
 return {token}
 """
@@ -360,13 +371,16 @@ return 0
 
 # RAISE_FENCE (Redlock phase 2, G2): where this node still holds our key, raise the fence
 # counter to the agreed token t (never lower it) and record t in the lock value.
-# KEYS: lock, fence. ARGV: owner, t. Returns 1 if done, 0 if the key is no longer ours.
+# KEYS: lock, fence[, scope fence] (a token scope's counter is raised alike).
+# ARGV: owner, t. Returns 1 if done, 0 if the key is no longer ours.
 RAISE_FENCE = """
 local cur = redis.call('GET', KEYS[1])
 local owner = ARGV[1]
 if not cur or string.sub(cur, 1, #owner + 1) ~= owner .. ':' then return 0 end
-local f = tonumber(redis.call('GET', KEYS[2]) or '0')
-if f < tonumber(ARGV[2]) then redis.call('SET', KEYS[2], ARGV[2]) end
+for i = 2, #KEYS do
+  local f = tonumber(redis.call('GET', KEYS[i]) or '0')
+  if f < tonumber(ARGV[2]) then redis.call('SET', KEYS[i], ARGV[2]) end
+end
 redis.call('SET', KEYS[1], owner .. ':' .. ARGV[2], 'KEEPTTL')
 return 1
 """
@@ -447,6 +461,12 @@ class Keys:
 def hash_tag(name: str) -> str:
     """``name`` escaped so it is a valid, complete Redis Cluster hash tag (no braces)."""
     return name.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+def scope_fence_key(scope: str, prefix: str = "asynclock:") -> bytes:
+    """The fence counter of a token scope. Its own hash tag: on Redis Cluster a scoped
+    acquire would touch two slots, so token scopes need a single node (or Redlock)."""
+    return f"{prefix}scope:{{{hash_tag(scope)}}}:fence".encode()
 
 
 def keys_for(name: str, prefix: str = "asynclock:") -> Keys:
@@ -1272,7 +1292,9 @@ class RedisDriver(SubscribingDriver):
 
     # -- primitives ------------------------------------------------------------------------
 
-    async def acquire(self, name: str, owner: str, ttl: float, *, queue: bool) -> int | Busy:
+    async def acquire(
+        self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
+    ) -> int | Busy:
         k = self.keys(name)
         ttl_ms = ms(ttl)
         mode = (JOIN_QUEUE if queue else RESPECT_QUEUE) if self.fair else NO_QUEUE
@@ -1297,9 +1319,12 @@ class RedisDriver(SubscribingDriver):
         bumps = wait.bumps if wait is not None else 0
         t_send = self.clock.now()
         probe = self._probe.encode() if wait is not None and wait.member.count(":") == 2 else b""
+        keys: tuple[bytes, ...] = k.acquire_keys
+        if scope is not None:
+            keys = (*keys, scope_fence_key(scope, self.keys.prefix))
         reply = await self.node.run(
             "acquire",
-            k.acquire_keys,
+            keys,
             (
                 owner.encode(),
                 b"%d" % ttl_ms,
@@ -1444,6 +1469,13 @@ class RedisDriver(SubscribingDriver):
         k = self.keys(name)
         return bool(await self.node.run("break", k.release_keys, (k.channel,)))
 
+    async def owner_of(self, name: str) -> tuple[str, int] | None:
+        value = await self.node.get(self.keys(name).lock)
+        token = None if value is None else _token_of(value)
+        if value is None or token is None:
+            return None  # free, or reserved for a waiter (no token yet)
+        return value.rpartition(b":")[0].decode("utf-8", "replace"), token
+
 
 def extend_call(keys: KeyCache, leases: Sequence[LeaseRef]) -> tuple[list[bytes], list[bytes]]:
     """KEYS and ARGV of the batched ``extend`` script: per lease its lock key, and
@@ -1486,8 +1518,98 @@ def _token_of(value: bytes) -> int | None:
         return None
 
 
+#: Driver options a redis:// URL query may carry (the driver reads them, not redis-py).
+_URL_DRIVER_OPTIONS = {"restart_grace"}
+#: What asynclock sets on every Redis connection itself (a URL or option may not).
+_SET_BY_ASYNCLOCK = {
+    "decode_responses": "asynclock reads raw bytes (decode_responses=False)",
+}
+#: redis-py options that take a string in a URL query, besides its URL parsers' own.
+_REDIS_STR_OPTIONS = {
+    "client_name",
+    "username",
+    "password",
+    "path",
+    "ssl_ca_certs",
+    "ssl_ca_path",
+    "ssl_cert_reqs",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_password",
+    "ssl_ciphers",
+}
+
+
+def check_redis_url(
+    url: str,
+    options: dict[str, Any],
+    *,
+    ours: set[str],
+    scheme: str = "redis",
+    keyword_options: set[str] = _DRIVER_OPTIONS,
+) -> None:
+    """Refuse a Redis URL or option that would only fail at open (or be ignored): a
+    non-integer database, an unknown query option, one that asynclock sets itself. For
+    ``connect()``, so a configuration error is a ValueError there, never "unavailable".
+
+    ``ours``: the driver's own option names that its URL query may carry;
+    ``keyword_options``: the driver's own keyword arguments (the rest go to redis-py)."""
+    from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS
+
+    parts = urlsplit(url)
+    if parts.scheme.lower() in ("redis", "rediss", "redlock"):
+        db = unquote(parts.path).strip("/")
+        if db and not db.isdigit():
+            raise ValueError(
+                f"the {scheme}:// URL path is the database number "
+                f"({scheme}://host:6379/0), got {db!r}"
+            )
+    allowed = set(URL_QUERY_ARGUMENT_PARSERS) | _REDIS_STR_OPTIONS | ours
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key in _SET_BY_ASYNCLOCK:
+            raise ValueError(
+                f"{scheme}:// URL option {key}={value} clashes with an option asynclock "
+                f"sets itself: {_SET_BY_ASYNCLOCK[key]}; remove it from the URL"
+            )
+        if key not in allowed:
+            raise ValueError(
+                f"unknown {scheme}:// URL option {key!r}; allowed: {', '.join(sorted(allowed))}"
+            )
+        if key == "db" and not value.isdigit():
+            raise ValueError(f"{scheme}:// URL option db must be an integer, got {value!r}")
+    keywords = _redis_keywords(parts.scheme.lower()) | keyword_options
+    for key in options:
+        if key in _SET_BY_ASYNCLOCK:
+            raise ValueError(
+                f"{scheme}:// option {key}={options[key]!r} clashes with an option asynclock "
+                f"sets itself: {_SET_BY_ASYNCLOCK[key]}; do not pass it"
+            )
+        if key not in keywords:
+            raise TypeError(
+                f"unknown {scheme}:// option {key!r}; allowed: "
+                f"{', '.join(sorted(keywords - {'self', 'args', 'kwargs'}))}"
+            )
+
+
+def _redis_keywords(scheme: str) -> set[str]:
+    """The keyword arguments redis-py's connection pool and connections accept."""
+    from redis.asyncio import connection as rc
+
+    cls = {"rediss": rc.SSLConnection, "unix": rc.UnixDomainSocketConnection}.get(
+        scheme, rc.Connection
+    )
+    names = {"connection_class", "max_connections"}
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is not None:
+            names |= set(inspect.signature(init).parameters)
+    return names - {"self", "args", "kwargs", *_SET_BY_ASYNCLOCK}
+
+
 def driver_from_url(url: str, **options: Any) -> RedisDriver:
-    url, from_query = pop_query_options(url, {"restart_grace"})
+    scheme = urlsplit(url).scheme.lower()
+    check_redis_url(url, options, ours=_URL_DRIVER_OPTIONS, scheme=scheme)
+    url, from_query = pop_query_options(url, _URL_DRIVER_OPTIONS)
     ours, rest = split_options({**from_query, **options})
     return RedisDriver(url, **ours, **rest)
 

@@ -50,6 +50,7 @@ from .redis import (
     SubscribingDriver,
     Wire,
     check_prefix,
+    check_redis_url,
     check_restart_grace,
     drop_connection,
     extend_call,
@@ -58,6 +59,7 @@ from .redis import (
     ms,
     pack,
     pack_script,
+    scope_fence_key,
 )
 
 T = TypeVar("T")
@@ -293,8 +295,13 @@ class RedlockDriver(SubscribingDriver):
 
     # -- primitives ------------------------------------------------------------------------
 
-    async def acquire(self, name: str, owner: str, ttl: float, *, queue: bool) -> int | Busy:
+    async def acquire(
+        self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
+    ) -> int | Busy:
         k = self.keys(name)
+        # A token scope's counter rides along in phase 1 and phase 2 on every node.
+        scope_fence = None if scope is None else scope_fence_key(scope, self.prefix)
+        fences = (k.fence,) if scope_fence is None else (k.fence, scope_fence)
         timeout = self._timeout(ttl)
         started = self.clock.now()
         trusted = self._subscribed(k.channel_name)
@@ -305,9 +312,12 @@ class RedlockDriver(SubscribingDriver):
         if queue:
             self._attempting.add(owner)  # until granted or abandoned (the core calls it)
         ttl_ms = ms(ttl)
+        phase1: tuple[bytes, ...] = k.redlock_keys
+        if scope_fence is not None:
+            phase1 = (*phase1, scope_fence)
         packed = pack_script(
             "redlock_acquire",
-            k.redlock_keys,
+            phase1,
             (ownerb, b"%d" % ttl_ms, grace_ms(self.restart_grace, ttl_ms)),
         )
         results = await self._fan("redlock_acquire", packed, timeout)
@@ -325,7 +335,7 @@ class RedlockDriver(SubscribingDriver):
             token = max(tokens.values())
             if min(tokens.values()) != token:
                 # Phase 2: the quorum disagrees; raise every granting node to t.
-                packed = pack_script("raise_fence", (k.lock, k.fence), (ownerb, b"%d" % token))
+                packed = pack_script("raise_fence", (k.lock, *fences), (ownerb, b"%d" % token))
                 acks = await self._fan("raise_fence", packed, timeout, list(tokens))
                 ok = sum(1 for r in acks.values() if r == 1)
                 if ok < self.quorum:
@@ -581,6 +591,7 @@ def parse_url(url: str) -> tuple[list[str], str, dict[str, str]]:
         raise ValueError(
             "redlock:// needs at least one host: redlock://host1:6379,host2:6379,host3:6379"
         )
+    check_redis_url(url, {}, ours=_OPTIONS | {"tls"}, scheme="redlock")
     query = dict(parse_qsl(parts.query))
     tls = query.pop("tls", "").lower() in ("1", "true", "yes", "on")
     ours = {k: query.pop(k) for k in list(query) if k in _OPTIONS}  # not for redis-py
@@ -605,6 +616,7 @@ def parse_url(url: str) -> tuple[list[str], str, dict[str, str]]:
 
 
 def driver_from_url(url: str, **options: Any) -> RedlockDriver:
+    check_redis_url("redlock://", options, ours=set(), scheme="redlock", keyword_options=_OPTIONS)
     urls, display, from_url = parse_url(url)
     options = {**from_url, **options}
     for key in ("node_timeout", "connect_timeout"):

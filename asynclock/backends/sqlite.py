@@ -73,6 +73,10 @@ CREATE TABLE IF NOT EXISTS asynclock_waiter (
     PRIMARY KEY (name, owner)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS asynclock_waiter_order ON asynclock_waiter (name, seq);
+CREATE TABLE IF NOT EXISTS asynclock_scope (
+    scope      TEXT PRIMARY KEY,
+    token      INTEGER NOT NULL
+) WITHOUT ROWID;
 """
 
 # G1/G2, the uncontended path in one statement: take :name if its row is free (released,
@@ -97,6 +101,17 @@ SQL_GRANT = (
     "token = asynclock_lease.token + 1, expires_at = excluded.expires_at, boot = excluded.boot "
     "RETURNING token"
 )
+# G2 per token scope, in the grant's transaction right after SQL_GRANT: the scope's next
+# token is above its counter and at least the name's new token (?2); the counter row is
+# never deleted. Args: scope, the name's new token. Returns the token to grant.
+SQL_SCOPE_NEXT = (
+    "INSERT INTO asynclock_scope (scope, token) VALUES (?1, ?2) "
+    "ON CONFLICT (scope) DO UPDATE SET token = max(asynclock_scope.token + 1, excluded.token) "
+    "RETURNING token"
+)
+# The scope's token was above the name's: the lease row carries it (so the name's own
+# counter stays above it too). Args: token, name.
+SQL_SET_TOKEN = "UPDATE asynclock_lease SET token = ? WHERE name = ?"
 # The live lease of :name (G1, G9): args name, boot, now. Returns owner, token, expires_at.
 SQL_LIVE = (
     "SELECT owner, token, expires_at FROM asynclock_lease "
@@ -417,11 +432,15 @@ class SQLiteDriver(Driver):
 
     # -- primitives ------------------------------------------------------------------------
 
-    async def acquire(self, name: str, owner: str, ttl: float, *, queue: bool) -> int | Busy:
+    async def acquire(
+        self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
+    ) -> int | Busy:
         boot = self.boot
         key = (name, owner)
         now = time.monotonic()
-        if key not in self._queued:
+        if scope is not None and not queue:
+            return await self._write(lambda db: self._try_scoped(db, name, owner, ttl, scope))
+        if scope is None and key not in self._queued:
             args = (name, owner, now + ttl, boot, now)
             cursor = self._try_statement(SQL_TRY, args) or await self._statement(SQL_TRY, args)
             row = cursor.fetchone()
@@ -449,6 +468,8 @@ class SQLiteDriver(Driver):
                 head = db.execute(SQL_HEAD, (name, boot, now)).fetchone()
                 if head is None or head[0] == owner:
                     token: int = db.execute(SQL_GRANT, (name, owner, now + ttl, boot)).fetchone()[0]
+                    if scope is not None:
+                        token = self._scope_token(db, name, token, scope)
                     db.execute(SQL_FORGET_WAITER, key)
                     return token
             expires = now if live is None else float(live[2])
@@ -468,6 +489,27 @@ class SQLiteDriver(Driver):
             self._queued.discard(key)
             self._seen.pop(key, None)
         return result
+
+    def _scope_token(self, db: sqlite3.Connection, name: str, token: int, scope: str) -> int:
+        """Inside the grant's transaction: the token above both the name's and the scope's."""
+        scoped: int = db.execute(SQL_SCOPE_NEXT, (scope, token)).fetchone()[0]
+        if scoped != token:
+            db.execute(SQL_SET_TOKEN, (scoped, name))
+        return scoped
+
+    def _try_scoped(
+        self, db: sqlite3.Connection, name: str, owner: str, ttl: float, scope: str
+    ) -> int | Busy:
+        """A non-blocking attempt with a token scope: take the name only if it is free and
+        nobody is queued for it (as SQL_TRY does), never joining the queue."""
+        boot, now = self.boot, time.monotonic()
+        live = db.execute(SQL_LIVE, (name, boot, now)).fetchone()
+        if live is not None:
+            return Busy(float(live[2]) - now)
+        if db.execute(SQL_HEAD, (name, boot, now)).fetchone() is not None:
+            return Busy(MAX_POLL)
+        token: int = db.execute(SQL_GRANT, (name, owner, now + ttl, boot)).fetchone()[0]
+        return self._scope_token(db, name, token, scope)
 
     async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
         boot = self.boot
@@ -539,6 +581,13 @@ class SQLiteDriver(Driver):
         self._wake(name)
         return True
 
+    async def owner_of(self, name: str) -> tuple[str, int] | None:
+        try:
+            row = self.db.execute(SQL_LIVE, (name, self.boot, time.monotonic())).fetchone()
+        except sqlite3.Error as exc:
+            raise self._unavailable("owner lookup", exc) from exc
+        return None if row is None else (str(row[0]), int(row[1]))
+
 
 def driver_from_url(url: str, **options: Any) -> SQLiteDriver:
     parts = urlsplit(url)
@@ -553,11 +602,13 @@ def driver_from_url(url: str, **options: Any) -> SQLiteDriver:
             "sqlite URL needs a file path (sqlite:///locks.db or sqlite:////abs/locks.db); "
             "for in-process locks use memory://"
         )
-    query: dict[str, Any] = dict(parse_qsl(parts.query))
-    unknown = set(query) - {"synchronous", "busy_timeout"}
-    if unknown:
-        raise ValueError(
-            f"unknown sqlite URL option(s) {sorted(unknown)}; allowed: synchronous, busy_timeout"
-        )
+    query: dict[str, Any] = dict(parse_qsl(parts.query, keep_blank_values=True))
+    for where, keys in (("URL option", query), ("option", options)):
+        unknown = sorted(set(keys) - {"synchronous", "busy_timeout"})
+        if unknown:
+            raise ValueError(
+                f"unknown sqlite:// {where}(s) {', '.join(map(repr, unknown))}; "
+                "allowed: synchronous, busy_timeout"
+            )
     query.update(options)
     return SQLiteDriver(os.fspath(path), **query)

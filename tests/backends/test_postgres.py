@@ -29,6 +29,7 @@ from asynclock.backends.postgres import (
     xact_lock,
 )
 from asynclock.fence import SQLFence
+from tests.support.checks import check_max_ttl
 from tests.support.pg_servers import PASSWORD, PgBouncer, PgServer, running_pg
 from tests.support.redis_servers import wait_until
 
@@ -114,6 +115,9 @@ async def test_server_restart_loses_holders_and_tokens_keep_rising(
         assert "connection" in info.value.reason
         async with session.lock(name, ttl=3.0, blocking=False) as after:
             assert after.token > held.token
+        # A token scope needs no counter of its own: the shared sequence orders it too.
+        async with session.lock(f"{name}@new", ttl=3.0, token_scope=name) as scoped:
+            assert scoped.token > after.token
         # The lease table keeps its rows and its sequence across the restart.
         async with lease_backend.lock(name, ttl=3.0) as one:
             pass
@@ -721,3 +725,12 @@ def test_example_postgres_fenced_write(pg_server: PgServer) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "late write rejected" in done.stdout
     assert done.stdout.strip().endswith("invoice total: 200")
+
+
+@pytest.mark.parametrize("mode", ["session", "lease"])
+async def test_max_ttl_in_both_modes(fresh_db: str, mode: str) -> None:
+    """asynclock.MAX_TTL fits idle_session_timeout (an int of ms) and the lease interval;
+    a fresh database, as the lease table keeps its longest ttl durably."""
+    url = fresh_db + ("?mode=lease" if mode == "lease" else "")
+    async with asynclock.connect(url) as backend:
+        await check_max_ttl(backend, f"max-ttl-{mode}")

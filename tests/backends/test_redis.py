@@ -477,6 +477,21 @@ async def test_restart_with_data_loss_tokens_still_increase(
             assert lease.token > before
 
 
+async def test_restart_with_data_loss_scope_tokens_still_increase(
+    redis_factory: RedisFactory,
+) -> None:
+    server = redis_factory()
+    async with asynclock.connect(server.url) as backend:
+        for i in range(3):
+            async with backend.lock(f"occurrence@{i}", ttl=5.0, token_scope="job") as lease:
+                before = lease.token
+    server.restart(keep_data=False)
+    async with asynclock.connect(server.url) as backend:
+        # The scope's counter is gone too: seeded from TIME, the next one is still above.
+        async with backend.lock("occurrence@new", ttl=5.0, token_scope="job") as lease:
+            assert lease.token > before
+
+
 async def test_kill_9_while_held_loses_the_lease_then_recovers(
     redis_factory: RedisFactory,
 ) -> None:

@@ -77,22 +77,26 @@ async def test_four_processes_get_tokens_in_hold_order(
 
 
 async def test_blocking_false_raises_lock_held(backend: asynclock.Backend, lock_name: str) -> None:
-    async with backend.lock(lock_name, ttl=5.0):
-        with pytest.raises(asynclock.LockHeld) as info:
-            async with backend.lock(lock_name, ttl=5.0, blocking=False):
-                pytest.fail("acquired a held lock")
-        assert info.value.name == lock_name
-        assert info.value.retry_after is None or 0 < info.value.retry_after <= 5.0
+    # Held through acquire(), not a nested `async with` (this task would get AlreadyHeld).
+    held = await backend.acquire(lock_name, ttl=5.0)
+    with pytest.raises(asynclock.LockHeld) as info:
+        async with backend.lock(lock_name, ttl=5.0, blocking=False):
+            pytest.fail("acquired a held lock")
+    assert type(info.value) is asynclock.LockHeld
+    assert info.value.name == lock_name
+    assert info.value.retry_after is None or 0 < info.value.retry_after <= 5.0
+    assert await held.release()
 
 
 async def test_timeout_raises_acquire_timeout(backend: asynclock.Backend, lock_name: str) -> None:
-    async with backend.lock(lock_name, ttl=5.0):
-        with pytest.raises(asynclock.AcquireTimeout) as info:
-            async with backend.lock(lock_name, ttl=5.0, timeout=0.1):
-                pytest.fail("acquired a held lock")
-        assert isinstance(info.value, TimeoutError)
-        with pytest.raises(asynclock.AcquireTimeout):
-            await backend.acquire(lock_name, ttl=5.0, timeout=0)
+    held = await backend.acquire(lock_name, ttl=5.0)  # not a nested `async with` (AlreadyHeld)
+    with pytest.raises(asynclock.AcquireTimeout) as info:
+        async with backend.lock(lock_name, ttl=5.0, timeout=0.1):
+            pytest.fail("acquired a held lock")
+    assert isinstance(info.value, TimeoutError)
+    with pytest.raises(asynclock.AcquireTimeout):
+        await backend.acquire(lock_name, ttl=5.0, timeout=0)
+    assert await held.release()
 
 
 async def test_waiter_gets_lock_after_release(backend: asynclock.Backend, lock_name: str) -> None:

@@ -3,9 +3,9 @@
 Each drill runs a few seconds with every fault that applies (pause, partition, kill, clock)
 and must end with nothing lost while the fence is on. ``--no-fence`` must show the damage.
 
-Adding a backend (etcd, once tests/support provides its ``spec_etcd`` fixture): add its
-fixture name to ``URL_BACKENDS`` below — the drill takes any asynclock URL (a backend it has
-no register store for gets a local SQLite register).
+Adding a backend: add its ``spec_<id>`` fixture name to ``URL_BACKENDS`` below (etcd went
+in that way) — the drill takes any asynclock URL (a backend it has no register store for
+gets a local SQLite register).
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from tests.support.spec import BackendSpec
 #: Drills that start their own throwaway servers (redlock: 3 nodes, kills hit nodes too).
 SPAWN = ["sqlite", "redis", "redlock", "postgres"]
 #: Drills against the suite's servers by URL (``spec_<id>`` fixtures): PostgreSQL's lease
-#: mode (``--spawn postgres`` is session mode). Add "etcd" here once ``spec_etcd`` exists.
-URL_BACKENDS = ["postgres_lease"]
+#: mode (``--spawn postgres`` is session mode) and etcd (a local SQLite register). A new
+#: backend is one more fixture id here.
+URL_BACKENDS = ["postgres_lease", "etcd"]
 
 SHORT: dict[str, Any] = {"workers": 3, "duration": 3.0, "ttl": 0.3, "seed": 7}
 

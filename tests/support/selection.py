@@ -25,6 +25,9 @@ FIXTURES = {
     "redlock_servers": "redlock",
     "pg_server": "postgres",
     "pgbouncer": "postgres",
+    "etcd_cluster": "etcd",
+    "etcd_cluster3": "etcd3",
+    "etcd_factory": "etcd",
 }
 
 

@@ -10,6 +10,8 @@ Modes:
            lease is lost. On LeaseLost print {"event": "lost", "reason": ...}; then replay
            the write that was in flight when it froze through the SQL fence in
            ``fence_db`` and print {"event": "late_write", "result": "stale"|"accepted"}.
+  lead   - like hold, through ``backend.leadership(name, identity=...)``: prints
+           {"event": "acquired", ...} once elected, then the same events as hold.
 """
 
 from __future__ import annotations
@@ -61,8 +63,13 @@ def fenced_write(fence_db: str, key: str, token: int, value: str) -> str:
 async def hold(backend: asynclock.Backend, cfg: dict[str, Any]) -> None:
     token = 0
     try:
-        async with backend.lock(cfg["name"], ttl=cfg["ttl"]) as lease:
-            token = lease.token
+        guard = (
+            backend.leadership(cfg["name"], ttl=cfg["ttl"], identity=cfg.get("identity"))
+            if cfg["mode"] == "lead"
+            else backend.lock(cfg["name"], ttl=cfg["ttl"], token_scope=cfg.get("token_scope"))
+        )
+        async with guard as held:
+            token = held.token
             if cfg.get("fence_db"):
                 fenced_write(cfg["fence_db"], cfg["name"], token, "holder-before-pause")
             emit("acquired", token=token, pid_time=time.monotonic())
@@ -79,7 +86,7 @@ async def main() -> None:
     async with asynclock.connect(cfg["url"], **cfg.get("options", {})) as backend:
         if cfg["mode"] == "count":
             await count(backend, cfg)
-        elif cfg["mode"] == "hold":
+        elif cfg["mode"] in ("hold", "lead"):
             await hold(backend, cfg)
         else:
             raise SystemExit(f"unknown mode {cfg['mode']!r}")

@@ -1,0 +1,744 @@
+"""The etcd driver: etcd's ``concurrency.Mutex`` layout over shared session leases.
+
+* **Sessions.** One etcd lease per distinct ttl in use (granted on first use, revoked once
+  nothing has used it for a while), all kept alive on the client's one keep-alive stream.
+  etcd grants whole seconds and at least its minimum (about 1.5 election timeouts); we ask
+  for the next whole second above ``ttl`` so a key outlives the local deadline the core
+  computes from the ttl asked for (G3): a lock is taken, and renewed, only with a
+  keep-alive of its session acknowledged recently enough (sent alongside the acquire when
+  the last one is too old). A lease the server reports gone (TTL <= 0) loses every holder
+  on it at once (like ``Session.Done()``). ``lease.extend(ttl)`` moves the key to the new
+  ttl's session (a put keeps its create revision: same token).
+* **Mutex.** A lock's key is ``<prefix><name>/<lease id in hex>``, created in a txn with
+  ``create_revision == 0``; the holder is the key with the lowest create revision under
+  ``<prefix><name>/``; a waiter watches only its predecessor (FIFO, no herd). The token is
+  the holder key's create revision: cluster-wide and monotonic (G2). ``etcdctl lock NAME``
+  and Go's ``concurrency.Mutex`` use the same layout, so they exclude each other with us.
+* **One participant per name per process.** Two tasks here on one name and ttl would write
+  the same key (etcd's Mutex calls that a re-lock), so each name has one *slot*: the task
+  that owns it is the process's participant in etcd; other tasks queue locally, first come
+  first served, and take the slot when it is freed.
+* **Driver-side expiry.** A held slot the core stops renewing (a lease lost locally) is
+  deleted by the driver once its ttl has passed since the last confirmed renewal, exactly
+  when the server would have expired a per-lock lease — the shared session keeps living
+  for the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from ..._core.asyncio_only import require_asyncio
+from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
+from ..._core.exceptions import BackendUnavailable
+from ..._core.holder import Holder
+from . import _proto as pb
+from .client import EtcdClient, EtcdError, prefix_end
+
+logger = logging.getLogger("asynclock.etcd")
+
+#: A waiter's fallback poll: the predecessor watch is the real signal, this only bounds
+#: the damage of a notification that never comes.
+WAIT_POLL = 1.0
+#: A task queued behind another task of this process polls this often (it is woken when
+#: the slot is freed).
+LOCAL_POLL = 1.0
+#: Server and client clocks may run at slightly different rates.
+SERVER_DRIFT = 0.01
+#: etcd rejects transactions with more operations than --max-txn-ops (default 128).
+MAX_TXN_OPS = 128
+
+
+def requested_ttl(ttl: float) -> int:
+    """The whole seconds asked of etcd for locks of ``ttl`` (the server may grant more):
+    the next whole second above ``ttl``, so a key outlives the local deadline, and etcd's
+    remaining TTL (whole seconds, rounded down) never reads above ``ttl``."""
+    return max(1, math.floor(ttl) + 1)
+
+
+@dataclass(eq=False)
+class Session:
+    """One etcd lease shared by every lock of one ttl in this process."""
+
+    ttl: float
+    lease_id: int
+    granted: int
+    #: Our clock, read before the last acknowledged keep-alive (or the grant) was sent: the
+    #: server's lease lives at least ``granted`` seconds past it.
+    acked_at: float
+    users: int = 0
+    idle_since: float | None = None
+    dead: bool = False
+
+    @property
+    def headroom(self) -> float:
+        """How much longer than a lock's ttl the lease lives after a keep-alive."""
+        return self.granted * (1 - SERVER_DRIFT) - self.ttl
+
+    @property
+    def interval(self) -> float:
+        """Keep-alive period: often enough that a new lock of ``ttl`` usually fits without
+        a keep-alive of its own (see :meth:`EtcdDriver._fresh`)."""
+        if self.headroom < 0.1:
+            return self.granted / 3
+        return max(0.05, min(self.granted / 3, self.headroom / 2))
+
+
+@dataclass(eq=False)
+class _Slot:
+    """This process's one participant in etcd for a name."""
+
+    name: str
+    owner: str
+    ttl: float
+    session: Session | None = None
+    key: bytes = b""  # our key (named after the session it was created on)
+    rev: int | None = None  # our key's create revision, once known
+    held: bool = False
+    expires_at: float = math.inf  # held: when the core's lease would have ended
+    pred: tuple[bytes, int] | None = None  # predecessor key, revision it was seen at
+    watch: tuple[bytes, int] | None = None  # (watched key, watch id)
+    holder_lease: int = 0  # the etcd lease of the holder seen by the last attempt
+
+
+class EtcdDriver(Driver):
+    """Locks in an etcd cluster. See the module docstring and docs/backends/etcd.md."""
+
+    def __init__(self, client: EtcdClient, *, prefix: str = "", display: str) -> None:
+        super().__init__()
+        self.client = client
+        self.prefix = prefix
+        self.display = display
+        self.sessions: dict[float, Session] = {}
+        self._granting: dict[float, anyio.Event] = {}
+        self.slots: dict[str, _Slot] = {}
+        self._queues: dict[str, deque[str]] = {}
+        self._watched: dict[str, int] = {}
+        #: Keys of ours whose delete failed: key -> (create revision, owner), retried.
+        self._orphans: dict[bytes, tuple[int | None, bytes]] = {}
+        self._poke = anyio.Event()
+        self._granted_ttls: dict[str, int] = {}
+        client.on_watch_reset = self._watches_reset
+
+    # -- keys ------------------------------------------------------------------------------
+
+    def lock_prefix(self, name: str) -> bytes:
+        return f"{self.prefix}{name}/".encode("utf-8", "surrogatepass")
+
+    def _key(self, name: str, session: Session) -> bytes:
+        return self.lock_prefix(name) + f"{session.lease_id:x}".encode()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        require_asyncio(self.display, "grpc.aio")
+        await self.client.open()
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(self.client.timeout):
+                for session in list(self.sessions.values()):
+                    try:
+                        await self.client.revoke(session.lease_id)
+                    except Exception as exc:
+                        logger.debug("revoke of lease %x failed: %r", session.lease_id, exc)
+            self.sessions.clear()
+            try:
+                await self.client.aclose()
+            except Exception as exc:  # pragma: no cover - must not raise
+                logger.debug("closing the etcd client failed: %r", exc)
+
+    async def background(self) -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self.client.run_keepalive_stream)
+            tg.start_soon(self.client.run_watch_stream)
+            tg.start_soon(self._housekeeping)
+
+    # -- sessions --------------------------------------------------------------------------
+
+    async def _session(self, ttl: float) -> Session:
+        while True:
+            session = self.sessions.get(ttl)
+            if session is not None and not session.dead:
+                return session
+            granting = self._granting.get(ttl)
+            if granting is not None:
+                await granting.wait()
+                continue
+            granting = self._granting[ttl] = anyio.Event()
+            try:
+                # Shielded (the call has its deadline): a grant another task is waiting for
+                # must not be abandoned half way because the first asker was cancelled.
+                with anyio.CancelScope(shield=True):
+                    t_send = self.clock.now()
+                    reply = await self.client.grant(requested_ttl(ttl))
+                if reply.error or reply.TTL <= 0:
+                    raise BackendUnavailable(f"etcd: lease grant refused: {reply.error}")
+                session = Session(ttl, reply.ID, reply.TTL, t_send)
+                self.sessions[ttl] = session
+                self._poke.set()
+                return session
+            finally:
+                del self._granting[ttl]
+                granting.set()
+
+    def _session_lost(self, session: Session, why: str) -> None:
+        """The server says the lease is gone: every lock on it is lost at once (G4)."""
+        if session.dead:
+            return
+        session.dead = True
+        if self.sessions.get(session.ttl) is session:
+            del self.sessions[session.ttl]
+        for name, slot in list(self.slots.items()):
+            if slot.session is not session:
+                continue
+            if slot.held:
+                self._free(name, slot)
+                self._notify_lost(name, slot.owner, why)
+            else:  # a waiter: its key is gone; the next attempt queues again
+                self._unwatch_slot(slot)
+                slot.session, slot.key, slot.rev, slot.pred = None, b"", None, None
+                self._wake(name)
+
+    def _fits(self, session: Session, ttl: float) -> bool:
+        """Does the session outlive a lock of ``ttl`` taken now, on its last keep-alive?"""
+        return session.acked_at + session.granted * (1 - SERVER_DRIFT) >= self.clock.now() + ttl
+
+    async def _fresh_attempt(
+        self, name: str, slot: _Slot, session: Session, ttl: float
+    ) -> int | Busy | None:
+        """G3: the attempt, plus a keep-alive sent alongside it when the session's last one
+        is too old for a lock of ``ttl`` (both are sent after the core read its t_send, so
+        the server keeps the key at least ``granted >= ttl`` past it)."""
+        if self._fits(session, ttl):
+            return await self._attempt(name, slot, session)
+        failed: list[Exception] = []
+
+        async def refresh() -> None:
+            try:
+                await self._keep_alive([session])
+            except Exception as exc:
+                failed.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(refresh)
+            result = await self._attempt(name, slot, session)
+        if failed:
+            raise failed[0]
+        if session.dead:
+            raise BackendUnavailable(f"etcd: lease {session.lease_id:x} expired at the server")
+        return result
+
+    async def _keep_alive(self, sessions: Sequence[Session]) -> None:
+        t_send = self.clock.now()
+        ttls = await self.client.keep_alive([s.lease_id for s in sessions])
+        for session in sessions:
+            ttl = ttls.get(session.lease_id)
+            if ttl is None:
+                continue
+            if ttl <= 0:
+                self._session_lost(session, f"etcd lease {session.lease_id:x} expired")
+            elif t_send > session.acked_at:
+                session.acked_at = t_send
+
+    # -- acquire ---------------------------------------------------------------------------
+
+    def _claim(self, name: str, owner: str, ttl: float, queue: bool) -> _Slot | Busy:
+        slot = self.slots.get(name)
+        if slot is not None:
+            if slot.owner == owner:
+                return slot
+            if not queue:
+                return Busy(retry_after=None)
+            line = self._queues.setdefault(name, deque())
+            if owner not in line:
+                line.append(owner)
+            return Busy(retry_after=LOCAL_POLL)
+        waiting = self._queues.get(name)
+        if waiting and waiting[0] != owner:
+            if queue and owner not in waiting:
+                waiting.append(owner)
+            return Busy(retry_after=LOCAL_POLL)
+        if waiting:
+            waiting.popleft()
+            if not waiting:
+                del self._queues[name]
+        slot = self.slots[name] = _Slot(name, owner, ttl)
+        return slot
+
+    async def acquire(
+        self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
+    ) -> int | Busy:
+        # ``scope`` needs nothing here: a token is a create revision, which rises across
+        # the whole cluster, so it is above every token ever handed out, in any scope (G2).
+        claimed = self._claim(name, owner, ttl, queue)
+        if isinstance(claimed, Busy):
+            return claimed
+        slot = claimed
+        for _ in range(3):
+            if slot.session is None or slot.session.dead:
+                session = await self._session(ttl)
+                if self.slots.get(name) is not slot:
+                    return Busy(retry_after=LOCAL_POLL)  # freed while we waited
+                if slot.session is not session:
+                    if slot.session is not None:
+                        slot.session.users -= 1
+                    slot.session, slot.rev, slot.pred = session, None, None
+                    slot.key = self._key(name, session)
+                    session.users += 1
+                    session.idle_since = None
+            session = slot.session
+            assert session is not None
+            result = await self._fresh_attempt(name, slot, session, ttl)
+            if result is None:
+                continue  # our key vanished or was a stale one: queue again
+            if isinstance(result, int):
+                slot.held = True
+                slot.expires_at = self.clock.now() + ttl
+                self._unwatch_slot(slot)
+                self._granted_ttls[owner] = session.granted
+                return result
+            if not queue:
+                await self._drop(slot)
+                return await self._holder_left(slot.holder_lease)
+            self._watch_slot(name, slot)
+            return result
+        raise BackendUnavailable(f"etcd: could not queue for {name!r}: our key kept vanishing")
+
+    async def _attempt(self, name: str, slot: _Slot, session: Session) -> int | Busy | None:
+        """One txn: create our key (or look at it again) and see who holds the name.
+
+        Returns our create revision if we hold it, Busy (with the predecessor recorded),
+        or None if our key is gone or was a stale one of ours (deleted; try again).
+        """
+        prefix = self.lock_prefix(name)
+        end = prefix_end(prefix)
+        key = slot.key
+        first = pb.RequestOp(
+            request_range=pb.RangeRequest(
+                key=prefix,
+                range_end=end,
+                sort_order=pb.SORT_ASCEND,
+                sort_target=pb.SORT_TARGET_CREATE,
+                limit=1,
+                keys_only=True,
+            )
+        )
+        if slot.rev is None:
+            # Create our key; the last two keys by creation are ours and our predecessor.
+            newest = pb.RequestOp(
+                request_range=pb.RangeRequest(
+                    key=prefix,
+                    range_end=end,
+                    sort_order=pb.SORT_DESCEND,
+                    sort_target=pb.SORT_TARGET_CREATE,
+                    limit=2,
+                    keys_only=True,
+                )
+            )
+            put = pb.RequestOp(
+                request_put=pb.PutRequest(
+                    key=key, value=slot.owner.encode(), lease=session.lease_id
+                )
+            )
+            get = pb.RequestOp(request_range=pb.RangeRequest(key=key, keys_only=True))
+            request = pb.TxnRequest(
+                compare=[_created_at(key, 0)], success=[put, first, newest], failure=[get]
+            )
+            try:
+                reply = await self.client.txn(request)
+            except EtcdError as exc:
+                if exc.code == "NOT_FOUND":  # "requested lease not found"
+                    self._session_lost(session, f"etcd lease {session.lease_id:x} expired")
+                    return None
+                raise
+            if not reply.succeeded:
+                # A key of ours left from an earlier hold (its release never confirmed):
+                # its revision is an old token, never reuse it (G2). Delete, start over.
+                kvs = reply.responses[0].response_range.kvs
+                stale = kvs[0].create_revision if kvs else None
+                await self._delete_key(key, stale, None)
+                self._orphans.pop(key, None)
+                return None
+            slot.rev = reply.header.revision
+            holder = reply.responses[1].response_range.kvs
+            newest_kvs = reply.responses[2].response_range.kvs
+            if not holder or holder[0].create_revision == slot.rev:
+                return slot.rev
+            pred = newest_kvs[1].key if len(newest_kvs) > 1 else holder[0].key
+            slot.pred = (pred, reply.header.revision)
+            slot.holder_lease = holder[0].lease
+            return Busy(retry_after=WAIT_POLL)
+        before = pb.RequestOp(
+            request_range=pb.RangeRequest(
+                key=prefix,
+                range_end=end,
+                sort_order=pb.SORT_DESCEND,
+                sort_target=pb.SORT_TARGET_CREATE,
+                max_create_revision=slot.rev - 1,
+                limit=1,
+                keys_only=True,
+            )
+        )
+        request = pb.TxnRequest(compare=[_created_at(key, slot.rev)], success=[first, before])
+        reply = await self.client.txn(request)
+        if not reply.succeeded:
+            slot.rev, slot.pred = None, None
+            self._unwatch_slot(slot)
+            return None
+        holder = reply.responses[0].response_range.kvs
+        earlier = reply.responses[1].response_range.kvs
+        if not earlier or (holder and holder[0].create_revision == slot.rev):
+            return slot.rev
+        slot.pred = (earlier[0].key, reply.header.revision)
+        slot.holder_lease = holder[0].lease if holder else 0
+        return Busy(retry_after=WAIT_POLL)
+
+    async def _holder_left(self, lease_id: int) -> Busy:
+        """For LockHeld: how long the holder's etcd lease has left (it may be etcdctl's
+        10 s session by default), from the server; unknown if the lookup fails."""
+        if not lease_id:
+            return Busy(retry_after=None)
+        try:
+            reply = await self.client.time_to_live(lease_id, keys=False)
+        except EtcdError:
+            return Busy(retry_after=None)
+        # Whole seconds, rounded down: the lease lives at least this long from now (and
+        # etcd's expiry sweep adds up to half a second), never less.
+        return Busy(retry_after=float(max(reply.TTL, 0)))
+
+    # -- watching the predecessor ----------------------------------------------------------
+
+    async def watch(self, name: str) -> bool:
+        self._watched[name] = self._watched.get(name, 0) + 1
+        slot = self.slots.get(name)
+        if slot is not None:
+            self._watch_slot(name, slot)
+        # Watches start at the revision the attempt saw, so no release is missed.
+        return False
+
+    async def unwatch(self, name: str) -> None:
+        count = self._watched.get(name, 0) - 1
+        if count > 0:
+            self._watched[name] = count
+            return
+        self._watched.pop(name, None)
+        slot = self.slots.get(name)
+        if slot is not None:
+            self._unwatch_slot(slot)
+
+    def _watch_slot(self, name: str, slot: _Slot) -> None:
+        if not self._watched.get(name) or slot.pred is None or slot.held:
+            return
+        key, seen_at = slot.pred
+        if slot.watch is not None:
+            if slot.watch[0] == key:
+                return
+            self._unwatch_slot(slot)
+
+        def on_event(kind: str, revision: int) -> None:
+            if kind == "canceled" and slot.watch is not None and slot.watch[1] == watch_id:
+                slot.watch = None  # compacted history: the next attempt looks afresh
+            self._wake(name)
+
+        watch_id = self.client.watch(key, seen_at + 1, on_event)
+        slot.watch = (key, watch_id)
+
+    def _unwatch_slot(self, slot: _Slot) -> None:
+        if slot.watch is not None:
+            self.client.cancel_watch(slot.watch[1])
+            slot.watch = None
+
+    def _watches_reset(self) -> None:
+        for name, slot in self.slots.items():
+            if slot.watch is not None:
+                slot.watch = None
+                self._wake(name)
+
+    # -- renew, release, validate ----------------------------------------------------------
+
+    async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
+        t_send = self.clock.now()
+        results: list[ExtendResult | None] = []
+        sessions: dict[int, Session] = {}
+        for ref in leases:
+            slot = self.slots.get(ref.name)
+            if slot is None or slot.owner != ref.owner or not slot.held or slot.rev != ref.token:
+                results.append(Refused("not held by this owner"))
+                continue
+            assert slot.session is not None
+            if ref.ttl != slot.ttl:  # lease.extend(ttl): the key moves to that ttl's session
+                try:
+                    results.append(await self._move(slot, ref, t_send))
+                except Exception as exc:
+                    results.append(exc)
+                continue
+            sessions[slot.session.lease_id] = slot.session
+            results.append(None)
+        if not sessions:
+            return [r for r in results if r is not None]
+        attached: dict[int, set[bytes]] = {}
+
+        async def keys_of(session: Session) -> None:
+            reply = await self.client.time_to_live(session.lease_id, keys=True)
+            # TTL is whole seconds left, rounded down (0 is alive); -1: the lease is gone.
+            attached[session.lease_id] = set(reply.keys) if reply.TTL >= 0 else set()
+
+        # One keep-alive per session on the stream, and one look at the keys each carries.
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._keep_alive, list(sessions.values()))
+            for session in sessions.values():
+                tg.start_soon(keys_of, session)
+        out: list[ExtendResult] = []
+        for ref, result in zip(leases, results, strict=True):
+            if result is not None:
+                out.append(result)
+                continue
+            slot = self.slots.get(ref.name)
+            if slot is None or slot.owner != ref.owner or not slot.held:
+                out.append(Refused("lost while renewing"))
+                continue
+            held_on = slot.session
+            assert held_on is not None
+            if held_on.dead:
+                out.append(Refused(f"etcd lease {held_on.lease_id:x} expired"))
+            elif slot.key not in attached.get(held_on.lease_id, set()):
+                out.append(Refused("lock key deleted at the server"))
+            else:
+                slot.expires_at = max(slot.expires_at, t_send + ref.ttl)
+                out.append(True)
+        return out
+
+    async def _move(self, slot: _Slot, ref: LeaseRef, t_send: float) -> ExtendResult:
+        """Attach a held key to the session of a new ttl (``lease.extend(ttl)``): a put on
+        the existing key keeps its create revision, so the token is unchanged (G7)."""
+        session = await self._session(ref.ttl)
+        put = pb.RequestOp(
+            request_put=pb.PutRequest(
+                key=slot.key, value=slot.owner.encode(), lease=session.lease_id
+            )
+        )
+        assert slot.rev is not None
+        reply = await self.client.txn(
+            pb.TxnRequest(compare=[_created_at(slot.key, slot.rev)], success=[put])
+        )
+        if not reply.succeeded:
+            return Refused("lock key deleted at the server")
+        if not self._fits(session, ref.ttl):
+            await self._keep_alive([session])  # sent after t_send: G3 for the new ttl
+        if session.dead:
+            return Refused(f"etcd lease {session.lease_id:x} expired")
+        if self.slots.get(slot.name) is not slot or not slot.held:
+            return Refused("lost while renewing")
+        old = slot.session
+        if old is not None and old is not session:
+            old.users -= 1
+            if old.users <= 0:
+                old.idle_since = self.clock.now()
+        session.users += 1
+        session.idle_since = None
+        slot.session, slot.ttl = session, ref.ttl
+        slot.expires_at = t_send + ref.ttl
+        self._granted_ttls[slot.owner] = session.granted
+        return True
+
+    async def release(self, name: str, owner: str, token: int | None) -> bool:
+        slot = self.slots.get(name)
+        if slot is None or slot.owner != owner:
+            return False
+        if token is not None and (not slot.held or slot.rev != token):
+            return False
+        if token is not None:
+            # Local state changes only once the server confirmed (G6): a failed release
+            # keeps the slot, so it can be retried (or expires with its ttl).
+            removed = await self._delete_own(slot)
+            self._free(name, slot)
+            return removed
+        return await self._drop(slot)
+
+    async def _drop(self, slot: _Slot) -> bool:
+        """Delete the key of a slot that does not hold (an interrupted or abandoned
+        attempt) and free the slot; if the delete fails, it is retried in the background
+        so the next task here is not stuck behind it."""
+        try:
+            return await self._delete_own(slot)
+        except BaseException:
+            if slot.session is not None and not slot.session.dead:
+                self._orphans[slot.key] = (slot.rev, slot.owner.encode())
+            raise
+        finally:
+            self._free(slot.name, slot)
+
+    async def abandon(self, name: str, owner: str) -> None:
+        waiting = self._queues.get(name)
+        if waiting is not None and owner in waiting:
+            waiting.remove(owner)
+            if not waiting:
+                del self._queues[name]
+            self._wake(name)  # the head may have left: let the next one try now
+        slot = self.slots.get(name)
+        if slot is not None and slot.owner == owner and not slot.held:
+            await self._drop(slot)
+
+    async def validate(self, name: str, token: int) -> bool:
+        prefix = self.lock_prefix(name)
+        reply = await self.client.range(
+            pb.RangeRequest(
+                key=prefix,
+                range_end=prefix_end(prefix),
+                sort_order=pb.SORT_ASCEND,
+                sort_target=pb.SORT_TARGET_CREATE,
+                limit=1,
+                keys_only=True,
+            )
+        )
+        return bool(reply.kvs) and reply.kvs[0].create_revision == token
+
+    async def _first(self, name: str) -> Any:
+        """The key with the lowest create revision under the lock's prefix (the holder)."""
+        prefix = self.lock_prefix(name)
+        reply = await self.client.range(
+            pb.RangeRequest(
+                key=prefix,
+                range_end=prefix_end(prefix),
+                sort_order=pb.SORT_ASCEND,
+                sort_target=pb.SORT_TARGET_CREATE,
+                limit=1,
+            )
+        )
+        return reply.kvs[0] if reply.kvs else None
+
+    async def owner_of(self, name: str) -> tuple[str, int] | None:
+        kv = await self._first(name)
+        if kv is None:
+            return None
+        # Our keys store the owner (with a leader's identity in it); etcdctl's are empty.
+        return kv.value.decode("utf-8", "replace"), kv.create_revision
+
+    async def holder(self, name: str) -> Holder | None:
+        kv = await self._first(name)
+        if kv is None:
+            return None
+        remaining: float | None = None
+        if kv.lease:
+            reply = await self.client.time_to_live(kv.lease, keys=False)
+            if reply.TTL < 0:
+                return None  # its lease just expired: the key is being deleted
+            remaining = float(reply.TTL)  # whole seconds, rounded down
+        # Our keys carry the owner; etcdctl's and Go's Mutex keys are empty.
+        owner = kv.value.decode("utf-8", "replace") or None
+        return Holder(name, owner, kv.create_revision, remaining)
+
+    async def break_lock(self, name: str) -> bool:
+        kv = await self._first(name)
+        if kv is None:
+            return False
+        # G2: the next key anyone creates gets a larger revision; the broken holder's next
+        # renewal finds its key gone (refused).
+        broken = await self._delete_key(kv.key, kv.create_revision, None)
+        slot = self.slots.get(name)
+        if broken and slot is not None and slot.key == kv.key:
+            self._free(name, slot)  # a holder here: the name is free for the next task now
+        return broken
+
+    def granted_ttl(self, owner: str) -> int | None:
+        """Seconds etcd granted the session lease of the hold ``owner`` (None: unknown)."""
+        return self._granted_ttls.get(owner)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    async def _delete_own(self, slot: _Slot) -> bool:
+        """Delete our key (owner-checked by its create revision when we know it)."""
+        if slot.session is None:
+            return False
+        return await self._delete_key(slot.key, slot.rev, slot.owner.encode())
+
+    async def _delete_key(self, key: bytes, rev: int | None, owner: bytes | None) -> bool:
+        """Delete ``key`` if it is still the one we wrote: same create revision, or (the
+        revision unknown: the reply to our put was lost) the same owner in its value."""
+        if rev is not None:
+            guard = _created_at(key, rev)
+        elif owner is not None:
+            guard = pb.Compare(
+                result=pb.CMP_EQUAL, target=pb.CMP_TARGET_VALUE, key=key, value=owner
+            )
+        else:
+            raise ValueError("a delete needs the key's create revision or its owner")
+        delete = pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=key))
+        reply = await self.client.txn(pb.TxnRequest(compare=[guard], success=[delete]))
+        return bool(reply.succeeded)
+
+    def _free(self, name: str, slot: _Slot) -> None:
+        if self.slots.get(name) is not slot:
+            return
+        del self.slots[name]
+        self._granted_ttls.pop(slot.owner, None)
+        self._unwatch_slot(slot)
+        session = slot.session
+        if session is not None:
+            session.users -= 1
+            if session.users <= 0:
+                session.idle_since = self.clock.now()
+        self._wake(name)
+
+    async def _housekeeping(self) -> None:
+        """Keep sessions alive, expire holds the core stopped renewing, retry orphan
+        deletes, revoke sessions nobody used for a while."""
+        while True:
+            now = self.clock.now()
+            due = now + 1.0
+            alive = [s for s in self.sessions.values() if not s.dead and s.users > 0]
+            stale = [s for s in alive if now >= s.acked_at + s.interval]
+            if stale:
+                try:
+                    await self._keep_alive(stale)
+                except Exception as exc:
+                    logger.debug("keep-alive failed, will retry: %r", exc)
+                    due = min(due, self.clock.now() + 0.05)
+            for session in alive:
+                due = min(due, session.acked_at + session.interval)
+            now = self.clock.now()
+            for name, slot in list(self.slots.items()):
+                if slot.held and now >= slot.expires_at:
+                    # The core stopped renewing (lost locally): expire it like the server
+                    # would a lease of its own.
+                    if slot.session is not None and not slot.session.dead:
+                        self._orphans[slot.key] = (slot.rev, slot.owner.encode())
+                    self._free(name, slot)
+                elif slot.held:
+                    due = min(due, slot.expires_at)
+            for key, (rev, owner) in list(self._orphans.items()):
+                try:
+                    await self._delete_key(key, rev, owner)
+                except Exception as exc:
+                    logger.debug("delete of %r failed, will retry: %r", key, exc)
+                    due = min(due, self.clock.now() + 0.2)
+                else:
+                    self._orphans.pop(key, None)
+            for session in list(self.sessions.values()):
+                idle = session.idle_since
+                if session.users <= 0 and idle is not None and now - idle >= session.granted:
+                    del self.sessions[session.ttl]
+                    session.dead = True
+                    try:
+                        await self.client.revoke(session.lease_id)
+                    except Exception as exc:
+                        logger.debug("revoke of lease %x failed: %r", session.lease_id, exc)
+                elif session.users <= 0 and idle is not None:
+                    due = min(due, idle + session.granted)
+            self._poke = anyio.Event()
+            with anyio.move_on_after(max(0.0, due - self.clock.now())):
+                await self._poke.wait()
+
+
+def _created_at(key: bytes, revision: int) -> Any:
+    return pb.Compare(
+        result=pb.CMP_EQUAL, target=pb.CMP_TARGET_CREATE, key=key, create_revision=revision
+    )

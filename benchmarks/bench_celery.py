@@ -1,0 +1,284 @@
+# Celery ships no type information, so its decorators are untyped.
+# mypy: disable-error-code="untyped-decorator"
+"""Celery benchmark: no-op task throughput and loss -> LeaseLost latency, real workers.
+
+Part A - throughput: one ``celery worker`` (prefork, concurrency 2, Redis broker and
+result backend) runs N no-op tasks with distinct arguments (so no two runs contend for a
+lock), in one run side by side:
+
+* plain: ``@app.task``;
+* LockedTask: ``base=LockedTask, lock="bench:{i}"`` (a Redis lock held for the execution);
+* celery-singleton (``base=Singleton``) and celery-once (``base=QueueOnce``), if they
+  import: both lock at *enqueue* time, in the sending process, and delete the key after.
+
+The tasks are queued while the worker is stopped (SIGSTOP), then timed from SIGCONT to the
+last result's ``date_done`` ("worker": the peers' enqueue-time locking is not in it, their
+unlock in the worker is), and from the first ``apply_async`` ("send+run": the peers' locking
+is in it). Each variant runs ``--reps`` times, in a rotating order; medians are shown.
+
+Part B - loss latency, prefork and solo: a LockedTask body marks its own lease lost
+(``asynclock_celery.testing.force_loss``) and then sleeps; the time until ``LeaseLost`` is
+raised in the body (heartbeat thread -> SIGUSR2 -> handler) is recorded, and the p50 / p99
+are shown.
+
+Usage::
+
+    uv run python -m benchmarks.bench_celery [--tasks N] [--reps R] [--samples S] [--quick]
+
+This is a comparison table, not a pass/fail test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+from celery import Celery, signals
+
+import asynclock
+from asynclock_celery import LockedTask
+from asynclock_celery.testing import force_loss
+from tests.support.redis_servers import RedisFactory
+
+ROOT = Path(__file__).resolve().parents[1]
+BROKER = os.environ.get("BENCH_BROKER", "memory://")
+RESULTS = os.environ.get("BENCH_RESULTS") or None
+EVENTS = os.environ.get("BENCH_EVENTS", "")
+
+app = Celery("asynclock_bench", broker=BROKER, backend=RESULTS)
+app.conf.update(
+    asynclock_url=os.environ.get("BENCH_LOCKS") or None,
+    singleton_backend_url=os.environ.get("BENCH_LOCKS") or None,
+    ONCE={
+        "backend": "celery_once.backends.Redis",
+        "settings": {"url": os.environ.get("BENCH_LOCKS") or "redis://", "default_timeout": 60},
+    },
+    worker_hijack_root_logger=False,
+    broker_connection_retry_on_startup=True,
+)
+
+
+@signals.worker_ready.connect
+def _ready(**_: Any) -> None:
+    if EVENTS:
+        redis.Redis.from_url(EVENTS).rpush("ready", "1")
+
+
+@app.task(name="bench.plain")
+def plain(i: int) -> int:
+    return i
+
+
+@app.task(name="bench.locked", base=LockedTask, lock="bench:{i}", lock_ttl=30)
+def locked(i: int) -> int:
+    return i
+
+
+@app.task(name="bench.lose", bind=True, base=LockedTask, lock="loss:{i}", lock_ttl=30)
+def lose(self: LockedTask, i: int) -> None:
+    started = time.monotonic()
+    try:
+        force_loss(self.lease, "benchmark")
+        time.sleep(10)
+    except asynclock.LeaseLost:
+        redis.Redis.from_url(EVENTS).rpush("loss", json.dumps(time.monotonic() - started))
+
+
+PEERS: dict[str, Any] = {}
+try:
+    from celery_singleton import Singleton
+
+    @app.task(name="bench.singleton", base=Singleton)
+    def singleton(i: int) -> int:
+        return i
+
+    PEERS["celery-singleton"] = singleton
+except ImportError:  # pragma: no cover - a bench-group peer
+    pass
+try:
+    from celery_once import QueueOnce
+
+    @app.task(name="bench.once", base=QueueOnce, once={"graceful": False})
+    def once(i: int) -> int:
+        return i
+
+    PEERS["celery-once"] = once
+except ImportError:  # pragma: no cover - a bench-group peer
+    pass
+
+
+# -- the driver ------------------------------------------------------------------------
+
+
+def start_worker(
+    server_url: str, pool: str, concurrency: int, log: Path
+) -> subprocess.Popen[bytes]:
+    base = server_url.rsplit("/", 1)[0]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "BENCH_BROKER": f"{base}/1",
+        "BENCH_RESULTS": f"{base}/2",
+        "BENCH_EVENTS": f"{base}/3",
+        "BENCH_LOCKS": f"{base}/4",
+    }
+    events = redis.Redis.from_url(f"{base}/3", socket_timeout=90)
+    events.delete("ready", "loss")
+    args = [
+        sys.executable, "-m", "celery", "-A", "benchmarks.bench_celery", "worker",
+        "-P", pool, "-c", str(concurrency), "--without-gossip", "--without-mingle",
+        "--without-heartbeat", "--loglevel", "WARNING",
+    ]  # fmt: skip
+    with log.open("ab") as out:
+        process = subprocess.Popen(args, env=env, cwd=ROOT, stdout=out, stderr=out)
+    if events.blpop(["ready"], timeout=60) is None:
+        process.kill()
+        raise SystemExit(f"the {pool} worker did not start; see {log}")
+    return process
+
+
+def stop_worker(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _worker_pids(process: subprocess.Popen[bytes]) -> list[int]:
+    children = Path(f"/proc/{process.pid}/task/{process.pid}/children")
+    return [process.pid, *(int(c) for c in children.read_text().split())]
+
+
+def throughput(
+    worker: subprocess.Popen[bytes], task: Any, n: int, offset: int
+) -> tuple[float, float]:
+    """(worker, sender + worker) throughput: the tasks are queued while the worker is
+    stopped (SIGSTOP); the first is timed from SIGCONT to the last result's ``date_done``,
+    the second from the first ``apply_async`` (which is where the peers lock)."""
+    pids = _worker_pids(worker)
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    sending = time.time()
+    try:
+        results = [task.apply_async((offset + i,)) for i in range(n)]
+    finally:
+        started = time.time()
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    for result in results:
+        result.get(timeout=120)
+    done = max(float(result.date_done.timestamp()) for result in results)
+    return n / (done - started), n / (done - sending)
+
+
+def loss_latencies(base: str, samples: int) -> list[float]:
+    events = redis.Redis.from_url(f"{base}/3", socket_timeout=90)
+    for i in range(samples):
+        lose.apply_async((i,))
+    found: list[float] = []
+    for _ in range(samples):
+        popped = events.blpop(["loss"], timeout=60)
+        if popped is None:
+            break
+        found.append(float(json.loads(popped[1])))
+    return found
+
+
+def p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=2000)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=200)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: few tasks, 1 rep")
+    opts = parser.parse_args()
+    if opts.quick:
+        opts.tasks, opts.reps, opts.samples = 100, 1, 20
+    with tempfile.TemporaryDirectory(prefix="bench-celery-") as tmp:
+        factory = RedisFactory(Path(tmp))
+        try:
+            server = factory()
+            base = server.url.rsplit("/", 1)[0]
+            app.conf.update(
+                broker_url=f"{base}/1",
+                result_backend=f"{base}/2",
+                asynclock_url=f"{base}/4",
+                singleton_backend_url=f"{base}/4",
+            )
+            app.conf.ONCE["settings"]["url"] = f"{base}/4"
+            log = Path(tmp) / "worker.log"
+            variants: dict[str, Any] = {"plain task": plain, "LockedTask (redis)": locked}
+            variants.update(PEERS)
+            rates: dict[str, list[float]] = {name: [] for name in variants}
+            totals: dict[str, list[float]] = {name: [] for name in variants}
+            worker = start_worker(server.url, "prefork", 2, log)
+            try:
+                for task in variants.values():  # warm up: connections, child imports
+                    throughput(worker, task, 20, 10**8)
+                offset = 0
+                names = list(variants)
+                for rep in range(opts.reps):
+                    for name in names[rep % len(names) :] + names[: rep % len(names)]:
+                        offset += opts.tasks
+                        rate, total = throughput(worker, variants[name], opts.tasks, offset)
+                        rates[name].append(rate)
+                        totals[name].append(total)
+                latencies = {"prefork": loss_latencies(base, opts.samples)}
+            finally:
+                stop_worker(worker)
+            worker = start_worker(server.url, "solo", 1, log)
+            try:
+                latencies["solo"] = loss_latencies(base, opts.samples)
+            finally:
+                stop_worker(worker)
+        finally:
+            factory.close()
+
+    print(f"asynclock Celery benchmark — Python {platform.python_version()}, "
+          f"{os.cpu_count()} CPUs, {opts.tasks} no-op tasks x {opts.reps} reps")  # fmt: skip
+    print("\nA. throughput, one prefork worker (concurrency 2), Redis broker + results")
+    plain_rate = statistics.median(rates["plain task"])
+    plain_total = statistics.median(totals["plain task"])
+    print(
+        f"  {'variant':<22} {'worker tasks/s':>15} {'vs plain':>9} "
+        f"{'send+run tasks/s':>17} {'vs plain':>9}"
+    )
+    for name, values in rates.items():
+        rate, total = statistics.median(values), statistics.median(totals[name])
+        print(
+            f"  {name:<22} {rate:>15.0f} {rate / plain_rate:>8.2f}x "
+            f"{total:>17.0f} {total / plain_total:>8.2f}x"
+        )
+    missing = {"celery-singleton", "celery-once"} - set(PEERS)
+    if missing:
+        print(f"  (not installed: {', '.join(sorted(missing))})")
+    print("\nB. loss -> LeaseLost in the body (a sleeping sync task)")
+    for pool, values in latencies.items():
+        if values:
+            print(
+                f"  {pool:<8} n={len(values):<4} p50={p(values, 0.5) * 1000:6.1f} ms  "
+                f"p99={p(values, 0.99) * 1000:6.1f} ms  max={max(values) * 1000:6.1f} ms"
+            )
+        else:
+            print(f"  {pool:<8} no samples (see the worker log)")
+
+
+if __name__ == "__main__":
+    main()

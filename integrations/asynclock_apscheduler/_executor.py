@@ -1,0 +1,511 @@
+"""``ClaimingExecutor``: claim each job occurrence before it runs (APScheduler 3.11).
+
+The seam is the executor's ``submit_job(job, run_times)``: it is the first place that
+knows an occurrence's scheduled run time (listeners fire after the run; a wrapped
+``job.func`` never learns the run time). Per run time:
+
+1. claim ``"{job.id}@{run time, UTC ISO}"`` (non-blocking, token scope = the job id, so
+   one job's tokens rise with its run times on every backend) on the executor's own
+   event-loop thread; busy means another scheduler has (or had) this occurrence: skip it;
+2. hand the occurrence to the inner executor (AsyncIO for ``AsyncIOScheduler``, a
+   thread pool otherwise) with a wrapped function that holds the claim while it runs:
+   ``asynclock.current_lease()`` and :func:`current_occurrence` answer inside, and a lost
+   claim cancels an async job or interrupts a sync one (an async exception in its thread);
+   the job then ends with ``LeaseLost`` in APScheduler's ``EVENT_JOB_ERROR``;
+3. after the run, keep the claim for one more ttl (``lease.let_expire()``) instead of
+   releasing it, so a late scheduler (start or clock offset within the misfire grace
+   time) cannot run the occurrence again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import ctypes
+import functools
+import logging
+import math
+import threading
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from apscheduler.events import (
+    EVENT_JOB_ERROR,
+    EVENT_JOB_MAX_INSTANCES,
+    EVENT_JOB_MISSED,
+    JobExecutionEvent,
+    JobSubmissionEvent,
+)
+from apscheduler.executors.asyncio import AsyncIOExecutor
+from apscheduler.executors.base import BaseExecutor, MaxInstancesReachedError
+from apscheduler.executors.pool import ProcessPoolExecutor, ThreadPoolExecutor
+from apscheduler.triggers.interval import IntervalTrigger
+
+import asynclock
+
+from ._loop import LoopThread, check_target
+
+logger = logging.getLogger("asynclock.apscheduler")
+
+
+@dataclass(frozen=True, slots=True)
+class Occurrence:
+    """The occurrence a job runs for: its job id, scheduled run time and claim."""
+
+    job_id: str
+    run_time: datetime
+    lease: asynclock.Lease
+
+    @property
+    def token(self) -> int:
+        """The claim's fencing token: rises with the run time, for one job id."""
+        return self.lease.token
+
+
+_OCCURRENCE: ContextVar[Occurrence | None] = ContextVar("asynclock_occurrence", default=None)
+
+
+def current_occurrence() -> Occurrence:
+    """The occurrence the running job was claimed for (inside a ``ClaimingExecutor`` job).
+
+    Raises:
+        LookupError: not inside a job run by a ``ClaimingExecutor``.
+    """
+    occurrence = _OCCURRENCE.get()
+    if occurrence is None:
+        raise LookupError(
+            "no claimed occurrence here: current_occurrence() works inside a job run by "
+            "asynclock_apscheduler.ClaimingExecutor"
+        )
+    return occurrence
+
+
+def occurrence_name(job_id: str, run_time: datetime) -> str:
+    """The lock name of one occurrence: ``"{job id}@{run time in UTC, ISO 8601}"``."""
+    return f"{job_id}@{run_time.astimezone(UTC).isoformat()}"
+
+
+def _triggers(trigger: Any) -> list[Any]:
+    found = [trigger]
+    for child in getattr(trigger, "triggers", None) or ():
+        found.extend(_triggers(child))
+    return found
+
+
+def check_job(job: Any, *, claim_ttl: float, clock_skew: float = 1.0) -> None:
+    """Refuse a job whose occurrences schedulers would not agree on, or could run twice.
+
+    Raises ValueError naming the job and what to change: an interval trigger without a
+    pinned ``start_date`` (every process counts from its own start), ``jitter`` (every
+    process draws its own delay), ``misfire_grace_time=None`` (a late scheduler may run
+    an occurrence any time later), or a claim ttl that does not cover the misfire grace
+    time plus the clock skew between schedulers (a late scheduler would find the claim
+    gone and run the occurrence again).
+    """
+    what = f"job {getattr(job, 'id', job)!r}"
+    for trigger in _triggers(job.trigger):
+        if getattr(trigger, "jitter", None):
+            raise ValueError(
+                f"{what}: its trigger has jitter={trigger.jitter!r}; each scheduler draws "
+                "its own delay, so their run times differ and every one of them runs the "
+                "job. Remove jitter when claiming occurrences"
+            )
+        if isinstance(trigger, IntervalTrigger) and trigger.start_date.microsecond != 0:
+            raise ValueError(
+                f"{what}: interval trigger without a fixed start_date (it counts from "
+                f"{trigger.start_date.isoformat()}, this process's start), so each "
+                "scheduler has its own run times and every one runs the job. Pass "
+                "start_date= a fixed datetime in whole seconds, the same on every node"
+            )
+    # A job added before the scheduler starts gets the scheduler's job defaults only
+    # when the scheduler adds it for real (APScheduler's own default is 1 second).
+    default = getattr(getattr(job, "_scheduler", None), "_job_defaults", {}).get(
+        "misfire_grace_time", 1
+    )
+    grace = getattr(job, "misfire_grace_time", default)
+    if grace is None:
+        raise ValueError(
+            f"{what}: misfire_grace_time=None lets a late scheduler run an occurrence any "
+            "time after its claim has expired; give it a bound in seconds (claim_ttl "
+            "must exceed it plus the clock skew)"
+        )
+    if claim_ttl <= grace + clock_skew:
+        raise ValueError(
+            f"{what}: claim_ttl={claim_ttl:g}s must exceed misfire_grace_time "
+            f"({grace:g}s) + clock_skew ({clock_skew:g}s) = {grace + clock_skew:g}s: a "
+            "scheduler that is late by up to that much must still find the claim (the "
+            "claim is renewed while the job runs, so the run time itself is covered)"
+        )
+
+
+class _OccurrenceJob:
+    """What the inner executor runs for one claimed occurrence (``run_job`` reads these)."""
+
+    __slots__ = ("_jobstore_alias", "_str", "args", "func", "id", "kwargs", "max_instances")
+    misfire_grace_time = None  # checked before the claim; the inner run must not skip it
+    coalesce = True
+
+    def __init__(self, job: Any, func: Callable[..., Any]) -> None:
+        self.id = job.id
+        self.func = func
+        self.args = job.args
+        self.kwargs = job.kwargs
+        self.max_instances = job.max_instances
+        self._jobstore_alias = job._jobstore_alias
+        self._str = str(job)
+
+    def __str__(self) -> str:
+        return self._str
+
+
+class _Interrupted(asynclock.LeaseLost):
+    """Raised asynchronously in a sync job's thread when its claim is lost.
+
+    CPython raises an async exception by calling its class with no arguments, so each
+    occurrence gets a subclass that knows its lease (see :func:`_interruption`).
+    """
+
+    lease: asynclock.Lease
+
+    def __init__(self) -> None:
+        lease = self.lease
+        super().__init__(lease.name, lease.token, lease.lost.reason or "claim lost")
+
+
+def _interruption(lease: asynclock.Lease) -> type[_Interrupted]:
+    return type("LeaseLost", (_Interrupted,), {"lease": lease})
+
+
+_set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+
+
+class _SyncStop:
+    """Interrupts one thread once, only while the job body runs in it (between ``arm``
+    and ``finish``); a loss before ``arm`` makes ``arm`` raise instead."""
+
+    def __init__(self, lease: asynclock.Lease) -> None:
+        self.thread = threading.get_ident()
+        self.error = _interruption(lease)
+        self.guard = threading.Lock()
+        self.armed = False
+        self.done = False
+        self.lost = False
+
+    def interrupt(self) -> None:
+        with self.guard:
+            if self.lost or self.done:
+                return
+            self.lost = True
+            if self.armed:
+                _set_async_exc(ctypes.c_ulong(self.thread), ctypes.py_object(self.error))
+
+    def arm(self) -> None:
+        with self.guard:
+            if self.lost:
+                raise self.error()
+            self.armed = True
+
+    def finish(self) -> None:
+        with self.guard:
+            self.done = True
+            if self.armed and self.lost:
+                _set_async_exc(ctypes.c_ulong(self.thread), None)  # drop it if still pending
+
+
+class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
+    """An executor that claims each occurrence before running it (see the module doc).
+
+    ``executors={"default": ClaimingExecutor("redis://…", claim_ttl=60)}`` on every
+    scheduler of the fleet, all with the same jobs (ids and triggers).
+
+    Args:
+        url_or_backend: a lock URL, or an ``asynclock.Backend`` that is not open yet
+            (the executor opens it on its own event-loop thread and closes it at shutdown).
+        claim_ttl: seconds; the claim's ttl. Must exceed each job's ``misfire_grace_time``
+            plus ``clock_skew`` (checked, see :func:`check_job`); a lost claim (a frozen
+            or cut-off scheduler) stops its run within about this long.
+        inner: the executor that runs the jobs (default: an ``AsyncIOExecutor`` under
+            ``AsyncIOScheduler``, else a ``ThreadPoolExecutor``).
+        clock_skew: seconds the schedulers' clocks may differ by (default 1).
+    """
+
+    def __init__(
+        self,
+        url_or_backend: str | asynclock.Backend,
+        *,
+        claim_ttl: float,
+        inner: BaseExecutor | None = None,
+        clock_skew: float = 1.0,
+    ) -> None:
+        super().__init__()
+        target = check_target(url_or_backend)
+        if isinstance(claim_ttl, bool) or not isinstance(claim_ttl, (int, float)):
+            raise TypeError(
+                f"claim_ttl must be a number of seconds, not {type(claim_ttl).__name__}"
+            )
+        if not 0 < claim_ttl < math.inf:
+            raise ValueError(f"claim_ttl must be a finite number of seconds > 0, got {claim_ttl!r}")
+        if isinstance(clock_skew, bool) or not isinstance(clock_skew, (int, float)):
+            raise TypeError(
+                f"clock_skew must be a number of seconds, not {type(clock_skew).__name__}"
+            )
+        if not 0 <= clock_skew < math.inf:
+            raise ValueError(
+                f"clock_skew must be a finite number of seconds >= 0, got {clock_skew!r}"
+            )
+        if inner is not None and not isinstance(inner, BaseExecutor):
+            raise TypeError(f"inner must be an APScheduler executor, not {type(inner).__name__}")
+        if isinstance(inner, ClaimingExecutor):
+            raise TypeError("inner must not be another ClaimingExecutor")
+        if isinstance(inner, ProcessPoolExecutor):
+            raise TypeError(
+                "inner must run jobs in this process (a thread pool or AsyncIOExecutor): the "
+                "claim is held and renewed here, and a process pool could not stop its run"
+            )
+        self.claim_ttl = float(claim_ttl)
+        self.clock_skew = float(clock_skew)
+        self._inner = inner
+        self._loop_thread = LoopThread(target)
+        self._scheduler_loop: asyncio.AbstractEventLoop | None = None
+        self._claims: set[concurrent.futures.Future[Any]] = set()
+        self._checked: dict[str, Any] = {}
+        #: Occurrences this scheduler skipped because another one had claimed them.
+        self.skipped = 0
+        #: Occurrences this scheduler claimed (and handed to the inner executor).
+        self.claimed = 0
+
+    @property
+    def backend(self) -> asynclock.Backend:
+        """The open backend. It lives on the executor's own event-loop thread: call it
+        only from there (e.g. through ``anyio.from_thread`` helpers of your own)."""
+        return self._loop_thread.require()[1]
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self, scheduler: Any, alias: str) -> None:
+        # Refuse misconfigured jobs before anything runs (jobs added before start wait in
+        # the scheduler's pending list; later ones are checked when first submitted).
+        loop = getattr(scheduler, "_eventloop", None)
+        self._scheduler_loop = loop if isinstance(loop, asyncio.AbstractEventLoop) else None
+        for job, _store, _replace in getattr(scheduler, "_pending_jobs", ()):
+            if job.executor == alias:
+                check_job(job, claim_ttl=self.claim_ttl, clock_skew=self.clock_skew)
+                self._check_func(job)
+        super().start(scheduler, alias)
+        if self._inner is None:
+            self._inner = AsyncIOExecutor() if self._scheduler_loop else ThreadPoolExecutor()
+        self._loop_thread.open()
+        try:
+            self._inner.start(scheduler, alias)
+        except BaseException:
+            self._loop_thread.close()
+            raise
+
+    def shutdown(self, wait: bool = True) -> None:
+        for claim in list(self._claims):
+            claim.cancel()
+        if self._inner is not None:
+            self._inner.shutdown(wait)
+        self._loop_thread.close()
+
+    # -- submission (the scheduler's thread) ------------------------------------------------
+
+    def submit_job(self, job: Any, run_times: list[datetime]) -> None:
+        key = repr((job.trigger, job.misfire_grace_time))
+        if self._checked.get(job.id) != key:
+            check_job(job, claim_ttl=self.claim_ttl, clock_skew=self.clock_skew)
+            self._check_func(job)
+            self._checked[job.id] = key
+        portal, _ = self._loop_thread.require()
+        for run_time in run_times:
+            claim = portal.start_task_soon(self._claim, job, run_time)
+            self._claims.add(claim)
+            claim.add_done_callback(functools.partial(self._claimed, job, run_time))
+
+    def _check_func(self, job: Any) -> None:
+        if self._scheduler_loop is None and asyncio.iscoroutinefunction(job.func):
+            raise ValueError(
+                f"job {job.id!r}: {job.func.__qualname__} is a coroutine function, which only "
+                "an AsyncIOScheduler runs; use AsyncIOScheduler, or a plain function here"
+            )
+
+    def _do_submit_job(self, job: Any, run_times: list[datetime]) -> None:
+        raise AssertionError("ClaimingExecutor.submit_job hands jobs to its inner executor")
+
+    async def _claim(self, job: Any, run_time: datetime) -> asynclock.Lease | None:
+        late = datetime.now(UTC) - run_time
+        if job.misfire_grace_time is not None and late > timedelta(seconds=job.misfire_grace_time):
+            self._dispatch(
+                JobExecutionEvent(EVENT_JOB_MISSED, job.id, job._jobstore_alias, run_time)
+            )
+            self._logger.warning('Run time of job "%s" was missed by %s', job, late)
+            return None
+        backend = self._loop_thread.require()[1]
+        try:
+            return await backend.acquire(
+                occurrence_name(job.id, run_time),
+                ttl=self.claim_ttl,
+                blocking=False,
+                token_scope=job.id,
+            )
+        except asynclock.LockHeld:
+            self.skipped += 1
+            logger.debug("occurrence %s of %s is claimed elsewhere", run_time, job)
+            return None
+
+    def _claimed(self, job: Any, run_time: datetime, done: concurrent.futures.Future[Any]) -> None:
+        """On the executor's loop thread, when a claim attempt has finished."""
+        self._claims.discard(done)
+        if done.cancelled():
+            return
+        error = done.exception()
+        if error is not None:
+            logger.error("claiming occurrence %s of %s failed: %r", run_time, job, error)
+            self._dispatch(
+                JobExecutionEvent(
+                    EVENT_JOB_ERROR, job.id, job._jobstore_alias, run_time, exception=error
+                )
+            )
+            return
+        lease: asynclock.Lease | None = done.result()
+        if lease is None:
+            return
+        self.claimed += 1
+        occurrence = Occurrence(job.id, run_time, lease)
+        if asyncio.iscoroutinefunction(job.func):
+            func: Callable[..., Any] = self._async_runner(job.func, occurrence)
+        else:
+            func = self._sync_runner(job.func, occurrence)
+        unit = _OccurrenceJob(job, func)
+
+        def submit() -> None:
+            assert self._inner is not None
+            try:
+                self._inner.submit_job(unit, [run_time])
+            except MaxInstancesReachedError:
+                self._logger.warning(
+                    'Execution of job "%s" skipped: maximum number of running instances '
+                    "reached (%d)",
+                    job,
+                    job.max_instances,
+                )
+                self._dispatch(
+                    JobSubmissionEvent(
+                        EVENT_JOB_MAX_INSTANCES, job.id, job._jobstore_alias, [run_time]
+                    )
+                )
+                self._give_up(lease)
+            except BaseException:
+                self._logger.exception(
+                    "handing occurrence %s of %s to the executor failed", run_time, job
+                )
+                self._give_up(lease)
+
+        if self._scheduler_loop is not None:
+            self._scheduler_loop.call_soon_threadsafe(submit)
+        else:
+            submit()
+
+    def _give_up(self, lease: asynclock.Lease) -> None:
+        """The occurrence will not run here: release the claim so another node may."""
+        portal = self._loop_thread.portal
+        if portal is not None:
+            portal.start_task_soon(lease.release)
+
+    def _dispatch(self, event: Any) -> None:
+        if self._scheduler is not None:
+            self._scheduler._dispatch_event(event)
+
+    # -- running (the inner executor's thread or task) ---------------------------------------
+
+    def _finish(self, lease: asynclock.Lease) -> concurrent.futures.Future[Any] | None:
+        """After the run: keep the claim one more ttl; a lost claim is left to expire (a
+        release could let a late node run the occurrence again)."""
+        portal = self._loop_thread.portal
+        if portal is None or lease.lost:
+            return None
+        return portal.start_task_soon(lease.let_expire)
+
+    def _sync_runner(self, func: Callable[..., Any], occurrence: Occurrence) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            lease = occurrence.lease
+            portal, _ = self._loop_thread.require()
+            stop = _SyncStop(lease)
+            watch = portal.start_task_soon(_on_loss, lease, stop.interrupt)
+            token = _OCCURRENCE.set(occurrence)
+            try:
+                with asynclock.use_lease(lease):
+                    try:
+                        try:
+                            stop.arm()
+                            result = func(*args, **kwargs)
+                        finally:
+                            stop.finish()
+                    except _Interrupted:
+                        raise _lost(lease) from None
+                    if lease.lost:  # the body swallowed the interruption
+                        raise _lost(lease)
+                    # A thawed run can return before the loss reached it: ask the clock.
+                    lease.check()
+                return result
+            finally:
+                _OCCURRENCE.reset(token)
+                watch.cancel()
+                finishing = self._finish(lease)
+                if finishing is not None:
+                    concurrent.futures.wait([finishing], timeout=lease.ttl)
+
+        return run
+
+    def _async_runner(self, func: Callable[..., Any], occurrence: Occurrence) -> Callable[..., Any]:
+        async def run(*args: Any, **kwargs: Any) -> Any:
+            lease = occurrence.lease
+            portal, _ = self._loop_thread.require()
+            task = asyncio.current_task()
+            assert task is not None
+            loop = asyncio.get_running_loop()
+            running = [True]
+
+            def stop() -> None:  # on the job's loop: cancel the body only
+                if running[0]:
+                    task.cancel()
+
+            watch = portal.start_task_soon(_on_loss, lease, lambda: loop.call_soon_threadsafe(stop))
+            token = _OCCURRENCE.set(occurrence)
+            try:
+                with asynclock.use_lease(lease):
+                    try:
+                        result = await func(*args, **kwargs)
+                    except asyncio.CancelledError:
+                        if not lease.lost:
+                            raise
+                        task.uncancel()
+                        raise _lost(lease) from None
+                    finally:
+                        running[0] = False
+                    if lease.lost:
+                        raise _lost(lease)
+                    lease.check()  # as in the sync runner
+                return result
+            finally:
+                _OCCURRENCE.reset(token)
+                watch.cancel()
+                finishing = self._finish(lease)
+                if finishing is not None:
+                    # Bounded by the backend's release timeout; if it never answers, the
+                    # claim still expires within its ttl from the last renewal.
+                    await asyncio.wait([asyncio.wrap_future(finishing)], timeout=lease.ttl)
+
+        return run
+
+
+def _lost(lease: asynclock.Lease) -> asynclock.LeaseLost:
+    return asynclock.LeaseLost(lease.name, lease.token, lease.lost.reason or "claim lost")
+
+
+async def _on_loss(lease: asynclock.Lease, stop: Callable[[], object]) -> None:
+    await lease.lost
+    stop()

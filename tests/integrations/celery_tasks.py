@@ -1,0 +1,214 @@
+# Celery ships no type information, so its decorators are untyped.
+# mypy: disable-error-code="untyped-decorator"
+"""The Celery app the worker tests run in a real ``celery worker`` (and eagerly).
+
+Configured from the environment the test's worker fixture sets (ALT_* variables below);
+each task reports what happened to a Redis list (``events``) the test waits on with BLPOP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import redis
+from celery import Celery, signals
+
+import asynclock
+from asynclock_celery import LockedTask, locked
+from tests.support.worker import fenced_write
+
+BROKER = os.environ.get("ALT_BROKER", "memory://")
+EVENTS = os.environ.get("ALT_EVENTS", "")
+TTL = float(os.environ.get("ALT_TTL", "1.0"))
+
+app = Celery("asynclock_tests", broker=BROKER, backend=os.environ.get("ALT_RESULTS") or None)
+app.conf.update(
+    asynclock_url=os.environ.get("ALT_LOCK_URL") or None,
+    task_acks_late=False,
+    worker_prefetch_multiplier=1,
+    worker_hijack_root_logger=False,
+    broker_connection_retry_on_startup=True,
+    result_expires=600,
+)
+
+
+def emit(**event: Any) -> None:
+    """Push an event for the test (a Redis list named by ALT_EVENTS)."""
+    redis.Redis.from_url(EVENTS).rpush("events", json.dumps({"pid": os.getpid(), **event}))
+
+
+def wait_for_go(key: str, timeout: float = 30.0) -> None:
+    """Block until the test pushes to ``go:<key>`` (BLPOP: a real blocking socket read)."""
+    redis.Redis.from_url(EVENTS, socket_timeout=timeout + 10).blpop([f"go:{key}"], timeout=timeout)
+
+
+@signals.worker_ready.connect
+def _ready(**_: Any) -> None:
+    if EVENTS:
+        emit(event="worker_ready")
+
+
+@app.task(bind=True, base=LockedTask, lock="acct:{account}", lock_ttl=TTL, on_busy="retry")
+def ledger(self: LockedTask, account: int, writer: str, freeze: bool = False) -> int:
+    """The stale-holder scenario: write through the fence; ``freeze`` stops this process
+    right after a first write, then replays the write that was in flight (SIGUSR2 blocked,
+    as if the write were inside a C call) and reports what the fence said."""
+    fence_db = os.environ["ALT_FENCE_DB"]
+    token = self.request.fencing_token
+    assert token == self.lease.token == asynclock.current_lease().token
+    emit(event="started", writer=writer, token=token, task_id=self.request.id)
+    if not freeze:
+        assert fenced_write(fence_db, f"acct:{account}", token, writer) == "accepted"
+        return int(token)
+    assert fenced_write(fence_db, f"acct:{account}", token, f"{writer}-before-pause") == (
+        "accepted"
+    )
+    emit(event="freezing", writer=writer, token=token)
+    os.kill(os.getpid(), signal.SIGSTOP)  # a GC pause, right before the next write
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
+    try:
+        result = fenced_write(fence_db, f"acct:{account}", token, f"{writer}-after-pause")
+        emit(event="late_write", writer=writer, result=result)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR2})
+    time.sleep(30)  # LeaseLost arrives here at the latest
+    return int(token)
+
+
+@app.task(bind=True, base=LockedTask, lock="swallow:{key}", lock_ttl=TTL)
+def swallow(self: LockedTask, key: str) -> str:
+    """Catches LeaseLost and returns as if nothing happened: the run must still fail."""
+    emit(event="started", key=key, token=self.lease.token)
+    try:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(30)
+    except asynclock.LeaseLost as lost:
+        emit(event="swallowed", key=key, reason=lost.reason, at=time.monotonic())
+    return "finished as if the lock were held"
+
+
+@app.task(bind=True, base=LockedTask, lock="hold:{key}", lock_ttl=TTL)
+def hold(self: LockedTask, key: str) -> int:
+    """Hold ``hold:<key>`` until the test says go."""
+    emit(event="holding", key=key, token=self.lease.token)
+    wait_for_go(key)
+    return int(self.lease.token)
+
+
+def _busy_body(key: str) -> str:
+    emit(event="ran", key=key, token=asynclock.current_lease().token)
+    return "ran"
+
+
+@app.task(base=LockedTask, lock="hold:{key}", lock_ttl=TTL, on_busy="skip")
+def busy_skip(key: str) -> str:
+    return _busy_body(key)
+
+
+@app.task(base=LockedTask, lock="hold:{key}", lock_ttl=TTL, on_busy="fail")
+def busy_fail(key: str) -> str:
+    return _busy_body(key)
+
+
+@app.task(
+    bind=True, base=LockedTask, lock="hold:{key}", lock_ttl=TTL, on_busy="retry", max_retries=20
+)
+def busy_retry(self: LockedTask, key: str) -> int:
+    _busy_body(key)
+    return int(self.request.retries)
+
+
+@app.task(bind=True, base=LockedTask, lock="report:{customer_id}:{region}", lock_ttl=TTL)
+def report(self: LockedTask, customer_id: int, region: str = "eu") -> str:
+    return str(self.lease.name)
+
+
+@app.task(base=LockedTask, lock="async:{account}", lock_ttl=TTL)
+async def async_account(account: int, freeze: bool = False) -> list[Any]:
+    lease = asynclock.current_lease()
+    if freeze:
+        emit(event="started", account=account, token=lease.token)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        import anyio
+
+        await anyio.sleep(30)  # cancelled on loss
+    return [lease.name, lease.token]
+
+
+@app.task
+@locked("plain:{key}", ttl=TTL)
+@locked("second:{key}:{extra}", ttl=TTL)
+def plain_locked(key: str, extra: int = 0) -> str:
+    """Two stacked @locked on a task with the default base; the innermost is current."""
+    return str(asynclock.current_lease().name)
+
+
+@app.task(bind=True, base=LockedTask, lock="limit:{key}", lock_ttl=30.0, soft_time_limit=0.5)
+def soft_limited(self: LockedTask, key: str) -> None:
+    """Celery's soft time limit (SIGUSR1) ends the body; the lock is released at once."""
+    emit(event="started", key=key, token=self.lease.token)
+    time.sleep(30)
+
+
+@app.task(bind=True, base=LockedTask, lock="limit:{key}", lock_ttl=2.0, time_limit=1.0)
+def hard_limited(self: LockedTask, key: str) -> None:
+    """Celery's hard time limit kills the child; the lock expires by its ttl."""
+    emit(event="started", key=key, token=self.lease.token)
+    time.sleep(30)
+
+
+@app.task(bind=True, base=LockedTask, lock="long:{key}", lock_ttl=30.0)
+def hold_long(self: LockedTask, key: str) -> int:
+    """Like hold, with a ttl long enough that only a release frees it during a test."""
+    emit(event="holding", key=key, token=self.lease.token)
+    wait_for_go(key)
+    return int(self.lease.token)
+
+
+@app.task(bind=True, base=LockedTask, lock="spin:{key}", lock_ttl=TTL)
+def spin_swallow(self: LockedTask, key: str) -> str:
+    """For the threads pool: a pure-Python loop (an async exception cannot interrupt a
+    blocking call), which catches LeaseLost; the run must still fail."""
+    main = threading.current_thread() is threading.main_thread()
+    emit(event="started", key=key, token=self.lease.token, main_thread=main)
+    try:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            pass
+    except asynclock.LeaseLost as lost:
+        emit(event="swallowed", key=key, reason=lost.reason, at=time.monotonic())
+    return "finished as if the lock were held"
+
+
+@app.task(
+    bind=True,
+    base=LockedTask,
+    lock="redeliver:{key}",
+    lock_ttl=TTL,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    max_retries=20,
+)
+def redelivered(self: LockedTask, key: str) -> int:
+    """acks_late: the first run's child is killed while it holds the lock; the message is
+    delivered again and that run takes the lock (after the dead run's ttl) and writes."""
+    token = int(self.lease.token)
+    first = bool(redis.Redis.from_url(EVENTS).set(f"first:{key}", "1", nx=True))
+    emit(event="started", key=key, token=token, first=first)
+    if first:
+        wait_for_go(key)  # killed here by the test
+    result = fenced_write(os.environ["ALT_FENCE_DB"], f"redeliver:{key}", token, f"run-{key}")
+    assert result == "accepted"
+    return token
+
+
+@signals.task_retry.connect
+def _retried(request: Any = None, **_: Any) -> None:
+    if EVENTS and request is not None:
+        emit(event="retry", task_id=request.id)

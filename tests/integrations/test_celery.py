@@ -1,0 +1,248 @@
+# Celery ships no type information, so its decorators are untyped.
+# mypy: disable-error-code="untyped-decorator"
+"""asynclock_celery without a worker: definition-time checks, argument checks, eager runs."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import redis
+from celery import Celery
+
+import asynclock
+from asynclock.backends.redis import keys_for
+from asynclock_celery import LockedTask, locked
+from asynclock_celery.testing import force_loss, run_eagerly
+from tests.integrations import celery_tasks as tasks
+from tests.support.celery_worker import celery_redis, redis_db  # noqa: F401  (fixture)
+from tests.support.redis_servers import RedisServer
+
+
+def make_app(**conf: Any) -> Celery:
+    app = Celery("t", broker=conf.pop("broker", "memory://"), backend="cache+memory://")
+    app.conf.update(conf)
+    return app
+
+
+def test_bad_template_is_a_type_error_at_definition() -> None:
+    app = make_app()
+
+    def build(customer_id: int) -> None: ...
+
+    with pytest.raises(TypeError, match=r"uses customer, which task .*build\(\) does not take"):
+        app.task(base=LockedTask, lock="report:{customer}", lazy=False)(build)
+    with pytest.raises(TypeError, match=r"uses customer, which .*build\(\) does not take"):
+        locked("report:{customer}")(build)
+    with pytest.raises(ValueError, match="positional field"):
+        locked("report:{}")(build)
+
+
+def test_bad_options_are_refused_at_definition() -> None:
+    app = make_app()
+
+    def build(customer_id: int) -> None: ...
+
+    with pytest.raises(ValueError, match="on_busy must be one of 'retry', 'skip', 'fail'"):
+        app.task(base=LockedTask, lock="r:{customer_id}", on_busy="wait", lazy=False)(build)
+    with pytest.raises(ValueError, match="lock_ttl must be a finite number of seconds > 0"):
+        app.task(base=LockedTask, lock="r:{customer_id}", lock_ttl=0, lazy=False)(build)
+    with pytest.raises(TypeError, match="ttl must be a number of seconds, not str"):
+        locked("r:{customer_id}", ttl="5")  # type: ignore[arg-type]
+
+
+def test_delay_with_wrong_arguments_is_rejected_before_sending() -> None:
+    with pytest.raises(TypeError):
+        tasks.report.delay(1, "eu", "extra")
+    with pytest.raises(TypeError):
+        tasks.report.delay(region="eu")  # customer_id missing
+    # @locked keeps the signature, so Celery's check still sees the real parameters.
+    assert list(inspect.signature(tasks.plain_locked.run).parameters) == ["key", "extra"]
+    with pytest.raises(TypeError):
+        tasks.plain_locked.delay("k", 1, 2)
+    with pytest.raises(TypeError):
+        tasks.plain_locked.delay(nope=1)
+
+
+def test_missing_celery_names_the_extra() -> None:
+    code = "import sys; sys.modules['celery'] = None; import asynclock_celery"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert 'pip install "asynclock[celery]"' in proc.stderr
+
+
+def test_backend_is_the_setting_else_a_redis_broker_else_an_error() -> None:
+    app = make_app(broker="amqp://guest@127.0.0.1:1//")
+
+    @app.task(base=LockedTask, lock="x:{n}", lazy=False)
+    def task(n: int) -> int:
+        return n
+
+    with pytest.raises(RuntimeError, match="set the Celery setting 'asynclock_url'") as info:
+        task.apply((1,), throw=True)
+    assert "guest" not in str(info.value)  # the broker URL is not shown
+    app.conf.asynclock_url = "memory://"
+    assert task.apply((1,), throw=True).get() == 1
+
+
+def test_a_redis_broker_is_the_default_lock_server(celery_redis: RedisServer) -> None:  # noqa: F811
+    broker = redis_db(celery_redis, 5)
+    app = make_app(broker=broker)
+
+    async def first_use() -> None:
+        # A database that never held a lock grants none for restart_grace (default: the
+        # ttl asked for) after its first use, in case it lost its data: wait that out.
+        async with asynclock.connect(broker) as backend:
+            async with backend.lock("warm-up", ttl=1.0, timeout=30):
+                pass
+
+    anyio.run(first_use)
+
+    @app.task(bind=True, base=LockedTask, lock="brokered:{n}", lock_ttl=1.0, lazy=False)
+    def task(self: LockedTask, n: int) -> bool:
+        return bool(redis.Redis.from_url(broker).exists(keys_for(self.lease.name).lock))
+
+    assert task.apply((1,), throw=True).get() is True  # the lease lives in the broker's Redis
+
+
+def test_eager_run_holds_a_real_lease() -> None:
+    result = run_eagerly(tasks.report, (5,), {"region": "ap"}, throw=True)
+    assert result.get() == "report:5:ap"
+    name, token = run_eagerly(tasks.async_account, (9,), throw=True).get()
+    assert name == "async:9" and token >= 1
+    assert run_eagerly(tasks.plain_locked, ("z",), throw=True).get() == "second:z:0"
+
+
+def test_loss_in_a_non_main_thread_interrupts_a_python_loop() -> None:
+    """The threads pool: PyThreadState_SetAsyncExc raises LeaseLost at the next bytecode."""
+    app = make_app(asynclock_url="memory://")
+    seen: dict[str, Any] = {}
+
+    @app.task(bind=True, base=LockedTask, lock="loop:{n}", lazy=False)
+    def spin(self: LockedTask, n: int) -> str:
+        deadline = time.monotonic() + 30
+        try:
+            force_loss(self.lease, "sabotaged")
+            while time.monotonic() < deadline:  # pure Python: interrupted between bytecodes
+                pass
+        except asynclock.LeaseLost as lost:
+            seen["reason"] = lost.reason
+            seen["thread"] = threading.current_thread() is threading.main_thread()
+        return "swallowed"
+
+    outcome: list[Any] = []
+    thread = threading.Thread(target=lambda: outcome.append(spin.apply((1,))))
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert seen == {"reason": "sabotaged", "thread": False}
+    (result,) = outcome
+    assert result.state == "FAILURE"
+    assert isinstance(result.result, asynclock.LeaseLost)
+
+
+def _block_in(call: str) -> None:
+    if call == "time.sleep":
+        time.sleep(30)
+    elif call == "Event.wait":
+        threading.Event().wait(30)
+    elif call == "socket.recv":
+        left, right = socket.socketpair()
+        with left, right:
+            left.recv(1)
+    elif call == "subprocess.run":
+        subprocess.run(["sleep", "30"], check=False)
+    else:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            pass
+
+
+@pytest.mark.parametrize(
+    "call", ["time.sleep", "Event.wait", "socket.recv", "subprocess.run", "python loop"]
+)
+def test_loss_on_the_main_thread_interrupts_a_blocking_call(call: str) -> None:
+    """The prefork/solo path (SIGUSR2 to the main thread), here in the test's main thread."""
+    app = make_app(asynclock_url="memory://")
+
+    @app.task(bind=True, base=LockedTask, lock="block:{n}", lazy=False)
+    def block(self: LockedTask, n: int) -> None:
+        # Lost from another thread a little later, so (on any machine not too loaded) the
+        # loss lands while the body is inside the call; the run ends within 5 s either way.
+        threading.Timer(0.2, force_loss, (self.lease, "sabotaged")).start()
+        _block_in(call)
+
+    started = time.monotonic()
+    result = block.apply((1,))
+    assert time.monotonic() - started < 5
+    assert result.state == "FAILURE"
+    assert isinstance(result.result, asynclock.LeaseLost)
+    assert result.result.reason == "sabotaged"
+
+
+def test_async_tasks_share_one_event_loop_per_thread() -> None:
+    """Module-level async clients survive across runs: one asyncio.Runner per thread."""
+    app = make_app(asynclock_url="memory://")
+
+    @app.task(base=LockedTask, lock="loop:{n}", lazy=False)
+    async def which_loop(n: int) -> int:
+        return id(asyncio.get_running_loop())
+
+    first = which_loop.apply((1,), throw=True).get()
+    assert which_loop.apply((2,), throw=True).get() == first
+
+
+def test_default_lock_name_is_the_task_name() -> None:
+    app = make_app(asynclock_url="memory://")
+
+    @app.task(bind=True, base=LockedTask, name="jobs.nightly", lazy=False)
+    def nightly(self: LockedTask) -> str:
+        return str(self.lease.name)
+
+    assert nightly.apply(throw=True).get() == "jobs.nightly"
+
+
+def test_lease_outside_a_run_is_a_lookup_error() -> None:
+    with pytest.raises(LookupError, match="holds no asynclock lease outside a run"):
+        _ = tasks.report.lease
+
+
+def test_example_celery_app() -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "celery_app.py"
+    done = subprocess.run(
+        [sys.executable, str(example)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "holding 'acct:7' with fencing token 1" in done.stdout
+    assert "holding 'acct:7' with fencing token 2" in done.stdout
+    assert "interrupted(7) ended FAILURE: LeaseLost" in done.stdout
+    ledger = [line for line in done.stdout.splitlines() if line.startswith("ledger:")]
+    assert ledger == [
+        "ledger: account 7, token 1: first sync",
+        "ledger: account 7, token 2: second sync",
+    ]
+    assert "lease lost" in done.stderr  # logged at WARNING, with the reason
+
+
+def test_public_api_of_the_package() -> None:
+    import asynclock_celery
+    import asynclock_celery.testing
+
+    assert asynclock_celery.__all__ == ("ON_BUSY", "LockedTask", "close_runtime", "locked")
+    assert asynclock_celery.testing.__all__ == ("force_loss", "run_eagerly")
+    for module in (asynclock_celery, asynclock_celery.testing):
+        for name in module.__all__:
+            assert hasattr(module, name), name
+    # Integrations stand on the public asynclock API only (DESIGN section 8).
+    package = Path(asynclock_celery.__file__).parent
+    for source in package.glob("*.py"):
+        assert "asynclock._" not in source.read_text(), source.name

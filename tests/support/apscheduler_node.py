@@ -1,0 +1,153 @@
+"""One APScheduler process of a fleet, claiming occurrences through ClaimingExecutor.
+
+Driven by tests through argv (JSON) and stdin ("status", "stop"); prints JSON events:
+  started      the scheduler runs
+  job_started  a job body began: run_time, token (the claim's), pid
+  ran          a job body finished its fenced write: run_time, token, result
+  late_write   a job whose claim was lost replayed its write: result ("stale"/"accepted")
+  job_error    APScheduler's EVENT_JOB_ERROR: exception type and reason
+  status       claimed / skipped counts of the executor
+  stopped      after shutdown
+Config: url, options, kind ("background": sync job in a thread pool, "asyncio": async
+job), job_id, trigger ("cron": every second; "date": once at run_date), claim_ttl,
+grace, skew, work (seconds the body runs; -1: until its claim is lost), ledger (SQLite
+file written through SQLFence, fence key = job id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import threading
+import time
+from datetime import datetime
+from typing import Any
+
+from apscheduler.events import EVENT_JOB_ERROR
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.date import DateTrigger
+
+import asynclock
+from asynclock_apscheduler import ClaimingExecutor, current_occurrence
+from tests.support.worker import fenced_write
+
+CFG: dict[str, Any] = json.loads(sys.argv[1])
+OUT = threading.Lock()
+
+
+def emit(**event: Any) -> None:
+    with OUT:
+        sys.stdout.write(json.dumps(event) + "\n")
+        sys.stdout.flush()
+
+
+def began() -> tuple[str, int]:
+    occurrence = current_occurrence()
+    assert asynclock.current_lease() is occurrence.lease
+    run_time = occurrence.run_time.isoformat()
+    emit(event="job_started", run_time=run_time, token=occurrence.token, pid=os.getpid())
+    return run_time, occurrence.token
+
+
+def write(run_time: str, token: int, late: bool = False) -> None:
+    result = fenced_write(CFG["ledger"], CFG["job_id"], token, run_time)
+    emit(event="late_write" if late else "ran", run_time=run_time, token=token, result=result)
+
+
+def sync_job() -> None:
+    run_time, token = began()
+    try:
+        deadline = time.monotonic() + (CFG["work"] if CFG["work"] >= 0 else 3600)
+        while time.monotonic() < deadline:
+            time.sleep(0.02)  # short sleeps: the interruption lands between them
+    except asynclock.LeaseLost:
+        write(run_time, token, late=True)
+        raise
+    write(run_time, token)
+
+
+async def async_job() -> None:
+    run_time, token = began()
+    try:
+        await asyncio.sleep(CFG["work"] if CFG["work"] >= 0 else 3600)
+    except asyncio.CancelledError:
+        write(run_time, token, late=True)
+        raise
+    write(run_time, token)
+
+
+def on_error(event: Any) -> None:
+    exc = event.exception
+    emit(
+        event="job_error",
+        exception=type(exc).__name__,
+        reason=getattr(exc, "reason", str(exc)),
+        run_time=event.scheduled_run_time.isoformat(),
+    )
+
+
+def build(scheduler: Any, executor: ClaimingExecutor) -> None:
+    scheduler.add_executor(executor, "default")
+    if CFG["trigger"] == "cron":
+        trigger: Any = CronTrigger(second="*", timezone="UTC")
+    else:
+        trigger = DateTrigger(run_date=datetime.fromisoformat(CFG["run_date"]))
+    scheduler.add_job(
+        async_job if CFG["kind"] == "asyncio" else sync_job,
+        trigger,
+        id=CFG["job_id"],
+        misfire_grace_time=int(CFG["grace"]),
+        coalesce=True,
+        max_instances=1,
+    )
+    scheduler.add_listener(on_error, EVENT_JOB_ERROR)
+
+
+def command(line: str, executor: ClaimingExecutor) -> bool:
+    line = line.strip()
+    if line == "status":
+        emit(event="status", claimed=executor.claimed, skipped=executor.skipped)
+        return True
+    return bool(line) and line != "stop"
+
+
+def make_executor() -> ClaimingExecutor:
+    backend = asynclock.connect(CFG["url"], **CFG.get("options", {}))
+    return ClaimingExecutor(backend, claim_ttl=CFG["claim_ttl"], clock_skew=CFG["skew"])
+
+
+def run_background() -> None:
+    executor = make_executor()
+    scheduler = BackgroundScheduler(timezone="UTC")
+    build(scheduler, executor)
+    scheduler.start()
+    emit(event="started", pid=os.getpid())
+    while command(sys.stdin.readline(), executor):
+        pass
+    scheduler.shutdown(wait=False)
+    emit(event="stopped")
+
+
+async def run_asyncio() -> None:
+    executor = make_executor()
+    scheduler = AsyncIOScheduler(timezone="UTC")
+    build(scheduler, executor)
+    scheduler.start()
+    emit(event="started", pid=os.getpid())
+    while command(await asyncio.to_thread(sys.stdin.readline), executor):
+        pass
+    scheduler.shutdown(wait=False)
+    emit(event="stopped")
+
+
+if __name__ == "__main__":
+    if CFG["kind"] == "asyncio":
+        asyncio.run(run_asyncio())
+    else:
+        run_background()
+    sys.stdout.flush()
+    os._exit(0)  # a sync job interrupted mid-sleep must not hold the exit up

@@ -1,0 +1,488 @@
+"""asynclock_apscheduler: occurrences run once across real scheduler processes (issue 12)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED
+from apscheduler.executors.pool import ProcessPoolExecutor
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.interval import IntervalTrigger
+
+import asynclock
+from asynclock._harness import Worker, WorkerFailed, spawn
+from asynclock_apscheduler import (
+    ClaimingExecutor,
+    check_job,
+    current_occurrence,
+    leader_only,
+)
+from tests.support.procs import EVENT_TIMEOUT
+from tests.support.spec import BackendSpec
+
+pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+async def start_node(spec: BackendSpec, **config: Any) -> Worker:
+    """One scheduler process (tests/support/apscheduler_node.py)."""
+    payload = json.dumps({"url": spec.url, "options": spec.options, **config})
+    return await spawn(
+        ["-m", "tests.support.apscheduler_node", payload],
+        label=f"scheduler node ({spec.id})",
+        timeout=EVENT_TIMEOUT,
+    )
+
+
+class Events:
+    """Every event of every node, with a condition to wait on."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, dict[str, Any]]] = []
+        self._changed = anyio.Event()
+
+    async def pump(self, index: int, node: Worker) -> None:
+        while True:
+            try:
+                event = await node.next_event()
+            except WorkerFailed:  # it exited (or said nothing for EVENT_TIMEOUT)
+                return
+            self.seen.append((index, event))
+            self._changed.set()
+            self._changed = anyio.Event()
+            if event["event"] == "stopped":
+                return
+
+    async def until(self, ready: Callable[[], bool]) -> None:
+        while not ready():
+            await self._changed.wait()
+
+    def of(self, kind: str, node: int | None = None) -> list[dict[str, Any]]:
+        return [e for i, e in self.seen if e["event"] == kind and node in (None, i)]
+
+
+def ledger_rows(path: Path) -> list[tuple[str, int]]:
+    conn = sqlite3.connect(path)
+    try:
+        return [(str(w), int(t)) for w, t in conn.execute("SELECT writer, token FROM ledger")]
+    finally:
+        conn.close()
+
+
+def node_config(tmp_path: Path, **extra: Any) -> dict[str, Any]:
+    return {
+        "job_id": f"job-{uuid.uuid4().hex[:8]}",
+        "trigger": "cron",
+        "claim_ttl": 5.0,
+        "grace": 2.0,
+        "skew": 0.5,
+        "work": 0.0,
+        "ledger": str(tmp_path / "ledger.db"),
+        **extra,
+    }
+
+
+async def three_schedulers_exactly_once(
+    spec: BackendSpec, tmp_path: Path, kind: str, occurrences: int = 20
+) -> None:
+    """Three scheduler processes on one every-second cron schedule, ``occurrences`` of it."""
+    await anyio.Path(tmp_path).mkdir()
+    config = node_config(tmp_path, kind=kind)
+    events = Events()
+    async with anyio.create_task_group() as tg:
+        nodes = [await start_node(spec, **config) for _ in range(3)]
+        for i, node in enumerate(nodes):
+            await node.expect("started")
+            tg.start_soon(events.pump, i, node)
+        # Count occurrences from the first whole second after all three run.
+        first = (datetime.now(UTC) + timedelta(seconds=2)).replace(microsecond=0)
+
+        def counted() -> list[datetime]:
+            times = {datetime.fromisoformat(e["run_time"]) for e in events.of("ran")}
+            return sorted(t for t in times if t >= first)
+
+        await events.until(lambda: len(counted()) >= occurrences)
+        last = counted()[occurrences - 1]
+        for node in nodes:
+            await node.send("stop")
+    for node in nodes:
+        await node.wait()
+    started = events.of("job_started")
+    ran = events.of("ran")
+    label = f"{spec.id} ({kind} scheduler)"
+    # Exactly once: no occurrence started twice, anywhere, ever; none missed in the window.
+    starts = [e["run_time"] for e in started]
+    assert len(starts) == len(set(starts)), f"{label}: an occurrence ran twice: {sorted(starts)}"
+    window = {
+        (first + timedelta(seconds=s)).isoformat()
+        for s in range(int((last - first).total_seconds()) + 1)
+    }
+    missed = window - {e["run_time"] for e in ran}
+    assert not missed, f"{label}: occurrences missed: {sorted(missed)}"
+    assert all(e["result"] == "accepted" for e in ran), (label, ran)
+    # One job's claim tokens rise with its run times (token scope), across nodes.
+    by_time = sorted((datetime.fromisoformat(e["run_time"]), e["token"]) for e in ran)
+    tokens = [token for _, token in by_time]
+    assert tokens == sorted(set(tokens)), (label, by_time)
+    assert len(ledger_rows(Path(config["ledger"]))) == len(ran), label
+
+
+@pytest.mark.timeout(120)
+async def test_three_schedulers_run_every_occurrence_once_on_sqlite_redis_and_postgres(
+    spec_sqlite: BackendSpec,
+    spec_redis: BackendSpec,
+    spec_postgres_lease: BackendSpec,
+    tmp_path: Path,
+) -> None:
+    """The three fleets run at the same time (one test, ~25 s): sync jobs on SQLite and
+    PostgreSQL (BackgroundScheduler), async jobs on Redis (AsyncIOScheduler)."""
+    with anyio.fail_after(100):
+        async with anyio.create_task_group() as tg:
+            for spec, kind in (
+                (spec_sqlite, "background"),
+                (spec_redis, "asyncio"),
+                (spec_postgres_lease, "background"),
+            ):
+                tg.start_soon(three_schedulers_exactly_once, spec, tmp_path / spec.id, kind)
+
+
+@pytest.mark.parametrize("kind", ["background", "asyncio"])
+async def test_a_frozen_scheduler_is_stopped_and_its_write_fenced(
+    spec_sqlite: BackendSpec, tmp_path: Path, kind: str
+) -> None:
+    """SIGSTOP mid-run past the claim's ttl: after SIGCONT the run is interrupted (sync:
+    an async exception in its thread; async: cancelled), its late write is rejected by
+    the fence (a later occurrence wrote with a larger token), and APScheduler reports
+    LeaseLost."""
+    config = node_config(tmp_path, kind=kind, claim_ttl=2.0, grace=1.0)
+    events = Events()
+    with anyio.fail_after(50):
+        async with anyio.create_task_group() as tg:
+            frozen = await start_node(spec_sqlite, **{**config, "work": -1})
+            await frozen.expect("started")
+            began = await frozen.expect("job_started")
+            frozen.signal(signal.SIGSTOP)
+            stopped_at = time.monotonic()
+            healthy = await start_node(spec_sqlite, **config)
+            await healthy.expect("started")
+            tg.start_soon(events.pump, 0, frozen)
+            tg.start_soon(events.pump, 1, healthy)
+            await events.until(lambda: bool(events.of("ran", 1)))
+            assert events.of("ran", 1)[0]["token"] > began["token"]
+            # Frozen past the claim's ttl for sure (a bound, not a guess), then thawed.
+            await anyio.sleep(max(0.0, stopped_at + config["claim_ttl"] + 0.5 - time.monotonic()))
+            frozen.signal(signal.SIGCONT)
+
+            def reported() -> bool:
+                late = [e for e in events.of("late_write", 0) if e["run_time"] == began["run_time"]]
+                errors = [
+                    e for e in events.of("job_error", 0) if e["run_time"] == began["run_time"]
+                ]
+                return bool(late and errors)
+
+            await events.until(reported)
+            for node in (frozen, healthy):
+                await node.send("stop")
+        for node in (frozen, healthy):
+            await node.wait()
+    late = [e for e in events.of("late_write", 0) if e["run_time"] == began["run_time"]]
+    assert late[0]["result"] == "stale"
+    error = next(e for e in events.of("job_error", 0) if e["run_time"] == began["run_time"])
+    assert error["exception"] == "LeaseLost"
+    assert began["run_time"] not in {e["run_time"] for e in events.of("ran")}
+    assert all(writer != began["run_time"] for writer, _ in ledger_rows(Path(config["ledger"])))
+
+
+async def test_a_late_scheduler_does_not_run_an_occurrence_again(
+    spec_sqlite: BackendSpec, tmp_path: Path
+) -> None:
+    run_date = (datetime.now(UTC) + timedelta(seconds=2)).replace(microsecond=0)
+    config = node_config(
+        tmp_path,
+        kind="background",
+        trigger="date",
+        run_date=run_date.isoformat(),
+        claim_ttl=20.0,
+        grace=15.0,
+    )
+    with anyio.fail_after(40):
+        first = await start_node(spec_sqlite, **config)
+        await first.expect("started")
+        await first.expect("job_started")
+        await first.expect("ran")
+        # Starts after the run, well within the misfire grace time: it submits the
+        # occurrence at once, finds the claim kept, and skips it.
+        late = await start_node(spec_sqlite, **config)
+        await late.expect("started")
+        while True:
+            await late.send("status")
+            status = await late.expect("status")
+            if status["claimed"] + status["skipped"]:
+                break
+            await anyio.sleep(0.05)
+        assert status == {"event": "status", "claimed": 0, "skipped": 1}
+        for node in (first, late):
+            await node.send("stop")
+            await node.expect("stopped")
+            await node.wait()
+    assert len(ledger_rows(Path(config["ledger"]))) == 1
+
+
+# -- in one process -------------------------------------------------------------------------
+
+
+def test_async_job_sees_its_claim_and_runs_once(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'locks.db'}"
+    seen: list[tuple[str, int, bool]] = []
+    done: anyio.Event | None = None
+
+    async def job() -> None:
+        occurrence = current_occurrence()
+        lease = asynclock.current_lease()
+        seen.append((occurrence.lease.name, occurrence.token, lease is occurrence.lease))
+        assert done is not None
+        done.set()
+
+    async def main() -> None:
+        nonlocal done
+        done = anyio.Event()
+        scheduler = AsyncIOScheduler(timezone="UTC")
+        scheduler.add_executor(ClaimingExecutor(url, claim_ttl=5.0), "default")
+        start = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+        scheduler.add_job(job, "date", run_date=start, id="report", misfire_grace_time=2)
+        scheduler.start()
+        try:
+            with anyio.fail_after(10):
+                await done.wait()
+        finally:
+            scheduler.shutdown(wait=False)
+
+    with pytest.raises(LookupError, match="ClaimingExecutor"):
+        current_occurrence()
+    anyio.run(main)
+    ((name, token, same),) = seen
+    assert name.startswith("report@") and name.endswith("+00:00") and token >= 1 and same
+
+
+def test_a_sync_job_whose_claim_is_lost_is_interrupted_with_lease_lost(
+    spec_sqlite: BackendSpec,
+) -> None:
+    started, reported = threading.Event(), threading.Event()
+    claimed: list[str] = []
+    errors: list[BaseException] = []
+    swallowed: list[bool] = []
+
+    def job() -> None:
+        claimed.append(current_occurrence().lease.name)
+        token = current_occurrence().token
+        started.set()
+        try:
+            for _ in range(1000):
+                time.sleep(0.01)
+        except asynclock.LeaseLost as lost:
+            # It names the claim; swallowing it does not make the run a success.
+            swallowed.append(lost.name == claimed[0] and lost.token == token)
+
+    def on_error(event: Any) -> None:
+        errors.append(event.exception)
+        reported.set()
+
+    scheduler = BackgroundScheduler(timezone="UTC")
+    scheduler.add_executor(ClaimingExecutor(spec_sqlite.url, claim_ttl=3.0), "default")
+    run_date = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+    scheduler.add_job(job, "date", run_date=run_date, id=f"j-{uuid.uuid4().hex[:6]}")
+    scheduler.add_listener(on_error, EVENT_JOB_ERROR)
+    scheduler.start()
+    try:
+        assert started.wait(10)
+        conn = sqlite3.connect(spec_sqlite.url.removeprefix("sqlite:///"), timeout=5)
+        conn.execute("UPDATE asynclock_lease SET expires_at = 0 WHERE name = ?", (claimed[0],))
+        conn.commit()
+        conn.close()
+        assert reported.wait(10), "the job was not stopped"
+    finally:
+        scheduler.shutdown(wait=False)
+    assert swallowed == [True]
+    (error,) = errors
+    assert isinstance(error, asynclock.LeaseLost) and "refused" in error.reason
+
+
+# -- misconfigurations ----------------------------------------------------------------------
+
+
+def job_noop() -> None:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("trigger", "options", "match"),
+    [
+        (IntervalTrigger(seconds=5), {}, "interval trigger without a fixed start_date"),
+        (CronTrigger(second="*/5", jitter=2), {}, "jitter=2"),
+        (CronTrigger(second="*/5"), {"misfire_grace_time": None}, "misfire_grace_time=None"),
+        (
+            CronTrigger(second="*/5"),
+            {"misfire_grace_time": 30},
+            r"claim_ttl=10s must exceed misfire_grace_time \(30s\) \+ clock_skew \(1s\)",
+        ),
+    ],
+)
+def test_misconfigured_jobs_are_refused_at_start(
+    trigger: Any, options: dict[str, Any], match: str
+) -> None:
+    scheduler = BackgroundScheduler(timezone="UTC")
+    scheduler.add_executor(ClaimingExecutor("memory://", claim_ttl=10.0), "default")
+    scheduler.add_job(job_noop, trigger, id="bad", **options)
+    with pytest.raises(ValueError, match=match):
+        scheduler.start()
+    assert not scheduler.running
+
+
+def test_a_coroutine_job_under_a_background_scheduler_is_refused() -> None:
+    async def job() -> None:
+        pass
+
+    scheduler = BackgroundScheduler(timezone="UTC")
+    scheduler.add_executor(ClaimingExecutor("memory://", claim_ttl=10.0), "default")
+    scheduler.add_job(job, "cron", second="*", id="async-job")
+    with pytest.raises(ValueError, match="is a coroutine function, which only an AsyncIOScheduler"):
+        scheduler.start()
+
+
+def test_a_pinned_interval_trigger_is_accepted() -> None:
+    pinned = IntervalTrigger(seconds=5, start_date=datetime(2026, 1, 1, tzinfo=UTC))
+    scheduler = BackgroundScheduler(timezone="UTC")
+    job = scheduler.add_job(job_noop, pinned, id="ok", misfire_grace_time=2)
+    check_job(job, claim_ttl=10.0)
+    with pytest.raises(ValueError, match="interval trigger"):
+        check_job(scheduler.add_job(job_noop, "interval", seconds=5, id="x"), claim_ttl=10.0)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "match"),
+    [
+        (("localhost:6379",), {"claim_ttl": 5}, ValueError, "lock URL like"),
+        ((42,), {"claim_ttl": 5}, TypeError, "url_or_backend must be"),
+        (("memory://",), {"claim_ttl": 0}, ValueError, "claim_ttl must be a finite"),
+        (("memory://",), {"claim_ttl": "5"}, TypeError, "claim_ttl must be a number"),
+        (("memory://",), {"claim_ttl": 5, "clock_skew": -1}, ValueError, "clock_skew"),
+        (("memory://",), {"claim_ttl": 5, "inner": object()}, TypeError, "inner must be"),
+        (
+            ("memory://",),
+            {"claim_ttl": 5, "inner": ProcessPoolExecutor(1)},
+            TypeError,
+            "inner must run jobs in this process",
+        ),
+    ],
+)
+def test_bad_executor_arguments_are_refused(
+    args: tuple[Any, ...], kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        ClaimingExecutor(*args, **kwargs)
+
+
+# -- leader only ----------------------------------------------------------------------------
+
+
+def test_leader_only_runs_jobs_on_the_leader_and_fails_over(spec_sqlite: BackendSpec) -> None:
+    name = f"leader-{uuid.uuid4().hex[:6]}"
+    runs: dict[str, int] = {"a": 0, "b": 0}
+    ran = {"a": threading.Event(), "b": threading.Event()}
+
+    def make(node: str) -> tuple[BackgroundScheduler, Any]:
+        scheduler = BackgroundScheduler(timezone="UTC")
+
+        def tick() -> None:
+            runs[node] += 1
+            ran[node].set()
+
+        scheduler.add_job(tick, "interval", seconds=0.1, id="tick")
+        campaign = leader_only(scheduler, spec_sqlite.url, name, ttl=1.0, identity=node)
+        scheduler.add_listener(lambda e: None, EVENT_JOB_EXECUTED)
+        return scheduler, campaign
+
+    (sa, ca), (sb, cb) = make("a"), make("b")
+    sa.start()
+    assert ca.leading.wait(10)
+    sb.start()
+    try:
+        assert ran["a"].wait(10)
+        assert not cb.leading.is_set()
+        time.sleep(0.5)  # b keeps campaigning meanwhile; it must not run a job
+        assert runs["b"] == 0 and not ran["b"].is_set()
+        sa.shutdown(wait=False)  # the leader goes: its term is released, b takes over
+        assert cb.leading.wait(10)
+        assert ran["b"].wait(10)
+        assert cb.term is not None and cb.term.identity == "b"
+    finally:
+        for scheduler in (sa, sb):
+            if scheduler.running:
+                scheduler.shutdown(wait=False)
+
+
+def test_a_misconfigured_job_added_after_start_is_refused_when_submitted() -> None:
+    refused = threading.Event()
+    messages: list[str] = []
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.exc_info and isinstance(record.exc_info[1], ValueError):
+                messages.append(str(record.exc_info[1]))
+                refused.set()
+
+    handler = Catch()
+    logging.getLogger("apscheduler").addHandler(handler)
+    ran: list[bool] = []
+    scheduler = BackgroundScheduler(timezone="UTC")
+    scheduler.add_executor(ClaimingExecutor("memory://", claim_ttl=10.0), "default")
+    scheduler.start()
+    try:
+        scheduler.add_job(
+            lambda: ran.append(True),
+            CronTrigger(second="*", jitter=3),
+            id="late-bad",
+            next_run_time=datetime.now(UTC),
+        )
+        assert refused.wait(10)
+    finally:
+        scheduler.shutdown()
+        logging.getLogger("apscheduler").removeHandler(handler)
+    assert "job 'late-bad': its trigger has jitter=3" in messages[0]
+    assert ran == []
+
+
+def test_the_integration_exports_what_it_documents() -> None:
+    import asynclock_apscheduler
+
+    assert set(asynclock_apscheduler.__all__) == {
+        "ClaimingExecutor",
+        "LeaderOnly",
+        "Occurrence",
+        "check_job",
+        "current_occurrence",
+        "leader_only",
+    }
+    assert all(hasattr(asynclock_apscheduler, name) for name in asynclock_apscheduler.__all__)
+
+
+def test_the_integration_imports_only_the_public_api() -> None:
+    package = ROOT / "integrations" / "asynclock_apscheduler"
+    for source in package.glob("*.py"):
+        text = source.read_text()
+        assert "asynclock._" not in text and "from asynclock." not in text, source.name
