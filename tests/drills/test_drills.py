@@ -65,10 +65,11 @@ def test_spawned_drill_loses_nothing_with_the_fence(spawn: str, tmp_path: Path) 
 
 @pytest.mark.parametrize("backend", URL_BACKENDS)
 def test_url_drill_loses_nothing_with_the_fence(
-    backend: str, request: pytest.FixtureRequest
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     spec: BackendSpec = request.getfixturevalue(f"spec_{backend}")
-    report = asynclock.drill.run(spec.url, **SHORT)
+    # The report (history.jsonl, report.html) stays in tmp_path to explain a failure.
+    report = asynclock.drill.run(spec.url, report_dir=tmp_path, **SHORT)
     _assert_clean(report)
 
 
