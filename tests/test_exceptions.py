@@ -15,6 +15,7 @@ import asynclock.backends
 SAMPLES: dict[str, asynclock.AsynclockError] = {
     "AsynclockError": asynclock.AsynclockError("something went wrong"),
     "LockHeld": asynclock.LockHeld("report:7", 1.25),
+    "AlreadyHeld": asynclock.AlreadyHeld("report:7", 42),
     "AcquireTimeout": asynclock.AcquireTimeout("report:7", 3.0),
     "LeaseLost": asynclock.LeaseLost("report:7", 42, "renewal refused: not ours"),
     "StaleToken": asynclock.StaleToken("ledger:1", 41, 42),

@@ -39,7 +39,7 @@ class _FieldArgs(AsynclockError):
 class LockHeld(_FieldArgs):
     """``blocking=False`` and someone else holds the lock right now."""
 
-    _fields = ("name", "retry_after", "detail")
+    _fields: tuple[str, ...] = ("name", "retry_after", "detail")
 
     def __init__(
         self, name: str, retry_after: float | None = None, detail: str | None = None
@@ -60,13 +60,18 @@ class AlreadyHeld(LockHeld):
     ``token`` is the outer hold's fencing token.
     """
 
+    _fields = ("name", "token")
+
     def __init__(self, name: str, token: int) -> None:
-        AsynclockError.__init__(
+        _FieldArgs.__init__(
             self,
             f"lock {name!r} is already held by this task (outer `async with "
             f"backend.lock({name!r})`, token {token}); locks are not re-entrant: use the "
             "outer lease (asynclock.current_lease()) instead of locking the name again",
+            name,
+            token,
         )
+        self.detail = None
         self.name = name
         self.retry_after = None
         self.token = token
