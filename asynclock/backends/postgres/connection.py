@@ -258,6 +258,16 @@ class PostgresDriver(Driver):
             await _close(conn)
         await self._close_listener()
 
+    async def _run(self, what: str, fetch: str, sql: str, *args: Any) -> Any:
+        """``conn.<fetch>(sql, *args)`` on the pinned connection, a lost connection as
+        BackendUnavailable("<display>: <what>: ...") (not for the hot path: getattr)."""
+        async with self._io:
+            conn = await self._main()
+            try:
+                return await getattr(conn, fetch)(sql, *args)
+            except _CONNECTION_ERRORS as exc:
+                raise self._unavailable(what, exc) from exc
+
     async def _raw_fetchval(self, sql: str, *args: Any) -> Any:
         """Run raw SQL on the pinned session (tests use it to sabotage a lock)."""
         async with self._io:

@@ -103,44 +103,31 @@ class LeaseDriver(PostgresDriver):
             self._wake(name)
         return bool(live)
 
-    # -- holder and break_lock -----------------------------------------------------------
+    # -- validate, holder and break_lock -------------------------------------------------
 
     async def validate(self, name: str, token: int) -> bool:
-        async with self._io:
-            conn = await self._main()
-            try:
-                ok = await conn.fetchval(SQL_L_VALIDATE, _name_bytes(name), token)
-            except _CONNECTION_ERRORS as exc:
-                raise self._unavailable("validate failed", exc) from exc
+        ok = await self._run(
+            "validate failed", "fetchval", SQL_L_VALIDATE, _name_bytes(name), token
+        )
         return bool(ok)
 
     async def holder(self, name: str) -> Holder | None:
-        async with self._io:
-            conn = await self._main()
-            try:
-                row = await conn.fetchrow(SQL_L_HOLDER, _name_bytes(name))
-            except _CONNECTION_ERRORS as exc:
-                raise self._unavailable("holder failed", exc) from exc
+        row = await self._run("holder failed", "fetchrow", SQL_L_HOLDER, _name_bytes(name))
         return None if row is None else Holder(name, row[0], int(row[1]), float(row[2]))
 
     async def break_lock(self, name: str) -> bool:
-        async with self._io:
-            conn = await self._main()
-            try:
-                token = await conn.fetchval(
-                    SQL_L_BREAK, _name_bytes(name), notify_channel(name), *waiter_key(name)
-                )
-            except _CONNECTION_ERRORS as exc:
-                raise self._unavailable("break_lock failed", exc) from exc
+        token = await self._run(
+            "break_lock failed",
+            "fetchval",
+            SQL_L_BREAK,
+            _name_bytes(name),
+            notify_channel(name),
+            *waiter_key(name),
+        )
         if token is not None:
             self._wake(name)
         return token is not None
 
     async def owner_of(self, name: str) -> tuple[str, int] | None:
-        async with self._io:
-            conn = await self._main()
-            try:
-                row = await conn.fetchrow(SQL_L_OWNER, _name_bytes(name))
-            except _CONNECTION_ERRORS as exc:
-                raise self._unavailable("owner lookup failed", exc) from exc
+        row = await self._run("owner lookup failed", "fetchrow", SQL_L_OWNER, _name_bytes(name))
         return None if row is None else (str(row["owner"]), int(row["token"]))

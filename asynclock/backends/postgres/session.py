@@ -199,13 +199,18 @@ class SessionDriver(PostgresDriver):
     async def _unlock_unrenewed(self, conn: asyncpg.Connection, names: list[str]) -> None:
         """Unlock holds whose ttl passed without a renewal (call with ``_io`` held)."""
         for name in names:
-            try:
-                await self._unlock(conn, name)
-            except BaseException as exc:
-                self._broken(conn, exc)
-                raise
-            self._forget(name)
+            await self._unlock_or_end(conn, name)
             self._wake(name)
+
+    async def _unlock_or_end(self, conn: asyncpg.Connection, name: str) -> None:
+        """Unlock our hold of ``name`` and forget it; if that fails, end the session
+        (the only sure way to free the key). Call with ``_io`` held."""
+        try:
+            await self._unlock(conn, name)
+        except BaseException as exc:
+            self._broken(conn, exc)
+            raise
+        self._forget(name)
 
     async def _unlock(self, conn: asyncpg.Connection, name: str) -> bool | None:
         """Run SQL_S_RELEASE for our hold of ``name`` (call with ``_io`` held); if its token
@@ -251,21 +256,11 @@ class SessionDriver(PostgresDriver):
         return held is not None
 
     async def validate(self, name: str, token: int) -> bool:
-        async with self._io:
-            conn = await self._main()
-            try:
-                ok = await conn.fetchval(SQL_S_VALIDATE, lock_key(name), token)
-            except _CONNECTION_ERRORS as exc:
-                raise self._unavailable("validate failed", exc) from exc
+        ok = await self._run("validate failed", "fetchval", SQL_S_VALIDATE, lock_key(name), token)
         return bool(ok)
 
     async def holder(self, name: str) -> Holder | None:
-        async with self._io:
-            conn = await self._main()
-            try:
-                row = await conn.fetchrow(SQL_S_HOLDER, lock_key(name))
-            except _CONNECTION_ERRORS as exc:
-                raise self._unavailable("holder failed", exc) from exc
+        row = await self._run("holder failed", "fetchrow", SQL_S_HOLDER, lock_key(name))
         assert row is not None
         pid, me = row
         if pid is None:
@@ -288,12 +283,7 @@ class SessionDriver(PostgresDriver):
                 return False
             if pid == me:  # our own session holds it: unlock it here, nothing else
                 owner = self._holders.get(name)
-                try:
-                    await self._unlock(conn, name)
-                except BaseException as exc:
-                    self._broken(conn, exc)
-                    raise
-                self._forget(name)
+                await self._unlock_or_end(conn, name)
                 if owner is not None:
                     self._notify_lost(name, owner, "lock broken by break_lock()")
                 self._wake(name)
