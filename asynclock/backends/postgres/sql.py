@@ -16,18 +16,10 @@ _SCHEMA_KEY = 0x6173796E636C6F63  # "asynclock" in ASCII, first 8 bytes
 #: Tokens of one epoch lie in ``[epoch * EPOCH_SPAN, (epoch + 1) * EPOCH_SPAN)`` (2**40).
 EPOCH_SPAN = 1 << 40
 
-# The token source of every mode and of xact_lock (G2; "Tokens" in the module docstring).
-# ``asynclock_token_seq`` counts acquisitions: UNLOGGED (PostgreSQL >= 15), so nextval
-# writes no WAL and takes no transaction id; crash recovery resets it. The one row of
-# ``asynclock_token_range`` (UNLOGGED too, so it is emptied by the same recovery) says what
-# to add to it (``base``) and how far tokens may go (``lim``). ``asynclock_token_epoch``
-# (logged, append-only) reserves ``[epoch * EPOCH_SPAN, (epoch + 1) * EPOCH_SPAN)`` per row;
-# a range row is written only in the transaction that inserts the epoch row backing its
-# ``lim``, committed synchronously. Never delete these (tokens would go back to 1).
-# The range row also carries mode lease's crash grace (G1, "Leases across crashes"):
-# ``lease_ttl_ms``, a copy of ``asynclock_lease_ttl.ttl_ms`` (logged, written only by
-# synchronous commits: the longest lease ttl ever granted), and ``grace_until``, set when
-# the row is created: no lease is granted before it.
+# The token source of every mode and of xact_lock (G2). The sequence and the range row
+# are UNLOGGED (no WAL per token; crash recovery empties them); the logged epoch table
+# backs every ``lim``. The range row also carries mode lease's crash grace (G1). Never
+# delete these. Why: "Tokens across crashes" in docs/backends/postgres.md.
 SCHEMA_TOKENS = """
 CREATE {persistence} SEQUENCE IF NOT EXISTS asynclock_token_seq;
 CREATE TABLE IF NOT EXISTS asynclock_token_epoch (
@@ -77,19 +69,11 @@ _TOKEN_LOCKED = """(SELECT CASE WHEN t.token > t.lim THEN NULL
               WHEN pg_try_advisory_{scope}lock_shared(hashint8extended(t.token, $1)) IS NOT NULL
               THEN t.token END FROM t)"""
 # G2 after a crash, on first use, and every EPOCH_SPAN tokens. No args. Appends epoch
-# max + 1 (durably: forced synchronous commit, and the logged insert guarantees this
-# transaction waits for its WAL flush), then creates the range row with base = epoch *
-# EPOCH_SPAN - nextval (so the next token is epoch * EPOCH_SPAN + 1) or, if a range row
-# exists (tokens reached ``lim``, or a concurrent first use won), raises its ``lim`` to the
-# new epoch's end and keeps the rest. Returns (base, lim), or no row if a concurrent caller
-# appended the same epoch first (ON CONFLICT waited for it): run it again. Tokens handed
-# out are <= lim <= (max epoch + 1) * EPOCH_SPAN - 1, and that epoch row is on disk before
-# any lim it backs is visible, so after crash recovery (which empties the range row and
-# resets the sequence) every new token is above every earlier one.
-# G1 for mode lease: a new range row (so: after crash recovery, which also emptied
-# asynclock_lease) starts a grace of the longest lease ttl ever granted, read from the
-# durable table; every lease from before the crash had ttl <= it and was granted before
-# now, so it has expired when the grace ends.
+# max + 1 with a forced synchronous commit and creates the range row (or raises its
+# ``lim``) to that epoch's end. Returns (base, lim, sync), or no row if a concurrent
+# caller appended the same epoch first: run it again. G1 for mode lease: a new range row
+# starts a grace of the longest lease ttl ever granted. Why: "Tokens across crashes" and
+# "Leases across crashes" in docs/backends/postgres.md.
 SQL_TOKEN_EPOCH = f"""
 WITH e AS (
     INSERT INTO asynclock_token_epoch (epoch)
@@ -157,14 +141,10 @@ SQL_S_CHECK = f"SELECT set_config('idle_session_timeout', $2, false) AS idle, {_
 SQL_S_CHECK_PLAIN = f"SELECT {_MISSING}"
 # G5 release. Args: $1 key, $2 channel, $3 and $4 the waiter key (:func:`waiter_key`), $5
 # the hold's token (NULL if unknown: then run SQL_S_DROP_TOKEN_LOCKS). Drops the token lock
-# (first, so that it never outlives the lock), then unlocks our session's hold. Returns NULL
-# if the lock was not held, false if it was and nobody waits, true if it was and waiters
-# were notified. A waiting backend holds a shared lock on the waiter key (taken after its
-# LISTEN, before its next try), so the exclusive probe fails exactly when someone may be
-# waiting; only then does the statement NOTIFY, which costs a transaction id, a commit
-# record and the notify queue's lock. That commit does not wait for the WAL flush: nothing
-# here needs to survive a crash (the unlock is not transactional). Without a NOTIFY the
-# statement writes nothing.
+# first, then unlocks. Returns NULL if the lock was not held, false if it was and nobody
+# waits, true if it was and waiters were notified. It NOTIFYs (a transaction id and a
+# commit record, no flush) only when the waiter-key probe finds a waiter; else it writes
+# nothing. Why: "Mode session" in docs/backends/postgres.md.
 SQL_S_RELEASE = """
 WITH u AS (SELECT pg_advisory_unlock_shared(hashint8extended($5::bigint, $1)) AS token_lock)
 SELECT CASE WHEN NOT pg_advisory_unlock($1) THEN NULL
@@ -212,14 +192,9 @@ SQL_X_TOKEN = f"WITH l AS (SELECT true AS ok),{_X_TAKE}"
 # G1 + G2: args $1 name, $2 owner, $3 ttl (ms). Takes the row if absent or expired on the
 # server's clock, unless the crash grace still runs. Returns (token, NULL) when granted,
 # (NULL, seconds left) when busy or in the grace, no row if the row vanished meanwhile
-# (try again), (NULL, NULL) when the range needs SQL_TOKEN_EPOCH (missing or used up) and
-# (NULL, -1) when it needs SQL_L_TTL ($3 above its copy of the longest ttl) first. The
-# token comes from the shared source (a value taken by a busy attempt is skipped, never
-# reused). The lease table is unlogged: the commit waits for no WAL flush.
-# G2 for a slow acquire: the token is taken *before* the upsert waits for the row's lock,
-# so another holder may take and free the name meanwhile with a larger token. Rows are
-# never deleted (release marks them free), and a free row is taken only by a larger token;
-# otherwise the answer is (NULL, 0): busy for no time, try again with a fresh token.
+# (try again), (NULL, NULL) when the range needs SQL_TOKEN_EPOCH and (NULL, -1) when it
+# needs SQL_L_TTL first. A free row is taken only by a larger token (rows are never
+# deleted), else (NULL, 0): try again with a fresh token. Why: "Mode lease" in the docs.
 SQL_L_ACQUIRE = f"""
 WITH l AS (SELECT true AS ok),{_NEXT},
 g AS (SELECT t.token, $3::float8 <= t.lease_ttl_ms AS ttl_ok,
