@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING
 import anyio
 
 from .context import HOLDS
-from .exceptions import LeaseLost
+from .exceptions import AsynclockError, BackendUnavailable, LeaseLost
 from .validation import check_name, check_ttl
 
 if TYPE_CHECKING:
     from .backend import Backend
+    from .driver import Driver
     from .lease import Lease
 
 #: The separator between the owner id (hex) and the encoded identity.
@@ -225,3 +226,16 @@ class Leadership:
         term = await self._campaign(quiet=True)
         self._term = term
         return term
+
+
+async def find_leader(driver: Driver, name: str) -> Leader | None:
+    """:meth:`Backend.leader` once the backend is open and ``name`` checked."""
+    try:
+        found = await driver.owner_of(name)
+    except (AsynclockError, NotImplementedError):
+        raise
+    except Exception as exc:
+        raise BackendUnavailable(f"{driver.display}: leader failed: {exc!r}") from exc
+    if found is None:
+        return None
+    return Leader(identity_of(found[0]), found[1])
