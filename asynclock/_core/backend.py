@@ -622,7 +622,7 @@ class Backend(Renewer):
                 the template names an argument it does not take.
             ValueError: at decoration, for a malformed template or bad lock arguments.
         """
-        return locked_function(self, name, ttl, timeout, blocking, max_hold)
+        return locked_function(self, name, (ttl, timeout, blocking, max_hold))
 
     def leadership(self, name: str, *, ttl: float, identity: str | None = None) -> Leadership:
         """Campaign for leadership of ``name``; ``identity`` (default ``host:pid``) is what

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from .context import HOLDS
+from .context import HOLDS, push_hold
 from .exceptions import AsynclockError, BackendUnavailable, LeaseLost
 from .validation import check_name, check_ttl
 
@@ -114,12 +114,8 @@ class Term:
         lease = self.lease
         if lease.released:
             raise RuntimeError("this term has ended; campaign again for a new one")
-        scope = anyio.CancelScope()
-        scope.__enter__()
-        self._scope = lease._scope = scope
-        if lease.lost.reason is not None:
-            scope.cancel()
-        HOLDS.set((*HOLDS.get(), (self, lease, scope)))
+        self._scope = scope = anyio.CancelScope()
+        push_hold(self, lease, scope, HOLDS.get())
         return self
 
     async def __aexit__(

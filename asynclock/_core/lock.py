@@ -10,6 +10,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from .context import HOLDS as _HOLDS
+from .context import push_hold
 from .exceptions import AlreadyHeld, LeaseLost
 from .lease import Lease
 from .templates import NameTemplate
@@ -126,12 +127,7 @@ class Lock:
         else:
             lease = await backend._acquire(*self._args, token_scope=self._token_scope)
         lease._task = task
-        scope = backend._scope_type()
-        scope.__enter__()
-        lease._scope = scope
-        if lease.lost.reason is not None:
-            scope.cancel()
-        _HOLDS.set((*holds, (self, lease, scope)))
+        push_hold(self, lease, backend._scope_type(), holds)
         return lease
 
     async def __aexit__(
@@ -177,14 +173,11 @@ class Lock:
 
 
 def locked_function(
-    backend: Backend,
-    name: str,
-    ttl: float,
-    timeout: float | None,
-    blocking: bool,
-    max_hold: float | None,
+    backend: Backend, name: str, lock_args: tuple[float, float | None, bool, float | None]
 ) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Coroutine[Any, Any, T]]]:
-    """:meth:`Backend.locked_function` (see there)."""
+    """:meth:`Backend.locked_function` (see there); ``lock_args``: ttl, timeout, blocking,
+    max_hold."""
+    ttl, timeout, blocking, max_hold = lock_args
     template = NameTemplate(name)
     # The lock arguments are checked now, not at the first call.
     _check_lock_args("name", ttl, timeout, blocking, max_hold)
