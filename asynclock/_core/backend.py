@@ -28,13 +28,8 @@ import anyio.lowlevel
 
 from .bounds import ArmOnSuspend, CallBounds, shielded_call
 from .clock import Clock, MonotonicClock
-from .driver import Busy, Driver, Refused
-from .exceptions import (
-    AcquireTimeout,
-    AsynclockError,
-    BackendUnavailable,
-    LockHeld,
-)
+from .driver import Busy, Driver, Refused, watch_from
+from .exceptions import AcquireTimeout, AsynclockError, BackendUnavailable, LockHeld
 from .fastpath import (
     _any_current_task,
     _checkpoint_if_cancelled_for,
@@ -410,7 +405,9 @@ class Backend(Renewer):
                         watching = True
                         # A release between the failed attempt and a new subscription could
                         # be missed: the driver says whether to try again at once.
-                        retry_now = bool(await self._call("watch", driver.watch(name)))
+                        retry_now = bool(
+                            await self._call("watch", watch_from(driver, name, result.cursor))
+                        )
                     if not retry_now:
                         delay = DEFAULT_POLL if result.retry_after is None else result.retry_after
                         delay = delay * (1 + 0.1 * random.random()) + 0.0005 * random.random()
