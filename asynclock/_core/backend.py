@@ -1,13 +1,12 @@
 """Backend: one driver plus the core's timing, cancellation and the lease's lifecycle.
 
-Everything here is shared by every backend (small backends, smart core):
-
+Shared by every backend (small backends, smart core); the renewer and the watchdog are
+in ``renewer.py``, the ``Lock`` in ``lock.py``:
 * acquisition measures ``t_send`` before it asks and sets the local deadline to
   ``t_send + ttl * (1 - drift) - margin`` (G3);
 * an interrupted acquire releases whatever the server may have granted, shielded and
   bounded; release on exit is shielded and bounded; local state changes only after the
-  server confirms (G6).
-The renewer and the watchdog are in ``renewer.py``, the ``Lock`` in ``lock.py``."""
+  server confirms (G6)."""
 
 from __future__ import annotations
 
@@ -246,11 +245,15 @@ class Backend(Renewer):
         job locks a new name per occurrence (``"nightly@2026-12-01T03:00"``) and its
         writes must be fenced in order.
         """
-        lock = Lock.__new__(Lock)  # skip a frame: one Lock is often made per hold
-        lock._backend = self
-        lock._args = _check_lock_args(name, ttl, timeout, blocking, max_hold)
-        lock._token_scope = None if token_scope is None else _check_scope(token_scope)
-        return lock
+        return Lock(
+            self,
+            name,
+            ttl=ttl,
+            timeout=timeout,
+            blocking=blocking,
+            max_hold=max_hold,
+            token_scope=token_scope,
+        )
 
     async def acquire(
         self,
