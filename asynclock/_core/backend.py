@@ -1,29 +1,20 @@
-"""Backend: one driver plus the core's timing, renewal, loss handling and cancellation.
+"""Backend: one driver plus the core's timing, cancellation and the lease's lifecycle.
 
-Everything here is shared by every backend (STYLE: small backends, smart core):
-
+Shared by every backend (small backends, smart core); the renewer and the watchdog are
+in ``renewer.py``, the ``Lock`` in ``lock.py``:
 * acquisition measures ``t_send`` before it asks and sets the local deadline to
   ``t_send + ttl * (1 - drift) - margin`` (G3);
-* one renewer per backend (so per event loop) extends *all* held leases in one driver
-  call per heartbeat and reports loss per lease (G7, DESIGN section 3);
-* a watchdog cancels a holder whose local deadline or ``max_hold`` passes (G4);
 * an interrupted acquire releases whatever the server may have granted, shielded and
   bounded; release on exit is shielded and bounded; local state changes only after the
-  server confirms (G6).
-"""
+  server confirms (G6)."""
 
 from __future__ import annotations
 
-import functools
-import importlib
-import inspect
 import itertools
 import logging
 import math
 import os
 import random
-import re
-import sys
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
@@ -36,30 +27,22 @@ import anyio.lowlevel
 
 from .bounds import ArmOnSuspend, CallBounds, shielded_call
 from .clock import Clock, MonotonicClock
-from .context import HOLDS as _HOLDS
-from .driver import Busy, Driver, LeaseRef, Refused
-from .exceptions import (
-    AcquireTimeout,
-    AlreadyHeld,
-    AsynclockError,
-    BackendUnavailable,
-    LeaseLost,
-    LockHeld,
+from .driver import Busy, Driver, Refused, watch_from
+from .exceptions import AcquireTimeout, AsynclockError, BackendUnavailable, LockHeld
+from .fastpath import (
+    _any_current_task,
+    _checkpoint_if_cancelled_for,
+    _current_task_function,
+    _describe_loop,
 )
 from .holder import Holder
-from .leadership import Leader, Leadership, identity_of
+from .leadership import Leader, Leadership, find_leader
 from .lease import Lease
+from .lock import Lock as Lock
+from .lock import _check_lock_args, _check_scope, locked_function
+from .renewer import Renewer, _deadline_reason, _ExtendRequest, _Held, _poke
 from .stats import BackendStats, StatsRecorder
-from .templates import NameTemplate
-from .validation import (
-    MAX_NAME_BYTES,
-    MAX_TTL,
-    check_lease_ttl,
-    check_name,
-    check_timeout,
-    check_token,
-    check_ttl,
-)
+from .validation import check_name, check_token, check_ttl
 
 logger = logging.getLogger("asynclock")
 _get_ident = threading.get_ident
@@ -68,11 +51,9 @@ P = ParamSpec("P")
 
 #: How long a waiter sleeps between attempts when the driver gives no hint.
 DEFAULT_POLL = 0.05
-#: How long the idle renewer and watchdog sleep before looking again (no leases held).
-IDLE_NAP = 1.0
 
 
-class Backend:
+class Backend(Renewer):
     """A lock service: hand out leases on names, renew them, and stop holders that lose them.
 
     Create one with :func:`asynclock.connect` (or pass a driver for tests) and use it as an
@@ -264,11 +245,15 @@ class Backend:
         job locks a new name per occurrence (``"nightly@2026-12-01T03:00"``) and its
         writes must be fenced in order.
         """
-        lock = Lock.__new__(Lock)  # skip a frame: one Lock is often made per hold
-        lock._backend = self
-        lock._args = _check_lock_args(name, ttl, timeout, blocking, max_hold)
-        lock._token_scope = None if token_scope is None else _check_scope(token_scope)
-        return lock
+        return Lock(
+            self,
+            name,
+            ttl=ttl,
+            timeout=timeout,
+            blocking=blocking,
+            max_hold=max_hold,
+            token_scope=token_scope,
+        )
 
     async def acquire(
         self,
@@ -310,10 +295,6 @@ class Backend:
 
     def _live(self) -> list[Lease]:
         return [lease for ref, _, _ in list(self._held.values()) if (lease := ref()) is not None]
-
-    async def _renewal_round(self) -> None:
-        """Wait until the renewer finishes its next round trip (for tests and tools)."""
-        await self._round_done.wait()
 
     # -- acquisition -----------------------------------------------------------------------
 
@@ -427,7 +408,9 @@ class Backend:
                         watching = True
                         # A release between the failed attempt and a new subscription could
                         # be missed: the driver says whether to try again at once.
-                        retry_now = bool(await self._call("watch", driver.watch(name)))
+                        retry_now = bool(
+                            await self._call("watch", watch_from(driver, name, result.cursor))
+                        )
                     if not retry_now:
                         delay = DEFAULT_POLL if result.retry_after is None else result.retry_after
                         delay = delay * (1 + 0.1 * random.random()) + 0.0005 * random.random()
@@ -564,205 +547,15 @@ class Backend:
         )
         return False
 
-    async def _let_expire(self, lease: Lease) -> bool:
-        """Extend ``lease`` once more (owner-checked, G5), then stop renewing it."""
-        self._check_loop()
-        entry = self._held.get(lease.owner)
-        if entry is None or entry[0]() is not lease or lease._released:
-            return False
-        ref = LeaseRef(lease.name, lease.owner, lease.token, lease.ttl)
-        result: object = None
-        try:
-            results = await shielded_call(self.driver.extend([ref]), self._bounds)
-            result = None if results is None else results[0]
-        except Exception as exc:
-            result = exc
-        if isinstance(result, Refused):
-            self._lose(lease, f"renewal refused: {result.reason}")
-            return False
-        # Stop renewing; from here on only the server's ttl keeps the name taken.
-        self._held.pop(lease.owner, None)
-        lease._released = True
-        self._stats.released += 1
-        return result is True
-
-    # -- loss ------------------------------------------------------------------------------
-
-    def _lost_out_of_band(self, name: str, owner: str, reason: str) -> None:
-        entry = self._held.get(owner)
-        lease = None if entry is None else entry[0]()
-        if lease is not None and lease.name == name:
-            self._lose(lease, reason)
-
-    def _lose(self, lease: Lease, reason: str) -> None:
-        """Mark ``lease`` lost (once), stop renewing it and cancel its holder (G4)."""
-        self._held.pop(lease.owner, None)
-        if self._extends:
-            self._end_extend(lease, Refused(reason))
-        if lease.lost:
-            return
-        lease.lost._set(reason)
-        self._count_loss(lease, reason)
-        if lease._scope is not None:
-            lease._scope.cancel()
-
-    def _count_loss(self, lease: Lease, reason: str) -> None:
-        self._stats.losses += 1
-        self._stats.loss_reasons[re.split(r"[:;(]", reason, maxsplit=1)[0].strip()] += 1
-        logger.warning("lease lost: %r token=%d: %s", lease.name, lease.token, reason)
-
-    def _renew_soon(self) -> None:
-        """The driver's ``renew_now``: renew every held lease now, not at the next heartbeat
-        (a connection came back; the server may have restarted and lost them)."""
-        self._renew_asap = True
-        if self._held:
-            self._next_round = self.clock.now()
-            _poke(self._renew_wake)
-
-    # -- background loops ------------------------------------------------------------------
-
-    async def _renew_loop(self) -> None:
-        failures = 0
-        idle = IDLE_NAP
-        while True:
-            if not self._held and self._next_round <= self.clock.now():
-                # Nap instead of parking at infinity: a grant within the nap then needs no
-                # wake-up call (tight acquire/release loops stay cheap).
-                self._next_round = self.clock.now() + idle
-            await self._sleep_until(self._next_round, "_renew_wake")
-            if self._dropped:
-                await self._reap_dropped()
-                if not self._held:  # nothing left to renew: this was the round
-                    self._round_done.set()
-                    self._round_done = anyio.Event()
-            if not self._held:
-                continue
-            now = self.clock.now()
-            if now < self._next_round:
-                continue
-            batch = self._live()
-            if not batch:
-                continue
-            period = min(lease.ttl for lease in batch) * self.heartbeat
-            idle = min(period, IDLE_NAP)
-            refs = [LeaseRef(lease.name, lease.owner, lease.token, lease.ttl) for lease in batch]
-            # lease.extend(ttl) requests ride this round with their new ttl (one renewer:
-            # rounds never overlap, so the server's expiry is the last one we sent).
-            asked = self._extends_for(refs) if self._extends else None
-            t_send = self.clock.now()
-            self._renew_asap = False
-            results: list[object]
-            try:
-                with anyio.fail_after(max(period, 0.01)):
-                    results = list(await self.driver.extend(refs))
-                if len(results) != len(refs):
-                    raise RuntimeError(f"driver returned {len(results)} results for {len(refs)}")
-            except Exception as exc:
-                results = [exc] * len(refs)
-            self._stats.renewal_round_trips += 1
-            errors = 0
-            for lease, ref, result in zip(batch, refs, results, strict=True):
-                request = asked.get(lease.owner) if asked else None
-                entry = self._held.get(lease.owner)
-                if entry is None or entry[0]() is not lease:
-                    if request is not None:
-                        self._end_extend(lease, Refused(lease.lost.reason or "released"), request)
-                    continue  # released or lost while we were asking
-                if request is not None:
-                    self._extended(lease, ref, result, t_send)
-                    self._end_extend(lease, result, request)
-                    continue
-                if result is True:
-                    deadline = t_send + lease.ttl * (1 - self.drift) - self.margin
-                    if deadline > lease._deadline:
-                        lease._deadline = deadline
-                    self._stats.renewals += 1
-                elif isinstance(result, Refused):
-                    self._lose(lease, f"renewal refused: {result.reason}")
-                else:
-                    errors += 1
-                    logger.debug("renewal of %r failed, will retry: %r", lease.name, result)
-            self._round_done.set()
-            self._round_done = anyio.Event()
-            if errors:
-                self._stats.renewal_errors += errors
-                failures += 1
-                backoff = min(period, 0.02 * 2 ** min(failures, 10)) * (0.5 + random.random() / 2)
-                self._next_round = self.clock.now() + backoff
-            else:
-                failures = 0
-                self._next_round = t_send + period
-            if asked is not None or self._extends:
-                # A ttl changed (the period with it), or an extend waits for a round.
-                self._next_round = self._after_extends(t_send, errors > 0)
-            if self._renew_asap:  # asked during this round: its answers may predate it
-                self._next_round = self.clock.now()
-
-    async def _watchdog_loop(self) -> None:
-        while True:
-            now = self.clock.now()
-            earliest = min((lease.deadline for lease in self._live()), default=now + IDLE_NAP)
-            if now < earliest:
-                self._watch_until = earliest
-                await self._sleep_until(earliest, "_watch_wake")
-                self._watch_until = -math.inf
-                continue
-            for lease in self._live():
-                if now >= lease.deadline:
-                    self._lose(lease, _deadline_reason(lease, now))
-
-    async def _reap_dropped(self) -> None:
-        """Release the leases that were garbage-collected unreleased (nobody can use them,
-        so nobody may keep the name), and say so like an unclosed file's ResourceWarning."""
-        while self._dropped:  # drain first: a lease collected from now on flags again
-            self._dropped.pop()
-        for owner, entry in list(self._held.items()):
-            if entry[0]() is not None or self._held.get(owner) is not entry:
-                continue  # alive, or released while we were releasing another one
-            del self._held[owner]
-            _, name, token = entry
-            logger.warning(
-                "lease on %r (token %d) was garbage-collected without release(): releasing "
-                "it; call `await lease.release()`, or hold it with `async with "
-                "backend.lock(...)`",
-                name,
-                token,
-            )
-            await self._shielded(self.driver.release(name, owner, token), "release dropped")
-            self._wake_waiters(name)
-
-    async def _sleep_until(self, when: float, slot: str) -> None:
-        with anyio.CancelScope() as scope:
-            setattr(self, slot, scope)
-            if when == math.inf:
-                await anyio.sleep_forever()
-            else:
-                await self.clock.sleep_until(when)
-        setattr(self, slot, None)
-
-    # -- helpers ---------------------------------------------------------------------------
-
-    async def _shielded(self, call: Awaitable[Any], what: str) -> None:
-        """A clean-up call, shielded and bounded like a release; failures are logged."""
-
-        async def run() -> bool:
-            await call
-            return True
-
-        try:
-            done = await shielded_call(run(), self._bounds)
-        except Exception as exc:
-            logger.debug("%s failed: %r", what, exc)
-            return
-        if done is None:
-            logger.warning("%s timed out after %gs", what, self.release_timeout)
-
-    async def _call(self, what: str, call: Awaitable[object]) -> object:
+    async def _call(self, what: str, call: Awaitable[object], passing: Passing = ()) -> object:
+        """``call``'s result; a library error as BackendUnavailable (not ``passing`` ones)."""
         try:
             return await call
         except AsynclockError:
             raise
         except Exception as exc:
+            if isinstance(exc, passing):
+                raise
             raise BackendUnavailable(f"{self.driver.display}: {what} failed: {exc!r}") from exc
 
     # -- who holds it, changing a ttl, breaking a lock, decorating a function --------------
@@ -777,13 +570,8 @@ class Backend:
         self._require_open()
         self._check_loop()
         check_name(name)
-        try:
-            result = await self.driver.holder(name)
-        except (AsynclockError, NotImplementedError):
-            raise
-        except Exception as exc:
-            raise BackendUnavailable(f"{self.driver.display}: holder failed: {exc!r}") from exc
-        return result
+        found = await self._call("holder", self.driver.holder(name), (NotImplementedError,))
+        return cast("Holder | None", found)
 
     async def locked(self, name: str) -> bool:
         """True if some lease holds ``name`` right now (a snapshot, as :meth:`holder`)."""
@@ -803,12 +591,8 @@ class Backend:
         self._check_loop()
         check_name(name)
         logger.warning("break_lock(%r) on %s: removing whoever holds it", name, self.driver.display)
-        try:
-            broken = bool(await self.driver.break_lock(name))
-        except (AsynclockError, NotImplementedError):
-            raise
-        except Exception as exc:
-            raise BackendUnavailable(f"{self.driver.display}: break_lock failed: {exc!r}") from exc
+        call = self.driver.break_lock(name)
+        broken = bool(await self._call("break_lock", call, (NotImplementedError,)))
         if broken:
             logger.warning("break_lock(%r): a live lease was removed", name)
             # A holder on this very backend need not wait for its next renewal.
@@ -838,133 +622,7 @@ class Backend:
                 the template names an argument it does not take.
             ValueError: at decoration, for a malformed template or bad lock arguments.
         """
-        template = NameTemplate(name)
-        # The lock arguments are checked now, not at the first call.
-        _check_lock_args("name", ttl, timeout, blocking, max_hold)
-
-        def decorate(func: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
-            if not inspect.iscoroutinefunction(func):
-                kind = "an async generator" if inspect.isasyncgenfunction(func) else "not async"
-                raise TypeError(
-                    f"locked_function needs an `async def` function; "
-                    f"{getattr(func, '__qualname__', func)!s} is {kind} (for sync code, hold "
-                    "the lock around the call with `async with backend.lock(...)`)"
-                )
-            template.check_callable(func)
-            signature = inspect.signature(func)
-
-            @functools.wraps(func)
-            async def locked_call(*args: P.args, **kwargs: P.kwargs) -> T:
-                lock_name = template.format_call(func, args, kwargs)
-                lock = self.lock(
-                    lock_name, ttl=ttl, timeout=timeout, blocking=blocking, max_hold=max_hold
-                )
-                async with lock as lease:
-                    return await func(*args, **kwargs)
-                # Only a lost lease's cancellation is swallowed, and then __aexit__ raises.
-                raise LeaseLost(lease.name, lease.token, lease.lost.reason or "lost")
-
-            locked_call.__signature__ = signature  # type: ignore[attr-defined]
-            return locked_call
-
-        return decorate
-
-    async def _extend_lease(self, lease: Lease, ttl: object) -> None:
-        """``lease.extend(ttl)``: the renewer's next round, now, carries the new ttl."""
-        self._check_loop()
-        new_ttl = check_lease_ttl(ttl)
-        if new_ttl * (1 - self.drift) - self.margin <= 0:
-            raise ValueError(
-                f"ttl={new_ttl:g}s leaves no time after drift ({self.drift:.0%}) and margin "
-                f"({self.margin:g}s); use a ttl of at least {2 * self.margin + 0.001:g}s"
-            )
-        while True:
-            lease.check()  # lost, released or past its deadline: LeaseLost, before any I/O
-            entry = self._held.get(lease.owner)
-            if entry is None or entry[0]() is not lease:
-                raise LeaseLost(lease.name, lease.token, "no longer renewed by this backend")
-            pending = self._extends.get(lease.owner)
-            if pending is None:
-                break
-            await pending.done.wait()  # one ttl change at a time, in call order
-        request = self._extends[lease.owner] = _ExtendRequest(new_ttl)
-        self._next_round = self.clock.now()
-        _poke(self._renew_wake)
-        try:
-            await request.done.wait()
-        finally:
-            if self._extends.get(lease.owner) is request:
-                del self._extends[lease.owner]  # cancelled before the renewer sent it
-            request.done.set()  # an extend queued behind this one may go now
-        result = request.result
-        if result is True:
-            return
-        if lease.lost.reason is not None:
-            raise LeaseLost(lease.name, lease.token, lease.lost.reason)
-        if isinstance(result, Refused):
-            raise LeaseLost(lease.name, lease.token, result.reason)
-        raise BackendUnavailable(
-            f"{self.driver.display}: extend of {lease.name!r} to ttl={new_ttl:g}s failed "
-            f"(the lease keeps renewing with ttl={lease.ttl:g}s): {result!r}"
-        ) from (result if isinstance(result, BaseException) else None)
-
-    def _extends_for(self, refs: list[LeaseRef]) -> dict[str, _ExtendRequest]:
-        """The extend requests this round sends; their refs get the new ttl (in place)."""
-        asked: dict[str, _ExtendRequest] = {}
-        for i, ref in enumerate(refs):
-            request = self._extends.get(ref.owner)
-            if request is not None and not request.sent:
-                request.sent = True
-                asked[ref.owner] = request
-                refs[i] = LeaseRef(ref.name, ref.owner, ref.token, request.ttl)
-        return asked
-
-    def _extended(self, lease: Lease, ref: LeaseRef, result: object, t_send: float) -> None:
-        """Apply the answer to ``lease.extend(ref.ttl)`` sent at ``t_send`` (G3, G4)."""
-        deadline = t_send + ref.ttl * (1 - self.drift) - self.margin
-        if result is True:
-            lease.ttl = ref.ttl
-            lease._deadline = deadline  # may move earlier: a shorter ttl
-            self._stats.renewals += 1
-        elif isinstance(result, Refused):
-            self._lose(lease, f"extend refused: {result.reason}")
-            return
-        elif deadline < lease._deadline:
-            # Unknown whether the server took the shorter ttl: assume it did.
-            lease._deadline = deadline
-        else:
-            return
-        if lease.deadline < self._watch_until:
-            _poke(self._watch_wake)
-
-    def _end_extend(
-        self, lease: Lease, result: object, request: _ExtendRequest | None = None
-    ) -> None:
-        """Answer ``request`` (default: the lease's pending one) with ``result``."""
-        pending = self._extends.get(lease.owner)
-        if request is None:
-            request = pending
-        if request is None:
-            return
-        if pending is request:
-            del self._extends[lease.owner]
-        request.result = result
-        request.done.set()
-
-    def _after_extends(self, t_send: float, backing_off: bool) -> float:
-        """When the next round runs after one that changed a ttl or left a request."""
-        if any(not request.sent for request in self._extends.values()):
-            return self.clock.now()
-        live = self._live()
-        if not live:
-            return self._next_round
-        # The period of the ttls now held (this round's was computed from the old ones).
-        shortest = min(lease.ttl for lease in live) * self.heartbeat
-        if backing_off:
-            return min(self._next_round, t_send + shortest)
-        return t_send + shortest
-
-    # -- leader election (asynclock/_core/leadership.py) ------------------------------------
+        return locked_function(self, name, (ttl, timeout, blocking, max_hold))
 
     def leadership(self, name: str, *, ttl: float, identity: str | None = None) -> Leadership:
         """Campaign for leadership of ``name``; ``identity`` (default ``host:pid``) is what
@@ -985,234 +643,8 @@ class Backend:
         (postgres ``mode=session``, redlock).
         """
         self._require_open()
-        check_name(name)
-        try:
-            found = await self.driver.owner_of(name)
-        except (AsynclockError, NotImplementedError):
-            raise
-        except Exception as exc:
-            raise BackendUnavailable(f"{self.driver.display}: leader failed: {exc!r}") from exc
-        if found is None:
-            return None
-        return Leader(identity_of(found[0]), found[1])
+        return await find_leader(self.driver, check_name(name))
 
 
-class _ExtendRequest:
-    """One ``lease.extend(ttl)`` waiting for the renewer's answer."""
-
-    __slots__ = ("done", "result", "sent", "ttl")
-
-    def __init__(self, ttl: float) -> None:
-        self.ttl = ttl
-        self.sent = False
-        self.result: object = None
-        self.done = anyio.Event()
-
-
-def _checkpoint_if_cancelled_for(
-    scope_type: type[anyio.CancelScope],
-) -> Callable[[], Awaitable[None]]:
-    """``anyio.lowlevel.checkpoint_if_cancelled`` without its per-call event loop lookup.
-
-    A backend is bound to one event loop, so the loop's anyio back-end class (found the
-    way anyio finds it: the ``backend_class`` of the module defining its cancel scope) is
-    looked up once; the public function is the fallback if that ever changes.
-    """
-    backend_class = getattr(sys.modules.get(scope_type.__module__), "backend_class", None)
-    method = getattr(backend_class, "checkpoint_if_cancelled", None)
-    if callable(method):
-        return cast(Callable[[], Awaitable[None]], method)
-    return anyio.lowlevel.checkpoint_if_cancelled
-
-
-#: What the backend keeps per held lease: a weak reference (the holder keeps the Lease
-#: alive), and the name and token to release it with once it is collected.
-_Held = tuple["weakref.ref[Lease]", str, int]
-
-
-def _any_current_task() -> object:
-    return anyio.get_current_task().id
-
-
-def _current_task_function(scope_type: type[anyio.CancelScope]) -> Callable[[], object]:
-    """A cheap way to name the running task on the event loop whose cancel scope class is
-    ``scope_type`` (the anyio back-end is known once the backend opens)."""
-    module = scope_type.__module__
-    if module.endswith("._asyncio"):
-        import asyncio
-
-        # Passing the loop skips the running-loop lookup (half the cost of the call).
-        return functools.partial(asyncio.current_task, asyncio.get_running_loop())
-    if module.endswith("._trio"):
-        lowlevel = importlib.import_module("trio.lowlevel")  # present: trio is running
-        return cast(Callable[[], object], lowlevel.current_task)
-    return _any_current_task
-
-
-def _describe_loop() -> str:
-    import asyncio
-
-    thread = threading.current_thread()
-    try:
-        loop = asyncio.get_running_loop()
-        where = f"{type(loop).__name__} {id(loop):#x}"
-    except RuntimeError:
-        where = "the event loop"  # trio, or not in an event loop at all
-    return f"{where} in thread {thread.name!r} ({thread.ident})"
-
-
-def _deadline_reason(lease: Lease, now: float) -> str:
-    hard = lease.hard_deadline is not None and now >= lease.hard_deadline
-    return "max_hold reached" if hard else "local deadline passed"
-
-
-def _poke(scope: anyio.CancelScope | None) -> None:
-    if scope is not None:
-        scope.cancel()
-
-
-def _check_scope(scope: object) -> str:
-    if not isinstance(scope, str):
-        raise TypeError(f"token_scope must be a str or None, not {type(scope).__name__}")
-    try:
-        return check_name(scope)
-    except ValueError as exc:
-        raise ValueError(f"token_scope: {exc} (it is validated like a lock name)") from None
-
-
-def _check_lock_args(
-    name: object, ttl: object, timeout: object, blocking: object, max_hold: object
-) -> tuple[str, float, float | None, bool, float | None]:
-    # Fast path for the usual call, `backend.lock(name, ttl=...)` (made on every hold).
-    if (
-        type(name) is str
-        and 0 < len(name) <= MAX_NAME_BYTES // 4
-        and name.isascii()
-        and (type(ttl) is float or type(ttl) is int)
-        and 0 < ttl <= MAX_TTL
-        and timeout is None
-        and blocking is True
-        and max_hold is None
-    ):
-        return name, float(ttl), None, True, None
-    name = check_name(name)
-    ttl_f = check_lease_ttl(ttl)
-    timeout_f = check_timeout(timeout)
-    if not isinstance(blocking, bool):
-        raise TypeError(f"blocking must be True or False, not {type(blocking).__name__}")
-    if not blocking and timeout_f is not None:
-        raise ValueError("timeout only applies to blocking=True; pass one or the other")
-    hold = None if max_hold is None else check_ttl(max_hold, what="max_hold")
-    return name, ttl_f, timeout_f, blocking, hold
-
-
-def _refuse_nested(backend: Backend, name: str, holds: tuple[Any, ...], task: object) -> None:
-    """Raise :class:`AlreadyHeld` if this task is inside ``async with backend.lock(name)``.
-
-    A child task starts with a copy of its parent's holds, so a hold counts only while
-    its lease is live and only in the task that entered it.
-    """
-    for _, lease, _ in holds:
-        if (
-            lease.name == name
-            and lease._backend is backend
-            and lease._task == task  # tasks compare by identity; a fallback id by value
-            and task is not None
-            and not lease._released
-            and not lease.lost
-        ):
-            raise AlreadyHeld(name, lease.token)
-
-
-class Lock:
-    """``async with backend.lock(name, ttl=...) as lease:`` — see :meth:`Backend.lock`.
-
-    Reusable and safe to share: each entering task gets its own lease (ownership lives on
-    the lease, per task; never in thread-locals).
-    """
-
-    __slots__ = ("_args", "_backend", "_token_scope")
-
-    def __init__(
-        self,
-        backend: Backend,
-        name: str,
-        *,
-        ttl: float,
-        timeout: float | None,
-        blocking: bool,
-        max_hold: float | None,
-        token_scope: str | None = None,
-    ) -> None:
-        self._backend = backend
-        self._args = _check_lock_args(name, ttl, timeout, blocking, max_hold)
-        self._token_scope = None if token_scope is None else _check_scope(token_scope)
-
-    @property
-    def name(self) -> str:
-        return self._args[0]
-
-    def __repr__(self) -> str:
-        return f"<asynclock.Lock {self.name!r} ttl={self._args[1]:g}>"
-
-    async def __aenter__(self) -> Lease:
-        backend = self._backend
-        task = backend._current_task()  # None: not on the loop that opened the backend
-        if task is None and backend._open:
-            backend._wrong_loop()
-        holds = _HOLDS.get()
-        if holds:
-            _refuse_nested(backend, self._args[0], holds, task)
-        if self._token_scope is None:
-            lease = await backend._acquire(*self._args)
-        else:
-            lease = await backend._acquire(*self._args, token_scope=self._token_scope)
-        lease._task = task
-        scope = backend._scope_type()
-        scope.__enter__()
-        lease._scope = scope
-        if lease.lost.reason is not None:
-            scope.cancel()
-        _HOLDS.set((*holds, (self, lease, scope)))
-        return lease
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        holds = _HOLDS.get()
-        if holds[-1][0] is self:  # the usual case: the innermost hold
-            _, lease, scope = holds[-1]
-            _HOLDS.set(holds[:-1])
-        else:
-            index = max(i for i, hold in enumerate(holds) if hold[0] is self)
-            _, lease, scope = holds[index]
-            _HOLDS.set(holds[:index] + holds[index + 1 :])
-        lease._scope = None
-        lease._task = None  # the hold is over (and a kept lease must not keep its task)
-        assert scope is not None  # a Lock's own entry always carries its scope
-        if scope.cancel_called:
-            # Lost (or cancelled from inside): leave the cancelled scope, then release in
-            # a fresh shielded one.
-            try:
-                swallowed = bool(scope.__exit__(exc_type, exc, tb))
-            finally:
-                await self._backend._release(lease, quiet=True)
-        else:
-            # The usual case: release inside the holder's own scope, shielded from outer
-            # cancellation from here on — one cancel scope per hold, not two. Nothing can
-            # cancel this scope now but the release deadline: the lease left the renewer
-            # and watchdog (`_held`) first thing in `_release`, and `_scope` is unset.
-            scope.shield = True
-            try:
-                await self._backend._release(lease, quiet=True, scope=scope)
-            finally:
-                swallowed = bool(scope.__exit__(exc_type, exc, tb))
-        if lease.lost.reason is not None:
-            if swallowed or exc_type is None:
-                reason = lease.lost.reason or "lost"
-                raise LeaseLost(lease.name, lease.token, reason) from None
-            return False
-        return swallowed
+#: Errors :meth:`Backend._call` lets through as they are.
+Passing = tuple[type[Exception], ...]

@@ -25,6 +25,18 @@ Hold = tuple[object, "Lease", "anyio.CancelScope | None"]
 HOLDS: ContextVar[tuple[Hold, ...]] = ContextVar("asynclock_holds", default=())
 
 
+def push_hold(
+    holder: object, lease: Lease, scope: anyio.CancelScope, holds: tuple[Hold, ...]
+) -> None:
+    """Enter ``scope`` as ``lease``'s holder scope (cancelled at once if the lease is
+    already lost) and push the hold onto ``holds``, this context's stack."""
+    scope.__enter__()
+    lease._scope = scope
+    if lease.lost.reason is not None:
+        scope.cancel()
+    HOLDS.set((*holds, (holder, lease, scope)))
+
+
 def current_lease() -> Lease:
     """The innermost lease held by the current task, thread or context.
 

@@ -8,8 +8,11 @@ this boundary); any other exception is treated the same way by the core.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from .clock import Clock, MonotonicClock
 from .holder import Holder
@@ -22,10 +25,13 @@ class Busy:
     ``retry_after`` is how long the current lease has left at most (Redis ``PTTL``, a
     lease row's expiry), or a backend's suggested poll delay; ``None`` if unknown.
     ``detail``, if given, says why (it goes into :class:`~asynclock.LockHeld`'s message).
+    ``cursor``, if given, is opaque to the core: where the driver's watch should start
+    (etcd: the revision the attempt read). The core passes it to ``watch(name, cursor)``.
     """
 
     retry_after: float | None = None
     detail: str | None = None
+    cursor: object = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +134,11 @@ class Driver:
         Return True if a release that happened after the last failed attempt may have
         been missed (the subscription is new), so the core should try again at once;
         False if nothing can have been missed (already subscribed, or no notifications).
+
+        A driver that needs to know where the failed attempt left off defines
+        ``watch(self, name, cursor=None)``: the core then passes the ``cursor`` of that
+        attempt's :class:`Busy` (None if it set none). ``watch(self, name)`` alone keeps
+        working: the core looks at the signature (see :func:`watch_from`).
         """
         return False
 
@@ -159,3 +170,23 @@ class Driver:
         broken holder's next extend must be refused (its next renewal then loses it).
         """
         raise NotImplementedError(f"{self.display} cannot break locks")
+
+
+def watch_from(driver: Driver, name: str, cursor: object) -> Awaitable[bool]:
+    """``driver.watch(name, cursor)``, or ``driver.watch(name)`` for a driver whose
+    ``watch`` takes no cursor (written before cursors existed)."""
+    if _takes_cursor(type(driver).watch):
+        return cast("Callable[[str, object], Awaitable[bool]]", driver.watch)(name, cursor)
+    return driver.watch(name)
+
+
+@functools.cache
+def _takes_cursor(watch: Callable[..., object]) -> bool:
+    try:
+        parameters = list(inspect.signature(watch).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters):
+        return True
+    return sum(p.kind in positional for p in parameters) >= 3  # self, name, cursor

@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from .context import HOLDS
-from .exceptions import LeaseLost
+from .context import HOLDS, push_hold
+from .exceptions import AsynclockError, BackendUnavailable, LeaseLost
 from .validation import check_name, check_ttl
 
 if TYPE_CHECKING:
     from .backend import Backend
+    from .driver import Driver
     from .lease import Lease
 
 #: The separator between the owner id (hex) and the encoded identity.
@@ -113,12 +114,8 @@ class Term:
         lease = self.lease
         if lease.released:
             raise RuntimeError("this term has ended; campaign again for a new one")
-        scope = anyio.CancelScope()
-        scope.__enter__()
-        self._scope = lease._scope = scope
-        if lease.lost.reason is not None:
-            scope.cancel()
-        HOLDS.set((*HOLDS.get(), (self, lease, scope)))
+        self._scope = scope = anyio.CancelScope()
+        push_hold(self, lease, scope, HOLDS.get())
         return self
 
     async def __aexit__(
@@ -225,3 +222,16 @@ class Leadership:
         term = await self._campaign(quiet=True)
         self._term = term
         return term
+
+
+async def find_leader(driver: Driver, name: str) -> Leader | None:
+    """:meth:`Backend.leader` once the backend is open and ``name`` checked."""
+    try:
+        found = await driver.owner_of(name)
+    except (AsynclockError, NotImplementedError):
+        raise
+    except Exception as exc:
+        raise BackendUnavailable(f"{driver.display}: leader failed: {exc!r}") from exc
+    if found is None:
+        return None
+    return Leader(identity_of(found[0]), found[1])

@@ -39,6 +39,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 import anyio
 
 from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
+from .._core.errors import map_errors
 from .._core.exceptions import BackendUnavailable
 from .._core.holder import Holder
 from .._core.validation import check_seconds
@@ -231,6 +232,7 @@ class SQLiteDriver(Driver):
         self.synchronous = synchronous.upper()
         self.busy_timeout = check_seconds(busy_timeout, "busy_timeout")
         self.display = f"sqlite:///{path}"
+        self._errors = map_errors(self.display)
         self.boot = boot_id()
         self._db: sqlite3.Connection | None = None
         self._queued: set[tuple[str, str]] = set()
@@ -256,7 +258,7 @@ class SQLiteDriver(Driver):
                 return fn()
             except sqlite3.OperationalError as exc:
                 if not _is_busy(exc):
-                    raise self._unavailable(what, exc) from exc
+                    raise self._errors.unavailable(f"{what} failed", exc) from exc
                 if time.monotonic() >= give_up:
                     raise BackendUnavailable(
                         f"{self.display}: {what}: the database stayed locked for "
@@ -264,7 +266,7 @@ class SQLiteDriver(Driver):
                         "write transaction"
                     ) from exc
             except sqlite3.Error as exc:
-                raise self._unavailable(what, exc) from exc
+                raise self._errors.unavailable(f"{what} failed", exc) from exc
             await anyio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 0.005)
 
@@ -296,9 +298,9 @@ class SQLiteDriver(Driver):
         except sqlite3.OperationalError as exc:
             if _is_busy(exc):
                 return None
-            raise self._unavailable("statement", exc) from exc
+            raise self._errors.unavailable("statement failed", exc) from exc
         except sqlite3.Error as exc:
-            raise self._unavailable("statement", exc) from exc
+            raise self._errors.unavailable("statement failed", exc) from exc
         self._commits += 1
         return cursor
 
@@ -315,9 +317,6 @@ class SQLiteDriver(Driver):
     def _version(self) -> tuple[int, int]:
         """Changes anyone committed to the file since we last looked (cheap: shared memory)."""
         return (self.db.execute("PRAGMA data_version").fetchone()[0], self._commits)
-
-    def _unavailable(self, what: str, exc: BaseException) -> BackendUnavailable:
-        return BackendUnavailable(f"{self.display}: {what} failed: {exc}")
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -540,7 +539,7 @@ class SQLiteDriver(Driver):
         try:
             row = self.db.execute(SQL_LIVE, (name, self.boot, time.monotonic())).fetchone()
         except sqlite3.Error as exc:
-            raise self._unavailable("validate", exc) from exc
+            raise self._errors.unavailable("validate failed", exc) from exc
         return row is not None and row[1] == token
 
     async def abandon(self, name: str, owner: str) -> None:
@@ -563,7 +562,7 @@ class SQLiteDriver(Driver):
         try:
             row = self.db.execute(SQL_LIVE, (name, self.boot, time.monotonic())).fetchone()
         except sqlite3.Error as exc:
-            raise self._unavailable("holder", exc) from exc
+            raise self._errors.unavailable("holder failed", exc) from exc
         if row is None:
             return None
         # CLOCK_MONOTONIC is system-wide on Linux: the same clock every process's rows use.
@@ -585,7 +584,7 @@ class SQLiteDriver(Driver):
         try:
             row = self.db.execute(SQL_LIVE, (name, self.boot, time.monotonic())).fetchone()
         except sqlite3.Error as exc:
-            raise self._unavailable("owner lookup", exc) from exc
+            raise self._errors.unavailable("owner lookup failed", exc) from exc
         return None if row is None else (str(row[0]), int(row[1]))
 
 

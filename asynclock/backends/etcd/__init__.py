@@ -26,8 +26,9 @@ from ..._core.asyncio_only import require_asyncio
 from ..._core.backend import Backend
 from ..._core.lease import Lease
 from ..._core.validation import check_seconds
+from ._session import requested_ttl
 from .client import TLS, Endpoints, EtcdClient
-from .driver import EtcdDriver, requested_ttl
+from .driver import EtcdDriver
 
 DEFAULT_PORT = 2379
 DEFAULT_TIMEOUT = 3.0

@@ -27,10 +27,8 @@
 from __future__ import annotations
 
 import logging
-import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -40,6 +38,8 @@ from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
 from ..._core.exceptions import BackendUnavailable
 from ..._core.holder import Holder
 from . import _proto as pb
+from ._session import SERVER_DRIFT, Session, _Slot, requested_ttl
+from ._watch import Watching
 from .client import EtcdClient, EtcdError, prefix_end
 
 logger = logging.getLogger("asynclock.etcd")
@@ -50,65 +50,11 @@ WAIT_POLL = 1.0
 #: A task queued behind another task of this process polls this often (it is woken when
 #: the slot is freed).
 LOCAL_POLL = 1.0
-#: Server and client clocks may run at slightly different rates.
-SERVER_DRIFT = 0.01
 #: etcd rejects transactions with more operations than --max-txn-ops (default 128).
 MAX_TXN_OPS = 128
 
 
-def requested_ttl(ttl: float) -> int:
-    """The whole seconds asked of etcd for locks of ``ttl`` (the server may grant more):
-    the next whole second above ``ttl``, so a key outlives the local deadline, and etcd's
-    remaining TTL (whole seconds, rounded down) never reads above ``ttl``."""
-    return max(1, math.floor(ttl) + 1)
-
-
-@dataclass(eq=False)
-class Session:
-    """One etcd lease shared by every lock of one ttl in this process."""
-
-    ttl: float
-    lease_id: int
-    granted: int
-    #: Our clock, read before the last acknowledged keep-alive (or the grant) was sent: the
-    #: server's lease lives at least ``granted`` seconds past it.
-    acked_at: float
-    users: int = 0
-    idle_since: float | None = None
-    dead: bool = False
-
-    @property
-    def headroom(self) -> float:
-        """How much longer than a lock's ttl the lease lives after a keep-alive."""
-        return self.granted * (1 - SERVER_DRIFT) - self.ttl
-
-    @property
-    def interval(self) -> float:
-        """Keep-alive period: often enough that a new lock of ``ttl`` usually fits without
-        a keep-alive of its own (see :meth:`EtcdDriver._fresh`)."""
-        if self.headroom < 0.1:
-            return self.granted / 3
-        return max(0.05, min(self.granted / 3, self.headroom / 2))
-
-
-@dataclass(eq=False)
-class _Slot:
-    """This process's one participant in etcd for a name."""
-
-    name: str
-    owner: str
-    ttl: float
-    session: Session | None = None
-    key: bytes = b""  # our key (named after the session it was created on)
-    rev: int | None = None  # our key's create revision, once known
-    held: bool = False
-    expires_at: float = math.inf  # held: when the core's lease would have ended
-    pred: tuple[bytes, int] | None = None  # predecessor key, revision it was seen at
-    watch: tuple[bytes, int] | None = None  # (watched key, watch id)
-    holder_lease: int = 0  # the etcd lease of the holder seen by the last attempt
-
-
-class EtcdDriver(Driver):
+class EtcdDriver(Watching, Driver):
     """Locks in an etcd cluster. See the module docstring and docs/backends/etcd.md."""
 
     def __init__(self, client: EtcdClient, *, prefix: str = "", display: str) -> None:
@@ -413,54 +359,6 @@ class EtcdDriver(Driver):
         # Whole seconds, rounded down: the lease lives at least this long from now (and
         # etcd's expiry sweep adds up to half a second), never less.
         return Busy(retry_after=float(max(reply.TTL, 0)))
-
-    # -- watching the predecessor ----------------------------------------------------------
-
-    async def watch(self, name: str) -> bool:
-        self._watched[name] = self._watched.get(name, 0) + 1
-        slot = self.slots.get(name)
-        if slot is not None:
-            self._watch_slot(name, slot)
-        # Watches start at the revision the attempt saw, so no release is missed.
-        return False
-
-    async def unwatch(self, name: str) -> None:
-        count = self._watched.get(name, 0) - 1
-        if count > 0:
-            self._watched[name] = count
-            return
-        self._watched.pop(name, None)
-        slot = self.slots.get(name)
-        if slot is not None:
-            self._unwatch_slot(slot)
-
-    def _watch_slot(self, name: str, slot: _Slot) -> None:
-        if not self._watched.get(name) or slot.pred is None or slot.held:
-            return
-        key, seen_at = slot.pred
-        if slot.watch is not None:
-            if slot.watch[0] == key:
-                return
-            self._unwatch_slot(slot)
-
-        def on_event(kind: str, revision: int) -> None:
-            if kind == "canceled" and slot.watch is not None and slot.watch[1] == watch_id:
-                slot.watch = None  # compacted history: the next attempt looks afresh
-            self._wake(name)
-
-        watch_id = self.client.watch(key, seen_at + 1, on_event)
-        slot.watch = (key, watch_id)
-
-    def _unwatch_slot(self, slot: _Slot) -> None:
-        if slot.watch is not None:
-            self.client.cancel_watch(slot.watch[1])
-            slot.watch = None
-
-    def _watches_reset(self) -> None:
-        for name, slot in self.slots.items():
-            if slot.watch is not None:
-                slot.watch = None
-                self._wake(name)
 
     # -- renew, release, validate ----------------------------------------------------------
 

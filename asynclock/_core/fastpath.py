@@ -1,0 +1,65 @@
+"""Shortcuts on the hot path, each leaning on one thing anyio or the event loop does today.
+
+A backend is bound to one event loop, so what anyio looks up on every call (the running
+back-end) is looked up once, when the backend opens. ``tests/test_fastpath.py`` fails
+if the library behaviour a shortcut leans on changes.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+import threading
+from collections.abc import Awaitable, Callable
+from typing import cast
+
+import anyio
+import anyio.lowlevel
+
+
+def _checkpoint_if_cancelled_for(
+    scope_type: type[anyio.CancelScope],
+) -> Callable[[], Awaitable[None]]:
+    """``anyio.lowlevel.checkpoint_if_cancelled`` without its per-call event loop lookup.
+
+    A backend is bound to one event loop, so the loop's anyio back-end class (found the
+    way anyio finds it: the ``backend_class`` of the module defining its cancel scope) is
+    looked up once; the public function is the fallback if that ever changes.
+    """
+    backend_class = getattr(sys.modules.get(scope_type.__module__), "backend_class", None)
+    method = getattr(backend_class, "checkpoint_if_cancelled", None)
+    if callable(method):
+        return cast(Callable[[], Awaitable[None]], method)
+    return anyio.lowlevel.checkpoint_if_cancelled
+
+
+def _any_current_task() -> object:
+    return anyio.get_current_task().id
+
+
+def _current_task_function(scope_type: type[anyio.CancelScope]) -> Callable[[], object]:
+    """A cheap way to name the running task on the event loop whose cancel scope class is
+    ``scope_type`` (the anyio back-end is known once the backend opens)."""
+    module = scope_type.__module__
+    if module.endswith("._asyncio"):
+        import asyncio
+
+        # Passing the loop skips the running-loop lookup (half the cost of the call).
+        return functools.partial(asyncio.current_task, asyncio.get_running_loop())
+    if module.endswith("._trio"):
+        lowlevel = importlib.import_module("trio.lowlevel")  # present: trio is running
+        return cast(Callable[[], object], lowlevel.current_task)
+    return _any_current_task
+
+
+def _describe_loop() -> str:
+    import asyncio
+
+    thread = threading.current_thread()
+    try:
+        loop = asyncio.get_running_loop()
+        where = f"{type(loop).__name__} {id(loop):#x}"
+    except RuntimeError:
+        where = "the event loop"  # trio, or not in an event loop at all
+    return f"{where} in thread {thread.name!r} ({thread.ident})"

@@ -1,0 +1,210 @@
+"""Lock: ``async with backend.lock(name, ttl=...)``, the per-task hold stack (context.py)
+and the argument checks every hold makes."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Awaitable, Callable, Coroutine
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+from .context import HOLDS as _HOLDS
+from .context import push_hold
+from .exceptions import AlreadyHeld, LeaseLost
+from .lease import Lease
+from .templates import NameTemplate
+from .validation import (
+    MAX_NAME_BYTES,
+    MAX_TTL,
+    check_lease_ttl,
+    check_name,
+    check_timeout,
+    check_ttl,
+)
+
+if TYPE_CHECKING:
+    from .backend import Backend
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+
+def _check_scope(scope: object) -> str:
+    if not isinstance(scope, str):
+        raise TypeError(f"token_scope must be a str or None, not {type(scope).__name__}")
+    try:
+        return check_name(scope)
+    except ValueError as exc:
+        raise ValueError(f"token_scope: {exc} (it is validated like a lock name)") from None
+
+
+def _check_lock_args(
+    name: object, ttl: object, timeout: object, blocking: object, max_hold: object
+) -> tuple[str, float, float | None, bool, float | None]:
+    # Fast path for the usual call, `backend.lock(name, ttl=...)` (made on every hold).
+    if (
+        type(name) is str
+        and 0 < len(name) <= MAX_NAME_BYTES // 4
+        and name.isascii()
+        and (type(ttl) is float or type(ttl) is int)
+        and 0 < ttl <= MAX_TTL
+        and timeout is None
+        and blocking is True
+        and max_hold is None
+    ):
+        return name, float(ttl), None, True, None
+    name = check_name(name)
+    ttl_f = check_lease_ttl(ttl)
+    timeout_f = check_timeout(timeout)
+    if not isinstance(blocking, bool):
+        raise TypeError(f"blocking must be True or False, not {type(blocking).__name__}")
+    if not blocking and timeout_f is not None:
+        raise ValueError("timeout only applies to blocking=True; pass one or the other")
+    hold = None if max_hold is None else check_ttl(max_hold, what="max_hold")
+    return name, ttl_f, timeout_f, blocking, hold
+
+
+def _refuse_nested(backend: Backend, name: str, holds: tuple[Any, ...], task: object) -> None:
+    """Raise :class:`AlreadyHeld` if this task is inside ``async with backend.lock(name)``.
+
+    A child task starts with a copy of its parent's holds, so a hold counts only while
+    its lease is live and only in the task that entered it.
+    """
+    for _, lease, _ in holds:
+        if (
+            lease.name == name
+            and lease._backend is backend
+            and lease._task == task  # tasks compare by identity; a fallback id by value
+            and task is not None
+            and not lease._released
+            and not lease.lost
+        ):
+            raise AlreadyHeld(name, lease.token)
+
+
+class Lock:
+    """``async with backend.lock(name, ttl=...) as lease:`` — see :meth:`Backend.lock`.
+
+    Reusable and safe to share: each entering task gets its own lease (ownership lives on
+    the lease, per task; never in thread-locals).
+    """
+
+    __slots__ = ("_args", "_backend", "_token_scope")
+
+    def __init__(
+        self,
+        backend: Backend,
+        name: str,
+        *,
+        ttl: float,
+        timeout: float | None,
+        blocking: bool,
+        max_hold: float | None,
+        token_scope: str | None = None,
+    ) -> None:
+        self._backend = backend
+        self._args = _check_lock_args(name, ttl, timeout, blocking, max_hold)
+        self._token_scope = None if token_scope is None else _check_scope(token_scope)
+
+    @property
+    def name(self) -> str:
+        return self._args[0]
+
+    def __repr__(self) -> str:
+        return f"<asynclock.Lock {self.name!r} ttl={self._args[1]:g}>"
+
+    async def __aenter__(self) -> Lease:
+        backend = self._backend
+        task = backend._current_task()  # None: not on the loop that opened the backend
+        if task is None and backend._open:
+            backend._wrong_loop()
+        holds = _HOLDS.get()
+        if holds:
+            _refuse_nested(backend, self._args[0], holds, task)
+        if self._token_scope is None:
+            lease = await backend._acquire(*self._args)
+        else:
+            lease = await backend._acquire(*self._args, token_scope=self._token_scope)
+        lease._task = task
+        push_hold(self, lease, backend._scope_type(), holds)
+        return lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        holds = _HOLDS.get()
+        if holds[-1][0] is self:  # the usual case: the innermost hold
+            _, lease, scope = holds[-1]
+            _HOLDS.set(holds[:-1])
+        else:
+            index = max(i for i, hold in enumerate(holds) if hold[0] is self)
+            _, lease, scope = holds[index]
+            _HOLDS.set(holds[:index] + holds[index + 1 :])
+        lease._scope = None
+        lease._task = None  # the hold is over (and a kept lease must not keep its task)
+        assert scope is not None  # a Lock's own entry always carries its scope
+        if scope.cancel_called:
+            # Lost (or cancelled from inside): leave the cancelled scope, then release in
+            # a fresh shielded one.
+            try:
+                swallowed = bool(scope.__exit__(exc_type, exc, tb))
+            finally:
+                await self._backend._release(lease, quiet=True)
+        else:
+            # The usual case: release inside the holder's own scope, shielded from outer
+            # cancellation from here on — one cancel scope per hold, not two. Nothing can
+            # cancel this scope now but the release deadline: the lease left the renewer
+            # and watchdog (`_held`) first thing in `_release`, and `_scope` is unset.
+            scope.shield = True
+            try:
+                await self._backend._release(lease, quiet=True, scope=scope)
+            finally:
+                swallowed = bool(scope.__exit__(exc_type, exc, tb))
+        if lease.lost.reason is not None:
+            if swallowed or exc_type is None:
+                reason = lease.lost.reason or "lost"
+                raise LeaseLost(lease.name, lease.token, reason) from None
+            return False
+        return swallowed
+
+
+def locked_function(
+    backend: Backend, name: str, lock_args: tuple[float, float | None, bool, float | None]
+) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Coroutine[Any, Any, T]]]:
+    """:meth:`Backend.locked_function` (see there); ``lock_args``: ttl, timeout, blocking,
+    max_hold."""
+    ttl, timeout, blocking, max_hold = lock_args
+    template = NameTemplate(name)
+    # The lock arguments are checked now, not at the first call.
+    _check_lock_args("name", ttl, timeout, blocking, max_hold)
+
+    def decorate(func: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+        if not inspect.iscoroutinefunction(func):
+            kind = "an async generator" if inspect.isasyncgenfunction(func) else "not async"
+            raise TypeError(
+                f"locked_function needs an `async def` function; "
+                f"{getattr(func, '__qualname__', func)!s} is {kind} (for sync code, hold "
+                "the lock around the call with `async with backend.lock(...)`)"
+            )
+        template.check_callable(func)
+        signature = inspect.signature(func)
+
+        @functools.wraps(func)
+        async def locked_call(*args: P.args, **kwargs: P.kwargs) -> T:
+            lock_name = template.format_call(func, args, kwargs)
+            lock = backend.lock(
+                lock_name, ttl=ttl, timeout=timeout, blocking=blocking, max_hold=max_hold
+            )
+            async with lock as lease:
+                return await func(*args, **kwargs)
+            # Only a lost lease's cancellation is swallowed, and then __aexit__ raises.
+            raise LeaseLost(lease.name, lease.token, lease.lost.reason or "lost")
+
+        locked_call.__signature__ = signature  # type: ignore[attr-defined]
+        return locked_call
+
+    return decorate

@@ -1,0 +1,66 @@
+"""The hot path's shortcuts (asynclock/_core/fastpath.py) and what they lean on in anyio.
+
+Each test fails when the library behaviour a shortcut relies on changes, so that the
+shortcut is revisited (or dropped for the public call) instead of silently falling back.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from asynclock._core.fastpath import (
+    _any_current_task,
+    _checkpoint_if_cancelled_for,
+    _current_task_function,
+)
+
+pytestmark = pytest.mark.anyio
+
+LOOPS = pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+
+
+@LOOPS
+async def test_a_cancel_scope_is_the_running_loops_own_class() -> None:
+    """Holder scopes are made with ``type(anyio.CancelScope())`` once the backend opens:
+    anyio must hand out its running back-end's subclass, defined next to that back-end."""
+    scope_type = type(anyio.CancelScope())
+    assert scope_type is not anyio.CancelScope
+    assert issubclass(scope_type, anyio.CancelScope)
+    backend_class = getattr(sys.modules[scope_type.__module__], "backend_class", None)
+    assert backend_class is not None, "anyio moved its back-end class: revisit fastpath.py"
+    with scope_type() as scope:  # made directly, it still cancels like anyio's
+        scope.cancel()
+        await anyio.lowlevel.checkpoint()
+    assert scope.cancelled_caught
+
+
+@LOOPS
+async def test_checkpoint_if_cancelled_is_found_on_the_back_end_class() -> None:
+    """anyio's per-back-end ``checkpoint_if_cancelled`` is found (not the fallback) and
+    raises in a cancelled scope, as the public function does."""
+    method = _checkpoint_if_cancelled_for(type(anyio.CancelScope()))
+    assert method is not anyio.lowlevel.checkpoint_if_cancelled, "the shortcut fell back"
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await method()
+        pytest.fail("checkpoint_if_cancelled did not raise in a cancelled scope")
+    assert scope.cancelled_caught
+
+
+@LOOPS
+async def test_the_current_task_shortcut_names_the_running_task() -> None:
+    current = _current_task_function(type(anyio.CancelScope()))
+    assert current is not _any_current_task, "no shortcut for this event loop any more"
+    seen: list[object] = []
+
+    async def child() -> None:
+        seen.append(current())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(child)
+    mine = current()
+    assert mine is not None and seen[0] is not None and seen[0] is not mine

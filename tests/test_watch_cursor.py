@@ -1,0 +1,82 @@
+"""A failed attempt's ``Busy.cursor`` reaches the driver's ``watch(name, cursor)``; a
+driver whose ``watch`` takes no cursor keeps working (Driver.watch's contract)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import anyio
+import pytest
+
+import asynclock
+from asynclock._core.driver import Busy
+from asynclock.backends.memory import MemoryDriver
+
+pytestmark = pytest.mark.anyio
+
+
+class CursorDriver(MemoryDriver):
+    """The memory driver, its Busy answers marked with a cursor, its watch calls recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attempts = 0
+        self.watched: list[tuple[str, object]] = []
+        self.watching = anyio.Event()
+
+    async def acquire(
+        self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
+    ) -> int | Busy:
+        result = await super().acquire(name, owner, ttl, queue=queue, scope=scope)
+        self.attempts += 1
+        if isinstance(result, int):
+            return result
+        return dataclasses.replace(result, cursor=("revision", self.attempts))
+
+    async def watch(self, name: str, cursor: object = None) -> bool:
+        self.watched.append((name, cursor))
+        self.watching.set()
+        return False
+
+
+class OldDriver(MemoryDriver):
+    """A third-party driver written before cursors: ``watch(self, name)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.watched: list[str] = []
+        self.watching = anyio.Event()
+
+    async def watch(self, name: str) -> bool:
+        self.watched.append(name)
+        self.watching.set()
+        return False
+
+
+async def _wait_behind_a_holder(backend: asynclock.Backend, watching: anyio.Event) -> None:
+    """One waiter fails an attempt (so it watches), then gets the lock once it is free."""
+
+    async def waiter() -> None:
+        async with backend.lock("cursor", ttl=5.0):
+            pass
+
+    async with anyio.create_task_group() as tg:
+        async with backend.lock("cursor", ttl=5.0):
+            tg.start_soon(waiter)
+            await watching.wait()  # the waiter failed an attempt and watches
+
+
+async def test_the_failed_attempts_cursor_is_passed_to_watch() -> None:
+    driver = CursorDriver()
+    async with asynclock.Backend(driver) as backend:
+        with anyio.fail_after(10):
+            await _wait_behind_a_holder(backend, driver.watching)
+    assert driver.watched == [("cursor", ("revision", 2))]  # the first failed attempt's
+
+
+async def test_a_watch_without_a_cursor_parameter_still_works() -> None:
+    driver = OldDriver()
+    async with asynclock.Backend(driver) as backend:
+        with anyio.fail_after(10):
+            await _wait_behind_a_holder(backend, driver.watching)
+    assert driver.watched == ["cursor"]
