@@ -124,6 +124,16 @@ local function handoff(lock, q, qx, chan, m)
   redis.call('PUBLISH', chan, '')
   return nil
 end
+
+-- Delete the lock key and hand the name to the oldest live waiter, if any.
+local function free(lock, q, qx, chan)
+  redis.call('DEL', lock)
+  if redis.call('EXISTS', q) == 1 then
+    handoff(lock, q, qx, chan, head(q, qx, (now_ms()), lock))
+  else
+    redis.call('PUBLISH', chan, '')
+  end
+end
 """
 
 # ACQUIRE (G1 exclusion, G2 monotonic tokens, fair queue).
@@ -233,12 +243,7 @@ local cur = redis.call('GET', lock)
 if cur == false then return 0 end
 local held = owned(cur, owner, token)
 if held == nil then return 0 end
-redis.call('DEL', lock)
-if redis.call('EXISTS', q) == 1 then
-  handoff(lock, q, qx, chan, head(q, qx, (now_ms()), lock))
-else
-  redis.call('PUBLISH', chan, '')
-end
+free(lock, q, qx, chan)
 if held then return 1 end
 return 0
 """
@@ -350,12 +355,7 @@ BREAK = (
 local lock, q, qx, chan = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
 local cur = redis.call('GET', lock)
 if not cur or string.sub(cur, 1, 1) == '~' then return 0 end
-redis.call('DEL', lock)
-if redis.call('EXISTS', q) == 1 then
-  handoff(lock, q, qx, chan, head(q, qx, (now_ms()), lock))
-else
-  redis.call('PUBLISH', chan, '')
-end
+free(lock, q, qx, chan)
 return 1
 """
 )

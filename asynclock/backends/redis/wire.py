@@ -20,6 +20,7 @@ import redis.asyncio
 import redis.exceptions
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 
+from ..._core.errors import map_errors
 from ..._core.exceptions import BackendUnavailable
 from .scripts import SCRIPTS, SHAS
 
@@ -262,7 +263,8 @@ class Node:
         self.display = display_url(url)
         self.socket_timeout = socket_timeout
         self.connect_timeout = connect_timeout
-        self._secret = unquote(urlsplit(url).password or "") or str(options.get("password") or "")
+        secret = unquote(urlsplit(url).password or "") or str(options.get("password") or "")
+        self.errors = map_errors(self.display, secret, explain=self._explain)
         try:
             self.pool: ConnectionPool = ConnectionPool.from_url(
                 url,
@@ -272,7 +274,9 @@ class Node:
                 **options,
             )
         except (ValueError, TypeError) as exc:
-            raise ValueError(f"bad Redis URL {self.display!r}: {self.scrub(str(exc))}") from None
+            raise ValueError(
+                f"bad Redis URL {self.display!r}: {self.errors.scrub(str(exc))}"
+            ) from None
         # Our calls bound themselves (connect, send and read under one deadline).
         self._kwargs = {**self.pool.connection_kwargs, "socket_timeout": None}
         if not {"driver_info", "lib_name", "lib_version"} & set(self._kwargs):
@@ -289,36 +293,33 @@ class Node:
         #: The server's ``run_id`` when last seen (None: not yet, or INFO is denied).
         self.run_id: str | None = None
 
-    def scrub(self, text: str) -> str:
-        return text.replace(self._secret, "***") if self._secret else text
-
-    def error(self, what: str, exc: BaseException) -> BackendUnavailable:
-        """A driver error as BackendUnavailable, with no password in the message."""
-        if isinstance(exc, BackendUnavailable):
-            return exc
+    def _explain(self, exc: BaseException) -> str:
+        """What a redis-py error means, for :attr:`errors` (which scrubs the password)."""
         text = str(exc)
         if isinstance(exc, redis.exceptions.NoPermissionError) or (
             "NOPERM" in text or "can't run this command" in text or "ACL failure" in text
         ):
-            why = (
+            return (
                 f"permission denied ({text}): the ACL user lacks a command, key or channel "
                 "asynclock needs; see the ACL rules in the Redis backend docs"
             )
-        elif isinstance(exc, redis.exceptions.AuthenticationError):
-            why = "authentication failed: check the user name and password in the URL"
-        elif isinstance(exc, redis.exceptions.TimeoutError | TimeoutError):
-            why = f"timed out after {self.socket_timeout:g}s (socket_timeout)"
-        elif "NOAUTH" in str(exc) or "WRONGPASS" in str(exc):
-            why = "authentication failed: check the user name and password in the URL"
-        else:
-            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        return BackendUnavailable(f"{self.display}: {what} failed: {self.scrub(why)}")
+        if isinstance(exc, redis.exceptions.AuthenticationError):
+            return "authentication failed: check the user name and password in the URL"
+        if isinstance(exc, redis.exceptions.TimeoutError | TimeoutError):
+            return f"timed out after {self.socket_timeout:g}s (socket_timeout)"
+        if "NOAUTH" in text or "WRONGPASS" in text:
+            return "authentication failed: check the user name and password in the URL"
+        return f"{type(exc).__name__}: {exc}" if text else type(exc).__name__
+
+    def error(self, what: str, exc: BaseException) -> BackendUnavailable:
+        """``exc`` as ``BackendUnavailable("<display>: <what> failed: …")``."""
+        return self.errors.unavailable(f"{what} failed", exc)
 
     def reason(self, exc: BaseException) -> str:
         """A short, password-free reason for one node's failure."""
         msg = str(exc)
         prefix = f"{self.display}: "
-        return msg[len(prefix) :] if msg.startswith(prefix) else self.scrub(msg or repr(exc))
+        return msg[len(prefix) :] if msg.startswith(prefix) else self.errors.scrub(msg or repr(exc))
 
     # -- the command path ----------------------------------------------------------------
 
