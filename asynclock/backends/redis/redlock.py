@@ -52,7 +52,7 @@ from .shared import (
     holder_from_reply,
     scope_fence_key,
 )
-from .wire import Deadlines, Listener, Node, Wire, drop_connection, ms, pack, pack_script
+from .wire import Deadlines, Listener, Node, Spawned, Wire, drop_connection, ms, pack, pack_script
 
 T = TypeVar("T")
 
@@ -152,7 +152,7 @@ class RedlockDriver(SubscribingDriver):
         deadline = loop.time() + timeout
         indexes = range(len(self.nodes)) if nodes is None else nodes
         sent: list[tuple[int, Wire]] = []
-        tasks: list[tuple[int, asyncio.Task[Any]]] = []
+        spawned = Spawned()
         results: dict[int, Any] = {}
         done = 0  # sent[:done] are answered, or being answered now
         reading: Wire | None = None  # a reply is being read from it: drop it if interrupted
@@ -161,7 +161,7 @@ class RedlockDriver(SubscribingDriver):
                 wire = self.nodes[i].send(packed)
                 if wire is None:
                     one = self._one(i, None, script, packed, deadline, timeout)
-                    tasks.append((i, loop.create_task(one)))
+                    spawned.start(i, one)
                 else:
                     sent.append((i, wire))
             try:
@@ -191,11 +191,9 @@ class RedlockDriver(SubscribingDriver):
                 for i, wire in sent[done:]:  # past the deadline: only replies already here
                     done += 1
                     results[i] = await self._one(i, wire, script, packed, deadline, timeout)
-            for i, task in tasks:
-                results[i] = await task
+            await spawned.collect(results)
         finally:
-            for _, task in tasks:
-                task.cancel()  # only if we were interrupted (a no-op on a finished task)
+            spawned.cancel()
             if reading is not None:
                 await drop_connection(reading.conn)
             for _, wire in sent[done:]:
