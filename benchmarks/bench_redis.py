@@ -58,17 +58,17 @@ def _install_counter() -> None:
 
         cls.pack_command = pack  # type: ignore[method-assign]
     # asynclock's drivers pack their commands themselves (one function, used by both).
-    import asynclock.backends.redis as ours
-    import asynclock.backends.redlock as ours_redlock
+    from asynclock.backends.redis import redlock, shared, single, wire
 
-    original_pack = ours.pack
+    original_pack = wire.pack
 
     def pack_counted(*args: bytes) -> bytes:
         COUNT[0] += 1
         return original_pack(*args)
 
-    ours.pack = pack_counted
-    ours_redlock.pack = pack_counted  # type: ignore[attr-defined]
+    for module in (wire, shared, single, redlock):  # each module's own name for it
+        if hasattr(module, "pack"):
+            module.pack = pack_counted  # type: ignore[attr-defined]
 
 
 def cpu_seconds() -> float:

@@ -179,7 +179,7 @@ async def test_replies_and_error_replies_on_every_reply_path(
     """Replies are parsed with hiredis straight from the connection when it is installed,
     else (or on RESP3, asked for in the URL) by redis-py's public ``read_response``: the
     same answers, NOSCRIPT reloads, and an error reply leaves the connection usable."""
-    import asynclock.backends.redis as module
+    import asynclock.backends.redis.wire as module
 
     url = redis_server.url
     if reader == "hiredis":

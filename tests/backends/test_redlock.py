@@ -257,7 +257,7 @@ async def test_fan_out_survives_noscript_error_replies_and_restarts(
     """One node lost its scripts, one answers with an error, one restarted (its idle
     connection is dead and its counter re-seeded): the careful path serves each of them
     and the other nodes' replies are read as usual, with either reply parser."""
-    import asynclock.backends.redis as module
+    import asynclock.backends.redis.wire as module
 
     if reader == "hiredis":
         assert module._hiredis is not None, "hiredis is a dev dependency: the fast path is tested"

@@ -1,0 +1,619 @@
+"""``redlock://host1:port,host2:port,…`` — N independent Redis servers, quorum ⌊N/2⌋+1.
+
+Every request goes to all nodes at once — written to each node's idle connection in turn,
+then each reply read under one shared deadline (a node without an idle connection connects
+in a task meanwhile) — bounded by a per-node timeout of ``min(node_timeout, ttl / 3)``, and
+waits for every node's answer or timeout, so a failed attempt gives back what it got only
+after no late ``SET`` can still land.
+
+**Fencing tokens** (DESIGN section 4). Phase 1 runs the single-node acquire script, without
+its waiter queue, on each node: ``SET`` + ``INCR`` of that node's counter. With a quorum,
+``t`` is the largest counter returned. If every granting node returned the same counter,
+each of them already holds ``t`` and phase 2 is skipped (one round trip, the common case).
+Otherwise phase 2 raises each granting node's counter to ``t`` where it still holds our
+key, and needs a quorum of acknowledgements. Two valid holders whose windows are ordered
+get ordered tokens: their quorums meet at some node, where the later holder's ``INCR`` runs
+after the earlier holder's counter reached its token. Assumptions: a node never loses its
+counter without re-seeding it from a clock that does not run backwards (persistence, or the
+``TIME`` seed), and node clocks run at rates within the drift bound.
+
+URL: ``redlock://[[user]:password@]h1:p1,h2:p2,…[/db][?tls=1]``. Options: ``node_timeout``
+(seconds, default 0.25), ``connect_timeout``, ``prefix``, ``restart_grace`` (per node, as
+for ``redis://``); others go to redis-py. Every node must be a distinct server: a repeated
+address is refused at connect, two addresses of one server (same ``run_id``) at open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import math
+import os.path
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
+
+import anyio
+import redis.exceptions
+
+from ..._core.asyncio_only import require_asyncio
+from ..._core.driver import Busy, ExtendResult, LeaseRef, Refused
+from ..._core.exceptions import BackendUnavailable, QuorumNotReached
+from ..._core.holder import Holder
+from ..._core.validation import check_seconds
+from .scripts import NO_EXPIRY, SCRIPTS
+from .shared import (
+    SubscribingDriver,
+    check_prefix,
+    check_redis_url,
+    check_restart_grace,
+    extend_call,
+    grace_ms,
+    holder_from_reply,
+    scope_fence_key,
+)
+from .wire import Deadlines, Listener, Node, Spawned, Wire, drop_connection, ms, pack, pack_script
+
+T = TypeVar("T")
+
+_OPTIONS = {"node_timeout", "connect_timeout", "prefix", "restart_grace"}
+
+#: An acquisition that took longer than this fraction of its ttl is given back: the
+#: lease would be lost before its first renewal.
+MAX_ACQUIRE_FRACTION = 0.5
+
+
+class RedlockDriver(SubscribingDriver):
+    """Locks on a quorum of independent Redis nodes (see the module docstring)."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        display: str,
+        node_timeout: float = 0.25,
+        connect_timeout: float = 1.0,
+        prefix: str = "asynclock:",
+        restart_grace: float | None = None,
+        **redis_options: Any,
+    ) -> None:
+        super().__init__(prefix)
+        self.restart_grace = check_restart_grace(restart_grace)
+        if len(urls) < 1:
+            raise ValueError("redlock:// needs at least one node (use 3 or 5)")
+        check_distinct(urls)
+        self.nodes = [
+            Node(
+                url,
+                socket_timeout=node_timeout,
+                connect_timeout=min(connect_timeout, node_timeout),
+                options=dict(redis_options),
+            )
+            for url in urls
+        ]
+        self.quorum = len(self.nodes) // 2 + 1
+        self.node_timeout = node_timeout
+        self.prefix = prefix
+        self.display = display
+        self.listeners = [
+            Listener(n, self._on_message, self._on_reset, self._connected(n)) for n in self.nodes
+        ]
+        self._deadlines = Deadlines()
+        #: Owners whose acquisition is in progress here (they gave back partial grants):
+        #: the release message of such a give-back must not wake their own waiter.
+        self._attempting: set[str] = set()
+
+    def _timeout(self, ttl: float) -> float:
+        return max(0.001, min(self.node_timeout, ttl / 3))
+
+    # -- fan-out ---------------------------------------------------------------------------
+
+    async def _each(
+        self,
+        call: Callable[[Node], Awaitable[T]],
+        timeout: float,
+        nodes: Sequence[int] | None = None,
+    ) -> dict[int, T | BaseException]:
+        """Run ``call`` on every node in parallel tasks (rare paths: open)."""
+        indexes = range(len(self.nodes)) if nodes is None else nodes
+        results: dict[int, T | BaseException] = {}
+
+        async def one(i: int) -> None:
+            node = self.nodes[i]
+            with anyio.move_on_after(timeout):
+                try:
+                    results[i] = await call(node)
+                except Exception as exc:
+                    results[i] = exc
+                return
+            results[i] = BackendUnavailable(f"no answer within {timeout:g}s")
+
+        async with anyio.create_task_group() as tg:
+            for i in indexes:
+                tg.start_soon(one, i)
+        return results
+
+    async def _fan(
+        self,
+        script: str,
+        packed: bytes,
+        timeout: float,
+        nodes: Sequence[int] | None = None,
+    ) -> dict[int, Any]:
+        """Send one command to every node at once; each node's reply, or its exception
+        (:class:`BackendUnavailable`) when it failed or gave no answer within ``timeout``.
+
+        Returns only when every node has answered or timed out. The command is written to
+        each node's idle connection in turn (a write does not wait), then the replies are
+        read under one shared deadline; replies that arrive meanwhile wait in their socket
+        buffers. A node without an idle connection connects in a task of its own.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        indexes = range(len(self.nodes)) if nodes is None else nodes
+        sent: list[tuple[int, Wire]] = []
+        spawned = Spawned()
+        results: dict[int, Any] = {}
+        done = 0  # sent[:done] are answered, or being answered now
+        reading: Wire | None = None  # a reply is being read from it: drop it if interrupted
+        try:
+            for i in indexes:
+                wire = self.nodes[i].send(packed)
+                if wire is None:
+                    one = self._one(i, None, script, packed, deadline, timeout)
+                    spawned.start(i, one)
+                else:
+                    sent.append((i, wire))
+            try:
+                # One timer for all of them (every node's timeout ends at the same moment).
+                with self._deadlines.at(deadline):
+                    for i, wire in sent:
+                        done += 1
+                        reading = wire
+                        try:
+                            reply = await wire.read()
+                        except Exception:
+                            reading = None
+                            await drop_connection(wire.conn)
+                            # Stale connection, NOSCRIPT, an error reply: the careful path.
+                            results[i] = await self._one(i, None, script, packed, None, timeout)
+                            continue
+                        reading = None
+                        results[i] = reply
+                        if not self.nodes[i].keep(wire):
+                            await drop_connection(wire.conn)
+            except TimeoutError:
+                # The node we were waiting for (its reply, or its careful path) is too late.
+                results[sent[done - 1][0]] = BackendUnavailable(f"no answer within {timeout:g}s")
+                if reading is not None:
+                    await drop_connection(reading.conn)  # cut off mid-reply
+                    reading = None
+                for i, wire in sent[done:]:  # past the deadline: only replies already here
+                    done += 1
+                    results[i] = await self._one(i, wire, script, packed, deadline, timeout)
+            await spawned.collect(results)
+        finally:
+            spawned.cancel()
+            if reading is not None:
+                await drop_connection(reading.conn)
+            for _, wire in sent[done:]:
+                await drop_connection(wire.conn)  # a reply we will never read
+        return results
+
+    async def _one(
+        self,
+        i: int,
+        wire: Wire | None,
+        script: str,
+        packed: bytes,
+        deadline: float | None,
+        timeout: float,
+    ) -> Any:
+        """One node's reply (``deadline`` None: the caller's timer bounds the wait)."""
+        node = self.nodes[i]
+        try:
+            try:
+                return await node.receive(wire, packed, deadline)
+            except redis.exceptions.NoScriptError:
+                text = SCRIPTS[script].encode()
+                until = (
+                    asyncio.get_running_loop().time() + timeout if deadline is None else deadline
+                )
+                await node.call(pack(b"SCRIPT", b"LOAD", text), until)
+                return await node.call(packed, until)
+        except TimeoutError:
+            return BackendUnavailable(f"no answer within {timeout:g}s")
+        except Exception as exc:
+            return node.error(script, exc)
+
+    def _failures(self, results: dict[int, Any]) -> dict[str, str]:
+        return {
+            self.nodes[i].display: self.nodes[i].reason(r)
+            for i, r in results.items()
+            if isinstance(r, BaseException)
+        }
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        require_asyncio(self.display, "redis-py's asyncio client")
+
+        async def load(node: Node) -> None:
+            await node.load()
+
+        results = await self._each(load, max(self.node_timeout, 1.0))
+        try:
+            self._check_run_ids()
+        except ValueError:
+            await self.aclose()
+            raise
+        ok = sum(1 for r in results.values() if not isinstance(r, BaseException))
+        if ok < self.quorum:
+            raise QuorumNotReached(
+                f"{self.display}: only {ok} of {len(self.nodes)} nodes reachable, "
+                f"a quorum is {self.quorum}",
+                self._failures(results),
+            )
+        self._open = True
+
+    def _check_run_ids(self) -> None:
+        """Refuse two node addresses that reach one server (an alias, a proxy, a NAT):
+        its vote would count twice toward the quorum (G1). Each start of a server has
+        its own ``run_id``; a node that did not answer is not checked."""
+        seen: dict[str, int] = {}
+        for i, node in enumerate(self.nodes):
+            if node.run_id is None:
+                continue
+            first = seen.setdefault(node.run_id, i)
+            if first != i:
+                raise ValueError(
+                    f"{self.display}: nodes {first + 1} and {i + 1} "
+                    f"({self.nodes[first].display} and {node.display}) are the same Redis "
+                    f"server (run_id {node.run_id}); every node must be a distinct server, "
+                    "or one server's vote counts twice toward the quorum"
+                )
+
+    async def background(self) -> None:
+        async with anyio.create_task_group() as tg:
+            for listener in self.listeners:
+                tg.start_soon(listener.run)
+
+    async def aclose(self) -> None:
+        self._open = False
+        for node in self.nodes:
+            await node.aclose()
+
+    # -- primitives ------------------------------------------------------------------------
+
+    async def acquire(
+        self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
+    ) -> int | Busy:
+        k = self.keys(name)
+        # A token scope's counter rides along in phase 1 and phase 2 on every node.
+        scope_fence = None if scope is None else scope_fence_key(scope, self.prefix)
+        fences = (k.fence,) if scope_fence is None else (k.fence, scope_fence)
+        timeout = self._timeout(ttl)
+        started = self.clock.now()
+        trusted = self._subscribed(k.channel_name)
+        # Only a subscribed name's busy answer can be quiet (see below).
+        epochs = [listener.epoch for listener in self.listeners] if trusted else None
+        heard = self._heard.get(name, 0)
+        ownerb = owner.encode()
+        if queue:
+            self._attempting.add(owner)  # until granted or abandoned (the core calls it)
+        ttl_ms = ms(ttl)
+        phase1: tuple[bytes, ...] = k.redlock_keys
+        if scope_fence is not None:
+            phase1 = (*phase1, scope_fence)
+        packed = pack_script(
+            "redlock_acquire",
+            phase1,
+            (ownerb, b"%d" % ttl_ms, grace_ms(self.restart_grace, ttl_ms)),
+        )
+        results = await self._fan("redlock_acquire", packed, timeout)
+        tokens: dict[int, int] = {}
+        busy: list[float] = []
+        for i, r in results.items():
+            if isinstance(r, BaseException):
+                continue
+            if r[0]:
+                tokens[i] = int(r[0])
+            else:
+                # -1: that node's key has no expiry (inf: it may never free).
+                busy.append(math.inf if int(r[1]) == -1 else int(r[1]) / 1000)
+        if len(tokens) >= self.quorum:
+            token = max(tokens.values())
+            if min(tokens.values()) != token:
+                # Phase 2: the quorum disagrees; raise every granting node to t.
+                packed = pack_script("raise_fence", (k.lock, *fences), (ownerb, b"%d" % token))
+                acks = await self._fan("raise_fence", packed, timeout, list(tokens))
+                ok = sum(1 for r in acks.values() if r == 1)
+                if ok < self.quorum:
+                    await self.release(name, owner, None)
+                    failures = {**self._failures(results), **self._failures(acks)}
+                    if len(failures) > len(self.nodes) - self.quorum:
+                        raise self._no_quorum(f"phase 2 of acquire of {name!r}", ok, failures)
+                    return self._busy(name, timeout, quiet=False)
+            self._attempting.discard(owner)
+            for listener in self.listeners:
+                listener.keep_connected()  # to notice a node's restart at once
+            elapsed = self.clock.now() - started
+            if elapsed >= ttl * MAX_ACQUIRE_FRACTION:
+                await self.release(name, owner, None)
+                raise QuorumNotReached(
+                    f"{self.display}: acquire of {name!r} took {elapsed:.3f}s, more than "
+                    f"{MAX_ACQUIRE_FRACTION:.0%} of its ttl {ttl:g}s; the lease would be "
+                    "lost at once (nodes too slow; raise ttl or lower node_timeout)",
+                    self._failures(results),
+                )
+            return token
+        # No quorum: give back what we got (and whatever a node we did not hear from may
+        # still grant), then say why.
+        if len(busy) < len(self.nodes):
+            await self.release(name, owner, None)
+        if len(tokens) + len(busy) >= self.quorum and busy:
+            needed = self.quorum - len(tokens)
+            busy.sort()
+            # Subscribed everywhere before we asked, still, and no wake-up came meanwhile:
+            # any release after our attempt will reach us as a message.
+            quiet = (
+                trusted
+                and epochs == [listener.epoch for listener in self.listeners]
+                and self._subscribed(k.channel_name)
+                and self._heard.get(name, 0) == heard
+            )
+            retry = busy[min(needed, len(busy)) - 1]
+            if retry == math.inf:
+                self._quiet = None
+                return NO_EXPIRY
+            return self._busy(name, retry, quiet=quiet)
+        raise self._no_quorum(f"acquire of {name!r}", len(tokens), self._failures(results))
+
+    async def abandon(self, name: str, owner: str) -> None:
+        self._attempting.discard(owner)
+
+    def _busy(self, name: str, retry_after: float, *, quiet: bool) -> Busy:
+        self._quiet = name if quiet else None
+        return Busy(retry_after)
+
+    def _subscribed(self, channel: str) -> bool:
+        return all(channel in listener.confirmed for listener in self.listeners)
+
+    def _no_quorum(self, what: str, ok: int, failures: dict[str, str]) -> QuorumNotReached:
+        return QuorumNotReached(
+            f"{self.display}: {what} reached {ok} of {len(self.nodes)} nodes, "
+            f"a quorum is {self.quorum}",
+            failures,
+        )
+
+    async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
+        if not leases:
+            return []
+        packed = pack_script("extend", *extend_call(self.keys, leases))
+        results = await self._fan("extend", packed, self._timeout(min(r.ttl for r in leases)))
+        n = len(self.nodes)
+        out: list[ExtendResult] = []
+        failures = self._failures(results)
+        for j in range(len(leases)):
+            ok = refused = 0
+            for r in results.values():
+                if isinstance(r, BaseException):
+                    continue
+                if int(r[j]) == 1:
+                    ok += 1
+                else:
+                    refused += 1
+            if ok >= self.quorum:
+                out.append(True)
+            elif refused > n - self.quorum:
+                out.append(Refused(f"extended on {ok} of {n} nodes, refused on {refused}"))
+            else:
+                out.append(self._no_quorum("extend", ok, failures))
+        return out
+
+    async def release(self, name: str, owner: str, token: int | None) -> bool:
+        k = self.keys(name)
+        args = (owner.encode(), b"" if token is None else b"%d" % token, k.channel)
+        packed = pack_script("redlock_release", (k.lock,), args)
+        results = await self._fan("redlock_release", packed, self.node_timeout)
+        removed = answered = 0
+        for r in results.values():
+            if not isinstance(r, BaseException):
+                answered += 1
+                removed += r == 1
+        if removed >= self.quorum:
+            return True
+        if answered >= self.quorum or token is None:
+            return False
+        raise self._no_quorum(f"release of {name!r}", answered, self._failures(results))
+
+    async def validate(self, name: str, token: int) -> bool:
+        results = await self._fan("get", pack(b"GET", self.keys(name).lock), self.node_timeout)
+        suffix = b":%d" % token
+        agree = sum(
+            1
+            for r in results.values()
+            if isinstance(r, bytes) and r.endswith(suffix) and not r.startswith(b"~")
+        )
+        if agree >= self.quorum:
+            return True
+        answered = sum(1 for r in results.values() if not isinstance(r, BaseException))
+        if answered >= self.quorum:
+            return False
+        raise self._no_quorum(f"validate of {name!r}", answered, self._failures(results))
+
+    # -- waking ----------------------------------------------------------------------------
+
+    async def _subscribe(self, channel: str) -> None:
+        async with anyio.create_task_group() as tg:
+            for listener in self.listeners:
+                if channel not in listener.confirmed:
+                    tg.start_soon(listener.subscribe, channel, self.node_timeout)
+
+    async def _unsubscribe(self, channel: str) -> None:
+        for listener in self.listeners:
+            await listener.unsubscribe(channel)
+
+    def _on_message(self, channel: str, payload: bytes) -> None:
+        name = self._channels.get(channel)
+        if name is None:
+            return
+        if payload[:1] == b"-" and payload[1:].decode(errors="replace") in self._attempting:
+            return  # our own attempt giving back what it got: nothing was freed for us
+        self._heard_from(name)
+
+    def _on_reset(self) -> None:
+        for name in list(self._watchers):
+            self._heard_from(name)
+
+    # -- who holds it, breaking a lock ------------------------------------------------------
+
+    async def holder(self, name: str) -> Holder | None:
+        packed = pack_script("holder", (self.keys(name).lock,), ())
+        results = await self._fan("holder", packed, self.node_timeout)
+        answered = 0
+        by_owner: dict[str | None, list[Holder]] = {}
+        for r in results.values():
+            if isinstance(r, BaseException):
+                continue
+            answered += 1
+            one = holder_from_reply(name, r)
+            if one is not None:
+                by_owner.setdefault(one.owner, []).append(one)
+        for owner, views in by_owner.items():
+            if len(views) >= self.quorum:
+                # Held while a quorum of nodes keeps the key: until the quorum-th longest
+                # remaining time among them runs out (None: a node keeps no expiry).
+                left = sorted((v.remaining for v in views if v.remaining is not None), reverse=True)
+                remaining = left[self.quorum - 1] if len(left) >= self.quorum else None
+                tokens = [v.token for v in views if v.token is not None]
+                return Holder(name, owner, max(tokens) if tokens else None, remaining)
+        if answered >= self.quorum:
+            return None
+        raise self._no_quorum(f"holder of {name!r}", answered, self._failures(results))
+
+    async def break_lock(self, name: str) -> bool:
+        k = self.keys(name)
+        packed = pack_script("break", k.release_keys, (k.channel,))
+        results = await self._fan("break", packed, self.node_timeout)
+        answered = removed = 0
+        for r in results.values():
+            if not isinstance(r, BaseException):
+                answered += 1
+                removed += r == 1
+        if answered < self.quorum:
+            # Some nodes may still carry the lease: the holder could keep a quorum.
+            raise self._no_quorum(f"break_lock of {name!r}", answered, self._failures(results))
+        return removed > 0
+
+    def _connected(self, node: Node) -> Callable[[str | None, bool], None]:
+        def on_connect(run_id: str | None, reconnected: bool) -> None:
+            # A node that restarted (a new run_id, or a reconnect: it may have) lost its keys
+            # unless it persists them: renew now, so a lease that lost its quorum is lost
+            # within one round trip, not at the next heartbeat.
+            before, node.run_id = node.run_id, run_id or node.run_id
+            if reconnected or node.run_id != before:
+                self._renew_now()
+
+        return on_connect
+
+
+#: Spellings of this host's loopback address that reach the same server (one socket can
+#: listen on all of them, and ``localhost`` resolves to one of them).
+_LOOPBACK = {"localhost", "localhost.localdomain", "ip6-localhost", "127.0.0.1", "::1"}
+
+
+def node_identity(url: str) -> str:
+    """The server a node URL reaches, as far as the URL alone tells: ``host:port`` with
+    the loopback spellings folded into one and IP addresses in canonical form, or the
+    normalised path of a Unix socket. The database number is left out: two databases of
+    one server are one node."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return "unix:" + os.path.normpath(os.path.abspath(unquote(parts.path)))
+    host = (parts.hostname or "localhost").lower().rstrip(".")
+    try:
+        port = parts.port or 6379
+    except ValueError:
+        return url  # not a valid port: connecting reports it
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        host = ip.compressed
+    if host in _LOOPBACK:
+        host = "loopback"
+    return f"{host}:{port}"
+
+
+def check_distinct(urls: Sequence[str]) -> None:
+    """Refuse a node given twice (before any I/O): it would count twice toward the quorum,
+    so two clients could both reach "a quorum" at once (G1)."""
+    seen: dict[str, int] = {}
+    for i, url in enumerate(urls):
+        identity = node_identity(url)
+        first = seen.setdefault(identity, i)
+        if first != i:
+            raise ValueError(
+                f"redlock:// nodes {first + 1} and {i + 1} ({_shown(urls[first])} and "
+                f"{_shown(url)}) are the same Redis server; every node must be a distinct "
+                "server, or one server's vote counts twice toward the quorum"
+            )
+
+
+def _shown(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return f"unix://{parts.path}"
+    return parts.netloc.rpartition("@")[2]
+
+
+def parse_url(url: str) -> tuple[list[str], str, dict[str, str]]:
+    """``redlock://`` URL -> (one redis:// URL per node, display without password, the
+    driver's own options found in the query)."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    userinfo, _, hosts = netloc.rpartition("@")
+    if not hosts:
+        raise ValueError(
+            "redlock:// needs at least one host: redlock://host1:6379,host2:6379,host3:6379"
+        )
+    check_redis_url(url, {}, ours=_OPTIONS | {"tls"}, scheme="redlock")
+    query = dict(parse_qsl(parts.query))
+    tls = query.pop("tls", "").lower() in ("1", "true", "yes", "on")
+    ours = {k: query.pop(k) for k in list(query) if k in _OPTIONS}  # not for redis-py
+    scheme = "rediss" if tls else "redis"
+    db = parts.path.strip("/") or "0"
+    if not db.isdigit():
+        raise ValueError(f"redlock:// database must be a number, got {db!r}")
+    rest = f"?{urlencode(query)}" if query else ""
+    urls = []
+    shown = []
+    for host in hosts.split(","):
+        host = host.strip()
+        if not host:
+            raise ValueError(f"empty host in redlock URL host list {hosts!r}")
+        if ":" not in host.rsplit("]", 1)[-1]:
+            host += ":6379"
+        urls.append(f"{scheme}://{userinfo + '@' if userinfo else ''}{host}/{db}{rest}")
+        shown.append(host)
+    user = userinfo.split(":", 1)[0]
+    display = f"redlock://{user + '@' if user else ''}{','.join(shown)}/{db}"
+    return urls, display, ours
+
+
+def driver_from_url(url: str, **options: Any) -> RedlockDriver:
+    check_redis_url("redlock://", options, ours=set(), scheme="redlock", keyword_options=_OPTIONS)
+    urls, display, from_url = parse_url(url)
+    options = {**from_url, **options}
+    for key in ("node_timeout", "connect_timeout"):
+        if key in options:
+            options[key] = check_seconds(options[key], key)
+    check_prefix(options.get("prefix", "asynclock:"))
+    return RedlockDriver(urls, display=display, **options)
+
+
+__all__ = ("RedlockDriver", "driver_from_url", "parse_url")

@@ -1,0 +1,388 @@
+"""The Lua scripts of the Redis drivers: each with its KEYS, ARGV and replies, and the
+shared Lua helpers they are built from (single node and Redlock)."""
+
+from __future__ import annotations
+
+import hashlib
+
+from ..._core.driver import Busy
+
+# -- Lua ----------------------------------------------------------------------------------
+#
+# Values: the lock key holds "owner:token" while held, or "~owner" while a release has
+# reserved the name for the waiter ``owner`` (who then claims it with ACQUIRE). Waiters are
+# members "owner:ttl_ms:probe" (or "owner:ttl_ms": no probe yet) of two sorted sets: by
+# arrival (queue) and by expiry (queue_exp). ``probe`` names the waiting backend's probe
+# channel, "<prefix>w:<probe>", which that backend subscribes to while it lives: PUBLISH
+# there answers 0 once its connection is gone (the process died).
+
+# Shared helpers for the scripts that take and free a lease (single node and Redlock).
+_LEASE = """
+-- G2: the name's next token. A missing counter (data loss) is seeded from TIME in
+-- ms * 1000 before the INCR, so tokens keep rising across a restart that lost it.
+-- t: a TIME reply already read, or nil.
+local function next_token(fence, t)
+  if redis.call('EXISTS', fence) == 0 then
+    t = t or redis.call('TIME')
+    local ms = math.floor(tonumber(t[2]) / 1000)
+    redis.call('SET', fence, t[1] .. string.format('%03d', ms) .. '000')
+  end
+  return redis.call('INCR', fence)
+end
+-- G2 per token scope: the next token of the name's counter and of the scope's (both
+-- seeded as above), whichever is larger; both counters end at it.
+local function scoped_token(fence, scope, t)
+  local a, b = next_token(fence, t), next_token(scope, t)
+  if a < b then redis.call('SET', fence, b) elseif b < a then redis.call('SET', scope, a) end
+  return math.max(a, b)
+end
+-- Hold the lock for owner with token for ttl ms (%d: '..' would print 1.7e+15).
+local function hold(lock, owner, token, ttl)
+  redis.call('SET', lock, owner .. ':' .. string.format('%d', token), 'PX', ttl)
+end
+-- The token of owner's lease in cur (the lock's value), or nil: an acquire retried after
+-- its reply was lost gets the same answer.
+local function held_token(cur, owner)
+  if cur and string.sub(cur, 1, #owner + 1) == owner .. ':' then
+    return tonumber(string.sub(cur, #owner + 2))
+  end
+  return nil
+end
+-- G1 across data loss: ms left of the restart grace (0: none). The epoch key lives as
+-- long as the database's data; when it is missing (a fresh database, or a restart or
+-- flush that lost the data) a lease granted before may still run in its holder, so none
+-- is granted for grace ms from now. t: a TIME reply.
+local function grace_left(epoch, grace, t)
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  grace = tonumber(grace)
+  local since = tonumber(redis.call('GET', epoch) or '')
+  if since == nil then
+    since = now
+    redis.call('SET', epoch, string.format('%d', now))
+  end
+  return math.min(grace, math.max(0, since + grace - now))
+end
+-- G5, for release: true if cur is owner's lease with token ('' = unknown: an interrupted
+-- acquire, any token of ours), false if it is only owner's reservation (token ''), nil if
+-- it is not ours.
+local function owned(cur, owner, token)
+  if token == '' then
+    if held_token(cur, owner) then return true end
+    if cur == '~' .. owner then return false end
+    return nil
+  end
+  if cur == owner .. ':' .. token then return true end
+  return nil
+end
+"""
+
+# Shared helpers for the scripts that hand a free name to the next waiter.
+_HANDOFF = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
+end
+-- (owner, ttl, probe or nil) of queue member m.
+local function parse_member(m)
+  local owner, ttl, probe = string.match(m, '^([^:]*):(%d+):(%x+)$')
+  if owner then return owner, ttl, probe end
+  owner, ttl = string.match(m, '^(.*):(%d+)$')
+  return owner, ttl, nil
+end
+-- Forget waiters that stopped asking (their entry expired) or died (nobody listens on
+-- their probe channel: the waiter's connection closed); return the oldest live one.
+-- lock: the lock key, whose text up to '{' is the key prefix.
+local function head(q, qx, now, lock)
+  if redis.call('EXISTS', q) == 0 then return nil end
+  local dead = redis.call('ZRANGEBYSCORE', qx, '-inf', now, 'LIMIT', 0, 100)
+  for _, m in ipairs(dead) do
+    redis.call('ZREM', q, m)
+    redis.call('ZREM', qx, m)
+  end
+  local pre = string.match(lock, '^[^{]*') .. 'w:'
+  for _ = 1, 100 do
+    local m = redis.call('ZRANGE', q, 0, 0)[1]
+    if m == nil then return nil end
+    local _, _, probe = parse_member(m)
+    if probe == nil or redis.call('PUBLISH', pre .. probe, '') > 0 then return m end
+    redis.call('ZREM', q, m)
+    redis.call('ZREM', qx, m)
+  end
+  return redis.call('ZRANGE', q, 0, 0)[1]
+end
+-- Reserve the free name for waiter member m (for its own ttl) and wake only it.
+-- With no waiter, publish '' so any watcher may try. Returns the reservation in ms or nil.
+local function handoff(lock, q, qx, chan, m)
+  if m then
+    redis.call('ZREM', q, m)
+    redis.call('ZREM', qx, m)
+    local owner, ttl = parse_member(m)
+    redis.call('SET', lock, '~' .. owner, 'PX', ttl)
+    redis.call('PUBLISH', chan, owner)
+    return tonumber(ttl)
+  end
+  redis.call('PUBLISH', chan, '')
+  return nil
+end
+
+-- Delete the lock key and hand the name to the oldest live waiter, if any.
+local function free(lock, q, qx, chan)
+  redis.call('DEL', lock)
+  if redis.call('EXISTS', q) == 1 then
+    handoff(lock, q, qx, chan, head(q, qx, (now_ms()), lock))
+  else
+    redis.call('PUBLISH', chan, '')
+  end
+end
+"""
+
+# ACQUIRE (G1 exclusion, G2 monotonic tokens, fair queue).
+# KEYS: lock, fence, queue, queue_exp, epoch[, scope fence: token_scope's counter, next_token's
+# twin]. ARGV: owner, ttl_ms, mode, channel, grace_ms,
+# probe; mode 0 = no queue (fair=False), 1 = respect the queue, 2 = respect it and wait in
+# it; grace_ms: the restart grace (see grace_left); probe: this backend's probe id, or ''
+# (not subscribed yet: a waiter that joined without one gets it added, keeping its place).
+# Returns {token} when granted, {0, retry_after_ms} when busy (or in the restart grace),
+# {0, -1} when the lock key has no expiry (not ours: another tool's or a legacy key).
+# The fence counter is never deleted (see next_token).
+ACQUIRE = (
+    _LEASE
+    + _HANDOFF
+    + """
+local lock, fence, q, qx, epoch = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local owner, ttl, mode, chan = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local member = owner .. ':' .. ttl
+local cur = redis.call('GET', lock)
+local now, t = now_ms()
+if mode == '2' and ARGV[6] ~= '' then
+  local plain = member
+  member = member .. ':' .. ARGV[6]
+  local score = redis.call('ZSCORE', q, plain)
+  if score then  -- queued before our probe was subscribed: add it, keep the place
+    local until_ms = redis.call('ZSCORE', qx, plain) or (now + 1000)
+    redis.call('ZREM', q, plain)
+    redis.call('ZREM', qx, plain)
+    redis.call('ZADD', q, score, member)
+    redis.call('ZADD', qx, until_ms, member)
+  end
+end
+local function grant()
+  local token
+  if KEYS[6] then token = scoped_token(fence, KEYS[6], t) else token = next_token(fence, t) end
+  hold(lock, owner, token, ttl)
+  if mode == '2' and redis.call('EXISTS', q) == 1 then
+    redis.call('ZREM', q, member)
+    redis.call('ZREM', qx, member)
+  end
+  return {token}
+end
+if cur == '~' .. owner then return grant() end
+local mine = held_token(cur, owner)
+if mine then return {mine} end
+local left
+if cur == false then
+  left = grace_left(epoch, ARGV[5], t)
+end
+if left and left > 0 then
+  -- In the restart grace: wait (and queue) as if the name were held.
+elseif cur == false then
+  if mode == '0' then return grant() end
+  local first = head(q, qx, now, lock)
+  if first == nil or first == member then return grant() end
+  left = handoff(lock, q, qx, chan, first)
+else
+  left = redis.call('PTTL', lock)
+end
+local no_expiry = left == -1
+if left == nil or left < 0 then left = 0 end
+if mode == '2' then
+  redis.call('ZADD', q, 'NX', t[1] .. string.format('%06d', tonumber(t[2])), member)
+  local life = left + math.floor(left / 5) + 200
+  redis.call('ZADD', qx, now + life, member)
+  if redis.call('PTTL', q) < life then
+    redis.call('PEXPIRE', q, life)
+    redis.call('PEXPIRE', qx, life)
+  end
+end
+if no_expiry then return {0, -1} end
+return {0, left}
+"""
+)
+
+# EXTEND (G5 owner-checked, G7 same token): renew every lease of a batch in one call.
+# KEYS: lock keys. ARGV: for lease i, ARGV[2i-1] = "owner:token", ARGV[2i] = ttl_ms.
+# Returns one entry per lease: 1 extended, 0 key gone, -1 held by someone else.
+# Never re-creates a missing key: a lease that expired stays lost.
+EXTEND = """
+local out = {}
+for i = 1, #KEYS do
+  local cur = redis.call('GET', KEYS[i])
+  if cur == ARGV[2 * i - 1] then
+    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
+    out[i] = 1
+  elseif cur == false then
+    out[i] = 0
+  else
+    out[i] = -1
+  end
+end
+return out
+"""
+
+# RELEASE (G5): delete the lock only if it is ours, then hand the name to the next waiter.
+# KEYS: lock, queue, queue_exp. ARGV: owner, token ('' = unknown: an interrupted acquire,
+# match any token of ours or our reservation), channel.
+# Returns 1 if our lease was removed, 0 if it was not ours (or only a reservation).
+RELEASE = (
+    _LEASE
+    + _HANDOFF
+    + """
+local lock, q, qx = KEYS[1], KEYS[2], KEYS[3]
+local owner, token, chan = ARGV[1], ARGV[2], ARGV[3]
+local cur = redis.call('GET', lock)
+if cur == false then return 0 end
+local held = owned(cur, owner, token)
+if held == nil then return 0 end
+free(lock, q, qx, chan)
+if held then return 1 end
+return 0
+"""
+)
+
+# ABANDON: a queued waiter gave up. KEYS: lock, queue, queue_exp.
+# ARGV: member ("owner:ttl_ms", with or without ":probe": both are removed), owner, channel.
+# If the name was reserved for this waiter, pass the reservation on to the next one.
+# Returns 1.
+ABANDON = (
+    _HANDOFF
+    + """
+local lock, q, qx = KEYS[1], KEYS[2], KEYS[3]
+local plain = string.match(ARGV[1], '^([^:]*:%d+)') or ARGV[1]
+for _, m in ipairs({ARGV[1], plain}) do
+  redis.call('ZREM', q, m)
+  redis.call('ZREM', qx, m)
+end
+if redis.call('GET', lock) == '~' .. ARGV[2] then
+  redis.call('DEL', lock)
+  handoff(lock, q, qx, ARGV[3], head(q, qx, (now_ms()), lock))
+end
+return 1
+"""
+)
+
+# REDLOCK_ACQUIRE (Redlock phase 1; G1 exclusion, G2 monotonic tokens): ACQUIRE in mode 0
+# (no waiter queue: Redlock never queues) with nothing that mode does not need, so each
+# node spends less time per call (every node's time is on the path of every acquisition).
+# KEYS: lock, fence, epoch[, scope fence]. ARGV: owner, ttl_ms, grace_ms (the restart grace,
+# per node).
+# Returns {token} when granted, {0, retry_after_ms} when busy, {0, -1} when the lock key has
+# no expiry (as ACQUIRE). The counter is seeded from TIME exactly as in ACQUIRE (next_token).
+REDLOCK_ACQUIRE = (
+    _LEASE
+    + """
+local lock, fence, owner = KEYS[1], KEYS[2], ARGV[1]
+local cur = redis.call('GET', lock)
+if cur and cur ~= '~' .. owner then
+  local mine = held_token(cur, owner)
+  if mine then return {mine} end
+  local left = redis.call('PTTL', lock)
+  if left == -1 then return {0, -1} end
+  if left < 0 then left = 0 end
+  return {0, left}
+end
+local t = redis.call('TIME')
+local left = grace_left(KEYS[3], ARGV[3], t)
+if left > 0 then return {0, left} end
+local token
+if KEYS[4] then token = scoped_token(fence, KEYS[4], t) else token = next_token(fence, t) end
+hold(lock, owner, token, ARGV[2])
+return {token}
+"""
+)
+
+# REDLOCK_RELEASE (G5): RELEASE without the waiter queue (Redlock never queues): delete the
+# lock only if it is ours, then wake the name's watchers with "-owner" (so the releasing
+# backend can tell its own give-back of a failed attempt from another's release).
+# KEYS: lock. ARGV: owner, token ('' = unknown: an interrupted acquire, match any token of
+# ours or our reservation), channel.
+# Returns 1 if our lease was removed, 0 if it was not ours (or only a reservation).
+REDLOCK_RELEASE = (
+    _LEASE
+    + """
+local cur = redis.call('GET', KEYS[1])
+if cur == false then return 0 end
+local held = owned(cur, ARGV[1], ARGV[2])
+if held == nil then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[3], '-' .. ARGV[1])
+if held then return 1 end
+return 0
+"""
+)
+
+# RAISE_FENCE (Redlock phase 2, G2): where this node still holds our key, raise the fence
+# counter to the agreed token t (never lower it) and record t in the lock value.
+# KEYS: lock, fence[, scope fence] (a token scope's counter is raised alike).
+# ARGV: owner, t. Returns 1 if done, 0 if the key is no longer ours.
+RAISE_FENCE = """
+local cur = redis.call('GET', KEYS[1])
+local owner = ARGV[1]
+if not cur or string.sub(cur, 1, #owner + 1) ~= owner .. ':' then return 0 end
+for i = 2, #KEYS do
+  local f = tonumber(redis.call('GET', KEYS[i]) or '0')
+  if f < tonumber(ARGV[2]) then redis.call('SET', KEYS[i], ARGV[2]) end
+end
+redis.call('SET', KEYS[1], owner .. ':' .. ARGV[2], 'KEEPTTL')
+return 1
+"""
+
+# HOLDER: who holds the lock, in one round trip. KEYS: lock. Returns {"owner:token",
+# pttl_ms} while a lease holds it, {} when it is free or only reserved for a waiter.
+HOLDER = """
+local cur = redis.call('GET', KEYS[1])
+if not cur or string.sub(cur, 1, 1) == '~' then return {} end
+return {cur, redis.call('PTTL', KEYS[1])}
+"""
+
+# BREAK (operators; G2 kept: the fence counter is untouched, so the next token is larger):
+# delete whoever's lease holds the lock, then hand the name to the next waiter as RELEASE
+# does. The broken owner's next EXTEND finds the key gone (refused). KEYS: lock, queue,
+# queue_exp. ARGV: channel. Returns 1 if a lease was deleted, 0 if none held the lock (a
+# waiter's reservation is left alone).
+BREAK = (
+    _HANDOFF
+    + """
+local lock, q, qx, chan = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
+local cur = redis.call('GET', lock)
+if not cur or string.sub(cur, 1, 1) == '~' then return 0 end
+free(lock, q, qx, chan)
+return 1
+"""
+)
+
+SCRIPTS = {
+    "acquire": ACQUIRE,
+    "extend": EXTEND,
+    "release": RELEASE,
+    "abandon": ABANDON,
+    "raise_fence": RAISE_FENCE,
+    "redlock_acquire": REDLOCK_ACQUIRE,
+    "redlock_release": REDLOCK_RELEASE,
+    "holder": HOLDER,
+    "break": BREAK,
+}
+#: EVALSHA digests (the same on every server: SHA1 of the script text).
+SHAS = {key: hashlib.sha1(text.encode()).hexdigest().encode() for key, text in SCRIPTS.items()}
+
+# Modes of ACQUIRE.
+NO_QUEUE, RESPECT_QUEUE, JOIN_QUEUE = b"0", b"1", b"2"
+
+#: The answer for a lock key without an expiry (PTTL -1): asynclock's keys always have one.
+NO_EXPIRY = Busy(
+    None,
+    "its Redis key has no expiry (PTTL -1: set by another tool, or a legacy lock), so when "
+    "it frees is unknown; waiters poll for it",
+)
+
+#: Idle pub/sub subscriptions kept open (so a name locked again soon costs no SUBSCRIBE).
+MAX_IDLE_SUBSCRIPTIONS = 256

@@ -1,0 +1,320 @@
+"""``redis://`` — one Redis (or Valkey) server; also ``rediss://`` (TLS) and ``unix://``.
+
+* Acquire is one round trip: a Lua script sets the lock key and bumps the name's fence
+  counter, both in one hash slot (``asynclock:{name}`` and ``asynclock:{name}:fence``), so
+  Redis Cluster keeps them together. A missing counter is seeded from the server's ``TIME``
+  (ms * 1000) so tokens keep rising after a restart that lost data (G2).
+* Waiters queue first come, first served in a sorted set next to the lock. A release hands
+  the name to the oldest live waiter with a short reservation and publishes that waiter's id
+  on the name's channel, so only that waiter wakes (no herd, no barging). Queue entries
+  expire, so a waiter that died can delay the name by at most about one ttl, like a holder
+  that died.
+* The renewer's batch of leases is extended in one Lua call; each lease gets its own answer.
+* One pub/sub connection per driver carries every watched name.
+
+URL: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://…`` for TLS,
+``unix:///path/to/redis.sock?db=0``; query options as in redis-py (``ssl_ca_certs``, …).
+Driver options (keyword arguments to :func:`asynclock.connect`): ``socket_timeout`` (per
+call, seconds, default 1.0 — keep it small relative to your ttls), ``connect_timeout``
+(default 1.0), ``prefix`` (key prefix, default ``"asynclock:"``), ``fair`` (FIFO waiter
+queue, default True), ``restart_grace`` (seconds with no grant after the database lost its
+data, default the ttl asked for; also a URL query option); anything else goes to
+``redis.asyncio.ConnectionPool.from_url``.
+
+* A restart is noticed on the pub/sub connection (kept open while a lease is held): a new
+  ``run_id`` loses every lease the server granted before, and any reconnect asks the core
+  for a renewal round at once. A missing epoch key (fresh or lost data) starts the restart
+  grace (see ``grace_left``).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..._core.asyncio_only import require_asyncio
+from ..._core.driver import Busy, ExtendResult, LeaseRef
+from ..._core.holder import Holder
+from .scripts import JOIN_QUEUE, NO_EXPIRY, NO_QUEUE, RESPECT_QUEUE
+from .shared import (
+    SubscribingDriver,
+    check_redis_url,
+    check_restart_grace,
+    extend_call,
+    extend_result,
+    grace_ms,
+    holder_from_reply,
+    keys_for,
+    pop_query_options,
+    scope_fence_key,
+    split_options,
+    token_of,
+)
+from .wire import Listener, Node, ms
+
+#: Driver options a redis:// URL query may carry (the driver reads them, not redis-py).
+_URL_DRIVER_OPTIONS = {"restart_grace"}
+
+
+@dataclass(slots=True, eq=False)
+class _Wait:
+    """A local waiter of the fair queue, and the last answer the server gave it."""
+
+    member: str
+    #: Bumped when a message may concern this waiter (it was handed the name, or a broadcast).
+    bumps: int = 0
+    joined: bool = False
+    #: A Busy answer stays true until this clock time, unless ``bumps`` moves.
+    valid_until: float = -math.inf
+    valid_bumps: int = -1
+
+
+class RedisDriver(SubscribingDriver):
+    """Locks on one Redis server (see the module docstring)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        socket_timeout: float = 1.0,
+        connect_timeout: float = 1.0,
+        prefix: str = "asynclock:",
+        fair: bool = True,
+        restart_grace: float | None = None,
+        **redis_options: Any,
+    ) -> None:
+        super().__init__(prefix)
+        self.restart_grace = check_restart_grace(restart_grace)
+        self.node = Node(
+            url,
+            socket_timeout=socket_timeout,
+            connect_timeout=connect_timeout,
+            options=redis_options,
+        )
+        self.display = self.node.display
+        self.prefix = prefix
+        self.fair = fair
+        self.listener = Listener(self.node, self._on_message, self._on_reset, self._on_connect)
+        self._waits: dict[str, dict[str, _Wait]] = {}
+        #: Leases granted here and not yet released: owner -> (name, drops seen at grant).
+        self._leases: dict[str, tuple[str, int]] = {}
+        self._drops = 0
+        #: This backend's probe channel (see the Lua notes): a queue entry naming it is
+        #: skipped at once when this backend's connection is gone.
+        self._probe = secrets.token_hex(8)
+        self._probe_channel = f"{prefix}w:{self._probe}"
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        require_asyncio(self.display, "redis-py's asyncio client")
+        await self.node.load()
+        self._open = True
+
+    async def background(self) -> None:
+        await self.listener.run()
+
+    async def aclose(self) -> None:
+        self._open = False
+        await self.node.aclose()
+
+    # -- primitives ------------------------------------------------------------------------
+
+    async def acquire(
+        self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
+    ) -> int | Busy:
+        k = self.keys(name)
+        ttl_ms = ms(ttl)
+        mode = (JOIN_QUEUE if queue else RESPECT_QUEUE) if self.fair else NO_QUEUE
+        wait: _Wait | None = None
+        if mode == JOIN_QUEUE:
+            waits = self._waits.setdefault(name, {})
+            wait = waits.get(owner)
+            now = self.clock.now()
+            if wait is None:
+                wait = waits[owner] = _Wait(f"{owner}:{ttl_ms}")
+            if self._probe_channel in self.listener.confirmed:
+                wait.member = f"{owner}:{ttl_ms}:{self._probe}"
+            if wait.valid_bumps == wait.bumps and now < wait.valid_until:
+                # Nothing that concerns us was published since the server said "busy"
+                # (and we were subscribed before asking): that answer still holds.
+                self._quiet = name
+                return Busy(wait.valid_until - now)
+        listener = self.listener
+        trusted = k.channel_name in listener.confirmed
+        epoch = listener.epoch
+        heard = self._heard.get(name, 0)
+        bumps = wait.bumps if wait is not None else 0
+        t_send = self.clock.now()
+        probe = self._probe.encode() if wait is not None and wait.member.count(":") == 2 else b""
+        keys: tuple[bytes, ...] = k.acquire_keys
+        if scope is not None:
+            keys = (*keys, scope_fence_key(scope, self.keys.prefix))
+        reply = await self.node.run(
+            "acquire",
+            keys,
+            (
+                owner.encode(),
+                b"%d" % ttl_ms,
+                mode,
+                k.channel,
+                grace_ms(self.restart_grace, ttl_ms),
+                probe,
+            ),
+        )
+        if reply[0]:
+            if wait is not None:
+                self._forget_wait(name, owner)
+            self._leases[owner] = (name, self._drops)
+            if self.fair:
+                listener.wanted.add(self._probe_channel)  # subscribed when it connects
+            listener.keep_connected()
+            return int(reply[0])
+        if wait is not None:
+            wait.joined = True
+        if int(reply[1]) == -1:
+            # No expiry: when it frees is unknown. The core polls (and a release through
+            # asynclock would still wake us); no valid_until, so no cached "busy" either.
+            self._quiet = None
+            return NO_EXPIRY
+        retry = int(reply[1]) / 1000
+        # Subscribed before we asked, still subscribed, and no wake-up for this name came
+        # in while we asked: any release after our attempt will reach us as a message.
+        quiet = (
+            trusted
+            and listener.epoch == epoch
+            and k.channel_name in listener.confirmed
+            and self._heard.get(name, 0) == heard
+        )
+        if wait is not None and quiet:
+            wait.valid_until = t_send + retry
+            wait.valid_bumps = bumps
+        self._quiet = name if quiet else None
+        return Busy(retry)
+
+    async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
+        if not leases:
+            return []
+        # The batch is every lease the backend holds: forget the rest (lost, dropped).
+        tracked = self._leases
+        self._leases = {r.owner: tracked[r.owner] for r in leases if r.owner in tracked}
+        keys, args = extend_call(self.keys, leases)
+        reply = await self.node.run("extend", keys, args)
+        return [extend_result(int(code)) for code in reply]
+
+    async def release(self, name: str, owner: str, token: int | None) -> bool:
+        k = self.keys(name)
+        self._leases.pop(owner, None)
+        reply = await self.node.run(
+            "release",
+            k.release_keys,
+            (owner.encode(), b"" if token is None else b"%d" % token, k.channel),
+        )
+        return bool(reply)
+
+    async def validate(self, name: str, token: int) -> bool:
+        value = await self.node.get(self.keys(name).lock)
+        return value is not None and token_of(value) == token
+
+    async def abandon(self, name: str, owner: str) -> None:
+        wait = self._forget_wait(name, owner)
+        if wait is None or not wait.joined:
+            return
+        k = self.keys(name)
+        await self.node.run(
+            "abandon", k.release_keys, (wait.member.encode(), owner.encode(), k.channel)
+        )
+
+    # -- waking ----------------------------------------------------------------------------
+
+    async def _subscribe(self, channel: str) -> None:
+        listener = self.listener
+        if self.fair and self._probe_channel not in listener.confirmed:
+            await listener.subscribe(self._probe_channel, self.node.socket_timeout)
+        await listener.subscribe(channel, self.node.socket_timeout)
+
+    async def _unsubscribe(self, channel: str) -> None:
+        await self.listener.unsubscribe(channel)
+
+    def _on_message(self, channel: str, payload: bytes) -> None:
+        name = self._channels.get(channel)
+        if name is None:
+            return
+        waits = self._waits.get(name)
+        if payload:
+            # The name was handed to one waiter: wake only if it is ours.
+            wait = waits.get(payload.decode()) if waits else None
+            if wait is None:
+                return
+            wait.bumps += 1
+        elif waits:
+            for wait in waits.values():
+                wait.bumps += 1
+        self._heard_from(name)
+
+    def _on_reset(self) -> None:
+        self._drops += 1
+        for waits in self._waits.values():
+            for wait in waits.values():
+                wait.bumps += 1
+        for name in {*self._waits, *self._watchers}:
+            self._heard_from(name)
+
+    def _on_connect(self, run_id: str | None, reconnected: bool) -> None:
+        """Connected (again). A new ``run_id`` means the server restarted: every lease it
+        granted before is gone (loss within one round trip of the reconnect, not at the
+        next renewal). Any reconnect asks for a renewal round now."""
+        before, self.node.run_id = self.node.run_id, run_id or self.node.run_id
+        if before is not None and run_id is not None and run_id != before:
+            why = (
+                f"the Redis server restarted (run_id {before} is now {run_id}); "
+                "the leases it granted are gone"
+            )
+            drops = self._drops
+            for owner, (name, seen) in list(self._leases.items()):
+                if seen < drops or not reconnected:
+                    del self._leases[owner]
+                    self._notify_lost(name, owner, why)
+        if reconnected:
+            self._renew_now()
+
+    def _forget_wait(self, name: str, owner: str) -> _Wait | None:
+        waits = self._waits.get(name)
+        if waits is None:
+            return None
+        wait = waits.pop(owner, None)
+        if not waits:
+            del self._waits[name]
+        return wait
+
+    # -- who holds it, breaking a lock ------------------------------------------------------
+
+    async def holder(self, name: str) -> Holder | None:
+        reply = await self.node.run("holder", (self.keys(name).lock,), ())
+        return holder_from_reply(name, reply)
+
+    async def break_lock(self, name: str) -> bool:
+        k = self.keys(name)
+        return bool(await self.node.run("break", k.release_keys, (k.channel,)))
+
+    async def owner_of(self, name: str) -> tuple[str, int] | None:
+        value = await self.node.get(self.keys(name).lock)
+        token = None if value is None else token_of(value)
+        if value is None or token is None:
+            return None  # free, or reserved for a waiter (no token yet)
+        return value.rpartition(b":")[0].decode("utf-8", "replace"), token
+
+
+def driver_from_url(url: str, **options: Any) -> RedisDriver:
+    scheme = urlsplit(url).scheme.lower()
+    check_redis_url(url, options, ours=_URL_DRIVER_OPTIONS, scheme=scheme)
+    url, from_query = pop_query_options(url, _URL_DRIVER_OPTIONS)
+    ours, rest = split_options({**from_query, **options})
+    return RedisDriver(url, **ours, **rest)
+
+
+__all__ = ("RedisDriver", "driver_from_url", "keys_for")

@@ -1,0 +1,639 @@
+"""The Redis connection: commands packed by hand, replies read under deadlines, one node's
+idle connections, and the pub/sub listener.
+
+redis-py's private API is used here only (see ``Wire``) and checked by
+``tests/backends/test_redis_wire.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import math
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import anyio
+import redis.asyncio
+import redis.exceptions
+from redis.asyncio.connection import AbstractConnection, ConnectionPool
+
+from ..._core.errors import map_errors
+from ..._core.exceptions import BackendUnavailable
+from .scripts import SCRIPTS, SHAS
+
+_hiredis: Any
+try:  # optional, as for redis-py: replies are parsed in C when it is there
+    import hiredis as _hiredis
+except ImportError:  # pragma: no cover - depends on the environment
+    _hiredis = None
+
+logger = logging.getLogger("asynclock.redis")
+
+
+def ms(seconds: float) -> int:
+    """Seconds to whole milliseconds, rounded up (a server ttl never shorter than asked)."""
+    return max(1, math.ceil(seconds * 1000))
+
+
+# -- one server -----------------------------------------------------------------------------
+
+
+def display_url(url: str) -> str:
+    """``url`` without its password (and without the query string)."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return f"unix://{parts.path}"
+    host = parts.hostname or "localhost"
+    if ":" in host:
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port else ""
+    user = f"{unquote(parts.username)}@" if parts.username else ""
+    path = parts.path if parts.path not in ("", "/") else "/0"
+    return f"{parts.scheme}://{user}{host}{port}{path}"
+
+
+def pack(*args: bytes) -> bytes:
+    """One command in the Redis protocol (RESP). Every command the drivers send on their
+    command connections goes through here (benchmarks count commands at this point)."""
+    out = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        out.append(b"$%d\r\n%b\r\n" % (len(arg), arg))
+    return b"".join(out)
+
+
+#: Idle command connections a node keeps open (more are opened while calls overlap).
+MAX_IDLE_CONNECTIONS = 256
+
+
+def _no_client_info() -> dict[str, Any]:
+    """Connection keywords that turn redis-py's ``CLIENT SETINFO`` off: ``driver_info=None``
+    (redis-py >= 7), else ``lib_name=None, lib_version=None`` (redis-py 5 and 6)."""
+    params = inspect.signature(AbstractConnection.__init__).parameters
+    if "driver_info" in params:
+        return {"driver_info": None}
+    if "lib_name" in params:
+        return {"lib_name": None, "lib_version": None}
+    return {}  # pragma: no cover - older than redis-py 5: it sends no CLIENT SETINFO
+
+
+_NO_CLIENT_INFO = _no_client_info()
+
+
+class Deadlines:
+    """Deadlines for many short calls, kept by one timer.
+
+    ``with deadlines.at(when):`` behaves like ``asyncio.timeout_at(when)``: at ``when`` the
+    task is cancelled, and the block raises ``TimeoutError`` (a cancellation from anyone
+    else propagates unchanged, counted as asyncio counts it). ``asyncio.timeout_at``
+    schedules and cancels a timer per call, which at thousands of calls a second costs
+    more than the rest of a call's Python; here one timer waits for the earliest deadline
+    of the calls in progress and is moved only when a call with an earlier deadline
+    starts (the calls of one driver mostly share one timeout, so rarely).
+    """
+
+    __slots__ = ("_armed", "_calls", "_handle", "_loop")
+
+    def __init__(self) -> None:
+        self._calls: set[Deadline] = set()
+        self._handle: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._armed = math.inf  # when the timer fires (inf: no timer)
+
+    def at(self, when: float) -> Deadline:
+        return Deadline(self, when)
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._loop = loop
+        self._armed = when
+        self._handle = loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self._handle = None
+        self._armed = math.inf
+        loop = self._loop
+        assert loop is not None
+        now = loop.time()
+        later = math.inf
+        for call in self._calls:
+            if call.when <= now:
+                if not call.fired:
+                    call.fired = True
+                    call.task.cancel()
+            elif call.when < later:
+                later = call.when
+        if later < math.inf:
+            self._arm(loop, later)
+
+
+class Deadline:
+    """One call's deadline (see :class:`Deadlines`); a sync context manager."""
+
+    __slots__ = ("cancelling", "fired", "owner", "task", "when")
+
+    def __init__(self, owner: Deadlines, when: float) -> None:
+        self.owner = owner
+        self.when = when
+        self.fired = False
+
+    def __enter__(self) -> Deadline:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)
+        assert task is not None
+        self.task = task
+        self.cancelling = task.cancelling()
+        owner = self.owner
+        if owner._loop is not loop:  # a new event loop: the old timer is gone with it
+            owner._calls.clear()
+            owner._handle = None
+            owner._armed = math.inf
+        owner._calls.add(self)
+        if self.when < owner._armed:
+            owner._arm(loop, self.when)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: object,
+    ) -> None:
+        self.owner._calls.discard(self)
+        if (
+            self.fired
+            and self.task.uncancel() <= self.cancelling
+            and exc_type is not None
+            and issubclass(exc_type, asyncio.CancelledError)
+        ):
+            raise TimeoutError from exc
+
+
+def _reply_error(message: str) -> redis.exceptions.ResponseError:
+    """An error reply as the exception redis-py raises for it (NOSCRIPT matters: the
+    script is loaded again)."""
+    if message.startswith("NOSCRIPT"):
+        return redis.exceptions.NoScriptError(message)
+    return redis.exceptions.ResponseError(message)
+
+
+class Wire:
+    """A command connection (redis-py's: connect, AUTH/ACL, TLS, ``SELECT``) and the way
+    its replies are read.
+
+    The lean path writes to the connection's ``asyncio.StreamWriter`` and parses replies
+    from its ``asyncio.StreamReader`` with a ``hiredis.Reader`` of its own (redis-py's
+    private ``_writer`` and ``_reader``, present since redis-py 4.2; redis-py's parser is
+    never touched). Each command is read to the end of its reply, and a RESP2 server sends
+    nothing unasked on a command connection, so no bytes are ever left in either parser.
+    Without hiredis, without the streams, or on RESP3 (push messages), the public
+    ``send_packed_command`` and ``read_response`` are used.
+    """
+
+    __slots__ = ("conn", "parser", "stream", "writer")
+
+    def __init__(self, conn: AbstractConnection) -> None:
+        self.conn = conn
+        writer = getattr(conn, "_writer", None)
+        stream = getattr(conn, "_reader", None)
+        self.writer = writer if isinstance(writer, asyncio.StreamWriter) else None
+        self.stream: asyncio.StreamReader | None = None
+        self.parser: Any = None
+        if (
+            _hiredis is not None
+            and self.writer is not None
+            and isinstance(stream, asyncio.StreamReader)
+            and getattr(conn, "protocol", None) == 2
+        ):
+            self.stream = stream
+            self.parser = _hiredis.Reader(replyError=_reply_error)
+
+    async def read(self) -> Any:
+        """The next reply; an error reply raises (redis-py's exceptions either way)."""
+        parser, stream = self.parser, self.stream
+        if parser is None or stream is None:
+            return await self.conn.read_response()
+        reply = parser.gets()
+        while reply is False:
+            try:
+                data = await stream.read(65536)
+            except OSError as exc:
+                raise redis.exceptions.ConnectionError(f"error reading a reply: {exc!r}") from exc
+            if not data:
+                raise redis.exceptions.ConnectionError("the server closed the connection")
+            parser.feed(data)
+            reply = parser.gets()
+        if isinstance(reply, redis.exceptions.ResponseError):
+            raise reply
+        return reply
+
+
+def _resp2(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Connection keywords for RESP2. Maintenance notifications need RESP3 or hiredis, and
+    a RESP2 connection may use the pure-Python parser, so they are turned off (redis-py
+    >= 7 passes them)."""
+    out = {**kwargs, "protocol": 2}
+    for key in ("maint_notifications_config", "maint_notifications_pool_handler"):
+        if key in out:
+            out[key] = None
+    return out
+
+
+class Spawned:
+    """Bare asyncio tasks for the nodes of one Redlock request that must connect first.
+
+    Not an anyio task group, on purpose: the request reads the other nodes' replies in its
+    own task under one shared deadline, and :class:`Deadlines` delivers that deadline by
+    cancelling the reading task; inside a task group that cancellation would also cancel
+    the nodes still connecting, which must run to their own timeout. The tasks never
+    outlive the request: it awaits each one, and :meth:`cancel` runs in its ``finally``.
+    """
+
+    __slots__ = ("tasks",)
+
+    def __init__(self) -> None:
+        self.tasks: list[tuple[int, asyncio.Task[Any]]] = []
+
+    def start(self, i: int, coro: Coroutine[Any, Any, Any]) -> None:
+        self.tasks.append((i, asyncio.get_running_loop().create_task(coro)))
+
+    async def collect(self, results: dict[int, Any]) -> None:
+        for i, task in self.tasks:
+            results[i] = await task
+
+    def cancel(self) -> None:
+        """Cancel the unfinished ones (only if the request was interrupted)."""
+        for _, task in self.tasks:
+            task.cancel()
+
+
+class Node:
+    """One Redis server: command connections, scripts, error translation.
+
+    Commands go out on dedicated redis-py connections that this node hands out one call at
+    a time (no pool lock, no per-call task): ``send`` writes a packed command, ``receive``
+    reads its reply under a deadline. A connection whose call did not end with a complete
+    reply (timeout, cancellation, I/O error) is closed, never reused.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        socket_timeout: float,
+        connect_timeout: float,
+        options: dict[str, Any],
+    ) -> None:
+        self.url = url
+        self.display = display_url(url)
+        self.socket_timeout = socket_timeout
+        self.connect_timeout = connect_timeout
+        secret = unquote(urlsplit(url).password or "") or str(options.get("password") or "")
+        self.errors = map_errors(self.display, secret, explain=self._explain)
+        try:
+            self.pool: ConnectionPool = ConnectionPool.from_url(
+                url,
+                socket_timeout=socket_timeout,
+                socket_connect_timeout=connect_timeout,
+                decode_responses=False,
+                **options,
+            )
+        except (ValueError, TypeError) as exc:
+            raise ValueError(
+                f"bad Redis URL {self.display!r}: {self.errors.scrub(str(exc))}"
+            ) from None
+        # Our calls bound themselves (connect, send and read under one deadline).
+        self._kwargs = {**self.pool.connection_kwargs, "socket_timeout": None}
+        if not {"driver_info", "lib_name", "lib_version"} & set(self._kwargs):
+            # No CLIENT SETINFO (two commands on every new connection) unless asked for.
+            self._kwargs.update(_NO_CLIENT_INFO)
+        if "protocol" not in self._kwargs:
+            # RESP2 unless asked for RESP3: the lean path parses the replies itself (see
+            # Wire), and a private connection has no use for redis-py's maintenance
+            # notifications (RESP3 push messages; also no HELLO on connect).
+            self._kwargs = _resp2(self._kwargs)
+        self._idle: list[Wire] = []
+        self._closed = False
+        self.deadlines = Deadlines()
+        #: The server's ``run_id`` when last seen (None: not yet, or INFO is denied).
+        self.run_id: str | None = None
+
+    def _explain(self, exc: BaseException) -> str:
+        """What a redis-py error means, for :attr:`errors` (which scrubs the password)."""
+        text = str(exc)
+        if isinstance(exc, redis.exceptions.NoPermissionError) or (
+            "NOPERM" in text or "can't run this command" in text or "ACL failure" in text
+        ):
+            return (
+                f"permission denied ({text}): the ACL user lacks a command, key or channel "
+                "asynclock needs; see the ACL rules in the Redis backend docs"
+            )
+        if isinstance(exc, redis.exceptions.AuthenticationError):
+            return "authentication failed: check the user name and password in the URL"
+        if isinstance(exc, redis.exceptions.TimeoutError | TimeoutError):
+            return f"timed out after {self.socket_timeout:g}s (socket_timeout)"
+        if "NOAUTH" in text or "WRONGPASS" in text:
+            return "authentication failed: check the user name and password in the URL"
+        return f"{type(exc).__name__}: {exc}" if text else type(exc).__name__
+
+    def error(self, what: str, exc: BaseException) -> BackendUnavailable:
+        """``exc`` as ``BackendUnavailable("<display>: <what> failed: …")``."""
+        return self.errors.unavailable(f"{what} failed", exc)
+
+    def reason(self, exc: BaseException) -> str:
+        """A short, password-free reason for one node's failure."""
+        msg = str(exc)
+        prefix = f"{self.display}: "
+        return msg[len(prefix) :] if msg.startswith(prefix) else self.errors.scrub(msg or repr(exc))
+
+    # -- the command path ----------------------------------------------------------------
+
+    async def _connect(self) -> Wire:
+        conn: AbstractConnection = self.pool.connection_class(**self._kwargs)
+        await conn.connect()  # type: ignore[no-untyped-call]
+        return Wire(conn)
+
+    def send(self, packed: bytes) -> Wire | None:
+        """Write ``packed`` on an idle connection; None if there is none.
+
+        Never waits, so callers can start one command on many nodes in a row. The bytes
+        go to the connection's transport, which sends at once or buffers; a connection
+        that died meanwhile shows up as a ConnectionError when its reply is read.
+        """
+        if not self._idle:
+            return None
+        writer = self._idle[-1].writer
+        if writer is None:
+            return None  # ``receive`` sends through redis-py's public path instead
+        writer.write(packed)
+        return self._idle.pop()
+
+    def keep(self, wire: Wire) -> bool:
+        """Put a connection whose reply was read in full back for reuse (False: full)."""
+        if self._closed or len(self._idle) >= MAX_IDLE_CONNECTIONS:
+            return False
+        self._idle.append(wire)
+        return True
+
+    async def receive(self, wire: Wire | None, packed: bytes, deadline: float | None) -> Any:
+        """The reply to ``packed`` sent on ``wire`` (None: not sent yet), by ``deadline``
+        (event-loop time; None: the caller bounds the wait). A reused connection that
+        turns out dead (the server restarted) is replaced once; every script is safe to
+        run twice."""
+        if deadline is None:
+            return await self._receive(wire, packed)
+        with self.deadlines.at(deadline):
+            return await self._receive(wire, packed)
+
+    async def _receive(self, wire: Wire | None, packed: bytes) -> Any:
+        if wire is not None:
+            try:
+                return await self._read(wire)
+            except redis.exceptions.ConnectionError:
+                pass
+        elif self._idle:  # not sent yet (see ``send``): the public path
+            wire = self._idle.pop()
+            try:
+                await wire.conn.send_packed_command(packed, check_health=False)
+                return await self._read(wire)
+            except redis.exceptions.ConnectionError:
+                await drop_connection(wire.conn)
+        wire = await self._connect()
+        try:
+            await wire.conn.send_packed_command(packed, check_health=False)
+        except BaseException:
+            await drop_connection(wire.conn)
+            raise
+        return await self._read(wire)
+
+    async def _read(self, wire: Wire) -> Any:
+        try:
+            reply = await wire.read()
+        except redis.exceptions.ResponseError:
+            await self._keep(wire)  # a complete (error) reply: the connection is fine
+            raise
+        except BaseException:
+            await drop_connection(wire.conn)
+            raise
+        await self._keep(wire)
+        return reply
+
+    async def _keep(self, wire: Wire) -> None:
+        if not self.keep(wire):
+            await drop_connection(wire.conn)
+
+    async def call(self, packed: bytes, deadline: float) -> Any:
+        """Send ``packed`` and return its reply (raw driver exceptions)."""
+        return await self.receive(self.send(packed), packed, deadline)
+
+    def deadline(self, timeout: float | None = None) -> float:
+        return asyncio.get_running_loop().time() + (
+            self.socket_timeout if timeout is None else timeout
+        )
+
+    # -- scripts -------------------------------------------------------------------------
+
+    async def load(self, timeout: float | None = None) -> None:
+        """Load every script (also checks that the server is reachable and lets us in),
+        and read the server's ``run_id``."""
+        deadline = self.deadline(timeout)
+        try:
+            for text in SCRIPTS.values():
+                await self.call(pack(b"SCRIPT", b"LOAD", text.encode()), deadline)
+            self.run_id = await self.read_run_id(deadline)
+        except Exception as exc:
+            raise self.error("connect", exc) from exc
+
+    async def read_run_id(self, deadline: float) -> str | None:
+        """The server's ``run_id`` (new on every start), or None if ``INFO`` is denied."""
+        try:
+            info = await self.call(pack(b"INFO", b"server"), deadline)
+        except redis.exceptions.ResponseError as exc:
+            logger.debug("INFO on %s refused: %r", self.display, exc)
+            return None
+        return parse_run_id(info)
+
+    async def run(
+        self,
+        script: str,
+        keys: Sequence[bytes],
+        args: Sequence[bytes],
+        timeout: float | None = None,
+    ) -> Any:
+        """EVALSHA ``script``; load it again on NOSCRIPT (after a restart or SCRIPT FLUSH)."""
+        deadline = self.deadline(timeout)
+        packed = pack_script(script, keys, args)
+        try:
+            try:
+                return await self.call(packed, deadline)
+            except redis.exceptions.NoScriptError:
+                await self.call(pack(b"SCRIPT", b"LOAD", SCRIPTS[script].encode()), deadline)
+                return await self.call(packed, deadline)
+        except Exception as exc:
+            raise self.error(script, exc) from exc
+
+    async def get(self, key: bytes) -> bytes | None:
+        try:
+            value = await self.call(pack(b"GET", key), self.deadline())
+        except Exception as exc:
+            raise self.error("get", exc) from exc
+        return value if isinstance(value, bytes) or value is None else str(value).encode()
+
+    def make_connection(self) -> AbstractConnection:
+        """A dedicated connection (for pub/sub) that waits for messages without a timeout."""
+        # RESP2: messages come back as plain replies (RESP3 routes them to a push handler).
+        conn: AbstractConnection = self.pool.connection_class(**_resp2(self._kwargs))
+        return conn
+
+    async def aclose(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for wire in idle:
+            await drop_connection(wire.conn)
+        try:
+            await self.pool.disconnect()
+        except Exception as exc:  # pragma: no cover - best effort
+            logger.debug("closing %s: %r", self.display, exc)
+
+
+async def drop_connection(conn: AbstractConnection) -> None:
+    """Close a connection whose state is unknown (does not wait: safe while cancelled)."""
+    with contextlib.suppress(Exception):
+        await conn.disconnect(nowait=True)
+
+
+def parse_run_id(info: object) -> str | None:
+    """``run_id`` from an ``INFO server`` reply."""
+    text = info.decode(errors="replace") if isinstance(info, bytes) else str(info)
+    for line in text.splitlines():
+        if line.startswith("run_id:"):
+            return line[len("run_id:") :].strip() or None
+    return None
+
+
+def pack_script(script: str, keys: Sequence[bytes], args: Sequence[bytes]) -> bytes:
+    return pack(b"EVALSHA", SHAS[script], b"%d" % len(keys), *keys, *args)
+
+
+class Listener:
+    """One pub/sub connection to a node, carrying every channel its driver watches.
+
+    ``on_message(channel, payload)`` runs for each message; ``on_reset()`` after the
+    connection drops (messages may have been missed); ``on_connect(run_id, reconnected)``
+    after each connect, with the server's ``run_id`` (None if ``INFO`` is denied).
+    :meth:`run` is the reader; the driver runs it from :meth:`Driver.background`. It
+    connects on the first subscription or :meth:`keep_connected`, and reconnects with
+    backoff: while a lease is held, this connection is how a server restart is noticed
+    (the socket closes at once), not the next renewal.
+    """
+
+    #: Longest pause between reconnect attempts.
+    MAX_BACKOFF = 0.25
+
+    def __init__(
+        self,
+        node: Node,
+        on_message: Callable[[str, bytes], None],
+        on_reset: Callable[[], None],
+        on_connect: Callable[[str | None, bool], None] | None = None,
+    ) -> None:
+        self.node = node
+        self.on_message = on_message
+        self.on_reset = on_reset
+        self.on_connect = on_connect
+        self.wanted: set[str] = set()
+        self.confirmed: set[str] = set()
+        #: Bumped on every (re)connect: a subscription confirmed in an older epoch is void.
+        self.epoch = 0
+        self._conn: AbstractConnection | None = None
+        self._confirm_events: dict[str, anyio.Event] = {}
+        self._write = anyio.Lock()
+        self._needed = anyio.Event()
+
+    def keep_connected(self) -> None:
+        """Connect now (if not yet) and stay connected: a lease is held on this node."""
+        self._needed.set()
+
+    async def subscribe(self, channel: str, wait: float) -> None:
+        """Subscribe; wait up to ``wait`` seconds for the server to confirm. Never raises."""
+        self.wanted.add(channel)
+        if channel in self.confirmed:
+            return
+        self._needed.set()
+        event = self._confirm_events.setdefault(channel, anyio.Event())
+        await self._send("SUBSCRIBE", channel)
+        with anyio.move_on_after(wait):
+            await event.wait()
+
+    async def unsubscribe(self, channel: str) -> None:
+        self.wanted.discard(channel)
+        self.confirmed.discard(channel)
+        await self._send("UNSUBSCRIBE", channel)
+
+    async def _send(self, *args: str) -> None:
+        conn = self._conn
+        if conn is None:
+            return  # the reader subscribes to everything wanted when it connects
+        try:
+            async with self._write:
+                await conn.send_command(*args, check_health=False)
+        except Exception as exc:
+            logger.debug("pub/sub %s on %s failed: %r", args[0], self.node.display, exc)
+
+    async def run(self) -> None:
+        """Read messages until cancelled (the backend closing)."""
+        await self._needed.wait()
+        backoff = 0.02
+        connected = False
+        while True:
+            conn = self.node.make_connection()
+            try:
+                await conn.connect()  # type: ignore[no-untyped-call]
+                run_id = await self._run_id(conn) if self.on_connect is not None else None
+                self._conn = conn
+                if self.wanted:
+                    async with self._write:
+                        await conn.send_command("SUBSCRIBE", *self.wanted, check_health=False)
+                backoff = 0.02
+                if self.on_connect is not None:
+                    self.on_connect(run_id, connected)
+                connected = True
+                while True:
+                    reply = await conn.read_response(timeout=math.inf)
+                    self._handle(reply)
+            except Exception as exc:
+                logger.debug("pub/sub connection to %s dropped: %r", self.node.display, exc)
+            finally:
+                self._conn = None
+                self.confirmed.clear()
+                self.epoch += 1
+                await drop_connection(conn)
+            self.on_reset()
+            await anyio.sleep(backoff)
+            backoff = min(backoff * 2, self.MAX_BACKOFF)
+
+    async def _run_id(self, conn: AbstractConnection) -> str | None:
+        """The server's ``run_id``, read before subscribing (None if INFO is denied)."""
+        await conn.send_command("INFO", "server", check_health=False)
+        try:
+            reply = await conn.read_response(timeout=self.node.connect_timeout)
+        except redis.exceptions.ResponseError:
+            return None
+        return parse_run_id(reply)
+
+    def _handle(self, reply: Any) -> None:
+        if not isinstance(reply, list) or len(reply) < 3:
+            return
+        kind = reply[0]
+        channel = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+        if kind == b"message":
+            self.on_message(channel, reply[2] if isinstance(reply[2], bytes) else b"")
+        elif kind == b"subscribe":
+            if channel in self.wanted:
+                self.confirmed.add(channel)
+            event = self._confirm_events.pop(channel, None)
+            if event is not None:
+                event.set()
