@@ -88,7 +88,7 @@ class _Elements(HTMLParser):
 def chromium() -> str:
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     if found is None:
-        pytest.fail("Chromium is needed for the report test: Debian package chromium (.ci/run installs it)")
+        pytest.fail("the report test needs Chromium (Debian package chromium; .ci/run installs it)")
     return found
 
 

@@ -66,7 +66,7 @@ def make_certs(directory: Path) -> Certs:
     directory.mkdir(parents=True, exist_ok=True)
     openssl = shutil.which("openssl")
     if openssl is None:  # pragma: no cover - .ci/run installs it
-        pytest.fail("the TLS tests need the openssl command (Debian package openssl; .ci/run installs it)")
+        pytest.fail("the TLS tests need openssl (Debian package openssl; .ci/run installs it)")
 
     def run(*args: str) -> None:
         subprocess.run([openssl, *args], cwd=directory, check=True, capture_output=True)
