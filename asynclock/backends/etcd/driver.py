@@ -267,28 +267,10 @@ class EtcdDriver(Watching, Driver):
         prefix = self.lock_prefix(name)
         end = prefix_end(prefix)
         key = slot.key
-        first = pb.RequestOp(
-            request_range=pb.RangeRequest(
-                key=prefix,
-                range_end=end,
-                sort_order=pb.SORT_ASCEND,
-                sort_target=pb.SORT_TARGET_CREATE,
-                limit=1,
-                keys_only=True,
-            )
-        )
+        first = _by_creation(prefix, end, pb.SORT_ASCEND, limit=1)
         if slot.rev is None:
             # Create our key; the last two keys by creation are ours and our predecessor.
-            newest = pb.RequestOp(
-                request_range=pb.RangeRequest(
-                    key=prefix,
-                    range_end=end,
-                    sort_order=pb.SORT_DESCEND,
-                    sort_target=pb.SORT_TARGET_CREATE,
-                    limit=2,
-                    keys_only=True,
-                )
-            )
+            newest = _by_creation(prefix, end, pb.SORT_DESCEND, limit=2)
             put = pb.RequestOp(
                 request_put=pb.PutRequest(
                     key=key, value=slot.owner.encode(), lease=session.lease_id
@@ -322,17 +304,7 @@ class EtcdDriver(Watching, Driver):
             slot.pred = (pred, reply.header.revision)
             slot.holder_lease = holder[0].lease
             return Busy(retry_after=WAIT_POLL)
-        before = pb.RequestOp(
-            request_range=pb.RangeRequest(
-                key=prefix,
-                range_end=end,
-                sort_order=pb.SORT_DESCEND,
-                sort_target=pb.SORT_TARGET_CREATE,
-                max_create_revision=slot.rev - 1,
-                limit=1,
-                keys_only=True,
-            )
-        )
+        before = _by_creation(prefix, end, pb.SORT_DESCEND, limit=1, below=slot.rev)
         request = pb.TxnRequest(compare=[_created_at(key, slot.rev)], success=[first, before])
         reply = await self.client.txn(request)
         if not reply.succeeded:
@@ -634,6 +606,24 @@ class EtcdDriver(Watching, Driver):
             self._poke = anyio.Event()
             with anyio.move_on_after(max(0.0, due - self.clock.now())):
                 await self._poke.wait()
+
+
+def _by_creation(
+    prefix: bytes, end: bytes, order: Any, *, limit: int, below: int | None = None
+) -> Any:
+    """A txn op reading the keys under ``prefix`` in creation order (``order``: first or
+    newest first), ``limit`` of them, keys only; ``below``: created before that revision."""
+    return pb.RequestOp(
+        request_range=pb.RangeRequest(
+            key=prefix,
+            range_end=end,
+            sort_order=order,
+            sort_target=pb.SORT_TARGET_CREATE,
+            max_create_revision=0 if below is None else below - 1,
+            limit=limit,
+            keys_only=True,
+        )
+    )
 
 
 def _created_at(key: bytes, revision: int) -> Any:
