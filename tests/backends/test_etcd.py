@@ -29,6 +29,7 @@ from tests.support.etcd_servers import (
     make_certs,
 )
 from tests.support.redis_servers import free_port, wait_until
+from tests.support.signals import BusyWatch
 
 pytestmark = pytest.mark.anyio
 
@@ -220,9 +221,11 @@ async def test_etcdctl_lock_excludes_us_and_hands_over(
                 tokens.append(lease.token)
                 got.set()
 
+        busy = BusyWatch(etcd)
         async with anyio.create_task_group() as tg:
             tg.start_soon(wait_for_it)
-            await anyio.sleep(0.2)  # it is queued behind etcdctl (nothing to wait on)
+            with anyio.fail_after(10):
+                await busy.reached(1)  # its key is created: queued behind etcdctl's
             assert not got.is_set()
             process.terminate()  # etcdctl releases on SIGTERM (closes its session)
             with anyio.fail_after(10):
