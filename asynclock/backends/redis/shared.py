@@ -170,6 +170,8 @@ class SubscribingDriver(Driver):
     a channel on their node(s).
     """
 
+    remote = True  # every acquire and release is a server round trip
+
     def __init__(self, prefix: str) -> None:
         super().__init__()
         require_asyncio("the Redis backend (redis://, redlock://)", "redis-py's asyncio client")
