@@ -129,6 +129,7 @@ class Backend(Renewer):
         self._thread: int | None = None
         self._opened_in = "no event loop (not open)"
         self._current_task: Callable[[], object] = _any_current_task
+        self._remote = bool(driver.remote)
         driver.bind(self.clock, self._wake_waiters, self._lost_out_of_band, self._renew_soon)
 
     def __repr__(self) -> str:
@@ -312,7 +313,8 @@ class Backend(Renewer):
             self._require_open()
         if _get_ident() != self._thread:
             self._wrong_loop()
-        await self._checkpoint_if_cancelled()
+        if not self._remote:  # else the attempt's own suspension is the checkpoint
+            await self._checkpoint_if_cancelled()
         if ttl * (1 - self.drift) - self.margin <= 0:
             raise ValueError(
                 f"ttl={ttl:g}s leaves no time after drift ({self.drift:.0%}) and margin "
@@ -501,6 +503,12 @@ class Backend(Renewer):
         try:
             if scope is None:
                 ok = await shielded_call(call, self._bounds)
+            elif self._remote:  # it will suspend: arm at once, no trampoline per resume
+                bound = self._bounds.arm(scope)
+                try:
+                    ok = await call
+                finally:
+                    bound.scope = None
             else:
                 # Run the call up to its first suspension right here: most releases
                 # (SQLite, memory) finish without one and need no timer at all.

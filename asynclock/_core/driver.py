@@ -62,6 +62,13 @@ class Driver:
     #: URL scheme(s) for messages; never contains a password.
     display: str = "driver"
 
+    #: True if every acquire and release is a server round trip that suspends the caller
+    #: (network drivers). The core then relies on that suspension: a caller cancelled
+    #: before it asks is cancelled there (no checkpoint of its own first), and a release's
+    #: deadline is armed up front instead of at its first suspension. Leave False if a
+    #: call can finish without suspending (in-process or in-thread drivers).
+    remote: bool = False
+
     def __init__(self) -> None:
         self.clock: Clock = MonotonicClock()
         self._wake: Callable[[str], None] = lambda name: None

@@ -225,6 +225,12 @@ async def test_backend_must_be_open(backend: asynclock.Backend) -> None:
             "unknown redis:// URL option 'foo'; allowed: .*socket_timeout",
         ),
         ("redis://localhost?db=two", "db must be an integer"),
+        ("redis://localhost/0?socket_timeout=-1", "socket_timeout must be .*> 0.*-1"),
+        ("redis://localhost/0?socket_timeout=inf", "socket_timeout must be"),
+        ("redis://localhost/0?socket_connect_timeout=-1", "socket_connect_timeout must be"),
+        ("redis://localhost/0?connect_timeout=0", "connect_timeout must be"),
+        ("redlock://a,b,c?socket_timeout=2", "sets each node's socket_timeout.*node_timeout"),
+        ("redlock://a,b,c?node_timeout=-1", "node_timeout must be"),
         ("unix:///tmp/r.sock?foo=1", "unknown unix:// URL option 'foo'"),
         ("redis://localhost/0?decode_responses=True", "clashes with an option asynclock sets"),
         ("redlock://a,b,c/abc", "database"),
@@ -281,6 +287,15 @@ def test_bad_options_are_errors_at_connect(
 )
 def test_good_urls_are_accepted(url: str) -> None:
     assert isinstance(asynclock.connect(url), asynclock.Backend)
+
+
+def test_url_timeouts_are_the_drivers_own() -> None:
+    """A Redis URL's timeouts are used (before the fix, the driver kept its 1 s default
+    while the connection pool took the URL's value, even a negative one)."""
+    node = asynclock.connect("redis://h/0?socket_timeout=2.5&connect_timeout=0.5").driver.node  # type: ignore[attr-defined]
+    assert (node.socket_timeout, node.connect_timeout) == (2.5, 0.5)
+    node = asynclock.connect("redis://h/0?socket_connect_timeout=0.25").driver.node  # type: ignore[attr-defined]
+    assert node.connect_timeout == 0.25
 
 
 def test_good_keyword_options_are_accepted() -> None:

@@ -133,3 +133,23 @@ async def test_renewals_that_keep_failing_lose_the_lease_at_the_deadline(
             await anyio.sleep_forever()
     assert info.value.reason == "local deadline passed"
     assert backend.stats().renewal_errors >= 2  # retried with backoff before giving up
+
+
+async def test_cancelled_before_lock_never_enters_the_body(
+    backend: asynclock.Backend, lock_name: str
+) -> None:
+    """A task whose scope is already cancelled never runs the body, and leaks nothing.
+
+    Network drivers set ``remote`` and the core then relies on the attempt's own
+    suspension to deliver the cancellation: this fails if a driver claims that and grants
+    without suspending.
+    """
+    entered = False
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        async with backend.lock(lock_name, ttl=5.0):
+            entered = True
+    assert scope.cancelled_caught and not entered
+    async with backend.lock(lock_name, ttl=5.0, blocking=False) as after:
+        assert await backend.validate(lock_name, after.token)
+    assert backend.stats().held == 0

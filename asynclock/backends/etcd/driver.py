@@ -57,6 +57,8 @@ MAX_TXN_OPS = 128
 class EtcdDriver(Watching, Driver):
     """Locks in an etcd cluster. See the module docstring and docs/backends/etcd.md."""
 
+    remote = True  # every acquire and release is a server round trip
+
     def __init__(self, client: EtcdClient, *, prefix: str = "", display: str) -> None:
         super().__init__()
         self.client = client

@@ -42,6 +42,8 @@ class PostgresDriver(Driver):
     and :class:`~asynclock.backends.postgres.LeaseDriver` (``mode="lease"``) are the
     drivers; ``PostgresDriver(dsn, mode=...)`` builds the one ``mode`` names."""
 
+    remote = True  # every acquire and release is a server round trip
+
     #: What the pinned connection carries (in the connection-slot error).
     _carries = "its locks"
     #: Does this mode work through a transaction pooler?

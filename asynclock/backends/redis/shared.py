@@ -170,6 +170,8 @@ class SubscribingDriver(Driver):
     a channel on their node(s).
     """
 
+    remote = True  # every acquire and release is a server round trip
+
     def __init__(self, prefix: str) -> None:
         super().__init__()
         require_asyncio("the Redis backend (redis://, redlock://)", "redis-py's asyncio client")
@@ -269,6 +271,10 @@ def token_of(value: bytes) -> int | None:
 _SET_BY_ASYNCLOCK = {
     "decode_responses": "asynclock reads raw bytes (decode_responses=False)",
 }
+#: Timeouts a URL query may carry (redis-py's and ours): finite seconds > 0.
+_URL_TIMEOUTS = {"socket_timeout", "socket_connect_timeout", "connect_timeout", "node_timeout"}
+#: redis-py timeouts a redlock:// URL may not carry, and the option that sets each.
+_REDLOCK_OWN = {"socket_timeout": "node_timeout", "socket_connect_timeout": "connect_timeout"}
 #: redis-py options that take a string in a URL query, besides its URL parsers' own.
 _REDIS_STR_OPTIONS = {
     "client_name",
@@ -322,6 +328,13 @@ def check_redis_url(
             )
         if key == "db" and not value.isdigit():
             raise ValueError(f"{scheme}:// URL option db must be an integer, got {value!r}")
+        if scheme == "redlock" and key in _REDLOCK_OWN:
+            raise ValueError(f"redlock:// sets each node's {key} itself: use {_REDLOCK_OWN[key]}")
+        if key in _URL_TIMEOUTS:
+            try:
+                check_seconds(value, key)
+            except ValueError as exc:
+                raise ValueError(f"{scheme}:// URL option {exc}") from None
     keywords = _redis_keywords(parts.scheme.lower()) | keyword_options
     for key in options:
         if key in _SET_BY_ASYNCLOCK:

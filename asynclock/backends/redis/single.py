@@ -56,8 +56,8 @@ from .shared import (
 )
 from .wire import Listener, Node, ms
 
-#: Driver options a redis:// URL query may carry (the driver reads them, not redis-py).
-_URL_DRIVER_OPTIONS = {"restart_grace"}
+#: Options of ours a redis:// URL query may carry (the wire client applies the timeouts).
+_URL_DRIVER_OPTIONS = {"restart_grace", "socket_timeout", "connect_timeout"}
 
 
 @dataclass(slots=True, eq=False)
@@ -312,7 +312,9 @@ class RedisDriver(SubscribingDriver):
 def driver_from_url(url: str, **options: Any) -> RedisDriver:
     scheme = urlsplit(url).scheme.lower()
     check_redis_url(url, options, ours=_URL_DRIVER_OPTIONS, scheme=scheme)
-    url, from_query = pop_query_options(url, _URL_DRIVER_OPTIONS)
+    url, from_query = pop_query_options(url, _URL_DRIVER_OPTIONS | {"socket_connect_timeout"})
+    if "socket_connect_timeout" in from_query:  # redis-py's name for our connect_timeout
+        from_query.setdefault("connect_timeout", from_query.pop("socket_connect_timeout"))
     ours, rest = split_options({**from_query, **options})
     return RedisDriver(url, **ours, **rest)
 
