@@ -58,3 +58,14 @@ def test_the_apscheduler4_integration_passes_its_tests_in_its_own_environment() 
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-6000:]
     assert " passed" in done.stdout and "skipped" not in done.stdout, output[-2000:]
+
+
+def test_the_apscheduler4_integration_imports_only_the_public_api() -> None:
+    package = ROOT / "integrations" / "asynclock_apscheduler4"
+    sources = sorted(package.glob("*.py"))
+    assert sources
+    for source in sources:
+        text = source.read_text()
+        assert "asynclock._" not in text and "from asynclock." not in text, source.name
+        # Importing the 3.x package would import APScheduler 3.
+        assert "asynclock_apscheduler " not in text and "asynclock_apscheduler." not in text

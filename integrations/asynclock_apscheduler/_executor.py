@@ -689,7 +689,10 @@ async def _record_done(backend: asynclock.Backend, claim: _Claim) -> None:
         return
     else:
         await marker.let_expire()  # nobody renews it: it lasts done_ttl from now
-    await lease.release()
+    try:
+        await lease.release()
+    except asynclock.BackendUnavailable as exc:  # it expires within its ttl anyway
+        logger.warning("releasing the claim of finished occurrence %s failed: %r", lease.name, exc)
 
 
 def _lost(lease: asynclock.Lease) -> asynclock.LeaseLost:

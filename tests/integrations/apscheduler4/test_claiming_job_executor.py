@@ -209,3 +209,14 @@ def test_bad_arguments_are_refused(
 ) -> None:
     with pytest.raises(error, match=match):
         ClaimingJobExecutor(*args, **kwargs)
+
+
+def test_the_integration_exports_what_it_documents() -> None:
+    import asynclock_apscheduler4
+
+    assert set(asynclock_apscheduler4.__all__) == {
+        "ClaimingJobExecutor",
+        "current_claim",
+        "occurrence_name",
+    }
+    assert all(hasattr(asynclock_apscheduler4, name) for name in asynclock_apscheduler4.__all__)
