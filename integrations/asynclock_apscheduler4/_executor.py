@@ -13,6 +13,14 @@ job whose lease lapsed be acquired again): the job ends with ``LockHeld`` and it
 never starts. Held: the body runs inside the lock, so a lost claim cancels an async job
 or interrupts a thread-pool job (an async exception in its thread), and the job ends with
 ``LeaseLost``. After a run the claim is kept one more ttl (``let_expire``), not released.
+
+The arithmetic: a frozen scheduler's data-store lease on a job lapses no sooner than half
+the scheduler's ``lease_duration`` after the freeze (it is extended every half), and its
+claim expires at most ``claim_ttl`` after it. With ``claim_ttl + clock_skew <
+lease_duration / 2`` (checked when the scheduler starts the executor) the scheduler that
+acquires the lapsed job finds the claim gone and runs the job, with a larger token that
+fences off the frozen run; otherwise it would find the claim busy and the job would end
+with ``LockHeld``, run by nobody.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from datetime import UTC
 from typing import Any
 
 import anyio
-from apscheduler import Job
+from apscheduler import Job, current_async_scheduler
 from apscheduler.abc import JobExecutor
 from apscheduler.executors.async_ import AsyncJobExecutor
 from apscheduler.executors.subprocess import ProcessPoolJobExecutor
@@ -83,6 +91,8 @@ class ClaimingJobExecutor(JobExecutor):  # type: ignore[misc]
         inner: the executor that runs the job: ``AsyncJobExecutor`` (default) or
             ``ThreadPoolJobExecutor``; a process pool is refused (its run could not be
             stopped from here).
+        clock_skew: seconds the schedulers' clocks may differ by (default 1); with
+            ``claim_ttl`` it must stay under half the scheduler's ``lease_duration``.
     """
 
     def __init__(
@@ -91,6 +101,7 @@ class ClaimingJobExecutor(JobExecutor):  # type: ignore[misc]
         *,
         claim_ttl: float,
         inner: JobExecutor | None = None,
+        clock_skew: float = 1.0,
     ) -> None:
         if isinstance(url_or_backend, str):
             if "://" not in url_or_backend:
@@ -109,6 +120,14 @@ class ClaimingJobExecutor(JobExecutor):  # type: ignore[misc]
             )
         if not 0 < claim_ttl < math.inf:
             raise ValueError(f"claim_ttl must be a finite number of seconds > 0, got {claim_ttl!r}")
+        if isinstance(clock_skew, bool) or not isinstance(clock_skew, (int, float)):
+            raise TypeError(
+                f"clock_skew must be a number of seconds, not {type(clock_skew).__name__}"
+            )
+        if not 0 <= clock_skew < math.inf:
+            raise ValueError(
+                f"clock_skew must be a finite number of seconds >= 0, got {clock_skew!r}"
+            )
         if inner is None:
             inner = AsyncJobExecutor()
         if isinstance(inner, ClaimingJobExecutor):
@@ -126,6 +145,7 @@ class ClaimingJobExecutor(JobExecutor):  # type: ignore[misc]
             )
         self._target = url_or_backend
         self.claim_ttl = float(claim_ttl)
+        self.clock_skew = float(clock_skew)
         self._inner = inner
         self._backend: asynclock.Backend | None = None
 
@@ -137,6 +157,17 @@ class ClaimingJobExecutor(JobExecutor):  # type: ignore[misc]
         return self._backend
 
     async def start(self, exit_stack: AsyncExitStack) -> None:
+        scheduler = current_async_scheduler.get()
+        if scheduler is not None:
+            half = scheduler.lease_duration.total_seconds() / 2
+            if self.claim_ttl + self.clock_skew >= half:
+                raise ValueError(
+                    f"claim_ttl ({self.claim_ttl:g}s) + clock_skew ({self.clock_skew:g}s) "
+                    f"must be under half the scheduler's lease_duration ({half:g}s): a "
+                    "scheduler that acquires a frozen scheduler's lapsed job must find its "
+                    "claim expired, or the job ends with LockHeld and nobody runs it. "
+                    "Lower claim_ttl or raise AsyncScheduler(lease_duration=...)"
+                )
         await self._inner.start(exit_stack)
         target = self._target
         backend = target if isinstance(target, asynclock.Backend) else asynclock.connect(target)

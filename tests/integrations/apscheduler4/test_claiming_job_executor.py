@@ -181,6 +181,30 @@ async def test_an_occurrence_claimed_elsewhere_does_not_run_here(url: str) -> No
     assert ran == []
 
 
+def flatten(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in flatten(inner)]
+    return [error]
+
+
+async def test_a_claim_that_outlasts_half_the_schedulers_lease_is_refused_at_start(
+    url: str,
+) -> None:
+    executor = ClaimingJobExecutor(url, claim_ttl=15)  # + 1 s skew >= 30 s / 2
+    with anyio.fail_after(20), pytest.raises(BaseException) as caught:
+        async with AsyncScheduler(job_executors={"async": executor}) as scheduler:
+            await scheduler.run_until_stopped()
+    (error,) = [e for e in flatten(caught.value) if isinstance(e, ValueError)]
+    assert "must be under half the scheduler's lease_duration (15s)" in str(error)
+    # Within the bound it starts (and stops).
+    with anyio.fail_after(20):
+        async with AsyncScheduler(
+            job_executors={"async": ClaimingJobExecutor(url, claim_ttl=5)}, lease_duration=20
+        ) as scheduler:
+            await scheduler.start_in_background()
+            await scheduler.stop()
+
+
 def test_occurrence_name_without_a_schedule_uses_the_job_id() -> None:
     from apscheduler import Job
 
@@ -202,6 +226,7 @@ def test_occurrence_name_without_a_schedule_uses_the_job_id() -> None:
             "inner must run jobs in this process",
         ),
         (("memory://",), {"claim_ttl": 5, "inner": object()}, TypeError, "inner must be an"),
+        (("memory://",), {"claim_ttl": 5, "clock_skew": -1}, ValueError, "clock_skew"),
     ],
 )
 def test_bad_arguments_are_refused(
