@@ -390,6 +390,68 @@ def test_a_sync_job_whose_claim_is_lost_is_interrupted_with_lease_lost(
     assert isinstance(error, asynclock.LeaseLost) and "refused" in error.reason
 
 
+def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> bool:
+    """Poll a condition another thread changes (the executor's counters carry no event)."""
+    give_up = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > give_up:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_takeover_waits_for_a_free_instance_slot_holding_its_claim(
+    spec_sqlite: BackendSpec,
+) -> None:
+    """max_instances=1 and the node runs occurrence 1 when it takes over occurrence 2 (its
+    claimant "died": a claim nobody renews): the takeover keeps its claim and runs as soon
+    as occurrence 1 ends, instead of being skipped."""
+    job_id = f"slot-{uuid.uuid4().hex[:6]}"
+    first = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
+    second = first + timedelta(seconds=1)
+    release = threading.Event()
+    runs: list[tuple[datetime, int]] = []
+
+    def job() -> None:
+        occurrence = current_occurrence()
+        runs.append((occurrence.run_time, occurrence.token))
+        if occurrence.run_time == first:
+            release.wait(20)
+
+    async def dead_claimant() -> int:
+        async with asynclock.connect(spec_sqlite.url) as other:
+            ttl = (second - datetime.now(UTC)).total_seconds() + 1.0
+            lease = await other.acquire(
+                f"{job_id}@{second.isoformat()}", ttl=ttl, token_scope=job_id
+            )
+            await lease.let_expire()  # nobody renews it: it expires a second after `second`
+            return lease.token
+
+    dead_token = anyio.run(dead_claimant)
+    executor = ClaimingExecutor(spec_sqlite.url, claim_ttl=2.0, clock_skew=0.5)
+    scheduler = BackgroundScheduler(timezone="UTC")
+    scheduler.add_executor(executor, "default")
+    scheduler.add_job(
+        job,
+        CronTrigger(second="*", start_date=first, end_date=second, timezone="UTC"),
+        id=job_id,
+        misfire_grace_time=1,
+        max_instances=1,
+    )
+    scheduler.start()
+    try:
+        assert wait_for(lambda: executor.taken_over == 1), "occurrence 2 was not taken over"
+        assert [t for t, _ in runs] == [first]  # still running: no slot for the takeover
+        release.set()
+        assert wait_for(lambda: len(runs) == 2), "the takeover never ran"
+    finally:
+        release.set()
+        scheduler.shutdown()
+    assert [t for t, _ in runs] == [first, second]
+    assert runs[1][1] > runs[0][1] > dead_token  # the takeover draws a new, larger token
+    assert executor.skipped == 0
+
+
 # -- misconfigurations ----------------------------------------------------------------------
 
 
