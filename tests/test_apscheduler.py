@@ -231,13 +231,24 @@ async def test_a_frozen_schedulers_occurrence_is_taken_over_and_its_late_write_f
     assert ledger_rows(Path(config["ledger"])) == [(began["run_time"], takeover["token"])]
 
 
-async def test_a_killed_schedulers_occurrence_is_taken_over(
+async def test_a_killed_schedulers_occurrence_is_taken_over_on_redis(
     spec_redis: BackendSpec, tmp_path: Path
 ) -> None:
-    """kill -9 mid-run: the claim expires on the Redis server, the waiting node (async
-    jobs, pub/sub + PTTL wait) takes the occurrence over and writes it once."""
+    """kill -9 mid-run: the claim expires on the Redis server, and the waiting node (async
+    jobs; its wait: pub/sub + PTTL) takes the occurrence over and writes it once."""
+    await killed_node_is_taken_over(spec_redis, tmp_path, "asyncio")
+
+
+async def test_a_killed_schedulers_occurrence_is_taken_over_on_postgres(
+    spec_postgres_lease: BackendSpec, tmp_path: Path
+) -> None:
+    """The same on the PostgreSQL lease table (sync jobs; the wait: LISTEN + retry)."""
+    await killed_node_is_taken_over(spec_postgres_lease, tmp_path, "background")
+
+
+async def killed_node_is_taken_over(spec: BackendSpec, tmp_path: Path, kind: str) -> None:
     with anyio.fail_after(50):
-        config, killed, healthy = await start_pair(spec_redis, tmp_path, "asyncio", -1)
+        config, killed, healthy = await start_pair(spec, tmp_path, kind, -1)
         began = await killed.expect("job_started")
         killed.signal(signal.SIGKILL)
         await killed.wait()
