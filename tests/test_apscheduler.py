@@ -161,31 +161,45 @@ async def test_three_schedulers_run_every_occurrence_once_on_sqlite_redis_and_po
                 tg.start_soon(three_schedulers_exactly_once, spec, tmp_path / spec.id, kind)
 
 
+async def start_pair(
+    spec: BackendSpec, tmp_path: Path, kind: str, first_work: float, **extra: Any
+) -> tuple[dict[str, Any], Worker, Worker]:
+    """Two nodes on one date-triggered occurrence, added once both run: node 0 claims it
+    (node 1 submits it 0.5 s late, as a scheduler with a clock behind, and finds it busy)."""
+    config = node_config(tmp_path, kind=kind, trigger="date", claim_ttl=2.0, grace=1.0, **extra)
+    first = await start_node(spec, **{**config, "work": first_work})
+    second = await start_node(spec, **{**config, "work": 0.2, "late": 0.5})
+    for node in (first, second):
+        await node.expect("started")
+    run_date = (datetime.now(UTC) + timedelta(seconds=1.5)).replace(microsecond=0)
+    for node in (first, second):
+        await node.send(f"at {run_date.isoformat()}")
+    return config, first, second
+
+
+async def status(node: Worker) -> dict[str, Any]:
+    await node.send("status")
+    return await node.expect("status")
+
+
 @pytest.mark.parametrize("kind", ["background", "asyncio"])
-async def test_a_frozen_scheduler_is_stopped_and_its_write_fenced(
+async def test_a_frozen_schedulers_occurrence_is_taken_over_and_its_late_write_fenced(
     spec_sqlite: BackendSpec, tmp_path: Path, kind: str
 ) -> None:
-    """SIGSTOP mid-run past the claim's ttl: after SIGCONT the run is interrupted (sync:
-    an async exception in its thread; async: cancelled), its late write is rejected by
-    the fence (a later occurrence wrote with a larger token), and APScheduler reports
-    LeaseLost."""
-    config = node_config(tmp_path, kind=kind, claim_ttl=2.0, grace=1.0)
+    """SIGSTOP mid-run past the claim's ttl: the waiting node takes the occurrence over
+    with a larger token and writes it; after SIGCONT the frozen run is interrupted (sync:
+    an async exception in its thread; async: cancelled), APScheduler reports LeaseLost,
+    and its late write is rejected by the fence: one accepted write for the occurrence."""
     events = Events()
     with anyio.fail_after(50):
         async with anyio.create_task_group() as tg:
-            frozen = await start_node(spec_sqlite, **{**config, "work": -1})
-            await frozen.expect("started")
+            config, frozen, healthy = await start_pair(spec_sqlite, tmp_path, kind, -1)
             began = await frozen.expect("job_started")
             frozen.signal(signal.SIGSTOP)
-            stopped_at = time.monotonic()
-            healthy = await start_node(spec_sqlite, **config)
-            await healthy.expect("started")
             tg.start_soon(events.pump, 0, frozen)
             tg.start_soon(events.pump, 1, healthy)
+            # The claim expires under the frozen node; the healthy one takes it over.
             await events.until(lambda: bool(events.of("ran", 1)))
-            assert events.of("ran", 1)[0]["token"] > began["token"]
-            # Frozen past the claim's ttl for sure (a bound, not a guess), then thawed.
-            await anyio.sleep(max(0.0, stopped_at + config["claim_ttl"] + 0.5 - time.monotonic()))
             frozen.signal(signal.SIGCONT)
 
             def reported() -> bool:
@@ -196,16 +210,81 @@ async def test_a_frozen_scheduler_is_stopped_and_its_write_fenced(
                 return bool(late and errors)
 
             await events.until(reported)
+            await healthy.send("status")  # answered through the pump
+            await events.until(lambda: bool(events.of("status", 1)))
             for node in (frozen, healthy):
                 await node.send("stop")
         for node in (frozen, healthy):
             await node.wait()
+    (takeover,) = events.of("job_started", 1)
+    assert takeover["run_time"] == began["run_time"]
+    assert takeover["token"] > began["token"]
+    (ran,) = events.of("ran", 1)
+    assert ran["result"] == "accepted" and ran["token"] == takeover["token"]
+    (counts,) = events.of("status", 1)
+    assert counts["taken_over"] == 1 and counts["claimed"] == 1
     late = [e for e in events.of("late_write", 0) if e["run_time"] == began["run_time"]]
     assert late[0]["result"] == "stale"
     error = next(e for e in events.of("job_error", 0) if e["run_time"] == began["run_time"])
     assert error["exception"] == "LeaseLost"
-    assert began["run_time"] not in {e["run_time"] for e in events.of("ran")}
-    assert all(writer != began["run_time"] for writer, _ in ledger_rows(Path(config["ledger"])))
+    assert not events.of("ran", 0)
+    assert ledger_rows(Path(config["ledger"])) == [(began["run_time"], takeover["token"])]
+
+
+async def test_a_killed_schedulers_occurrence_is_taken_over_on_redis(
+    spec_redis: BackendSpec, tmp_path: Path
+) -> None:
+    """kill -9 mid-run: the claim expires on the Redis server, and the waiting node (async
+    jobs; its wait: pub/sub + PTTL) takes the occurrence over and writes it once."""
+    await killed_node_is_taken_over(spec_redis, tmp_path, "asyncio")
+
+
+async def test_a_killed_schedulers_occurrence_is_taken_over_on_postgres(
+    spec_postgres_lease: BackendSpec, tmp_path: Path
+) -> None:
+    """The same on the PostgreSQL lease table (sync jobs; the wait: LISTEN + retry)."""
+    await killed_node_is_taken_over(spec_postgres_lease, tmp_path, "background")
+
+
+async def killed_node_is_taken_over(spec: BackendSpec, tmp_path: Path, kind: str) -> None:
+    with anyio.fail_after(50):
+        config, killed, healthy = await start_pair(spec, tmp_path, kind, -1)
+        began = await killed.expect("job_started")
+        killed.signal(signal.SIGKILL)
+        await killed.wait()
+        takeover = await healthy.expect("job_started")
+        ran = await healthy.expect("ran")
+        counts = await status(healthy)
+        await healthy.send("stop")
+        await healthy.expect("stopped")
+        await healthy.wait()
+    assert takeover["run_time"] == began["run_time"] and takeover["token"] > began["token"]
+    assert ran["result"] == "accepted"
+    assert counts["taken_over"] == 1
+    assert ledger_rows(Path(config["ledger"])) == [(began["run_time"], takeover["token"])]
+
+
+async def test_a_finished_occurrence_is_never_run_again_by_a_waiter(
+    spec_sqlite: BackendSpec, tmp_path: Path
+) -> None:
+    """Node 0 runs the occurrence for 1.5 s; node 1 finds the claim busy and waits for
+    it; when node 0 finishes it records the done marker and releases the claim, and node
+    1, getting the claim, reads the marker and skips the occurrence."""
+    with anyio.fail_after(40):
+        config, first, waiter = await start_pair(spec_sqlite, tmp_path, "background", 1.5)
+        began = await first.expect("job_started")
+        await first.expect("ran")
+        while True:  # the waiter decides within its takeover window (a few seconds)
+            counts = await status(waiter)
+            if counts["claimed"] + counts["skipped"]:
+                break
+            await anyio.sleep(0.05)
+        for node in (first, waiter):
+            await node.send("stop")
+            await node.expect("stopped")
+            await node.wait()
+    assert counts == {"event": "status", "claimed": 0, "skipped": 1, "taken_over": 0}
+    assert ledger_rows(Path(config["ledger"])) == [(began["run_time"], began["token"])]
 
 
 async def test_a_late_scheduler_does_not_run_an_occurrence_again(
@@ -235,7 +314,7 @@ async def test_a_late_scheduler_does_not_run_an_occurrence_again(
             if status["claimed"] + status["skipped"]:
                 break
             await anyio.sleep(0.05)
-        assert status == {"event": "status", "claimed": 0, "skipped": 1}
+        assert status == {"event": "status", "claimed": 0, "skipped": 1, "taken_over": 0}
         for node in (first, late):
             await node.send("stop")
             await node.expect("stopped")
@@ -322,6 +401,68 @@ def test_a_sync_job_whose_claim_is_lost_is_interrupted_with_lease_lost(
     assert isinstance(error, asynclock.LeaseLost) and "refused" in error.reason
 
 
+def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> bool:
+    """Poll a condition another thread changes (the executor's counters carry no event)."""
+    give_up = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > give_up:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_takeover_waits_for_a_free_instance_slot_holding_its_claim(
+    spec_sqlite: BackendSpec,
+) -> None:
+    """max_instances=1 and the node runs occurrence 1 when it takes over occurrence 2 (its
+    claimant "died": a claim nobody renews): the takeover keeps its claim and runs as soon
+    as occurrence 1 ends, instead of being skipped."""
+    job_id = f"slot-{uuid.uuid4().hex[:6]}"
+    first = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
+    second = first + timedelta(seconds=1)
+    release = threading.Event()
+    runs: list[tuple[datetime, int]] = []
+
+    def job() -> None:
+        occurrence = current_occurrence()
+        runs.append((occurrence.run_time, occurrence.token))
+        if occurrence.run_time == first:
+            release.wait(20)
+
+    async def dead_claimant() -> int:
+        async with asynclock.connect(spec_sqlite.url) as other:
+            ttl = (second - datetime.now(UTC)).total_seconds() + 1.0
+            lease = await other.acquire(
+                f"{job_id}@{second.isoformat()}", ttl=ttl, token_scope=job_id
+            )
+            await lease.let_expire()  # nobody renews it: it expires a second after `second`
+            return lease.token
+
+    dead_token = anyio.run(dead_claimant)
+    executor = ClaimingExecutor(spec_sqlite.url, claim_ttl=2.0, clock_skew=0.5)
+    scheduler = BackgroundScheduler(timezone="UTC")
+    scheduler.add_executor(executor, "default")
+    scheduler.add_job(
+        job,
+        CronTrigger(second="*", start_date=first, end_date=second, timezone="UTC"),
+        id=job_id,
+        misfire_grace_time=1,
+        max_instances=1,
+    )
+    scheduler.start()
+    try:
+        assert wait_for(lambda: executor.taken_over == 1), "occurrence 2 was not taken over"
+        assert [t for t, _ in runs] == [first]  # still running: no slot for the takeover
+        release.set()
+        assert wait_for(lambda: len(runs) == 2), "the takeover never ran"
+    finally:
+        release.set()
+        scheduler.shutdown()
+    assert [t for t, _ in runs] == [first, second]
+    assert runs[1][1] > runs[0][1] > dead_token  # the takeover draws a new, larger token
+    assert executor.skipped == 0
+
+
 # -- misconfigurations ----------------------------------------------------------------------
 
 
@@ -364,6 +505,24 @@ def test_a_coroutine_job_under_a_background_scheduler_is_refused() -> None:
         scheduler.start()
 
 
+def test_a_takeover_window_too_short_to_outlast_a_dead_claim_is_refused() -> None:
+    scheduler = BackgroundScheduler(timezone="UTC")
+    executor = ClaimingExecutor("memory://", claim_ttl=10.0, takeover_window=12.0)
+    scheduler.add_executor(executor, "default")
+    scheduler.add_job(job_noop, CronTrigger(second="*/5"), id="short", misfire_grace_time=2)
+    with pytest.raises(
+        ValueError,
+        match=r"job 'short': takeover_window=12s must exceed misfire_grace_time \(2s\) \+ "
+        r"clock_skew \(1s\) \+ claim_ttl \(10s\) = 13s",
+    ):
+        scheduler.start()
+    job = scheduler.add_job(job_noop, CronTrigger(second="*/5"), id="ok", misfire_grace_time=2)
+    check_job(job, claim_ttl=10.0, takeover_window=13.5)
+    check_job(job, claim_ttl=10.0)  # the default: grace + skew + 2 x claim_ttl
+    with pytest.raises(ValueError, match=r"more than asynclock\.MAX_TTL"):
+        check_job(job, claim_ttl=10.0, takeover_window=asynclock.MAX_TTL)
+
+
 def test_a_pinned_interval_trigger_is_accepted() -> None:
     pinned = IntervalTrigger(seconds=5, start_date=datetime(2026, 1, 1, tzinfo=UTC))
     scheduler = BackgroundScheduler(timezone="UTC")
@@ -382,6 +541,8 @@ def test_a_pinned_interval_trigger_is_accepted() -> None:
         (("memory://",), {"claim_ttl": "5"}, TypeError, "claim_ttl must be a number"),
         (("memory://",), {"claim_ttl": 5, "clock_skew": -1}, ValueError, "clock_skew"),
         (("memory://",), {"claim_ttl": 5, "inner": object()}, TypeError, "inner must be"),
+        (("memory://",), {"claim_ttl": 5, "takeover_window": "9"}, TypeError, "takeover_window"),
+        (("memory://",), {"claim_ttl": 5, "takeover_window": 0}, ValueError, "takeover_window"),
         (
             ("memory://",),
             {"claim_ttl": 5, "inner": ProcessPoolExecutor(1)},

@@ -2,9 +2,10 @@
 
 ``ClaimingExecutor`` claims every occurrence (a lease on ``"{job.id}@{run time, UTC ISO}"``
 whose token comes from the job's token scope) before it runs, holds the claim while the
-job runs, stops the job when the claim is lost, and keeps the claim for its ttl after the
-run so a late scheduler cannot run it again. ``leader_only`` runs a scheduler's jobs only
-while it leads. Install with ``pip install "asynclock[apscheduler]"``.
+job runs, and stops the job when the claim is lost; a node that found the claim busy
+waits for it and takes the occurrence over if its claimant froze or died, while a
+finished run leaves a done marker so that nobody runs it again. ``leader_only`` runs a
+scheduler's jobs only while it leads. Install with ``pip install "asynclock[apscheduler]"``.
 """
 
 from ._executor import ClaimingExecutor, Occurrence, check_job, current_occurrence

@@ -4,17 +4,24 @@ The seam is the executor's ``submit_job(job, run_times)``: it is the first place
 knows an occurrence's scheduled run time (listeners fire after the run; a wrapped
 ``job.func`` never learns the run time). Per run time:
 
-1. claim ``"{job.id}@{run time, UTC ISO}"`` (non-blocking, token scope = the job id, so
-   one job's tokens rise with its run times on every backend) on the executor's own
-   event-loop thread; busy means another scheduler has (or had) this occurrence: skip it;
-2. hand the occurrence to the inner executor (AsyncIO for ``AsyncIOScheduler``, a
-   thread pool otherwise) with a wrapped function that holds the claim while it runs:
+1. claim ``"{job.id}@{run time, UTC ISO}"`` (token scope = the job id, so one job's first
+   claims rise with its run times on every backend) on the executor's own event-loop
+   thread. Busy means another scheduler has this occurrence: wait for the claim in the
+   background (a blocking acquire, not the scheduler's thread) until the takeover window
+   ends, ``takeover_window`` seconds after the run time;
+2. whoever gets the claim first asks for the occurrence's *done marker*
+   (``"{claim name}#done"``, a lease nobody renews): there, the occurrence already
+   finished elsewhere, so release the claim and skip it;
+3. otherwise hand the occurrence to the inner executor (AsyncIO for ``AsyncIOScheduler``,
+   a thread pool otherwise) with a wrapped function that holds the claim while it runs:
    ``asynclock.current_lease()`` and :func:`current_occurrence` answer inside, and a lost
    claim cancels an async job or interrupts a sync one (an async exception in its thread);
    the job then ends with ``LeaseLost`` in APScheduler's ``EVENT_JOB_ERROR``;
-3. after the run, keep the claim for one more ttl (``lease.let_expire()``) instead of
-   releasing it, so a late scheduler (start or clock offset within the misfire grace
-   time) cannot run the occurrence again.
+4. after the run, if the claim is still held, record the done marker (kept long enough
+   to outlive every node's takeover window), then release the claim so the waiters see
+   the marker at once. A run whose claim was lost (a frozen or killed node) records
+   nothing: its claim expires and a waiter takes the occurrence over, with a larger token
+   that fences off the stale run's late writes.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import functools
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -88,6 +96,38 @@ def occurrence_name(job_id: str, run_time: datetime) -> str:
     return f"{job_id}@{run_time.astimezone(UTC).isoformat()}"
 
 
+def done_name(job_id: str, run_time: datetime) -> str:
+    """The done marker of one occurrence: a lease that says it finished somewhere."""
+    return f"{occurrence_name(job_id, run_time)}#done"
+
+
+def _grace(job: Any) -> float | None:
+    # A job added before the scheduler starts gets the scheduler's job defaults only
+    # when the scheduler adds it for real (APScheduler's own default is 1 second).
+    default = getattr(getattr(job, "_scheduler", None), "_job_defaults", {}).get(
+        "misfire_grace_time", 1
+    )
+    grace = getattr(job, "misfire_grace_time", default)
+    return None if grace is None else float(grace)
+
+
+def takeover_bounds(
+    job: Any, *, claim_ttl: float, clock_skew: float, takeover_window: float | None
+) -> tuple[float, float]:
+    """(takeover window, done-marker ttl) in seconds for ``job``, default window applied.
+
+    A claimant may start up to ``misfire_grace_time`` late and its clock may be off by
+    ``clock_skew``; if it dies at once, its claim lasts ``claim_ttl`` more. A waiter must
+    still be waiting then, so the window must exceed the sum of the three (the default
+    adds one more ``claim_ttl`` of slack, which also covers a loss in the run's first
+    ``claim_ttl``). The done marker must outlive the last attempt of any node: the window
+    plus the skew, plus one ``claim_ttl`` of margin.
+    """
+    grace = _grace(job) or 0.0
+    window = grace + clock_skew + 2 * claim_ttl if takeover_window is None else takeover_window
+    return window, window + clock_skew + claim_ttl
+
+
 def _triggers(trigger: Any) -> list[Any]:
     found = [trigger]
     for child in getattr(trigger, "triggers", None) or ():
@@ -95,7 +135,13 @@ def _triggers(trigger: Any) -> list[Any]:
     return found
 
 
-def check_job(job: Any, *, claim_ttl: float, clock_skew: float = 1.0) -> None:
+def check_job(
+    job: Any,
+    *,
+    claim_ttl: float,
+    clock_skew: float = 1.0,
+    takeover_window: float | None = None,
+) -> None:
     """Refuse a job whose occurrences schedulers would not agree on, or could run twice.
 
     Raises ValueError naming the job and what to change: an interval trigger without a
@@ -103,7 +149,9 @@ def check_job(job: Any, *, claim_ttl: float, clock_skew: float = 1.0) -> None:
     process draws its own delay), ``misfire_grace_time=None`` (a late scheduler may run
     an occurrence any time later), or a claim ttl that does not cover the misfire grace
     time plus the clock skew between schedulers (a late scheduler would find the claim
-    gone and run the occurrence again).
+    gone and run the occurrence again), or a takeover window that does not exceed the
+    misfire grace time plus the clock skew plus the claim ttl (a waiter would give up
+    before a dead claimant's claim expires, and nobody would take the occurrence over).
     """
     what = f"job {getattr(job, 'id', job)!r}"
     for trigger in _triggers(job.trigger):
@@ -120,12 +168,7 @@ def check_job(job: Any, *, claim_ttl: float, clock_skew: float = 1.0) -> None:
                 "scheduler has its own run times and every one runs the job. Pass "
                 "start_date= a fixed datetime in whole seconds, the same on every node"
             )
-    # A job added before the scheduler starts gets the scheduler's job defaults only
-    # when the scheduler adds it for real (APScheduler's own default is 1 second).
-    default = getattr(getattr(job, "_scheduler", None), "_job_defaults", {}).get(
-        "misfire_grace_time", 1
-    )
-    grace = getattr(job, "misfire_grace_time", default)
+    grace = _grace(job)
     if grace is None:
         raise ValueError(
             f"{what}: misfire_grace_time=None lets a late scheduler run an occurrence any "
@@ -138,6 +181,23 @@ def check_job(job: Any, *, claim_ttl: float, clock_skew: float = 1.0) -> None:
             f"({grace:g}s) + clock_skew ({clock_skew:g}s) = {grace + clock_skew:g}s: a "
             "scheduler that is late by up to that much must still find the claim (the "
             "claim is renewed while the job runs, so the run time itself is covered)"
+        )
+    window, done_ttl = takeover_bounds(
+        job, claim_ttl=claim_ttl, clock_skew=clock_skew, takeover_window=takeover_window
+    )
+    least = grace + clock_skew + claim_ttl
+    if window <= least:
+        raise ValueError(
+            f"{what}: takeover_window={window:g}s must exceed misfire_grace_time "
+            f"({grace:g}s) + clock_skew ({clock_skew:g}s) + claim_ttl ({claim_ttl:g}s) = "
+            f"{least:g}s: a claimant that starts late and dies at once holds its claim "
+            "that long, and the other schedulers must still be waiting to take over"
+        )
+    if done_ttl > asynclock.MAX_TTL:
+        raise ValueError(
+            f"{what}: takeover_window={window:g}s is too long: the done marker must last "
+            f"it + clock_skew + claim_ttl = {done_ttl:g}s, more than asynclock.MAX_TTL "
+            f"({asynclock.MAX_TTL:g}s)"
         )
 
 
@@ -230,6 +290,13 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
         inner: the executor that runs the jobs (default: an ``AsyncIOExecutor`` under
             ``AsyncIOScheduler``, else a ``ThreadPoolExecutor``).
         clock_skew: seconds the schedulers' clocks may differ by (default 1).
+        takeover_window: seconds after an occurrence's run time during which a scheduler
+            that found its claim busy waits for it, to take the occurrence over if its
+            claimant's claim is lost (a frozen or killed node). Default: each job's
+            ``misfire_grace_time + clock_skew + 2 * claim_ttl``; it must exceed
+            ``misfire_grace_time + clock_skew + claim_ttl`` (checked). A run lost later
+            than ``takeover_window - claim_ttl`` after its run time is not taken over:
+            raise it for jobs that run long.
     """
 
     def __init__(
@@ -239,6 +306,7 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
         claim_ttl: float,
         inner: BaseExecutor | None = None,
         clock_skew: float = 1.0,
+        takeover_window: float | None = None,
     ) -> None:
         super().__init__()
         target = check_target(url_or_backend)
@@ -256,6 +324,18 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
             raise ValueError(
                 f"clock_skew must be a finite number of seconds >= 0, got {clock_skew!r}"
             )
+        if takeover_window is not None:
+            if isinstance(takeover_window, bool) or not isinstance(takeover_window, (int, float)):
+                raise TypeError(
+                    "takeover_window must be a number of seconds or None, not "
+                    f"{type(takeover_window).__name__}"
+                )
+            if not 0 < takeover_window < math.inf:
+                raise ValueError(
+                    "takeover_window must be a finite number of seconds > 0 (or None for "
+                    f"the default), got {takeover_window!r}"
+                )
+            takeover_window = float(takeover_window)
         if inner is not None and not isinstance(inner, BaseExecutor):
             raise TypeError(f"inner must be an APScheduler executor, not {type(inner).__name__}")
         if isinstance(inner, ClaimingExecutor):
@@ -267,15 +347,19 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
             )
         self.claim_ttl = float(claim_ttl)
         self.clock_skew = float(clock_skew)
+        self.takeover_window = takeover_window
         self._inner = inner
         self._loop_thread = LoopThread(target)
         self._scheduler_loop: asyncio.AbstractEventLoop | None = None
         self._claims: set[concurrent.futures.Future[Any]] = set()
         self._checked: dict[str, Any] = {}
-        #: Occurrences this scheduler skipped because another one had claimed them.
+        #: Occurrences this scheduler skipped: another one ran them (their done marker
+        #: was there), or still held their claim when the takeover window ended.
         self.skipped = 0
         #: Occurrences this scheduler claimed (and handed to the inner executor).
         self.claimed = 0
+        #: Of those, the ones it took over: it got the claim only after waiting for it.
+        self.taken_over = 0
 
     @property
     def backend(self) -> asynclock.Backend:
@@ -292,8 +376,7 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
         self._scheduler_loop = loop if isinstance(loop, asyncio.AbstractEventLoop) else None
         for job, _store, _replace in getattr(scheduler, "_pending_jobs", ()):
             if job.executor == alias:
-                check_job(job, claim_ttl=self.claim_ttl, clock_skew=self.clock_skew)
-                self._check_func(job)
+                self._check(job)
         super().start(scheduler, alias)
         if self._inner is None:
             self._inner = AsyncIOExecutor() if self._scheduler_loop else ThreadPoolExecutor()
@@ -316,14 +399,22 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
     def submit_job(self, job: Any, run_times: list[datetime]) -> None:
         key = repr((job.trigger, job.misfire_grace_time))
         if self._checked.get(job.id) != key:
-            check_job(job, claim_ttl=self.claim_ttl, clock_skew=self.clock_skew)
-            self._check_func(job)
+            self._check(job)
             self._checked[job.id] = key
         portal, _ = self._loop_thread.require()
         for run_time in run_times:
             claim = portal.start_task_soon(self._claim, job, run_time)
             self._claims.add(claim)
             claim.add_done_callback(functools.partial(self._claimed, job, run_time))
+
+    def _check(self, job: Any) -> None:
+        check_job(
+            job,
+            claim_ttl=self.claim_ttl,
+            clock_skew=self.clock_skew,
+            takeover_window=self.takeover_window,
+        )
+        self._check_func(job)
 
     def _check_func(self, job: Any) -> None:
         if self._scheduler_loop is None and asyncio.iscoroutinefunction(job.func):
@@ -335,7 +426,7 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
     def _do_submit_job(self, job: Any, run_times: list[datetime]) -> None:
         raise AssertionError("ClaimingExecutor.submit_job hands jobs to its inner executor")
 
-    async def _claim(self, job: Any, run_time: datetime) -> asynclock.Lease | None:
+    async def _claim(self, job: Any, run_time: datetime) -> _Claim | None:
         late = datetime.now(UTC) - run_time
         if job.misfire_grace_time is not None and late > timedelta(seconds=job.misfire_grace_time):
             self._dispatch(
@@ -344,17 +435,48 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
             self._logger.warning('Run time of job "%s" was missed by %s', job, late)
             return None
         backend = self._loop_thread.require()[1]
+        window, done_ttl = takeover_bounds(
+            job,
+            claim_ttl=self.claim_ttl,
+            clock_skew=self.clock_skew,
+            takeover_window=self.takeover_window,
+        )
+        name = occurrence_name(job.id, run_time)
+        waited = False
         try:
-            return await backend.acquire(
-                occurrence_name(job.id, run_time),
-                ttl=self.claim_ttl,
-                blocking=False,
-                token_scope=job.id,
+            lease = await backend.acquire(
+                name, ttl=self.claim_ttl, blocking=False, token_scope=job.id
             )
         except asynclock.LockHeld:
+            # Held elsewhere: running, just finished, or its claimant froze or died. Wait
+            # in the background until the claim comes free or the window ends.
+            left = (run_time + timedelta(seconds=window) - datetime.now(UTC)).total_seconds()
+            try:
+                if left <= 0:
+                    raise asynclock.AcquireTimeout(name, 0.0) from None
+                lease = await backend.acquire(
+                    name, ttl=self.claim_ttl, timeout=left, token_scope=job.id
+                )
+            except asynclock.AcquireTimeout:
+                self.skipped += 1
+                logger.debug("occurrence %s of %s stayed claimed elsewhere", run_time, job)
+                return None
+            waited = True
+        done = done_name(job.id, run_time)
+        try:
+            finished = await backend.locked(done)
+        except BaseException:
+            await lease.release()
+            raise
+        if finished:
             self.skipped += 1
-            logger.debug("occurrence %s of %s is claimed elsewhere", run_time, job)
+            logger.debug("occurrence %s of %s already ran elsewhere", run_time, job)
+            await lease.release()
             return None
+        deadline = time.monotonic() + max(
+            0.0, (run_time + timedelta(seconds=window) - datetime.now(UTC)).total_seconds()
+        )
+        return _Claim(lease, done, done_ttl, waited, deadline)
 
     def _claimed(self, job: Any, run_time: datetime, done: concurrent.futures.Future[Any]) -> None:
         """On the executor's loop thread, when a claim attempt has finished."""
@@ -370,15 +492,19 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
                 )
             )
             return
-        lease: asynclock.Lease | None = done.result()
-        if lease is None:
+        claim: _Claim | None = done.result()
+        if claim is None:
             return
+        lease = claim.lease
         self.claimed += 1
+        if claim.waited:
+            self.taken_over += 1
+            logger.info("taking over occurrence %s of %s (token %d)", run_time, job, lease.token)
         occurrence = Occurrence(job.id, run_time, lease)
         if asyncio.iscoroutinefunction(job.func):
-            func: Callable[..., Any] = self._async_runner(job.func, occurrence)
+            func: Callable[..., Any] = self._async_runner(job.func, occurrence, claim)
         else:
-            func = self._sync_runner(job.func, occurrence)
+            func = self._sync_runner(job.func, occurrence, claim)
         unit = _OccurrenceJob(job, func)
 
         def submit() -> None:
@@ -386,6 +512,11 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
             try:
                 self._inner.submit_job(unit, [run_time])
             except MaxInstancesReachedError:
+                if claim.waited and not lease.lost and time.monotonic() < claim.deadline:
+                    # A takeover arrives late, often while this node runs a later
+                    # occurrence: hold the claim (renewed) until a slot is free.
+                    self._later(_SLOT_POLL, submit)
+                    return
                 self._logger.warning(
                     'Execution of job "%s" skipped: maximum number of running instances '
                     "reached (%d)",
@@ -409,6 +540,17 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
         else:
             submit()
 
+    def _later(self, delay: float, call: Callable[[], None]) -> None:
+        """Call ``call`` in ``delay`` seconds where ``submit`` runs (the scheduler's loop,
+        or any thread for a thread-pool scheduler)."""
+        loop = self._scheduler_loop
+        if loop is not None:
+            loop.call_later(delay, call)
+        else:
+            timer = threading.Timer(delay, call)
+            timer.daemon = True
+            timer.start()
+
     def _give_up(self, lease: asynclock.Lease) -> None:
         """The occurrence will not run here: release the claim so another node may."""
         portal = self._loop_thread.portal
@@ -421,15 +563,17 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
 
     # -- running (the inner executor's thread or task) ---------------------------------------
 
-    def _finish(self, lease: asynclock.Lease) -> concurrent.futures.Future[Any] | None:
-        """After the run: keep the claim one more ttl; a lost claim is left to expire (a
-        release could let a late node run the occurrence again)."""
+    def _finish(self, claim: _Claim) -> concurrent.futures.Future[Any] | None:
+        """After the run: record the done marker and release the claim; a lost claim is
+        left to expire (a waiter then takes the occurrence over)."""
         portal = self._loop_thread.portal
-        if portal is None or lease.lost:
+        if portal is None or claim.lease.lost:
             return None
-        return portal.start_task_soon(lease.let_expire)
+        return portal.start_task_soon(_record_done, self._loop_thread.require()[1], claim)
 
-    def _sync_runner(self, func: Callable[..., Any], occurrence: Occurrence) -> Callable[..., Any]:
+    def _sync_runner(
+        self, func: Callable[..., Any], occurrence: Occurrence, claim: _Claim
+    ) -> Callable[..., Any]:
         def run(*args: Any, **kwargs: Any) -> Any:
             lease = occurrence.lease
             portal, _ = self._loop_thread.require()
@@ -454,13 +598,15 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
             finally:
                 _OCCURRENCE.reset(token)
                 watch.cancel()
-                finishing = self._finish(lease)
+                finishing = self._finish(claim)
                 if finishing is not None:
-                    concurrent.futures.wait([finishing], timeout=lease.ttl)
+                    concurrent.futures.wait([finishing], timeout=2 * lease.ttl)
 
         return run
 
-    def _async_runner(self, func: Callable[..., Any], occurrence: Occurrence) -> Callable[..., Any]:
+    def _async_runner(
+        self, func: Callable[..., Any], occurrence: Occurrence, claim: _Claim
+    ) -> Callable[..., Any]:
         async def run(*args: Any, **kwargs: Any) -> Any:
             lease = occurrence.lease
             portal, _ = self._loop_thread.require()
@@ -493,13 +639,60 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
             finally:
                 _OCCURRENCE.reset(token)
                 watch.cancel()
-                finishing = self._finish(lease)
+                finishing = self._finish(claim)
                 if finishing is not None:
                     # Bounded by the backend's release timeout; if it never answers, the
                     # claim still expires within its ttl from the last renewal.
-                    await asyncio.wait([asyncio.wrap_future(finishing)], timeout=lease.ttl)
+                    await asyncio.wait([asyncio.wrap_future(finishing)], timeout=2 * lease.ttl)
 
         return run
+
+
+_SLOT_POLL = 0.05  # seconds between hand-over attempts of a takeover waiting for a slot
+
+
+@dataclass(frozen=True, slots=True)
+class _Claim:
+    """A claim got, and what finishing its occurrence needs."""
+
+    lease: asynclock.Lease
+    done: str  # the done marker's name
+    done_ttl: float
+    waited: bool  # got only after waiting: a takeover
+    deadline: float  # time.monotonic() when the takeover window ends
+
+
+async def _record_done(backend: asynclock.Backend, claim: _Claim) -> None:
+    """The run finished while its claim held: record the done marker, then release.
+
+    The marker is written only while the claim is still ours (checked on the clock right
+    before, as for any side effect); a waiter reads it right after it gets the claim, so
+    it never re-runs a finished occurrence. If the marker cannot be written, the claim
+    is kept one more ttl instead (it keeps waiters out as long as it can).
+    """
+    lease = claim.lease
+    try:
+        lease.check()
+    except asynclock.LeaseLost:
+        return
+    try:
+        marker = await backend.acquire(claim.done, ttl=claim.done_ttl, blocking=False)
+    except asynclock.LockHeld:
+        logger.error(
+            "occurrence %s finished here, but its done marker was already there: it "
+            "finished elsewhere too (a claim lost right before the marker was written)",
+            lease.name,
+        )
+    except Exception as exc:
+        logger.error("could not record occurrence %s as done: %r", lease.name, exc)
+        await lease.let_expire()
+        return
+    else:
+        await marker.let_expire()  # nobody renews it: it lasts done_ttl from now
+    try:
+        await lease.release()
+    except asynclock.BackendUnavailable as exc:  # it expires within its ttl anyway
+        logger.warning("releasing the claim of finished occurrence %s failed: %r", lease.name, exc)
 
 
 def _lost(lease: asynclock.Lease) -> asynclock.LeaseLost:

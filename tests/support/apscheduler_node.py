@@ -1,17 +1,21 @@
 """One APScheduler process of a fleet, claiming occurrences through ClaimingExecutor.
 
-Driven by tests through argv (JSON) and stdin ("status", "stop"); prints JSON events:
+Driven by tests through argv (JSON) and stdin ("status", "stop", "at <ISO time>": add the
+job now, on a date trigger at that time, for a "date" trigger without run_date); prints
+JSON events:
   started      the scheduler runs
   job_started  a job body began: run_time, token (the claim's), pid
   ran          a job body finished its fenced write: run_time, token, result
   late_write   a job whose claim was lost replayed its write: result ("stale"/"accepted")
   job_error    APScheduler's EVENT_JOB_ERROR: exception type and reason
-  status       claimed / skipped counts of the executor
+  status       claimed / skipped / taken_over counts of the executor
   stopped      after shutdown
 Config: url, options, kind ("background": sync job in a thread pool, "asyncio": async
 job), job_id, trigger ("cron": every second; "date": once at run_date), claim_ttl,
 grace, skew, work (seconds the body runs; -1: until its claim is lost), ledger (SQLite
-file written through SQLFence, fence key = job id).
+file written through SQLFence, fence key = job id, or the occurrence's claim name with
+"fence": "occurrence"); optional: late (seconds this node submits each occurrence late,
+as a scheduler whose clock is behind), max_instances (default 1), takeover_window.
 """
 
 from __future__ import annotations
@@ -45,22 +49,30 @@ def emit(**event: Any) -> None:
         sys.stdout.flush()
 
 
-def began() -> tuple[str, int]:
+def occurrence() -> tuple[str, int]:
     occurrence = current_occurrence()
     assert asynclock.current_lease() is occurrence.lease
-    run_time = occurrence.run_time.isoformat()
-    emit(event="job_started", run_time=run_time, token=occurrence.token, pid=os.getpid())
-    return run_time, occurrence.token
+    return occurrence.run_time.isoformat(), occurrence.token
+
+
+def began(run_time: str, token: int) -> None:
+    emit(event="job_started", run_time=run_time, token=token, pid=os.getpid())
 
 
 def write(run_time: str, token: int, late: bool = False) -> None:
-    result = fenced_write(CFG["ledger"], CFG["job_id"], token, run_time)
+    key = CFG["job_id"]
+    if CFG.get("fence") == "occurrence":
+        key = f"{key}@{run_time}"
+    result = fenced_write(CFG["ledger"], key, token, run_time)
     emit(event="late_write" if late else "ran", run_time=run_time, token=token, result=result)
 
 
 def sync_job() -> None:
-    run_time, token = began()
+    run_time, token = occurrence()
     try:
+        # Inside the try: a test freezes the node as soon as it reads job_started, and
+        # the interruption after the thaw must land where it is caught.
+        began(run_time, token)
         deadline = time.monotonic() + (CFG["work"] if CFG["work"] >= 0 else 3600)
         while time.monotonic() < deadline:
             time.sleep(0.02)  # short sleeps: the interruption lands between them
@@ -71,7 +83,8 @@ def sync_job() -> None:
 
 
 async def async_job() -> None:
-    run_time, token = began()
+    run_time, token = occurrence()
+    began(run_time, token)
     try:
         await asyncio.sleep(CFG["work"] if CFG["work"] >= 0 else 3600)
     except asyncio.CancelledError:
@@ -93,31 +106,58 @@ def on_error(event: Any) -> None:
 def build(scheduler: Any, executor: ClaimingExecutor) -> None:
     scheduler.add_executor(executor, "default")
     if CFG["trigger"] == "cron":
-        trigger: Any = CronTrigger(second="*", timezone="UTC")
-    else:
-        trigger = DateTrigger(run_date=datetime.fromisoformat(CFG["run_date"]))
+        add_job(scheduler, CronTrigger(second="*", timezone="UTC"))
+    elif CFG.get("run_date"):
+        add_job(scheduler, DateTrigger(run_date=datetime.fromisoformat(CFG["run_date"])))
+    scheduler.add_listener(on_error, EVENT_JOB_ERROR)
+
+
+def add_job(scheduler: Any, trigger: Any) -> None:
     scheduler.add_job(
         async_job if CFG["kind"] == "asyncio" else sync_job,
         trigger,
         id=CFG["job_id"],
         misfire_grace_time=int(CFG["grace"]),
         coalesce=True,
-        max_instances=1,
+        max_instances=CFG.get("max_instances", 1),
     )
-    scheduler.add_listener(on_error, EVENT_JOB_ERROR)
 
 
-def command(line: str, executor: ClaimingExecutor) -> bool:
+def command(line: str, scheduler: Any, executor: ClaimingExecutor) -> bool:
     line = line.strip()
+    if line.startswith("at "):
+        add_job(scheduler, DateTrigger(run_date=datetime.fromisoformat(line[3:])))
+        return True
     if line == "status":
-        emit(event="status", claimed=executor.claimed, skipped=executor.skipped)
+        emit(
+            event="status",
+            claimed=executor.claimed,
+            skipped=executor.skipped,
+            taken_over=executor.taken_over,
+        )
         return True
     return bool(line) and line != "stop"
 
 
+class LateExecutor(ClaimingExecutor):
+    """Submits every occurrence ``late`` seconds after the scheduler does."""
+
+    def submit_job(self, job: Any, run_times: list[datetime]) -> None:
+        submit = super().submit_job
+        timer = threading.Timer(CFG["late"], submit, (job, run_times))
+        timer.daemon = True
+        timer.start()
+
+
 def make_executor() -> ClaimingExecutor:
     backend = asynclock.connect(CFG["url"], **CFG.get("options", {}))
-    return ClaimingExecutor(backend, claim_ttl=CFG["claim_ttl"], clock_skew=CFG["skew"])
+    kind = LateExecutor if CFG.get("late") else ClaimingExecutor
+    return kind(
+        backend,
+        claim_ttl=CFG["claim_ttl"],
+        clock_skew=CFG["skew"],
+        takeover_window=CFG.get("takeover_window"),
+    )
 
 
 def run_background() -> None:
@@ -126,7 +166,7 @@ def run_background() -> None:
     build(scheduler, executor)
     scheduler.start()
     emit(event="started", pid=os.getpid())
-    while command(sys.stdin.readline(), executor):
+    while command(sys.stdin.readline(), scheduler, executor):
         pass
     scheduler.shutdown(wait=False)
     emit(event="stopped")
@@ -138,7 +178,7 @@ async def run_asyncio() -> None:
     build(scheduler, executor)
     scheduler.start()
     emit(event="started", pid=os.getpid())
-    while command(await asyncio.to_thread(sys.stdin.readline), executor):
+    while command(await asyncio.to_thread(sys.stdin.readline), scheduler, executor):
         pass
     scheduler.shutdown(wait=False)
     emit(event="stopped")
