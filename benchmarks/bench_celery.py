@@ -12,6 +12,10 @@ lock), in one run side by side:
   synchronous redis-py client in the child (``SET NX PX``, then ``DEL``): no background
   thread, no renewal, no owner check, no fencing token. What a lock held for the execution
   cannot go below on one worker (the fair comparison);
+* ablation, lock calls in one hop: a plain task that takes and releases an asynclock
+  Redis lease in one coroutine on an event-loop thread of its own (one hop, no guard,
+  nothing watching the lease while a body runs): the cost of the core's acquire and
+  release as an integration on a loop thread sees them, without LockedTask's second hop;
 * celery-singleton (``base=Singleton``) and celery-once (``base=QueueOnce``), if they
   import: both lock at *enqueue* time, in the sending process, and delete the key after.
 
@@ -38,6 +42,8 @@ This is a comparison table, not a pass/fail test.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import concurrent.futures
 import json
 import os
 import platform
@@ -46,6 +52,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -113,6 +120,39 @@ def floor(i: int) -> int:
     key = f"floor:{i}"
     client.set(key, "owner", nx=True, px=30_000)
     client.delete(key)
+    return i
+
+
+_hop: list[tuple[asyncio.AbstractEventLoop, asynclock.Backend]] = []
+_holder: list[concurrent.futures.Future[None]] = []
+
+
+def _hop_backend() -> tuple[asyncio.AbstractEventLoop, asynclock.Backend]:
+    """A loop thread with an open Redis backend, one per child (made after the fork)."""
+    if not _hop:
+        loop = asyncio.new_event_loop()
+        threading.Thread(target=loop.run_forever, name="bench-hop", daemon=True).start()
+        opened: concurrent.futures.Future[asynclock.Backend] = concurrent.futures.Future()
+
+        async def hold() -> None:
+            async with asynclock.connect(os.environ["BENCH_LOCKS"]) as backend:
+                opened.set_result(backend)
+                await asyncio.Event().wait()  # open for the child's life
+
+        _holder.append(asyncio.run_coroutine_threadsafe(hold(), loop))
+        _hop.append((loop, opened.result()))
+    return _hop[0]
+
+
+async def _take_and_give_back(backend: asynclock.Backend, name: str) -> None:
+    lease = await backend.acquire(name, ttl=30, blocking=False)
+    await lease.release()
+
+
+@app.task(name="bench.hop")
+def hop(i: int) -> int:
+    loop, backend = _hop_backend()
+    asyncio.run_coroutine_threadsafe(_take_and_give_back(backend, f"hop:{i}"), loop).result()
     return i
 
 
@@ -250,6 +290,7 @@ def main() -> None:
         factory = RedisFactory(Path(tmp))
         try:
             server = factory()
+            server.settle(4)  # the locks' db as a server long in service (no restart grace)
             base = server.url.rsplit("/", 1)[0]
             app.conf.update(
                 broker_url=f"{base}/1",
@@ -262,6 +303,7 @@ def main() -> None:
             variants: dict[str, Any] = {
                 "plain task": plain,
                 "floor: SET NX + DEL": floor,
+                "ablation: lock, 1 hop": hop,
                 "LockedTask (redis)": locked,
             }
             variants.update(PEERS)
