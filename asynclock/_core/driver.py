@@ -61,6 +61,9 @@ class Driver:
 
     #: URL scheme(s) for messages; never contains a password.
     display: str = "driver"
+    #: False where :meth:`holder` cannot name the owner of every holder (the server keeps
+    #: none for some of them), so ``backend.leader()`` refuses rather than answer wrongly.
+    tells_owner: bool = True
 
     def __init__(self) -> None:
         self.clock: Clock = MonotonicClock()
@@ -148,18 +151,12 @@ class Driver:
     async def abandon(self, name: str, owner: str) -> None:
         """A queued waiter gave up (timeout or cancellation); forget it."""
 
-    async def owner_of(self, name: str) -> tuple[str, int] | None:
-        """The live lease of ``name`` as the server stores it: (owner, token), or None if
-        free. Backends whose server keeps no owner raise NotImplementedError."""
-        raise NotImplementedError(
-            f"{self.display} does not store a lock's owner at the server, so it cannot "
-            "tell who holds or leads a name"
-        )
-
     async def holder(self, name: str) -> Holder | None:
         """Who holds ``name`` right now (the server's view), or None if nobody does.
 
-        A name reserved for a queued waiter, or whose lease expired, is not held.
+        A name reserved for a queued waiter, or whose lease expired, is not held. The one
+        query behind both ``backend.holder()`` and ``backend.leader()`` (which reads the
+        leader's identity out of :attr:`Holder.owner`; see :attr:`tells_owner`).
         """
         raise NotImplementedError(f"{self.display} does not report holders")
 

@@ -5,7 +5,7 @@ cancelled when it is lost (G3, G4), and a successor's token is larger (G2). What
 does not have is an *identity* others can read: it travels in the owner string the
 server stores (``<owner id>.<identity as UTF-8 hex>``, hex so that every driver stores it
 as it stores any owner), and :meth:`Backend.leader` reads it back through
-:meth:`Driver.owner_of`.
+:meth:`Driver.holder`.
 """
 
 from __future__ import annotations
@@ -225,13 +225,19 @@ class Leadership:
 
 
 async def find_leader(driver: Driver, name: str) -> Leader | None:
-    """:meth:`Backend.leader` once the backend is open and ``name`` checked."""
+    """:meth:`Backend.leader` once the backend is open and ``name`` checked: the holder,
+    with the identity read out of its owner string."""
+    if not driver.tells_owner:
+        raise NotImplementedError(
+            f"{driver.display} does not store a lock's owner at the server, so it cannot "
+            "tell who holds or leads a name"
+        )
     try:
-        found = await driver.owner_of(name)
+        found = await driver.holder(name)
     except (AsynclockError, NotImplementedError):
         raise
     except Exception as exc:
         raise BackendUnavailable(f"{driver.display}: leader failed: {exc!r}") from exc
-    if found is None:
-        return None
-    return Leader(identity_of(found[0]), found[1])
+    if found is None or found.owner is None or found.token is None:
+        return None  # free, or held by something that is not an asynclock lease
+    return Leader(identity_of(found.owner), found.token)

@@ -100,10 +100,6 @@ class MemoryDriver(Driver):
             # The head may have left: let the next waiter try now.
             self._wake(name)
 
-    async def owner_of(self, name: str) -> tuple[str, int] | None:
-        entry = self._live(name)
-        return None if entry is None else (entry.owner, entry.token)
-
     async def holder(self, name: str) -> Holder | None:
         entry = self._live(name)
         if entry is None:

@@ -485,13 +485,6 @@ class EtcdDriver(Watching, Driver):
         )
         return reply.kvs[0] if reply.kvs else None
 
-    async def owner_of(self, name: str) -> tuple[str, int] | None:
-        kv = await self._first(name)
-        if kv is None:
-            return None
-        # Our keys store the owner (with a leader's identity in it); etcdctl's are empty.
-        return kv.value.decode("utf-8", "replace"), kv.create_revision
-
     async def holder(self, name: str) -> Holder | None:
         kv = await self._first(name)
         if kv is None:

@@ -66,6 +66,9 @@ MAX_ACQUIRE_FRACTION = 0.5
 class RedlockDriver(SubscribingDriver):
     """Locks on a quorum of independent Redis nodes (see the module docstring)."""
 
+    # backend.leader() is not offered on Redlock (docs/concepts.md); holder() answers alone.
+    tells_owner = False
+
     def __init__(
         self,
         urls: Sequence[str],
