@@ -384,7 +384,7 @@ class Backend(Renewer):
         """After a failed first attempt: wait for a release and try again (or give up)."""
         driver, clock = self.driver, self.clock
         give_up_at = None if timeout is None else started + timeout
-        watching = False
+        watching, watched = False, result.cursor
         # Cancelled when the backend closes: a waiter must not outlive its backend (nobody
         # would renew what it got).
         closing = self._scope_type()
@@ -404,12 +404,13 @@ class Backend(Renewer):
                     if released is None:
                         released = self._release_events[name] = anyio.Event()
                     retry_now = False
-                    if not watching:
-                        watching = True
-                        # A release between the failed attempt and a new subscription could
-                        # be missed: the driver says whether to try again at once.
+                    if not watching or result.cursor != watched:
+                        # First failed attempt, or one whose cursor moved (etcd: a new
+                        # predecessor): (re)watch from it. A release between the attempt and
+                        # a new subscription could be missed: the driver says to retry now.
+                        watching, watched = True, result.cursor
                         retry_now = bool(
-                            await self._call("watch", watch_from(driver, name, result.cursor))
+                            await self._call("watch", watch_from(driver, name, watched))
                         )
                     if not retry_now:
                         delay = DEFAULT_POLL if result.retry_after is None else result.retry_after

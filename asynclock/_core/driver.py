@@ -140,13 +140,16 @@ class Driver:
 
         A driver that needs to know where the failed attempt left off defines
         ``watch(self, name, cursor=None)``: the core then passes the ``cursor`` of that
-        attempt's :class:`Busy` (None if it set none). ``watch(self, name)`` alone keeps
-        working: the core looks at the signature (see :func:`watch_from`).
+        attempt's :class:`Busy` (None if it set none), and calls ``watch`` again with the
+        new cursor whenever a later failed attempt of the same wait returns a different
+        one (``!=``): the driver moves its watch there. :meth:`unwatch` is still called
+        once, when the wait ends. ``watch(self, name)`` alone keeps working: the core
+        looks at the signature (see :func:`watch_from`).
         """
         return False
 
     async def unwatch(self, name: str) -> None:
-        """Stop what :meth:`watch` started (called once per :meth:`watch`)."""
+        """Stop what :meth:`watch` started (called once per wait that watched)."""
 
     async def abandon(self, name: str, owner: str) -> None:
         """A queued waiter gave up (timeout or cancellation); forget it."""

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -347,14 +348,14 @@ async def test_compaction_while_a_waiter_watches_does_not_stall_it(
     driver = etcd_driver(etcd)
     original_watch = driver.watch
 
-    async def watch_after_compaction(name: str) -> bool:
+    async def watch_after_compaction(name: str, cursor: object = None) -> bool:
         # History the waiter's watch would start from is compacted away first.
         for i in range(3):
             await etcdctl(etcd_cluster, "put", f"{lock_name}:noise", str(i))
         status = json.loads(await etcdctl(etcd_cluster, "endpoint", "status", "-w", "json"))
         revision = status[0]["Status"]["header"]["revision"]
         await etcdctl(etcd_cluster, "compact", str(revision))
-        return await original_watch(name)
+        return await original_watch(name, cursor)
 
     driver.watch = watch_after_compaction  # type: ignore[method-assign]
     async with asynclock.connect(etcd_cluster.url) as elsewhere:  # another "process"
@@ -489,3 +490,90 @@ async def test_holder_and_break_lock_see_an_etcdctl_holder(
     finally:
         process.terminate()
         await process.wait()
+
+
+# -- the waiter's watch follows Busy.cursor ------------------------------------------------
+
+
+async def test_a_waiters_watch_gets_its_failed_attempts_cursor(
+    etcd_cluster: EtcdCluster, etcd: asynclock.Backend, lock_name: str
+) -> None:
+    cursors: list[object] = []
+    watching = anyio.Event()
+
+    async def recording(call: Any, name: str, cursor: object = None) -> bool:
+        cursors.append(cursor)
+        watching.set()
+        return bool(await call(name, cursor))
+
+    asynclock.testing.DriverFaults(etcd).around("watch", recording)
+    async with asynclock.connect(etcd_cluster.url) as elsewhere:  # another "process"
+        holder = await elsewhere.acquire(lock_name, ttl=5.0)
+        async with anyio.create_task_group() as tg:
+
+            async def waiter() -> None:
+                async with etcd.lock(lock_name, ttl=5.0, timeout=15):
+                    pass
+
+            tg.start_soon(waiter)
+            with anyio.fail_after(10):
+                await watching.wait()
+            await holder.release()
+    # The cursor names the holder's key, which the waiter's key queues behind.
+    holder_key = etcd_driver(elsewhere).lock_prefix(lock_name)
+    assert len(cursors) == 1
+    assert getattr(cursors[0], "key", b"").startswith(holder_key)
+
+
+async def test_a_waiter_rewatches_when_its_predecessor_gives_up(
+    etcd_cluster: EtcdCluster, etcd: asynclock.Backend, lock_name: str
+) -> None:
+    """Queued behind another waiter that times out, the waiter is woken by that key's
+    delete, finds the holder in front now, watches it (the core passes the new cursor),
+    and is woken by the holder's release, not by the fallback poll."""
+    driver = etcd_driver(etcd)
+    async with (
+        asynclock.connect(etcd_cluster.url) as first,
+        asynclock.connect(etcd_cluster.url) as second,
+    ):
+        holder = await first.acquire(lock_name, ttl=5.0)
+        holder_key = etcd_driver(first).slots[lock_name].key
+        ahead = BusyWatch(second)
+        got = anyio.Event()
+        released_at = 0.0
+        waited = 0.0
+
+        async def gives_up(*, task_status: anyio.abc.TaskStatus[anyio.CancelScope]) -> None:
+            with anyio.CancelScope() as scope:
+                task_status.started(scope)
+                async with second.lock(lock_name, ttl=5.0, timeout=15):
+                    pass  # pragma: no cover
+
+        async def waiter() -> None:
+            nonlocal waited
+            async with etcd.lock(lock_name, ttl=5.0, timeout=15):
+                waited = time.monotonic() - released_at
+                got.set()
+
+        async with anyio.create_task_group() as tg:
+            queued_ahead = await tg.start(gives_up)
+            with anyio.fail_after(10):
+                await ahead.reached(1)  # its key is behind the holder's
+            ahead_key = etcd_driver(second).slots[lock_name].key
+            tg.start_soon(waiter)
+            with anyio.fail_after(10):
+                await wait_until(lambda: _watched_key(driver, lock_name) == ahead_key)
+            queued_ahead.cancel()  # it leaves the queue: its key is deleted
+            with anyio.fail_after(10):
+                await wait_until(lambda: _watched_key(driver, lock_name) == holder_key)
+            released_at = time.monotonic()
+            await holder.release()
+            with anyio.fail_after(10):
+                await got.wait()
+    # Woken by the watch on the holder's key, not by the fallback poll (WAIT_POLL, 1 s).
+    assert waited < 0.9
+
+
+def _watched_key(driver: EtcdDriver, name: str) -> bytes | None:
+    slot = driver.slots.get(name)
+    return None if slot is None or slot.watch is None else slot.watch[0]
