@@ -89,6 +89,15 @@ async def test_nothing_listening_fails_fast_with_backend_unavailable() -> None:
     assert time.monotonic() - started < 5
 
 
+async def test_a_url_password_is_not_in_an_unreachable_servers_error() -> None:
+    url = f"etcd://root:s3cret-pw@127.0.0.1:{free_port()}?timeout=2"
+    with pytest.raises(asynclock.BackendUnavailable) as caught:
+        async with asynclock.connect(url):
+            pass  # pragma: no cover
+    assert "s3cret-pw" not in str(caught.value)
+    assert "s3cret-pw" not in repr(caught.value)
+
+
 async def test_blackholed_endpoint_fails_within_the_call_timeout(
     etcd_factory: EtcdFactory, etcd_cluster: EtcdCluster
 ) -> None:
@@ -120,6 +129,16 @@ async def test_blackholed_endpoint_fails_within_the_call_timeout(
 def test_bad_urls_fail_before_any_io(url: str, error: type[Exception], words: str) -> None:
     with pytest.raises(error, match=words):
         asynclock.connect(url)
+
+
+@pytest.mark.parametrize("password", ["s3cr/zq", "s3cr?zq", "s3cr#zq", "9871/zq"])
+def test_an_unquoted_password_is_never_echoed_by_a_url_error(password: str) -> None:
+    # '/', '?' and '#' end a URL's host part: the password spills into the path, query or
+    # fragment, and a message quoting those would show it.
+    with pytest.raises(ValueError, match="percent-encode") as caught:
+        asynclock.connect(f"etcd://root:{password}@127.0.0.1:2379")
+    for part in ("s3cr", "zq", "9871"):
+        assert part not in str(caught.value)
 
 
 # -- sessions ----------------------------------------------------------------------------
@@ -401,9 +420,11 @@ async def test_auth_user_password(etcd_factory: EtcdFactory, lock_name: str) -> 
         async with backend.lock(lock_name, ttl=2.0) as lease:
             await asynclock.testing.next_renewal_round(backend)
             assert await backend.validate(lock_name, lease.token)
-    with pytest.raises(asynclock.BackendUnavailable, match="authenticate"):
-        async with asynclock.connect(f"etcd://root:wrong@{host}"):
+    with pytest.raises(asynclock.BackendUnavailable, match="authenticate") as caught:
+        async with asynclock.connect(f"etcd://root:wr0ng-pw@{host}"):
             pass  # pragma: no cover
+    assert "wr0ng-pw" not in str(caught.value)
+    assert str(caught.value).startswith(f"etcd://{host}: ")  # the mapper names the backend
 
 
 def test_demo_tells_the_story_on_etcd(etcd_cluster: EtcdCluster) -> None:
