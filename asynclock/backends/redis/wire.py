@@ -11,7 +11,7 @@ import contextlib
 import inspect
 import logging
 import math
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -240,34 +240,6 @@ def _resp2(kwargs: dict[str, Any]) -> dict[str, Any]:
         if key in out:
             out[key] = None
     return out
-
-
-class Spawned:
-    """Bare asyncio tasks for the nodes of one Redlock request that must connect first.
-
-    Not an anyio task group, on purpose: the request reads the other nodes' replies in its
-    own task under one shared deadline, and :class:`Deadlines` delivers that deadline by
-    cancelling the reading task; inside a task group that cancellation would also cancel
-    the nodes still connecting, which must run to their own timeout. The tasks never
-    outlive the request: it awaits each one, and :meth:`cancel` runs in its ``finally``.
-    """
-
-    __slots__ = ("tasks",)
-
-    def __init__(self) -> None:
-        self.tasks: list[tuple[int, asyncio.Task[Any]]] = []
-
-    def start(self, i: int, coro: Coroutine[Any, Any, Any]) -> None:
-        self.tasks.append((i, asyncio.get_running_loop().create_task(coro)))
-
-    async def collect(self, results: dict[int, Any]) -> None:
-        for i, task in self.tasks:
-            results[i] = await task
-
-    def cancel(self) -> None:
-        """Cancel the unfinished ones (only if the request was interrupted)."""
-        for _, task in self.tasks:
-            task.cancel()
 
 
 class Node:
