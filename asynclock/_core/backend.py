@@ -18,7 +18,6 @@ import random
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
-from types import TracebackType
 from typing import Any, NoReturn, ParamSpec, Self, TypeVar, cast
 
 import anyio
@@ -27,6 +26,7 @@ import anyio.lowlevel
 
 from .bounds import ArmOnSuspend, CallBounds, shielded_call
 from .clock import Clock, MonotonicClock
+from .context import ExcInfo
 from .driver import Busy, Driver, Refused, watch_from
 from .exceptions import AcquireTimeout, AsynclockError, BackendUnavailable, LockHeld
 from .fastpath import (
@@ -156,12 +156,7 @@ class Backend(Renewer):
         self._tg.start_soon(self._bounds.run, name="asynclock release deadlines")
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
+    async def __aexit__(self, *exc_info: *ExcInfo) -> bool | None:
         self._open = False
         # Waiters raise BackendUnavailable; a lease granted from now on is released by
         # the task that asked for it (see _acquire). Wait (bounded) for them to settle,
@@ -184,10 +179,10 @@ class Backend(Renewer):
         # Hand the task group only a cancellation (it may be its own, from a crashed
         # background task); anything else the body raised propagates as it is, never
         # wrapped in an ExceptionGroup.
-        cancelled = isinstance(exc, anyio.get_cancelled_exc_class())
+        cancelled = isinstance(exc_info[1], anyio.get_cancelled_exc_class())
         try:
             if cancelled:
-                return await self._tg.__aexit__(exc_type, exc, tb)
+                return await self._tg.__aexit__(*exc_info)
             await self._tg.__aexit__(None, None, None)
             return None
         finally:
