@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -170,6 +171,18 @@ class Driver:
         broken holder's next extend must be refused (its next renewal then loses it).
         """
         raise NotImplementedError(f"{self.display} cannot break locks")
+
+
+def leave_queue(queues: dict[str, deque[str]], name: str, owner: str) -> bool:
+    """Take ``owner`` out of a driver's local FIFO queue of waiters for ``name`` (dropping
+    the queue once empty); True if it was in it (the head may have left: wake the next)."""
+    waiting = queues.get(name)
+    if waiting is None or owner not in waiting:
+        return False
+    waiting.remove(owner)
+    if not waiting:
+        del queues[name]
+    return True
 
 
 def watch_from(driver: Driver, name: str, cursor: object) -> Awaitable[bool]:

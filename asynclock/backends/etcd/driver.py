@@ -34,7 +34,7 @@ from typing import Any
 import anyio
 
 from ..._core.asyncio_only import require_asyncio
-from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
+from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused, leave_queue
 from ..._core.exceptions import BackendUnavailable
 from ..._core.holder import Holder
 from . import _proto as pb
@@ -449,31 +449,17 @@ class EtcdDriver(Watching, Driver):
             self._free(slot.name, slot)
 
     async def abandon(self, name: str, owner: str) -> None:
-        waiting = self._queues.get(name)
-        if waiting is not None and owner in waiting:
-            waiting.remove(owner)
-            if not waiting:
-                del self._queues[name]
+        if leave_queue(self._queues, name, owner):
             self._wake(name)  # the head may have left: let the next one try now
         slot = self.slots.get(name)
         if slot is not None and slot.owner == owner and not slot.held:
             await self._drop(slot)
 
     async def validate(self, name: str, token: int) -> bool:
-        prefix = self.lock_prefix(name)
-        reply = await self.client.range(
-            pb.RangeRequest(
-                key=prefix,
-                range_end=prefix_end(prefix),
-                sort_order=pb.SORT_ASCEND,
-                sort_target=pb.SORT_TARGET_CREATE,
-                limit=1,
-                keys_only=True,
-            )
-        )
-        return bool(reply.kvs) and reply.kvs[0].create_revision == token
+        kv = await self._first(name, keys_only=True)
+        return kv is not None and kv.create_revision == token
 
-    async def _first(self, name: str) -> Any:
+    async def _first(self, name: str, *, keys_only: bool = False) -> Any:
         """The key with the lowest create revision under the lock's prefix (the holder)."""
         prefix = self.lock_prefix(name)
         reply = await self.client.range(
@@ -483,6 +469,7 @@ class EtcdDriver(Watching, Driver):
                 sort_order=pb.SORT_ASCEND,
                 sort_target=pb.SORT_TARGET_CREATE,
                 limit=1,
+                keys_only=keys_only,
             )
         )
         return reply.kvs[0] if reply.kvs else None
