@@ -27,7 +27,6 @@ address is refused at connect, two addresses of one server (same ``run_id``) at 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import math
 import os.path
@@ -54,7 +53,7 @@ from .shared import (
     holder_from_reply,
     scope_fence_key,
 )
-from .wire import Deadlines, Listener, Node, Wire, drop_connection, ms, pack, pack_script
+from .wire import Deadlines, Listener, Node, Spawned, Wire, drop_connection, ms, pack, pack_script
 
 T = TypeVar("T")
 
@@ -157,7 +156,7 @@ class RedlockDriver(SubscribingDriver):
         deadline = loop.time() + timeout
         indexes = range(len(self.nodes)) if nodes is None else nodes
         sent: list[tuple[int, Wire]] = []
-        connecting: list[int] = []
+        spawned = Spawned()
         results: dict[int, Any] = {}
         done = 0  # sent[:done] are answered, or being answered now
         reading: Wire | None = None  # a reply is being read from it: drop it if interrupted
@@ -165,66 +164,45 @@ class RedlockDriver(SubscribingDriver):
             for i in indexes:
                 wire = self.nodes[i].send(packed)
                 if wire is None:
-                    connecting.append(i)
+                    one = self._one(i, None, script, packed, deadline, timeout)
+                    spawned.start(i, one)
                 else:
                     sent.append((i, wire))
-            # Nodes without an idle connection connect in tasks of their own, which run to
-            # their own timeout: the shared deadline below cancels only this task, and the
-            # Deadline turns that into a TimeoutError inside the group, so the group's scope
-            # is never cancelled by it (only by a cancellation from outside: then they go
-            # too). No group when every node had a connection (the usual case: no cost).
-            async with anyio.create_task_group() if connecting else _NO_GROUP as group:
-                for i in connecting:
-                    assert group is not None
-                    group.start_soon(self._connect, results, i, script, packed, deadline, timeout)
-                try:
-                    # One timer for all of them (every node's timeout ends at one moment).
-                    with self._deadlines.at(deadline):
-                        for i, wire in sent:
-                            done += 1
-                            reading = wire
-                            try:
-                                reply = await wire.read()
-                            except Exception:
-                                reading = None
-                                await drop_connection(wire.conn)
-                                # Stale connection, NOSCRIPT, an error reply: the careful path.
-                                results[i] = await self._one(i, None, script, packed, None, timeout)
-                                continue
-                            reading = None
-                            results[i] = reply
-                            if not self.nodes[i].keep(wire):
-                                await drop_connection(wire.conn)
-                except TimeoutError:
-                    # The node we were waiting for (its reply, or careful path) is too late.
-                    late = sent[done - 1][0]
-                    results[late] = BackendUnavailable(f"no answer within {timeout:g}s")
-                    if reading is not None:
-                        await drop_connection(reading.conn)  # cut off mid-reply
-                        reading = None
-                    for i, wire in sent[done:]:  # past the deadline: only replies already here
+            try:
+                # One timer for all of them (every node's timeout ends at the same moment).
+                with self._deadlines.at(deadline):
+                    for i, wire in sent:
                         done += 1
-                        results[i] = await self._one(i, wire, script, packed, deadline, timeout)
-            if connecting:  # in node order, as when every node answered on its connection
-                results = dict(sorted(results.items()))
+                        reading = wire
+                        try:
+                            reply = await wire.read()
+                        except Exception:
+                            reading = None
+                            await drop_connection(wire.conn)
+                            # Stale connection, NOSCRIPT, an error reply: the careful path.
+                            results[i] = await self._one(i, None, script, packed, None, timeout)
+                            continue
+                        reading = None
+                        results[i] = reply
+                        if not self.nodes[i].keep(wire):
+                            await drop_connection(wire.conn)
+            except TimeoutError:
+                # The node we were waiting for (its reply, or its careful path) is too late.
+                results[sent[done - 1][0]] = BackendUnavailable(f"no answer within {timeout:g}s")
+                if reading is not None:
+                    await drop_connection(reading.conn)  # cut off mid-reply
+                    reading = None
+                for i, wire in sent[done:]:  # past the deadline: only replies already here
+                    done += 1
+                    results[i] = await self._one(i, wire, script, packed, deadline, timeout)
+            await spawned.collect(results)
         finally:
+            spawned.cancel()
             if reading is not None:
                 await drop_connection(reading.conn)
             for _, wire in sent[done:]:
                 await drop_connection(wire.conn)  # a reply we will never read
         return results
-
-    async def _connect(
-        self,
-        results: dict[int, Any],
-        i: int,
-        script: str,
-        packed: bytes,
-        deadline: float,
-        timeout: float,
-    ) -> None:
-        """One node of :meth:`_fan` that had no idle connection, in a task of its own."""
-        results[i] = await self._one(i, None, script, packed, deadline, timeout)
 
     async def _one(
         self,
@@ -536,17 +514,14 @@ class RedlockDriver(SubscribingDriver):
         return on_connect
 
 
-#: Spellings of this host's loopback address that reach the same server (one socket can
-#: listen on all of them, and ``localhost`` resolves to one of them).
 def _tally(results: dict[int, Any]) -> tuple[int, int]:
     """How many nodes answered, and how many of them answered 1 (removed a key)."""
     answered = [r for r in results.values() if not isinstance(r, BaseException)]
     return len(answered), sum(r == 1 for r in answered)
 
 
-#: Stands in for the task group of :meth:`RedlockDriver._fan` when no node connects.
-_NO_GROUP = contextlib.nullcontext()
-
+#: Spellings of this host's loopback address that reach the same server (one socket can
+#: listen on all of them, and ``localhost`` resolves to one of them).
 _LOOPBACK = {"localhost", "localhost.localdomain", "ip6-localhost", "127.0.0.1", "::1"}
 
 

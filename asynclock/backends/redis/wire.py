@@ -11,7 +11,7 @@ import contextlib
 import inspect
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -240,6 +240,39 @@ def _resp2(kwargs: dict[str, Any]) -> dict[str, Any]:
         if key in out:
             out[key] = None
     return out
+
+
+class Spawned:
+    """Bare asyncio tasks for the nodes of one Redlock request that must connect first.
+
+    Not an anyio task group, for speed (measured, anyio 4.16, shared 2-core machine): a
+    fan-out whose 3 nodes connect costs ~18-23 µs of CPU in bare tasks against ~80 µs in
+    a task group, and a burst of 32 holds on a fresh 3-node backend (most fan-outs
+    connect) took ~32 ms of CPU here against ~39 ms with a group (medians of 6 interleaved
+    runs), which under load pushed whole fan-outs past the 0.25 s node timeout
+    (QuorumNotReached in 2 of those 6 bursts, none with bare tasks). A group would be
+    correct: the shared deadline cancels only the
+    reading task and :class:`Deadline` turns that into TimeoutError inside it. The tasks
+    never outlive the request: it awaits each one, and :meth:`cancel` runs in its
+    ``finally``.
+    """
+
+    __slots__ = ("tasks",)
+
+    def __init__(self) -> None:
+        self.tasks: list[tuple[int, asyncio.Task[Any]]] = []
+
+    def start(self, i: int, coro: Coroutine[Any, Any, Any]) -> None:
+        self.tasks.append((i, asyncio.get_running_loop().create_task(coro)))
+
+    async def collect(self, results: dict[int, Any]) -> None:
+        for i, task in self.tasks:
+            results[i] = await task
+
+    def cancel(self) -> None:
+        """Cancel the unfinished ones (only if the request was interrupted)."""
+        for _, task in self.tasks:
+            task.cancel()
 
 
 class Node:
