@@ -598,3 +598,44 @@ async def test_a_waiter_rewatches_when_its_predecessor_gives_up(
 def _watched_key(driver: EtcdDriver, name: str) -> bytes | None:
     slot = driver.slots.get(name)
     return None if slot is None or slot.watch is None else slot.watch[0]
+
+
+async def test_a_waiters_watch_is_reopened_when_the_watch_stream_breaks(
+    etcd_factory: EtcdFactory, lock_name: str
+) -> None:
+    """etcd restarts while a waiter watches its predecessor: the new watch stream opens
+    the watch again from where it started, so the holder's release still wakes the waiter
+    at once (no attempt in between would hand the core a new cursor)."""
+    cluster = etcd_factory(1)
+    async with (
+        asynclock.connect(cluster.url, release_timeout=10) as first,
+        asynclock.connect(cluster.url) as etcd,
+    ):
+        holder = await first.acquire(lock_name, ttl=10.0)
+        driver = etcd_driver(etcd)
+        got = anyio.Event()
+        released_at = 0.0
+        waited = 0.0
+
+        async def waiter() -> None:
+            nonlocal waited
+            async with etcd.lock(lock_name, ttl=10.0, timeout=30):
+                waited = time.monotonic() - released_at
+                got.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await wait_until(lambda: _watched_key(driver, lock_name) is not None)
+            opened = driver.client.streams_opened["Watch"]
+            await anyio.to_thread.run_sync(cluster.restart, cluster.nodes[0])
+            with anyio.fail_after(20):
+                await wait_until(lambda: driver.client.streams_opened["Watch"] > opened, 20)
+            assert _watched_key(driver, lock_name) is not None
+            with anyio.fail_after(20):
+                await asynclock.testing.next_renewal_round(first)  # its client is back
+            released_at = time.monotonic()
+            assert await holder.release() is True
+            with anyio.fail_after(10):
+                await got.wait()
+    # Woken by the reopened watch, not by the fallback poll (WAIT_POLL, 1 s).
+    assert waited < 0.9
