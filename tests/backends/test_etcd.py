@@ -131,6 +131,14 @@ def test_bad_urls_fail_before_any_io(url: str, error: type[Exception], words: st
         asynclock.connect(url)
 
 
+def test_user_and_password_must_be_text_and_are_not_echoed() -> None:
+    with pytest.raises(TypeError, match="password must be a str, not int") as caught:
+        asynclock.connect("etcd://root@127.0.0.1:2379", password=987654)
+    assert "987654" not in str(caught.value)
+    with pytest.raises(TypeError, match="user must be a str, not bytes"):
+        asynclock.connect("etcd://127.0.0.1:2379", user=b"root", password="pw")
+
+
 @pytest.mark.parametrize("password", ["s3cr/zq", "s3cr?zq", "s3cr#zq", "9871/zq"])
 def test_an_unquoted_password_is_never_echoed_by_a_url_error(password: str) -> None:
     # '/', '?' and '#' end a URL's host part: the password spills into the path, query or

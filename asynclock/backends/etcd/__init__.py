@@ -127,6 +127,9 @@ def _driver_from_url(url: str, options: dict[str, Any]) -> EtcdDriver:
     timeout = check_seconds(merged.get("timeout", DEFAULT_TIMEOUT), "timeout")
     user = merged.get("user", user)
     password = merged.get("password", password)
+    for what, value in (("user", user), ("password", password)):
+        if value is not None and not isinstance(value, str):  # never show the value
+            raise TypeError(f"etcd:// {what} must be a str, not {type(value).__name__}")
     if password is not None and not user:
         raise ValueError("etcd:// password given without a user")
     tls: TLS | None = None
