@@ -380,6 +380,7 @@ class Backend(Renewer):
         driver, clock = self.driver, self.clock
         give_up_at = None if timeout is None else started + timeout
         watching, watched = False, result.cursor
+        scoped = {} if token_scope is None else {"scope": token_scope}  # older drivers: no scope
         # Cancelled when the backend closes: a waiter must not outlive its backend (nobody
         # would renew what it got).
         closing = self._scope_type()
@@ -400,9 +401,8 @@ class Backend(Renewer):
                         released = self._release_events[name] = anyio.Event()
                     retry_now = False
                     if not watching or result.cursor != watched:
-                        # First failed attempt, or one whose cursor moved (etcd: a new
-                        # predecessor): (re)watch from it. A release between the attempt and
-                        # a new subscription could be missed: the driver says to retry now.
+                        # The first busy attempt, or one whose cursor moved (etcd: a new
+                        # predecessor). The driver says whether a release may have been missed.
                         watching, watched = True, result.cursor
                         retry_now = bool(
                             await self._call("watch", watch_from(driver, name, watched))
@@ -416,12 +416,7 @@ class Backend(Renewer):
                             await released.wait()
                     t_send = clock.now()
                     try:
-                        if token_scope is None:
-                            attempt = await driver.acquire(name, owner, ttl, queue=blocking)
-                        else:
-                            attempt = await driver.acquire(
-                                name, owner, ttl, queue=blocking, scope=token_scope
-                            )
+                        attempt = await driver.acquire(name, owner, ttl, queue=blocking, **scoped)
                     except BaseException as exc:
                         await self._undo_acquire(name, owner, exc)
                         raise
