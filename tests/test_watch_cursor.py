@@ -4,6 +4,7 @@ driver whose ``watch`` takes no cursor keeps working (Driver.watch's contract)."
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import anyio
 import pytest
@@ -80,3 +81,60 @@ async def test_a_watch_without_a_cursor_parameter_still_works() -> None:
         with anyio.fail_after(10):
             await _wait_behind_a_holder(backend, driver.watching)
     assert driver.watched == ["cursor"]
+
+
+class MovingCursor(MemoryDriver):
+    """Busy answers carry ``("pred", self.pred)``; watch and unwatch calls are recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pred = 1
+        self.busy = 0
+        self.watched: list[object] = []
+        self.unwatched = 0
+        self.changed = anyio.Event()
+
+    async def acquire(
+        self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
+    ) -> int | Busy:
+        result = await super().acquire(name, owner, ttl, queue=queue, scope=scope)
+        if isinstance(result, int):
+            return result
+        self.busy += 1
+        self.changed.set()
+        return dataclasses.replace(result, cursor=("pred", self.pred))
+
+    async def watch(self, name: str, cursor: object = None) -> bool:
+        self.watched.append(cursor)
+        self.changed.set()
+        return False
+
+    async def unwatch(self, name: str) -> None:
+        self.unwatched += 1
+
+    async def until(self, condition: Callable[[], bool]) -> None:
+        while not condition():
+            self.changed = anyio.Event()
+            await self.changed.wait()
+
+
+async def test_a_new_cursor_moves_the_watch_and_an_unchanged_one_does_not() -> None:
+    driver = MovingCursor()
+    async with asynclock.Backend(driver) as backend:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                async with backend.lock("cursor", ttl=5.0):
+
+                    async def waiter() -> None:
+                        async with backend.lock("cursor", ttl=5.0):
+                            pass
+
+                    tg.start_soon(waiter)
+                    await driver.until(lambda: driver.watched == [("pred", 1)])
+                    driver._wake("cursor")  # the same predecessor: no new watch
+                    await driver.until(lambda: driver.busy == 2)
+                    driver.pred = 2
+                    driver._wake("cursor")  # a new one: watched from its cursor
+                    await driver.until(lambda: driver.watched == [("pred", 1), ("pred", 2)])
+    assert driver.busy == 3
+    assert driver.unwatched == 1  # once per wait, however often the watch moved

@@ -18,7 +18,6 @@ import random
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
-from types import TracebackType
 from typing import Any, NoReturn, ParamSpec, Self, TypeVar, cast
 
 import anyio
@@ -27,6 +26,7 @@ import anyio.lowlevel
 
 from .bounds import ArmOnSuspend, CallBounds, shielded_call
 from .clock import Clock, MonotonicClock
+from .context import ExcInfo
 from .driver import Busy, Driver, Refused, watch_from
 from .exceptions import AcquireTimeout, AsynclockError, BackendUnavailable, LockHeld
 from .fastpath import (
@@ -157,12 +157,7 @@ class Backend(Renewer):
         self._tg.start_soon(self._bounds.run, name="asynclock release deadlines")
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
+    async def __aexit__(self, *exc_info: *ExcInfo) -> bool | None:
         self._open = False
         # Waiters raise BackendUnavailable; a lease granted from now on is released by
         # the task that asked for it (see _acquire). Wait (bounded) for them to settle,
@@ -185,10 +180,10 @@ class Backend(Renewer):
         # Hand the task group only a cancellation (it may be its own, from a crashed
         # background task); anything else the body raised propagates as it is, never
         # wrapped in an ExceptionGroup.
-        cancelled = isinstance(exc, anyio.get_cancelled_exc_class())
+        cancelled = isinstance(exc_info[1], anyio.get_cancelled_exc_class())
         try:
             if cancelled:
-                return await self._tg.__aexit__(exc_type, exc, tb)
+                return await self._tg.__aexit__(*exc_info)
             await self._tg.__aexit__(None, None, None)
             return None
         finally:
@@ -386,7 +381,8 @@ class Backend(Renewer):
         """After a failed first attempt: wait for a release and try again (or give up)."""
         driver, clock = self.driver, self.clock
         give_up_at = None if timeout is None else started + timeout
-        watching = False
+        watching, watched = False, result.cursor
+        scoped = {} if token_scope is None else {"scope": token_scope}  # older drivers: no scope
         # Cancelled when the backend closes: a waiter must not outlive its backend (nobody
         # would renew what it got).
         closing = self._scope_type()
@@ -406,12 +402,12 @@ class Backend(Renewer):
                     if released is None:
                         released = self._release_events[name] = anyio.Event()
                     retry_now = False
-                    if not watching:
-                        watching = True
-                        # A release between the failed attempt and a new subscription could
-                        # be missed: the driver says whether to try again at once.
+                    if not watching or result.cursor != watched:
+                        # The first busy attempt, or one whose cursor moved (etcd: a new
+                        # predecessor). The driver says whether a release may have been missed.
+                        watching, watched = True, result.cursor
                         retry_now = bool(
-                            await self._call("watch", watch_from(driver, name, result.cursor))
+                            await self._call("watch", watch_from(driver, name, watched))
                         )
                     if not retry_now:
                         delay = DEFAULT_POLL if result.retry_after is None else result.retry_after
@@ -422,12 +418,7 @@ class Backend(Renewer):
                             await released.wait()
                     t_send = clock.now()
                     try:
-                        if token_scope is None:
-                            attempt = await driver.acquire(name, owner, ttl, queue=blocking)
-                        else:
-                            attempt = await driver.acquire(
-                                name, owner, ttl, queue=blocking, scope=token_scope
-                            )
+                        attempt = await driver.acquire(name, owner, ttl, queue=blocking, **scoped)
                     except BaseException as exc:
                         await self._undo_acquire(name, owner, exc)
                         raise

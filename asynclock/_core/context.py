@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from types import TracebackType
 from typing import TYPE_CHECKING
 
 import anyio
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
 #: first item is the ``Lock`` that entered (it pops its own entry) or a marker object.
 Hold = tuple[object, "Lease", "anyio.CancelScope | None"]
 HOLDS: ContextVar[tuple[Hold, ...]] = ContextVar("asynclock_holds", default=())
+#: What ``__aexit__`` is called with: ``async def __aexit__(self, *exc_info: *ExcInfo)``.
+ExcInfo = tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
 
 
 def push_hold(
@@ -35,6 +38,20 @@ def push_hold(
     if lease.lost.reason is not None:
         scope.cancel()
     HOLDS.set((*holds, (holder, lease, scope)))
+
+
+def pop_hold(holder: object) -> Hold | None:
+    """Take ``holder``'s innermost hold off this context's stack (usually the top one:
+    holds end in the order they began) and return it; None if it has none."""
+    holds = HOLDS.get()
+    if holds and holds[-1][0] is holder:
+        HOLDS.set(holds[:-1])
+        return holds[-1]
+    for index in range(len(holds) - 2, -1, -1):
+        if holds[index][0] is holder:
+            HOLDS.set(holds[:index] + holds[index + 1 :])
+            return holds[index]
+    return None
 
 
 def current_lease() -> Lease:
@@ -71,7 +88,4 @@ def use_lease(lease: Lease) -> Iterator[Lease]:
     try:
         yield lease
     finally:
-        holds = HOLDS.get()
-        index = next((i for i in range(len(holds) - 1, -1, -1) if holds[i][0] is marker), None)
-        if index is not None:
-            HOLDS.set(holds[:index] + holds[index + 1 :])
+        pop_hold(marker)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -61,6 +62,9 @@ class Driver:
 
     #: URL scheme(s) for messages; never contains a password.
     display: str = "driver"
+    #: False where :meth:`holder` cannot name the owner of every holder (the server keeps
+    #: none for some of them), so ``backend.leader()`` refuses rather than answer wrongly.
+    tells_owner: bool = True
 
     #: True if every acquire and release is a server round trip that suspends the caller
     #: (network drivers). The core then relies on that suspension: a caller cancelled
@@ -144,29 +148,26 @@ class Driver:
 
         A driver that needs to know where the failed attempt left off defines
         ``watch(self, name, cursor=None)``: the core then passes the ``cursor`` of that
-        attempt's :class:`Busy` (None if it set none). ``watch(self, name)`` alone keeps
-        working: the core looks at the signature (see :func:`watch_from`).
+        attempt's :class:`Busy` (None if it set none), and calls ``watch`` again with the
+        new cursor whenever a later failed attempt of the same wait returns a different
+        one (``!=``): the driver moves its watch there. :meth:`unwatch` is still called
+        once, when the wait ends. ``watch(self, name)`` alone keeps working: the core
+        looks at the signature (see :func:`watch_from`).
         """
         return False
 
     async def unwatch(self, name: str) -> None:
-        """Stop what :meth:`watch` started (called once per :meth:`watch`)."""
+        """Stop what :meth:`watch` started (called once per wait that watched)."""
 
     async def abandon(self, name: str, owner: str) -> None:
         """A queued waiter gave up (timeout or cancellation); forget it."""
 
-    async def owner_of(self, name: str) -> tuple[str, int] | None:
-        """The live lease of ``name`` as the server stores it: (owner, token), or None if
-        free. Backends whose server keeps no owner raise NotImplementedError."""
-        raise NotImplementedError(
-            f"{self.display} does not store a lock's owner at the server, so it cannot "
-            "tell who holds or leads a name"
-        )
-
     async def holder(self, name: str) -> Holder | None:
         """Who holds ``name`` right now (the server's view), or None if nobody does.
 
-        A name reserved for a queued waiter, or whose lease expired, is not held.
+        A name reserved for a queued waiter, or whose lease expired, is not held. The one
+        query behind both ``backend.holder()`` and ``backend.leader()`` (which reads the
+        leader's identity out of :attr:`Holder.owner`; see :attr:`tells_owner`).
         """
         raise NotImplementedError(f"{self.display} does not report holders")
 
@@ -177,6 +178,18 @@ class Driver:
         broken holder's next extend must be refused (its next renewal then loses it).
         """
         raise NotImplementedError(f"{self.display} cannot break locks")
+
+
+def leave_queue(queues: dict[str, deque[str]], name: str, owner: str) -> bool:
+    """Take ``owner`` out of a driver's local FIFO queue of waiters for ``name`` (dropping
+    the queue once empty); True if it was in it (the head may have left: wake the next)."""
+    waiting = queues.get(name)
+    if waiting is None or owner not in waiting:
+        return False
+    waiting.remove(owner)
+    if not waiting:
+        del queues[name]
+    return True
 
 
 def watch_from(driver: Driver, name: str, cursor: object) -> Awaitable[bool]:

@@ -5,7 +5,7 @@ cancelled when it is lost (G3, G4), and a successor's token is larger (G2). What
 does not have is an *identity* others can read: it travels in the owner string the
 server stores (``<owner id>.<identity as UTF-8 hex>``, hex so that every driver stores it
 as it stores any owner), and :meth:`Backend.leader` reads it back through
-:meth:`Driver.owner_of`.
+:meth:`Driver.holder`.
 """
 
 from __future__ import annotations
@@ -14,12 +14,11 @@ import os
 import random
 import socket
 from dataclasses import dataclass
-from types import TracebackType
 from typing import TYPE_CHECKING
 
 import anyio
 
-from .context import HOLDS, push_hold
+from .context import HOLDS, ExcInfo, pop_hold, push_hold
 from .exceptions import AsynclockError, BackendUnavailable, LeaseLost
 from .validation import check_name, check_ttl
 
@@ -118,25 +117,17 @@ class Term:
         push_hold(self, lease, scope, HOLDS.get())
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
+    async def __aexit__(self, *exc_info: *ExcInfo) -> bool:
         lease, scope = self.lease, self._scope
         assert scope is not None, "Term.__aexit__ without __aenter__"
-        holds = HOLDS.get()
-        index = max((i for i, hold in enumerate(holds) if hold[0] is self), default=None)
-        if index is not None:
-            HOLDS.set(holds[:index] + holds[index + 1 :])
+        pop_hold(self)
         lease._scope = None
         self._scope = None
         try:
-            swallowed = bool(scope.__exit__(exc_type, exc, tb))
+            swallowed = bool(scope.__exit__(*exc_info))
         finally:
             await lease._backend._release(lease, quiet=True)
-        if lease.lost.reason is not None and (swallowed or exc_type is None):
+        if lease.lost.reason is not None and (swallowed or exc_info[0] is None):
             if self._quiet:
                 return True  # the loop campaigns again; the loss was logged by the backend
             raise LeaseLost(lease.name, lease.token, lease.lost.reason) from None
@@ -187,15 +178,10 @@ class Leadership:
         self._term = term
         return term
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
+    async def __aexit__(self, *exc_info: *ExcInfo) -> bool:
         term, self._term = self._term, None
         assert term is not None, "Leadership.__aexit__ without __aenter__"
-        return await term.__aexit__(exc_type, exc, tb)
+        return await term.__aexit__(*exc_info)
 
     # -- terms, one after another ------------------------------------------------------------
 
@@ -225,13 +211,19 @@ class Leadership:
 
 
 async def find_leader(driver: Driver, name: str) -> Leader | None:
-    """:meth:`Backend.leader` once the backend is open and ``name`` checked."""
+    """:meth:`Backend.leader` once the backend is open and ``name`` checked: the holder,
+    with the identity read out of its owner string."""
+    if not driver.tells_owner:
+        raise NotImplementedError(
+            f"{driver.display} does not store a lock's owner at the server, so it cannot "
+            "tell who holds or leads a name"
+        )
     try:
-        found = await driver.owner_of(name)
+        found = await driver.holder(name)
     except (AsynclockError, NotImplementedError):
         raise
     except Exception as exc:
         raise BackendUnavailable(f"{driver.display}: leader failed: {exc!r}") from exc
-    if found is None:
-        return None
-    return Leader(identity_of(found[0]), found[1])
+    if found is None or found.owner is None or found.token is None:
+        return None  # free, or held by something that is not an asynclock lease
+    return Leader(identity_of(found.owner), found.token)

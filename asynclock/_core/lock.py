@@ -6,11 +6,10 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from .context import HOLDS as _HOLDS
-from .context import push_hold
+from .context import ExcInfo, pop_hold, push_hold
 from .exceptions import AlreadyHeld, LeaseLost
 from .lease import Lease
 from .templates import NameTemplate
@@ -130,20 +129,10 @@ class Lock:
         push_hold(self, lease, backend._scope_type(), holds)
         return lease
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        holds = _HOLDS.get()
-        if holds[-1][0] is self:  # the usual case: the innermost hold
-            _, lease, scope = holds[-1]
-            _HOLDS.set(holds[:-1])
-        else:
-            index = max(i for i, hold in enumerate(holds) if hold[0] is self)
-            _, lease, scope = holds[index]
-            _HOLDS.set(holds[:index] + holds[index + 1 :])
+    async def __aexit__(self, *exc_info: *ExcInfo) -> bool:
+        hold = pop_hold(self)
+        assert hold is not None, "Lock.__aexit__ without __aenter__"
+        _, lease, scope = hold
         lease._scope = None
         lease._task = None  # the hold is over (and a kept lease must not keep its task)
         assert scope is not None  # a Lock's own entry always carries its scope
@@ -151,7 +140,7 @@ class Lock:
             # Lost (or cancelled from inside): leave the cancelled scope, then release in
             # a fresh shielded one.
             try:
-                swallowed = bool(scope.__exit__(exc_type, exc, tb))
+                swallowed = bool(scope.__exit__(*exc_info))
             finally:
                 await self._backend._release(lease, quiet=True)
         else:
@@ -163,9 +152,9 @@ class Lock:
             try:
                 await self._backend._release(lease, quiet=True, scope=scope)
             finally:
-                swallowed = bool(scope.__exit__(exc_type, exc, tb))
+                swallowed = bool(scope.__exit__(*exc_info))
         if lease.lost.reason is not None:
-            if swallowed or exc_type is None:
+            if swallowed or exc_info[0] is None:
                 reason = lease.lost.reason or "lost"
                 raise LeaseLost(lease.name, lease.token, reason) from None
             return False

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
+from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused, leave_queue
 from .._core.holder import Holder
 
 
@@ -92,17 +92,8 @@ class MemoryDriver(Driver):
         return entry is not None and entry.token == token
 
     async def abandon(self, name: str, owner: str) -> None:
-        waiting = self.queues.get(name)
-        if waiting is not None and owner in waiting:
-            waiting.remove(owner)
-            if not waiting:
-                del self.queues[name]
-            # The head may have left: let the next waiter try now.
-            self._wake(name)
-
-    async def owner_of(self, name: str) -> tuple[str, int] | None:
-        entry = self._live(name)
-        return None if entry is None else (entry.owner, entry.token)
+        if leave_queue(self.queues, name, owner):
+            self._wake(name)  # the head may have left: let the next waiter try now
 
     async def holder(self, name: str) -> Holder | None:
         entry = self._live(name)

@@ -580,13 +580,6 @@ class SQLiteDriver(Driver):
         self._wake(name)
         return True
 
-    async def owner_of(self, name: str) -> tuple[str, int] | None:
-        try:
-            row = self.db.execute(SQL_LIVE, (name, self.boot, time.monotonic())).fetchone()
-        except sqlite3.Error as exc:
-            raise self._errors.unavailable("owner lookup failed", exc) from exc
-        return None if row is None else (str(row[0]), int(row[1]))
-
 
 def driver_from_url(url: str, **options: Any) -> SQLiteDriver:
     parts = urlsplit(url)

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -88,6 +89,15 @@ async def test_nothing_listening_fails_fast_with_backend_unavailable() -> None:
     assert time.monotonic() - started < 5
 
 
+async def test_a_url_password_is_not_in_an_unreachable_servers_error() -> None:
+    url = f"etcd://root:s3cret-pw@127.0.0.1:{free_port()}?timeout=2"
+    with pytest.raises(asynclock.BackendUnavailable) as caught:
+        async with asynclock.connect(url):
+            pass  # pragma: no cover
+    assert "s3cret-pw" not in str(caught.value)
+    assert "s3cret-pw" not in repr(caught.value)
+
+
 async def test_blackholed_endpoint_fails_within_the_call_timeout(
     etcd_factory: EtcdFactory, etcd_cluster: EtcdCluster
 ) -> None:
@@ -119,6 +129,24 @@ async def test_blackholed_endpoint_fails_within_the_call_timeout(
 def test_bad_urls_fail_before_any_io(url: str, error: type[Exception], words: str) -> None:
     with pytest.raises(error, match=words):
         asynclock.connect(url)
+
+
+def test_user_and_password_must_be_text_and_are_not_echoed() -> None:
+    with pytest.raises(TypeError, match="password must be a str, not int") as caught:
+        asynclock.connect("etcd://root@127.0.0.1:2379", password=987654)
+    assert "987654" not in str(caught.value)
+    with pytest.raises(TypeError, match="user must be a str, not bytes"):
+        asynclock.connect("etcd://127.0.0.1:2379", user=b"root", password="pw")
+
+
+@pytest.mark.parametrize("password", ["s3cr/zq", "s3cr?zq", "s3cr#zq", "9871/zq"])
+def test_an_unquoted_password_is_never_echoed_by_a_url_error(password: str) -> None:
+    # '/', '?' and '#' end a URL's host part: the password spills into the path, query or
+    # fragment, and a message quoting those would show it.
+    with pytest.raises(ValueError, match="percent-encode") as caught:
+        asynclock.connect(f"etcd://root:{password}@127.0.0.1:2379")
+    for part in ("s3cr", "zq", "9871"):
+        assert part not in str(caught.value)
 
 
 # -- sessions ----------------------------------------------------------------------------
@@ -347,14 +375,14 @@ async def test_compaction_while_a_waiter_watches_does_not_stall_it(
     driver = etcd_driver(etcd)
     original_watch = driver.watch
 
-    async def watch_after_compaction(name: str) -> bool:
+    async def watch_after_compaction(name: str, cursor: object = None) -> bool:
         # History the waiter's watch would start from is compacted away first.
         for i in range(3):
             await etcdctl(etcd_cluster, "put", f"{lock_name}:noise", str(i))
         status = json.loads(await etcdctl(etcd_cluster, "endpoint", "status", "-w", "json"))
         revision = status[0]["Status"]["header"]["revision"]
         await etcdctl(etcd_cluster, "compact", str(revision))
-        return await original_watch(name)
+        return await original_watch(name, cursor)
 
     driver.watch = watch_after_compaction  # type: ignore[method-assign]
     async with asynclock.connect(etcd_cluster.url) as elsewhere:  # another "process"
@@ -400,9 +428,11 @@ async def test_auth_user_password(etcd_factory: EtcdFactory, lock_name: str) -> 
         async with backend.lock(lock_name, ttl=2.0) as lease:
             await asynclock.testing.next_renewal_round(backend)
             assert await backend.validate(lock_name, lease.token)
-    with pytest.raises(asynclock.BackendUnavailable, match="authenticate"):
-        async with asynclock.connect(f"etcd://root:wrong@{host}"):
+    with pytest.raises(asynclock.BackendUnavailable, match="authenticate") as caught:
+        async with asynclock.connect(f"etcd://root:wr0ng-pw@{host}"):
             pass  # pragma: no cover
+    assert "wr0ng-pw" not in str(caught.value)
+    assert str(caught.value).startswith(f"etcd://{host}: ")  # the mapper names the backend
 
 
 def test_demo_tells_the_story_on_etcd(etcd_cluster: EtcdCluster) -> None:
@@ -489,3 +519,135 @@ async def test_holder_and_break_lock_see_an_etcdctl_holder(
     finally:
         process.terminate()
         await process.wait()
+
+
+# -- the waiter's watch follows Busy.cursor ------------------------------------------------
+
+
+async def test_a_waiters_watch_gets_its_failed_attempts_cursor(
+    etcd_cluster: EtcdCluster, etcd: asynclock.Backend, lock_name: str
+) -> None:
+    cursors: list[object] = []
+    watching = anyio.Event()
+
+    async def recording(call: Any, name: str, cursor: object = None) -> bool:
+        cursors.append(cursor)
+        watching.set()
+        return bool(await call(name, cursor))
+
+    asynclock.testing.DriverFaults(etcd).around("watch", recording)
+    async with asynclock.connect(etcd_cluster.url) as elsewhere:  # another "process"
+        holder = await elsewhere.acquire(lock_name, ttl=5.0)
+        async with anyio.create_task_group() as tg:
+
+            async def waiter() -> None:
+                async with etcd.lock(lock_name, ttl=5.0, timeout=15):
+                    pass
+
+            tg.start_soon(waiter)
+            with anyio.fail_after(10):
+                await watching.wait()
+            await holder.release()
+    # The cursor names the holder's key, which the waiter's key queues behind.
+    holder_key = etcd_driver(elsewhere).lock_prefix(lock_name)
+    assert len(cursors) == 1
+    assert getattr(cursors[0], "key", b"").startswith(holder_key)
+
+
+async def test_a_waiter_rewatches_when_its_predecessor_gives_up(
+    etcd_cluster: EtcdCluster, etcd: asynclock.Backend, lock_name: str
+) -> None:
+    """Queued behind another waiter that times out, the waiter is woken by that key's
+    delete, finds the holder in front now, watches it (the core passes the new cursor),
+    and is woken by the holder's release, not by the fallback poll."""
+    driver = etcd_driver(etcd)
+    async with (
+        asynclock.connect(etcd_cluster.url) as first,
+        asynclock.connect(etcd_cluster.url) as second,
+    ):
+        holder = await first.acquire(lock_name, ttl=5.0)
+        holder_key = etcd_driver(first).slots[lock_name].key
+        ahead = BusyWatch(second)
+        got = anyio.Event()
+        released_at = 0.0
+        waited = 0.0
+
+        async def gives_up(*, task_status: anyio.abc.TaskStatus[anyio.CancelScope]) -> None:
+            with anyio.CancelScope() as scope:
+                task_status.started(scope)
+                async with second.lock(lock_name, ttl=5.0, timeout=15):
+                    pass  # pragma: no cover
+
+        async def waiter() -> None:
+            nonlocal waited
+            async with etcd.lock(lock_name, ttl=5.0, timeout=15):
+                waited = time.monotonic() - released_at
+                got.set()
+
+        async with anyio.create_task_group() as tg:
+            queued_ahead = await tg.start(gives_up)
+            with anyio.fail_after(10):
+                await ahead.reached(1)  # its key is behind the holder's
+            ahead_key = etcd_driver(second).slots[lock_name].key
+            tg.start_soon(waiter)
+            with anyio.fail_after(10):
+                await wait_until(lambda: _watched_key(driver, lock_name) == ahead_key)
+            queued_ahead.cancel()  # it leaves the queue: its key is deleted
+            with anyio.fail_after(10):
+                await wait_until(lambda: _watched_key(driver, lock_name) == holder_key)
+            released_at = time.monotonic()
+            await holder.release()
+            with anyio.fail_after(10):
+                await got.wait()
+    # Woken by the watch on the holder's key, not by the fallback poll (WAIT_POLL, 1 s).
+    assert waited < 0.9
+
+
+def _watched_key(driver: EtcdDriver, name: str) -> bytes | None:
+    slot = driver.slots.get(name)
+    return None if slot is None or slot.watch is None else slot.watch[0]
+
+
+async def test_a_waiters_watch_is_reopened_when_the_watch_stream_breaks(
+    etcd_factory: EtcdFactory, lock_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """etcd restarts while a waiter watches its predecessor: the new watch stream opens
+    the watch again from where it started, so the holder's release still wakes the waiter
+    at once (no attempt in between would hand the core a new cursor)."""
+    import asynclock.backends.etcd.driver as module
+
+    # No fallback poll: an attempt while etcd is down would fail the waiter, and only the
+    # reopened watch can wake it.
+    monkeypatch.setattr(module, "WAIT_POLL", 60.0)
+    cluster = etcd_factory(1)
+    async with (
+        asynclock.connect(cluster.url, release_timeout=10) as first,
+        asynclock.connect(cluster.url) as etcd,
+    ):
+        holder = await first.acquire(lock_name, ttl=10.0)
+        driver = etcd_driver(etcd)
+        got = anyio.Event()
+        released_at = 0.0
+        waited = 0.0
+
+        async def waiter() -> None:
+            nonlocal waited
+            async with etcd.lock(lock_name, ttl=10.0, timeout=30):
+                waited = time.monotonic() - released_at
+                got.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            await wait_until(lambda: _watched_key(driver, lock_name) is not None)
+            opened = driver.client.streams_opened["Watch"]
+            await anyio.to_thread.run_sync(cluster.restart, cluster.nodes[0])
+            with anyio.fail_after(20):
+                await wait_until(lambda: driver.client.streams_opened["Watch"] > opened, 20)
+            assert _watched_key(driver, lock_name) is not None
+            with anyio.fail_after(20):
+                await asynclock.testing.next_renewal_round(first)  # its client is back
+            released_at = time.monotonic()
+            assert await holder.release() is True
+            with anyio.fail_after(10):
+                await got.wait()
+    assert waited < 0.9  # woken by the reopened watch

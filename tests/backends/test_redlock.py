@@ -302,6 +302,34 @@ async def test_a_node_that_hangs_on_the_careful_path_times_out_alone(
             servers[4].thaw()
 
 
+async def test_nodes_that_connect_during_a_fan_out_run_to_their_own_timeout(
+    redis_factory: RedisFactory,
+) -> None:
+    """Many acquisitions at once outrun the idle connections, so their fan-outs connect
+    to nodes in tasks of their own; one node is frozen, so each fan-out's shared deadline
+    fires. Those connecting to the live nodes must go on to answer (the deadline cancels
+    only the reading task), so every acquisition still finds a quorum."""
+    servers = redis_factory.many(5)
+    async with asynclock.connect(redlock_url(servers), node_timeout=NODE_TIMEOUT) as backend:
+        async with backend.lock("warm", ttl=5.0):
+            pass  # one idle connection per node, no more
+        servers[4].freeze()
+        try:
+            tokens: list[int] = []
+
+            async def one(i: int) -> None:
+                async with backend.lock(f"fan-connect:{i}", ttl=5.0) as lease:
+                    tokens.append(lease.token)
+
+            with anyio.fail_after(20):
+                async with anyio.create_task_group() as tg:
+                    for i in range(20):
+                        tg.start_soon(one, i)
+        finally:
+            servers[4].thaw()
+    assert len(tokens) == 20
+
+
 async def test_restarted_nodes_end_the_lease_at_the_reconnect_and_wait_the_grace(
     redis_factory: RedisFactory,
 ) -> None:

@@ -279,7 +279,7 @@ def test_public_api_of_the_package() -> None:
     for module in (asynclock_celery, asynclock_celery.testing):
         for name in module.__all__:
             assert hasattr(module, name), name
-    # Integrations stand on the public asynclock API only (DESIGN section 8).
+    # Integrations stand on the public asynclock API only (docs/integrations/).
     package = Path(asynclock_celery.__file__).parent
     for source in package.glob("*.py"):
         assert "asynclock._" not in source.read_text(), source.name

@@ -78,6 +78,25 @@ def _read(path: object, what: str) -> bytes:
 
 def driver_from_url(url: str, **options: Any) -> EtcdDriver:
     require_asyncio("the etcd backend (etcd://)", "grpc.aio")
+    try:
+        return _driver_from_url(url, options)
+    except ValueError:
+        if _password_spilled(url):
+            raise ValueError(
+                "etcd:// URL is malformed; if the password has '/', '?' or '#', "
+                "percent-encode it (urllib.parse.quote(password, safe='')). The parser's "
+                "own words are withheld: they would show part of the password"
+            ) from None
+        raise
+
+
+def _password_spilled(url: str) -> bool:
+    """Did a '/', '?' or '#' in the user info end the host part early (so the password
+    ended up in the path, query or fragment, where an error message would quote it)?"""
+    return "@" not in urlsplit(url).netloc and "@" in url.partition("://")[2]
+
+
+def _driver_from_url(url: str, options: dict[str, Any]) -> EtcdDriver:
     parts = urlsplit(url)
     netloc = parts.netloc
     user: str | None = None
@@ -108,6 +127,9 @@ def driver_from_url(url: str, **options: Any) -> EtcdDriver:
     timeout = check_seconds(merged.get("timeout", DEFAULT_TIMEOUT), "timeout")
     user = merged.get("user", user)
     password = merged.get("password", password)
+    for what, value in (("user", user), ("password", password)):
+        if value is not None and not isinstance(value, str):  # never show the value
+            raise TypeError(f"etcd:// {what} must be a str, not {type(value).__name__}")
     if password is not None and not user:
         raise ValueError("etcd:// password given without a user")
     tls: TLS | None = None
@@ -123,8 +145,9 @@ def driver_from_url(url: str, **options: Any) -> EtcdDriver:
     hosts = parse_hosts(netloc)
     shown = ",".join(f"{h}:{p}" for h, p in hosts)
     endpoints = Endpoints(hosts, tls=tls, user=user or None, password=password)
-    client = EtcdClient(endpoints, timeout=timeout)
-    return EtcdDriver(client, prefix=prefix, display=f"etcd://{shown}")
+    display = f"etcd://{shown}"
+    client = EtcdClient(endpoints, timeout=timeout, display=display)
+    return EtcdDriver(client, prefix=prefix, display=display)
 
 
 def granted_ttl(backend: Backend, lease: Lease) -> int | None:

@@ -44,6 +44,17 @@ class Session:
         return max(0.05, min(self.granted / 3, self.headroom / 2))
 
 
+@dataclass(frozen=True, slots=True)
+class Predecessor:
+    """An etcd waiter's :attr:`Busy.cursor <asynclock.Driver>`: the key its own key queues
+    behind and the revision the failed attempt read; its watch starts just after it, so a
+    release in between is not missed."""
+
+    owner: str
+    key: bytes
+    revision: int
+
+
 @dataclass(eq=False)
 class _Slot:
     """This process's one participant in etcd for a name."""
@@ -56,6 +67,5 @@ class _Slot:
     rev: int | None = None  # our key's create revision, once known
     held: bool = False
     expires_at: float = math.inf  # held: when the core's lease would have ended
-    pred: tuple[bytes, int] | None = None  # predecessor key, revision it was seen at
-    watch: tuple[bytes, int] | None = None  # (watched key, watch id)
+    watch: tuple[bytes, int, int] | None = None  # (watched key, start revision, watch id)
     holder_lease: int = 0  # the etcd lease of the holder seen by the last attempt

@@ -34,6 +34,7 @@ import anyio.abc
 import grpc
 import grpc.aio
 
+from ..._core.errors import map_errors
 from ..._core.exceptions import BackendUnavailable
 from . import _proto as pb
 
@@ -108,9 +109,11 @@ async def _settle(
 class EtcdClient:
     """One channel to the cluster (grpc fails over between the endpoints), two streams."""
 
-    def __init__(self, endpoints: Endpoints, *, timeout: float) -> None:
+    def __init__(self, endpoints: Endpoints, *, timeout: float, display: str = "etcd") -> None:
         self.endpoints = endpoints
         self.timeout = timeout
+        #: grpc's errors in words, named after the backend, the password scrubbed.
+        self.errors = map_errors(display, endpoints.password, explain=_explain)
         self._channel: grpc.aio.Channel | None = None
         self._token: str | None = None
         self._unary: dict[str, Callable[..., Any]] = {}
@@ -244,6 +247,13 @@ class EtcdClient:
                     v6.append(f"[{addr}]:{port}")
         return list(dict.fromkeys(v4 or v6)), options
 
+    def _error(self, path: str, exc: grpc.aio.AioRpcError) -> EtcdError:
+        """``exc`` through the one error mapper, keeping grpc's status code name."""
+        code = exc.code()
+        what = path.rsplit("/", 1)[-1]
+        message = str(self.errors.unavailable(f"{what} failed", exc))
+        return EtcdError(message, code.name if code is not None else "UNKNOWN")
+
     # -- unary calls -----------------------------------------------------------------------
 
     def _method(self, path: str, response: Any) -> Callable[..., Any]:
@@ -277,8 +287,8 @@ class EtcdClient:
                 try:
                     return await self._call_once(path, request, response, timeout)
                 except grpc.aio.AioRpcError as again:
-                    raise _error(path, again) from again
-            error = _error(path, exc)
+                    raise self._error(path, again) from again
+            error = self._error(path, exc)
             self._failed_over(error.code)
             raise error from exc
 
@@ -306,7 +316,7 @@ class EtcdClient:
                 "/etcdserverpb.Auth/Authenticate", request, pb.AuthenticateResponse, None
             )
         except grpc.aio.AioRpcError as exc:
-            raise _error("authenticate", exc) from exc
+            raise self._error("authenticate", exc) from exc
         self._token = reply.token
 
     async def range(self, request: Any) -> Any:
@@ -517,9 +527,11 @@ class EtcdClient:
                     await read_loop()
                     tg.cancel_scope.cancel()
             except grpc.aio.AioRpcError as exc:
-                error = _error(path, exc)
+                error = self._error(path, exc)
             except (Exception, BaseExceptionGroup) as exc:  # any break
-                error = EtcdError(f"etcd: {path} stream broke: {exc!r}", "UNAVAILABLE")
+                error = EtcdError(
+                    self.errors.scrub(f"etcd: {path} stream broke: {exc!r}"), "UNAVAILABLE"
+                )
             finally:
                 with anyio.CancelScope(shield=True):
                     await _end_stream(call, reading)
@@ -572,11 +584,11 @@ def _serialize(message: Any) -> bytes:
     return data
 
 
-def _error(path: str, exc: grpc.aio.AioRpcError) -> EtcdError:
-    code = exc.code()
-    name = code.name if code is not None else "UNKNOWN"
-    what = path.rsplit("/", 1)[-1]
-    return EtcdError(f"etcd: {what} failed: {name}: {exc.details()}", name)
+def _explain(exc: BaseException) -> str | None:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        code = exc.code()
+        return f"{code.name if code is not None else 'UNKNOWN'}: {exc.details()}"
+    return None
 
 
 def _is_ip(host: str) -> bool:

@@ -34,11 +34,11 @@ from typing import Any
 import anyio
 
 from ..._core.asyncio_only import require_asyncio
-from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
+from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused, leave_queue
 from ..._core.exceptions import BackendUnavailable
 from ..._core.holder import Holder
 from . import _proto as pb
-from ._session import SERVER_DRIFT, Session, _Slot, requested_ttl
+from ._session import SERVER_DRIFT, Predecessor, Session, _Slot, requested_ttl
 from ._watch import Watching
 from .client import EtcdClient, EtcdError, prefix_end
 
@@ -68,7 +68,6 @@ class EtcdDriver(Watching, Driver):
         self._granting: dict[float, anyio.Event] = {}
         self.slots: dict[str, _Slot] = {}
         self._queues: dict[str, deque[str]] = {}
-        self._watched: dict[str, int] = {}
         #: Keys of ours whose delete failed: key -> (create revision, owner), retried.
         self._orphans: dict[bytes, tuple[int | None, bytes]] = {}
         self._poke = anyio.Event()
@@ -152,7 +151,7 @@ class EtcdDriver(Watching, Driver):
                 self._notify_lost(name, slot.owner, why)
             else:  # a waiter: its key is gone; the next attempt queues again
                 self._unwatch_slot(slot)
-                slot.session, slot.key, slot.rev, slot.pred = None, b"", None, None
+                slot.session, slot.key, slot.rev = None, b"", None
                 self._wake(name)
 
     def _fits(self, session: Session, ttl: float) -> bool:
@@ -238,7 +237,7 @@ class EtcdDriver(Watching, Driver):
                 if slot.session is not session:
                     if slot.session is not None:
                         slot.session.users -= 1
-                    slot.session, slot.rev, slot.pred = session, None, None
+                    slot.session, slot.rev = session, None
                     slot.key = self._key(name, session)
                     session.users += 1
                     session.idle_since = None
@@ -256,14 +255,13 @@ class EtcdDriver(Watching, Driver):
             if not queue:
                 await self._drop(slot)
                 return await self._holder_left(slot.holder_lease)
-            self._watch_slot(name, slot)
-            return result
+            return result  # its cursor says what to watch: see watch()
         raise BackendUnavailable(f"etcd: could not queue for {name!r}: our key kept vanishing")
 
     async def _attempt(self, name: str, slot: _Slot, session: Session) -> int | Busy | None:
         """One txn: create our key (or look at it again) and see who holds the name.
 
-        Returns our create revision if we hold it, Busy (with the predecessor recorded),
+        Returns our create revision if we hold it, Busy (its cursor the predecessor),
         or None if our key is gone or was a stale one of ours (deleted; try again).
         """
         prefix = self.lock_prefix(name)
@@ -303,23 +301,27 @@ class EtcdDriver(Watching, Driver):
             if not holder or holder[0].create_revision == slot.rev:
                 return slot.rev
             pred = newest_kvs[1].key if len(newest_kvs) > 1 else holder[0].key
-            slot.pred = (pred, reply.header.revision)
             slot.holder_lease = holder[0].lease
-            return Busy(retry_after=WAIT_POLL)
+            return self._behind(slot, pred, reply.header.revision)
         before = _by_creation(prefix, end, pb.SORT_DESCEND, limit=1, below=slot.rev)
         request = pb.TxnRequest(compare=[_created_at(key, slot.rev)], success=[first, before])
         reply = await self.client.txn(request)
         if not reply.succeeded:
-            slot.rev, slot.pred = None, None
+            slot.rev = None
             self._unwatch_slot(slot)
             return None
         holder = reply.responses[0].response_range.kvs
         earlier = reply.responses[1].response_range.kvs
         if not earlier or (holder and holder[0].create_revision == slot.rev):
             return slot.rev
-        slot.pred = (earlier[0].key, reply.header.revision)
         slot.holder_lease = holder[0].lease if holder else 0
-        return Busy(retry_after=WAIT_POLL)
+        return self._behind(slot, earlier[0].key, reply.header.revision)
+
+    @staticmethod
+    def _behind(slot: _Slot, pred: bytes, revision: int) -> Busy:
+        """Busy behind ``pred``, seen at ``revision``: the core hands the cursor to
+        :meth:`watch` (again whenever it changes)."""
+        return Busy(retry_after=WAIT_POLL, cursor=Predecessor(slot.owner, pred, revision))
 
     async def _holder_left(self, lease_id: int) -> Busy:
         """For LockHeld: how long the holder's etcd lease has left (it may be etcdctl's
@@ -449,31 +451,17 @@ class EtcdDriver(Watching, Driver):
             self._free(slot.name, slot)
 
     async def abandon(self, name: str, owner: str) -> None:
-        waiting = self._queues.get(name)
-        if waiting is not None and owner in waiting:
-            waiting.remove(owner)
-            if not waiting:
-                del self._queues[name]
+        if leave_queue(self._queues, name, owner):
             self._wake(name)  # the head may have left: let the next one try now
         slot = self.slots.get(name)
         if slot is not None and slot.owner == owner and not slot.held:
             await self._drop(slot)
 
     async def validate(self, name: str, token: int) -> bool:
-        prefix = self.lock_prefix(name)
-        reply = await self.client.range(
-            pb.RangeRequest(
-                key=prefix,
-                range_end=prefix_end(prefix),
-                sort_order=pb.SORT_ASCEND,
-                sort_target=pb.SORT_TARGET_CREATE,
-                limit=1,
-                keys_only=True,
-            )
-        )
-        return bool(reply.kvs) and reply.kvs[0].create_revision == token
+        kv = await self._first(name, keys_only=True)
+        return kv is not None and kv.create_revision == token
 
-    async def _first(self, name: str) -> Any:
+    async def _first(self, name: str, *, keys_only: bool = False) -> Any:
         """The key with the lowest create revision under the lock's prefix (the holder)."""
         prefix = self.lock_prefix(name)
         reply = await self.client.range(
@@ -483,16 +471,10 @@ class EtcdDriver(Watching, Driver):
                 sort_order=pb.SORT_ASCEND,
                 sort_target=pb.SORT_TARGET_CREATE,
                 limit=1,
+                keys_only=keys_only,
             )
         )
         return reply.kvs[0] if reply.kvs else None
-
-    async def owner_of(self, name: str) -> tuple[str, int] | None:
-        kv = await self._first(name)
-        if kv is None:
-            return None
-        # Our keys store the owner (with a leader's identity in it); etcdctl's are empty.
-        return kv.value.decode("utf-8", "replace"), kv.create_revision
 
     async def holder(self, name: str) -> Holder | None:
         kv = await self._first(name)

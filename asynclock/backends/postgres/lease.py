@@ -12,7 +12,6 @@ from .sql import (
     SQL_L_BREAK,
     SQL_L_EXTEND,
     SQL_L_HOLDER,
-    SQL_L_OWNER,
     SQL_L_RELEASE,
     SQL_L_TTL,
     SQL_L_VALIDATE,
@@ -127,7 +126,3 @@ class LeaseDriver(PostgresDriver):
         if token is not None:
             self._wake(name)
         return token is not None
-
-    async def owner_of(self, name: str) -> tuple[str, int] | None:
-        row = await self._run("owner lookup failed", "fetchrow", SQL_L_OWNER, _name_bytes(name))
-        return None if row is None else (str(row["owner"]), int(row["token"]))

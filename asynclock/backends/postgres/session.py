@@ -31,6 +31,8 @@ class SessionDriver(PostgresDriver):
     """Session advisory locks (``mode="session"``)."""
 
     mode = "session"
+    # An advisory lock carries no value: another session's holder has no owner we can read.
+    tells_owner = False
 
     def __init__(self, dsn: str, **options: Any) -> None:
         super().__init__(dsn, **options)

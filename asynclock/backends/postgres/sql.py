@@ -305,7 +305,3 @@ SELECT d.token FROM c, d
 LEFT JOIN LATERAL (SELECT pg_notify($2, '') WHERE NOT pg_try_advisory_xact_lock($3, $4)) AS n
     ON true
 """
-# owner and token, or no row when the name is free.
-SQL_L_OWNER = """
-SELECT owner, token FROM asynclock_lease WHERE name = $1 AND expires_at > clock_timestamp()
-"""

@@ -6,10 +6,11 @@ in a task meanwhile) — bounded by a per-node timeout of ``min(node_timeout, tt
 waits for every node's answer or timeout, so a failed attempt gives back what it got only
 after no late ``SET`` can still land.
 
-**Fencing tokens** (DESIGN section 4). Phase 1 runs the single-node acquire script, without
-its waiter queue, on each node: ``SET`` + ``INCR`` of that node's counter. With a quorum,
-``t`` is the largest counter returned. If every granting node returned the same counter,
-each of them already holds ``t`` and phase 2 is skipped (one round trip, the common case).
+**Fencing tokens** (docs/backends/redis.md, "Redlock fencing tokens", has the proof). Phase
+1 runs the single-node acquire script, without its waiter queue, on each node: ``SET`` +
+``INCR`` of that node's counter. With a quorum, ``t`` is the largest counter returned. If
+every granting node returned the same counter, each of them already holds ``t`` and phase 2
+is skipped (one round trip, the common case).
 Otherwise phase 2 raises each granting node's counter to ``t`` where it still holds our
 key, and needs a quorum of acknowledgements. Two valid holders whose windows are ordered
 get ordered tokens: their quorums meet at some node, where the later holder's ``INCR`` runs
@@ -65,6 +66,9 @@ MAX_ACQUIRE_FRACTION = 0.5
 
 class RedlockDriver(SubscribingDriver):
     """Locks on a quorum of independent Redis nodes (see the module docstring)."""
+
+    # backend.leader() is not offered on Redlock (docs/concepts.md); holder() answers alone.
+    tells_owner = False
 
     def __init__(
         self,
@@ -416,11 +420,7 @@ class RedlockDriver(SubscribingDriver):
         args = (owner.encode(), b"" if token is None else b"%d" % token, k.channel)
         packed = pack_script("redlock_release", (k.lock,), args)
         results = await self._fan("redlock_release", packed, self.node_timeout)
-        removed = answered = 0
-        for r in results.values():
-            if not isinstance(r, BaseException):
-                answered += 1
-                removed += r == 1
+        answered, removed = _tally(results)
         if removed >= self.quorum:
             return True
         if answered >= self.quorum or token is None:
@@ -496,11 +496,7 @@ class RedlockDriver(SubscribingDriver):
         k = self.keys(name)
         packed = pack_script("break", k.release_keys, (k.channel,))
         results = await self._fan("break", packed, self.node_timeout)
-        answered = removed = 0
-        for r in results.values():
-            if not isinstance(r, BaseException):
-                answered += 1
-                removed += r == 1
+        answered, removed = _tally(results)
         if answered < self.quorum:
             # Some nodes may still carry the lease: the holder could keep a quorum.
             raise self._no_quorum(f"break_lock of {name!r}", answered, self._failures(results))
@@ -516,6 +512,12 @@ class RedlockDriver(SubscribingDriver):
                 self._renew_now()
 
         return on_connect
+
+
+def _tally(results: dict[int, Any]) -> tuple[int, int]:
+    """How many nodes answered, and how many of them answered 1 (removed a key)."""
+    answered = [r for r in results.values() if not isinstance(r, BaseException)]
+    return len(answered), sum(r == 1 for r in answered)
 
 
 #: Spellings of this host's loopback address that reach the same server (one socket can

@@ -301,13 +301,6 @@ class RedisDriver(SubscribingDriver):
         k = self.keys(name)
         return bool(await self.node.run("break", k.release_keys, (k.channel,)))
 
-    async def owner_of(self, name: str) -> tuple[str, int] | None:
-        value = await self.node.get(self.keys(name).lock)
-        token = None if value is None else token_of(value)
-        if value is None or token is None:
-            return None  # free, or reserved for a waiter (no token yet)
-        return value.rpartition(b":")[0].decode("utf-8", "replace"), token
-
 
 def driver_from_url(url: str, **options: Any) -> RedisDriver:
     scheme = urlsplit(url).scheme.lower()
