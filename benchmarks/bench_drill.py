@@ -41,6 +41,7 @@ import asynclock.drill
 from asynclock._harness import Hold, WorkerGroup, Write
 from asynclock._harness.history import overlaps, tokens_out_of_order
 from asynclock._harness.register import open_register
+from asynclock._harness.report import judge
 from asynclock._harness.servers import RedisServer
 
 
@@ -158,7 +159,7 @@ def part_checker() -> None:
         report.final = report.applied = len(writes)
         t0 = time.perf_counter()
         found = len(overlaps(holds)) + len(tokens_out_of_order(holds))
-        asynclock.drill._judge(report)
+        judge(report)
         elapsed = time.perf_counter() - t0
         print(
             f"  {n:>9,} events  {elapsed:7.3f} s  {n / elapsed:>12,.0f} events/s  "

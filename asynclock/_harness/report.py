@@ -1,6 +1,8 @@
-"""The drill's report as ONE self-contained HTML page: an SVG timeline plus the tables.
+"""The drill's report: what happened (:class:`DrillReport`, :class:`Fault`), the verdict
+on it (:func:`judge`), and the report as ONE self-contained HTML page: an SVG timeline plus
+the tables.
 
-No scripts, no external resources. The timeline has one lane per worker (``g.lane``,
+The page has no scripts, no external resources. The timeline has one lane per worker (``g.lane``,
 ``data-worker``), a bar per hold (``rect.lease``, red-edged when the hold ended in a lost
 lease), a mark per write (``circle.write``: green accepted, red ``rejected``), and one
 marker per fault (``g.fault``, ``data-fault``) spanning its time. Tests and browsers find
@@ -9,8 +11,150 @@ them by these classes.
 
 from __future__ import annotations
 
+import itertools
+from dataclasses import dataclass, field
 from html import escape
+from pathlib import Path
 from typing import Any
+
+from .history import Hold, Write, overlaps, tokens_out_of_order
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected fault: what, on whom, from ``start`` to ``end`` (monotonic seconds)."""
+
+    kind: str
+    target: str
+    start: float
+    end: float
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": "fault",
+            "fault": self.kind,
+            "target": self.target,
+            "start": self.start,
+            "end": self.end,
+            "detail": self.detail,
+        }
+
+
+@dataclass
+class DrillReport:
+    """What a drill did and whether anything was lost. ``ok``: the verdict."""
+
+    backend: str
+    url: str
+    fence: bool
+    workers: int
+    duration: float
+    ttl: float
+    start: float = 0.0
+    end: float = 0.0
+    holds: list[Hold] = field(default_factory=list)
+    writes: list[Write] = field(default_factory=list)
+    #: The value each write carried (same order as ``writes``).
+    values: list[int] = field(default_factory=list)
+    #: Whether each write was a late one (sent after its lease was lost).
+    late: list[bool] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+    #: Faults asked for but not applicable here (e.g. partition on SQLite: no TCP).
+    skipped: list[str] = field(default_factory=list)
+    final: int = 0
+    #: Writes the store itself logged as accepted (the truth when a worker died mid-write).
+    applied: int = 0
+    lost_leases: int = 0
+    backend_errors: int = 0
+    read_rejections: int = 0
+    problems: list[str] = field(default_factory=list)
+    report_dir: Path | None = None
+
+    @property
+    def acquisitions(self) -> int:
+        return len(self.holds)
+
+    @property
+    def accepted(self) -> int:
+        return sum(w.accepted for w in self.writes)
+
+    @property
+    def rejected(self) -> int:
+        """Writes the fence turned away (stale tokens): each one an update saved."""
+        return sum(not w.accepted for w in self.writes)
+
+    @property
+    def lost_updates(self) -> int:
+        """Accepted increments the register does not show."""
+        return max(0, max(self.applied, self.accepted) - self.final)
+
+    @property
+    def overlaps(self) -> int:
+        """Times two workers *believed* they held the lock at once (harmless with the fence)."""
+        return len(overlaps(self.holds))
+
+    @property
+    def ok(self) -> bool:
+        """Fencing on, nothing lost, tokens in order: the only passing verdict."""
+        return self.fence and not self.problems
+
+    def counters(self) -> dict[str, int]:
+        return {
+            "faults injected": len(self.faults),
+            "acquisitions": self.acquisitions,
+            "leases lost": self.lost_leases,
+            "believed overlaps": self.overlaps,
+            "writes accepted": max(self.applied, self.accepted),
+            "stale writes rejected": self.rejected,
+            "register (final)": self.final,
+            "lost updates": self.lost_updates,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "url": self.url,
+            "fence": self.fence,
+            "workers": self.workers,
+            "duration": self.duration,
+            "ttl": self.ttl,
+            "start": self.start,
+            "end": self.end,
+            "ok": self.ok,
+            "counters": self.counters(),
+            "problems": self.problems,
+            "skipped": self.skipped,
+            "faults": [f.to_json() for f in self.faults],
+        }
+
+
+def judge(report: DrillReport) -> None:
+    problems = report.problems
+    if report.lost_updates:
+        problems.append(
+            f"{report.lost_updates} of {max(report.applied, report.accepted)} accepted updates "
+            "were lost "
+            f"(the register reads {report.final})"
+        )
+    # In the store's own order (the value each accepted write carried), tokens must rise.
+    accepted = sorted(
+        ((v, w.at, w) for v, w in zip(report.values, report.writes, strict=True) if w.accepted),
+        key=lambda x: (x[0], x[1]),
+    )
+    for (_, _, a), (_, _, b) in itertools.pairwise(accepted):
+        if not b.token > a.token:
+            problems.append(
+                f"accepted writes out of token order: {a.worker} wrote with {a.token}, "
+                f"then {b.worker} with {b.token}"
+            )
+    problems += [
+        f"tokens did not increase: {a.worker} held {a.token}, then {b.worker} got {b.token}"
+        for a, b in tokens_out_of_order(report.holds)
+    ]
+
+
+# -- the HTML page ------------------------------------------------------------------------
 
 LANE_H, LEFT, RIGHT, TOP, WIDTH = 34, 70, 20, 30, 1200
 FAULT_COLORS = {"pause": "#7b61ff", "partition": "#ff8c00", "kill": "#222222", "clock": "#1e90ff"}
