@@ -79,27 +79,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "redis://..., redlock://h1,h2,h3, postgresql://...)",
     )
     where.add_argument("--spawn", choices=SPAWN, help="start throwaway servers on this machine")
-    p.add_argument(
-        "--workers",
-        type=_positive(int, 1, 256),
-        default=4,
-        metavar="N",
-        help="worker processes (default: 4)",
+    # (option, kind, low, high, default, metavar, help): the numbers share one shape.
+    numbers = (
+        ("--workers", int, 1, 256, 4, "N", "worker processes"),
+        ("--duration", float, 0.5, 86400, 10.0, "SECONDS", "how long the workers run"),
+        ("--ttl", float, 0.05, 60, 0.5, "SECONDS", "lease time-to-live"),
     )
-    p.add_argument(
-        "--duration",
-        type=_positive(float, 0.5, 86400),
-        default=10.0,
-        metavar="SECONDS",
-        help="how long the workers run (default: 10)",
-    )
-    p.add_argument(
-        "--ttl",
-        type=_positive(float, 0.05, 60),
-        default=0.5,
-        metavar="SECONDS",
-        help="lease time-to-live (default: 0.5)",
-    )
+    for flag, kind, low, high, default, metavar, text in numbers:
+        p.add_argument(
+            flag,
+            type=_positive(kind, low, high),
+            default=default,
+            metavar=metavar,
+            help=f"{text} (default: {default:g})",
+        )
     p.add_argument(
         "--faults",
         type=_faults,

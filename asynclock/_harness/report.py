@@ -25,6 +25,7 @@ class Fault:
     """One injected fault: what, on whom, from ``start`` to ``end`` (monotonic seconds)."""
 
     kind: str
+    #: A worker's lane (``w1``...), or the lock server killed (``server``/``node HOST:PORT``).
     target: str
     start: float
     end: float
