@@ -31,6 +31,11 @@ class Fault:
     end: float
     detail: str = ""
 
+    @property
+    def lasted(self) -> float:
+        """Seconds the fault lasted."""
+        return max(0.0, self.end - self.start)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "kind": "fault",
@@ -260,7 +265,7 @@ def render_html(report: Any) -> str:
     faults = [
         [
             f"{(f.start - report.start) * 1000:.0f}",
-            f"{(f.end - f.start) * 1000:.0f}",
+            f"{f.lasted * 1000:.0f}",
             f.kind,
             f.target,
             f.detail,
