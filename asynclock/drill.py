@@ -12,13 +12,16 @@ faults while they run, and checks the recorded history when they stop::
 Faults (loopback only): ``pause`` (SIGSTOP a holder past its TTL with its write on the
 way, SIGCONT it once a successor has written), ``partition`` (a TCP proxy between each
 worker and the lock servers, switched to blackhole or added latency for one worker),
-``kill`` (kill -9 a holder and start a new worker in its lane; with ``spawn="redlock"``
-every other kill is a lock node's), ``clock`` (one worker's clock runs fast or slow, through
-the injectable :class:`~asynclock.Clock`).
+``kill`` (kill -9 a holder and start a new worker in its lane; with ``spawn=`` every
+other kill is a lock server's: a lone server is restarted at once, a cluster's node at the
+next server kill), ``clock`` (one worker's clock runs fast or slow, through the injectable
+:class:`~asynclock.Clock`).
 
-The register is a real store: a SQLite row (``sqlite``), a Redis key (``redis``,
-``redlock``: on the first node) or a PostgreSQL row (``postgresql``). With ``fence=False``
-the same schedule runs unfenced, and the report shows the updates that were lost.
+The register is a real store: a SQLite row (``sqlite``, ``etcd``), a Redis key (``redis``,
+``redlock``) or a PostgreSQL row (``postgresql``). With ``spawn=`` it lives on a server of
+its own, so a lock server can be killed while the fenced resource stays up; with ``url=``
+it is on your (first) server. With ``fence=False`` the same schedule runs unfenced, and the
+report shows the updates that were lost.
 
 ``asynclock drill`` is the same run from the command line; it prints a summary table and
 writes ``history.jsonl``, ``report.json`` and one self-contained ``report.html`` (an SVG

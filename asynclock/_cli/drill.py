@@ -25,8 +25,8 @@ work -> write register+1 with the lease's token -> release. Faults (loopback onl
              successor has written (its late write must be rejected)
   partition  a TCP proxy between each worker and the lock servers: blackhole or added
              latency for one worker (not for SQLite: no network)
-  kill       kill -9 a holder (a new worker takes its lane); with --spawn redlock every
-             other kill is a lock node's
+  kill       kill -9 a holder (a new worker takes its lane); with --spawn every other
+             kill is a lock server's (restarted; a cluster's node at the next kill)
   clock      one worker's clock runs at 0.5x or 2x (the injectable Clock)
 
 It prints a summary table, writes history.jsonl, report.json and report.html (an SVG
@@ -76,7 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--url",
         metavar="URL",
         help="your lock deployment (sqlite:///..., "
-        "redis://..., redlock://h1,h2,h3, postgresql://...)",
+        "redis://..., redlock://h1,h2,h3, postgresql://..., etcd://...)",
     )
     where.add_argument("--spawn", choices=SPAWN, help="start throwaway servers on this machine")
     # (option, kind, low, high, default, metavar, help): the numbers share one shape.

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
 
-from .servers import RedisServer, running_pg
+from .servers import EtcdMember, EtcdServers, RedisServer, running_pg
 
 #: What ``spawn=`` can start.
-SPAWN = ("sqlite", "redis", "redlock", "postgres")
+SPAWN = ("sqlite", "redis", "redlock", "postgres", "postgres-lease", "etcd")
 
 _DEFAULT_PORTS = {
     "redis": 6379,
@@ -97,40 +97,80 @@ def check_url(url: str, faults: Sequence[str], allow_remote_faults: bool) -> str
 
 
 @dataclass
+class LockServer:
+    """A lock server the drill started: the kill fault kill -9s it and starts it again."""
+
+    address: str
+    kill: Callable[[], object]
+    start: Callable[[], object]
+    #: What a restart brings back, for the fault's description.
+    comes_back: str
+
+
+@dataclass
 class Deployment:
     kind: str
     url: str
     register: str
-    #: Lock servers this drill started (the kill fault may kill one; never the register's).
-    servers: list[RedisServer] = field(default_factory=list)
+    #: Lock servers this drill started, for the kill fault (the register is never on one).
+    servers: list[LockServer] = field(default_factory=list)
 
 
 @contextlib.contextmanager
-def spawned(kind: str, tmp: Path, run_id: str) -> Any:
-    if kind == "sqlite":
-        yield Deployment(
-            kind, f"sqlite:///{tmp / 'locks.db'}", f"sqlite:{tmp / 'register.db'}#drill"
-        )
-        return
-    if kind == "postgres":
-        with running_pg("asynclock-drill-pg-") as pg:
-            url = pg.url()
-            yield Deployment(kind, url, f"{url}#drill-{run_id}")
-        return
-    nodes = 1 if kind == "redis" else 3
-    servers = [RedisServer(tmp / f"redis{i}") for i in range(nodes)]
-    try:
-        for server in servers:
-            server.start()
-        url = (
-            servers[0].url
-            if kind == "redis"
-            else "redlock://" + ",".join(s.address for s in servers)
-        )
-        yield Deployment(kind, url, f"{servers[0].url}#asynclock-drill:{run_id}", servers)
-    finally:
-        for server in servers:
-            server.stop()
+def spawned(kind: str, tmp: Path, run_id: str) -> Iterator[Deployment]:
+    """Throwaway servers for ``spawn=kind``, configured as the backend's docs recommend, and
+    the register on a server of its own: the lock servers can then be killed -9 with the
+    fenced resource (and its high-water mark) still up, as in production."""
+    with contextlib.ExitStack() as stack:
+        if kind == "sqlite":
+            locks = f"sqlite:///{tmp / 'locks.db'}"
+            yield Deployment(kind, locks, f"sqlite:{tmp / 'register.db'}#drill")
+            return
+        if kind in ("postgres", "postgres-lease"):
+            # The locks on PostgreSQL's own fsync and commit settings (not the fast test
+            # ones): a kill -9 is a crash, and the restart runs crash recovery.
+            pg = stack.enter_context(running_pg("asynclock-drill-pg-", durable=True))
+            fenced = stack.enter_context(running_pg("asynclock-drill-register-"))
+            url = pg.url() + ("?mode=lease" if kind == "postgres-lease" else "")
+            server = LockServer(f"127.0.0.1:{pg.port}", pg.kill, pg.start, "after crash recovery")
+            yield Deployment("postgres", url, f"{fenced.url()}#drill-{run_id}", [server])
+            return
+        if kind == "etcd":
+            cluster = EtcdServers(tmp / "etcd", 3).start()
+            stack.callback(cluster.stop)
+
+            def rejoin(member: EtcdMember) -> None:
+                member.start()
+                cluster.wait_healthy()  # back in the cluster before the next node is killed
+
+            nodes = [
+                LockServer(m.address, m.kill, partial(rejoin, m), "with its data (its WAL)")
+                for m in cluster.members
+            ]
+            yield Deployment(kind, cluster.url, f"sqlite:{tmp / 'register.db'}#drill", nodes)
+            return
+        store = RedisServer(tmp / "register").start()
+        stack.callback(store.stop)
+        register = f"{store.url}#asynclock-drill:{run_id}"
+        if kind == "redis":
+            # AOF with appendfsync always (docs/backends/redis.md): a restart keeps the
+            # keys, the fence counters and the epoch key.
+            lone = RedisServer(tmp / "redis", persist=True).start()
+            stack.callback(lone.stop)
+            again = partial(lone.start, settle=False)
+            server = LockServer(lone.address, lone.kill, again, "from its AOF (appendfsync always)")
+            yield Deployment(kind, lone.url, register, [server])
+            return
+        # Redlock nodes without persistence, as its docs allow: a restarted node comes back
+        # empty, reseeds its counters from TIME and grants nothing for the restart grace.
+        nodes = []
+        for i in range(3):
+            node = RedisServer(tmp / f"redis{i}").start()
+            stack.callback(node.stop)
+            again = partial(node.start, settle=False)
+            nodes.append(LockServer(node.address, node.kill, again, "empty (no persistence)"))
+        url = "redlock://" + ",".join(n.address for n in nodes)
+        yield Deployment(kind, url, register, nodes)
 
 
 def register_for(kind: str, url: str, tmp: Path, run_id: str) -> str:

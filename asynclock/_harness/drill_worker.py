@@ -156,7 +156,14 @@ async def _cycle(
         emit("acquire_timeout")
     except asynclock.AsynclockError as exc:
         # Partitions and killed servers: the acquire failed loudly. Try again soon.
-        emit("backend_error", error=type(exc).__name__, message=str(exc)[:200], token=token)
+        # A release that failed (its server gone) ends a hold that ended at held_until.
+        emit(
+            "backend_error",
+            error=type(exc).__name__,
+            message=str(exc)[:200],
+            token=token,
+            held_until=held_until or None,
+        )
         await anyio.sleep(0.05)
 
 

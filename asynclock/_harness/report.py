@@ -66,6 +66,8 @@ class DrillReport:
     #: Whether each write was a late one (sent after its lease was lost).
     late: list[bool] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
+    #: (killed, back) per lock server kill -9: when it died and when it served again.
+    outages: list[tuple[float, float]] = field(default_factory=list)
     #: Faults asked for but not applicable here (e.g. partition on SQLite: no TCP).
     skipped: list[str] = field(default_factory=list)
     final: int = 0
@@ -101,6 +103,20 @@ class DrillReport:
         return len(overlaps(self.holds))
 
     @property
+    def rejected_after_restart(self) -> int:
+        """Stale writes the fence rejected while a lock server was down, or within 2 ttl
+        of its restart: the holders a server kill cut off, still writing. A paused
+        worker's late write is the pause's, not counted here."""
+        windows = [(down, back + 2 * self.ttl) for down, back in self.outages]
+        pauses = [f for f in self.faults if f.kind == "pause"]
+        return sum(
+            not w.accepted
+            and any(a <= w.at <= b for a, b in windows)
+            and not any(f.target == w.worker and f.start <= w.at <= f.end for f in pauses)
+            for w in self.writes
+        )
+
+    @property
     def ok(self) -> bool:
         """Fencing on, nothing lost, tokens in order: the only passing verdict."""
         return self.fence and not self.problems
@@ -108,11 +124,13 @@ class DrillReport:
     def counters(self) -> dict[str, int]:
         return {
             "faults injected": len(self.faults),
+            "lock server kills": len(self.outages),
             "acquisitions": self.acquisitions,
             "leases lost": self.lost_leases,
             "believed overlaps": self.overlaps,
             "writes accepted": max(self.applied, self.accepted),
             "stale writes rejected": self.rejected,
+            "rejected after a server restart": self.rejected_after_restart,
             "register (final)": self.final,
             "lost updates": self.lost_updates,
         }

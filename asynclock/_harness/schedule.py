@@ -15,13 +15,12 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from .deployment import Deployment, join_url, split_url
+from .deployment import Deployment, LockServer, join_url, split_url
 from .history import Hold, Write
 from .process import Worker, WorkerFailed, WorkerGroup
 from .proxy import Proxy
 from .register import open_register
 from .report import DrillReport, Fault
-from .servers import RedisServer
 
 #: Every fault the drill knows, in the order a schedule cycles through them.
 FAULTS = ("pause", "partition", "kill", "clock")
@@ -65,7 +64,7 @@ class Recorder:
         elif kind == "backend_error":
             self.report.backend_errors += 1
             if event.get("token") is not None:
-                self.close_hold(label, t)
+                self.close_hold(label, float(event.get("held_until") or t))
         self.events.append((label, event))
         self._changed.set()
         self._changed = anyio.Event()
@@ -118,7 +117,8 @@ class Drill:
         self.recorder = Recorder(report, name)
         self.slots = [Slot(f"w{i + 1}") for i in range(workers)]
         self.group = WorkerGroup()
-        self.killed_node: RedisServer | None = None
+        #: A cluster's node that is down (it comes back at the next server kill).
+        self.killed: LockServer | None = None
         self.kills = 0
 
     def _argv(self, slot: Slot) -> list[str]:
@@ -211,14 +211,8 @@ class Drill:
 
     async def kill(self, tg: anyio.abc.TaskGroup) -> None:
         self.kills += 1
-        if len(self.dep.servers) > 1 and self.kills % 2 == 1:  # nodes first: short drills too
-            start = time.monotonic()
-            if self.killed_node is not None:
-                self.killed_node.restart(keep_data=False)
-            node = self.rng.choice(self.dep.servers[1:])  # the first one keeps the register
-            node.kill()
-            self.killed_node = node
-            self._fault("kill", f"node {node.address}", start, "kill -9 a lock server")
+        if self.dep.servers and self.kills % 2 == 1:  # servers first: short drills too
+            await self._kill_server()
             return
         slot = self._pick()
         worker = slot.worker
@@ -231,6 +225,33 @@ class Drill:
         slot.restarts += 1
         await self._start(slot, tg)
         self._fault("kill", slot.label, start, "kill -9 a worker; a new one took its lane")
+
+    async def _kill_server(self) -> None:
+        servers, start = self.dep.servers, time.monotonic()
+        if len(servers) > 1:
+            # A cluster loses one node at a time: the one killed before comes back first.
+            if self.killed is not None:
+                await anyio.to_thread.run_sync(self.killed.start)
+                self.report.outages[-1] = (self.report.outages[-1][0], time.monotonic())
+            server = self.rng.choice([s for s in servers if s is not self.killed])
+            await anyio.to_thread.run_sync(server.kill)
+            self.killed = server
+            self.report.outages.append((start, float("inf")))
+            detail = f"kill -9 a lock node; it restarts {server.comes_back} at the next node kill"
+            self._fault("kill", f"node {server.address}", start, detail)
+            return
+        server = servers[0]
+        with anyio.CancelScope(shield=True):  # a drill that ends now still gets it back
+            await anyio.to_thread.run_sync(server.kill)
+            # The outage's length, not a synchronisation: long enough for the holder's
+            # lease to run out while its server is gone.
+            await anyio.sleep(2 * self.ttl)
+            await anyio.to_thread.run_sync(server.start)
+        back = time.monotonic()
+        self.report.outages.append((start, back))
+        down = f"down {(back - start) * 1000:.0f} ms"
+        detail = f"kill -9 the lock server; {down}, back {server.comes_back}"
+        self._fault("kill", f"server {server.address}", start, detail)
 
     async def partition(self, tg: anyio.abc.TaskGroup) -> None:
         slot = self._pick()
@@ -333,6 +354,7 @@ class Drill:
                 code = await slot.worker.wait(max(15.0, 8 * self.ttl))
                 if code is None:
                     self.report.problems.append(f"{slot.label} did not stop in time; killed")
-        if self.killed_node is not None:
+        if self.killed is not None:
             with contextlib.suppress(Exception):
-                self.killed_node.restart(keep_data=False)
+                await anyio.to_thread.run_sync(self.killed.start)
+            self.report.outages[-1] = (self.report.outages[-1][0], time.monotonic())
