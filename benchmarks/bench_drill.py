@@ -162,6 +162,7 @@ def part_checker() -> None:
         holds, writes = _history(n)
         report = asynclock.drill.DrillReport("bench", "", True, 16, 0, 0.5)
         report.holds, report.writes = holds, writes
+        report.sent = [h.start - 0.0001 for h in holds]
         report.values = list(range(1, len(writes) + 1))
         report.late = [False] * len(writes)
         report.final = report.applied = len(writes)

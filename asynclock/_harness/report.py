@@ -11,13 +11,15 @@ them by these classes.
 
 from __future__ import annotations
 
+import bisect
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
 from typing import Any
 
-from .history import Hold, Write, overlaps, tokens_out_of_order
+from .history import Hold, Write, overlaps
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,9 @@ class DrillReport:
     start: float = 0.0
     end: float = 0.0
     holds: list[Hold] = field(default_factory=list)
+    #: When the attempt that got each hold was sent (same order as ``holds``; its grant
+    #: came after this, and before the hold's ``start``).
+    sent: list[float] = field(default_factory=list)
     writes: list[Write] = field(default_factory=list)
     #: The value each write carried (same order as ``writes``).
     values: list[int] = field(default_factory=list)
@@ -173,9 +178,38 @@ def judge(report: DrillReport) -> None:
                 f"then {b.worker} with {b.token}"
             )
     problems += [
-        f"tokens did not increase: {a.worker} held {a.token}, then {b.worker} got {b.token}"
-        for a, b in tokens_out_of_order(report.holds)
+        f"tokens did not increase: {a.worker} held {a.token} from {a.start:.6f}, then "
+        f"{b.worker} asked at {sent:.6f} and got {b.token}"
+        for a, b, sent in holds_out_of_order(report.holds, report.sent)
     ]
+
+
+def holds_out_of_order(
+    holds: Sequence[Hold], sent: Sequence[float]
+) -> list[tuple[Hold, Hold, float]]:
+    """(a, b, b's send) where ``a`` was granted before ``b`` was asked for, yet ``b``'s token
+    is not larger (G2).
+
+    A hold's ``start`` is stamped after its acquire returned, so its grant came before; a
+    hold's grant came after the send of the attempt that got it. Only those two order
+    holds: a worker starved of CPU right after its grant stamps a late ``start``, and by
+    ``start`` alone it would seem to come after a successor that in fact came later.
+    """
+    known = [(h, t) for h, t in zip(holds, sent, strict=True) if h.token is not None]
+    by_start = sorted((h for h, _ in known), key=lambda h: h.start)
+    starts = [h.start for h in by_start]
+    # top[k]: the largest token among the k + 1 earliest starts, and its hold.
+    top: list[tuple[int, Hold]] = []
+    for h in by_start:
+        assert h.token is not None
+        top.append((h.token, h) if not top or h.token > top[-1][0] else top[-1])
+    found = []
+    for b, asked in known:
+        assert b.token is not None
+        k = bisect.bisect_left(starts, asked)
+        if k and top[k - 1][0] >= b.token:
+            found.append((top[k - 1][1], b, asked))
+    return found
 
 
 # -- the HTML page ------------------------------------------------------------------------

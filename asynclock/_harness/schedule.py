@@ -36,20 +36,22 @@ class Recorder:
     def __init__(self, report: DrillReport, name: str) -> None:
         self.report = report
         self.name = name
-        self.open: dict[str, tuple[int, float]] = {}
+        #: label -> (token, start, sent) of the hold each worker is in.
+        self.open: dict[str, tuple[int, float, float]] = {}
         self.events: list[tuple[str, dict[str, Any]]] = []
         self._changed = anyio.Event()
 
     def close_hold(self, label: str, t: float) -> None:
         if label in self.open:
-            token, start = self.open.pop(label)
+            token, start, sent = self.open.pop(label)
             self.report.holds.append(Hold(label, start, t, token, self.name))
+            self.report.sent.append(sent)
 
     def feed(self, label: str, event: dict[str, Any]) -> None:
         kind, t = event.get("event"), float(event.get("t", time.monotonic()))
         if kind == "acquired":
             self.close_hold(label, t)
-            self.open[label] = (int(event["token"]), t)
+            self.open[label] = (int(event["token"]), t, float(event.get("sent", t)))
         elif kind in ("released", "lost"):
             self.close_hold(label, float(event.get("held_until") or t))
             self.report.lost_leases += kind == "lost"
