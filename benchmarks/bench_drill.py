@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import os
 import random
@@ -219,7 +220,8 @@ def _load_target(kind: str, tmp: Path) -> Iterator[tuple[str, dict[str, Any]]]:
 
 async def _load(url: str, options: dict[str, Any], seconds: float) -> dict[str, Any]:
     names = [f"load-{i}" for i in range(50)]
-    holds = errors = 0
+    holds = 0
+    errors: collections.Counter[str] = collections.Counter()
     samples = [rss_mb()]
     tasks_before = len(asyncio.all_tasks())
     async with asynclock.connect(url, **options) as backend:
@@ -231,14 +233,14 @@ async def _load(url: str, options: dict[str, Any], seconds: float) -> dict[str, 
                 samples.append(rss_mb())
 
         async def task(i: int) -> None:
-            nonlocal holds, errors
+            nonlocal holds
             r = 0
             while time.monotonic() < end:
                 try:
                     async with backend.lock(names[(i + r) % 50], ttl=10.0, timeout=30):
                         holds += 1
-                except asynclock.AsynclockError:
-                    errors += 1
+                except asynclock.AsynclockError as exc:
+                    errors[type(exc).__name__] += 1
                 r += 1
 
         async with anyio.create_task_group() as tg:
@@ -250,7 +252,8 @@ async def _load(url: str, options: dict[str, Any], seconds: float) -> dict[str, 
     left = len(asyncio.all_tasks()) - tasks_before
     return {
         "holds/s": holds / seconds,
-        "errors": errors,
+        "errors": errors.total(),
+        "kinds": ", ".join(f"{k} {n}" for k, n in errors.most_common()),
         "held after": stats.held,
         "lost": stats.losses,
         "tasks left": max(0, left),
@@ -270,7 +273,8 @@ def part_load(seconds: float, kinds: Sequence[str]) -> None:
         start, peak, end = r["rss"]
         print(
             f"  {kind:<15} {r['holds/s']:8.1f} {r['errors']:7d} {r['held after']:11d} "
-            f"{r['lost']:5d} {r['tasks left']:23d}  {start:6.1f} / {peak:6.1f} / {end:6.1f}",
+            f"{r['lost']:5d} {r['tasks left']:23d}  {start:6.1f} / {peak:6.1f} / {end:6.1f}"
+            + (f"  ({r['kinds']})" if r["kinds"] else ""),
             flush=True,
         )
 
