@@ -13,13 +13,17 @@ Three parts (``--parts drill,recorder,checker``; ``--load`` adds the long load r
 * **checker** — the drill's checks (the harness's overlap and token-order checks plus the
   drill's own store-order check) over synthetic histories of 10k, 100k and 1M events:
   events/s at each size (linear if it stays flat).
-* **load** (``--load``) — one process, 200 concurrent tasks over 50 names on Redis for
-  ``--load-seconds`` (30): holds/s, errors, leases left held, and peak RSS.
+* **load** (``--load``) — 200 concurrent tasks over 50 names for ``--load-seconds`` (30)
+  on every backend in turn (``--load-backends``: memory, sqlite, redis, redlock with 3
+  nodes, postgres in both modes, etcd with 3 members; each on servers of its own): holds/s,
+  errors, leases left held or lost, tasks left over, and the process's RSS at the start, its
+  peak and at the end (sampled every second).
 
 Usage::
 
     uv run python -m benchmarks.bench_drill                      # 16 workers x 60 s drill
     uv run python -m benchmarks.bench_drill --workers 8 --duration 15 --seconds 5 --reps 3
+    uv run python -m benchmarks.bench_drill --parts none --load  # 30 s per backend
 
 This is a comparison table, not a pass/fail test.
 """
@@ -27,12 +31,17 @@ This is a comparison table, not a pass/fail test.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import collections
+import contextlib
 import os
 import random
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -41,7 +50,8 @@ import asynclock.drill
 from asynclock._harness import Hold, WorkerGroup, Write
 from asynclock._harness.history import overlaps, tokens_out_of_order
 from asynclock._harness.register import open_register
-from asynclock._harness.servers import RedisServer
+from asynclock._harness.report import judge
+from asynclock._harness.servers import EtcdServers, RedisServer, running_pg
 
 
 def part_drill(workers: int, duration: float) -> None:
@@ -153,12 +163,13 @@ def part_checker() -> None:
         holds, writes = _history(n)
         report = asynclock.drill.DrillReport("bench", "", True, 16, 0, 0.5)
         report.holds, report.writes = holds, writes
+        report.sent = [h.start - 0.0001 for h in holds]
         report.values = list(range(1, len(writes) + 1))
         report.late = [False] * len(writes)
         report.final = report.applied = len(writes)
         t0 = time.perf_counter()
         found = len(overlaps(holds)) + len(tokens_out_of_order(holds))
-        asynclock.drill._judge(report)
+        judge(report)
         elapsed = time.perf_counter() - t0
         print(
             f"  {n:>9,} events  {elapsed:7.3f} s  {n / elapsed:>12,.0f} events/s  "
@@ -175,11 +186,45 @@ def rss_mb() -> float:
     return 0.0
 
 
-async def _load(url: str, seconds: float) -> None:
+#: Backends the load part runs on, each on throwaway servers of its own.
+LOAD_BACKENDS = ("memory", "sqlite", "redis", "redlock", "postgres", "postgres-lease", "etcd")
+
+
+@contextlib.contextmanager
+def _load_target(kind: str, tmp: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(url, connect options) for ``kind`` on servers started for this run alone."""
+    if kind == "memory":
+        yield "memory://", {}
+    elif kind == "sqlite":
+        yield f"sqlite:///{tmp / 'load.db'}", {}
+    elif kind in ("redis", "redlock"):
+        nodes = [RedisServer(tmp / f"redis{i}").start() for i in range(1 if kind == "redis" else 3)]
+        try:
+            if kind == "redis":
+                yield nodes[0].url, {}
+            else:  # 1 s per node: the default 0.25 s is too short for 200 first acquires here
+                yield "redlock://" + ",".join(n.address for n in nodes), {"node_timeout": 1.0}
+        finally:
+            for node in nodes:
+                node.stop()
+    elif kind in ("postgres", "postgres-lease"):
+        with running_pg("bench-drill-load-") as pg:
+            yield pg.url() + ("?mode=lease" if kind == "postgres-lease" else ""), {}
+    else:
+        cluster = EtcdServers(tmp / "etcd", 3).start()
+        try:
+            yield cluster.url, {}
+        finally:
+            cluster.stop()
+
+
+async def _load(url: str, options: dict[str, Any], seconds: float) -> dict[str, Any]:
     names = [f"load-{i}" for i in range(50)]
-    holds = errors = 0
+    holds = 0
+    errors: collections.Counter[str] = collections.Counter()
     samples = [rss_mb()]
-    async with asynclock.connect(url) as backend:
+    tasks_before = len(asyncio.all_tasks())
+    async with asynclock.connect(url, **options) as backend:
         end = time.monotonic() + seconds
 
         async def sample() -> None:
@@ -188,36 +233,50 @@ async def _load(url: str, seconds: float) -> None:
                 samples.append(rss_mb())
 
         async def task(i: int) -> None:
-            nonlocal holds, errors
+            nonlocal holds
             r = 0
             while time.monotonic() < end:
                 try:
                     async with backend.lock(names[(i + r) % 50], ttl=10.0, timeout=30):
                         holds += 1
-                except asynclock.AsynclockError:
-                    errors += 1
+                except asynclock.AsynclockError as exc:
+                    errors[type(exc).__name__] += 1
                 r += 1
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(sample)
             for i in range(200):
                 tg.start_soon(task, i)
-        held = backend.stats().held
-    print(f"  {holds / seconds:10.1f} holds/s   errors {errors}   held after {held}")
+        stats = backend.stats()
+    await anyio.sleep(0.1)  # closed transports finish their callbacks; then count
+    left = len(asyncio.all_tasks()) - tasks_before
+    return {
+        "holds/s": holds / seconds,
+        "errors": errors.total(),
+        "kinds": ", ".join(f"{k} {n}" for k, n in errors.most_common()),
+        "held after": stats.held,
+        "lost": stats.losses,
+        "tasks left": max(0, left),
+        "rss": (samples[0], max(samples), samples[-1]),
+    }
+
+
+def part_load(seconds: float, kinds: Sequence[str]) -> None:
+    print(f"\n## load: 200 tasks x 50 names for {seconds:g} s per backend, one process each")
     print(
-        f"  RSS: {samples[0]:.1f} MB at start, peak {max(samples):.1f} MB, "
-        f"{samples[-1]:.1f} MB at the end (sampled every second)"
+        "  backend          holds/s  errors  held after  lost  tasks left after close  "
+        "RSS start / peak / end (MB)"
     )
-
-
-def part_load(seconds: float) -> None:
-    print(f"\n## load: 200 tasks x 50 names on Redis for {seconds:g} s, one process")
-    with tempfile.TemporaryDirectory() as tmp:
-        server = RedisServer(Path(tmp) / "redis").start()
-        try:
-            anyio.run(_load, server.url, seconds)
-        finally:
-            server.stop()
+    for kind in kinds:
+        with tempfile.TemporaryDirectory() as tmp, _load_target(kind, Path(tmp)) as target:
+            r = anyio.run(_load, target[0], target[1], seconds)
+        start, peak, end = r["rss"]
+        print(
+            f"  {kind:<15} {r['holds/s']:8.1f} {r['errors']:7d} {r['held after']:11d} "
+            f"{r['lost']:5d} {r['tasks left']:23d}  {start:6.1f} / {peak:6.1f} / {end:6.1f}"
+            + (f"  ({r['kinds']})" if r["kinds"] else ""),
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -230,6 +289,11 @@ def main() -> None:
     parser.add_argument("--parts", default="drill,recorder,checker")
     parser.add_argument("--load", action="store_true", help="also the long load run")
     parser.add_argument("--load-seconds", type=float, default=30.0)
+    parser.add_argument(
+        "--load-backends",
+        default=",".join(LOAD_BACKENDS),
+        help=f"comma-separated, from {','.join(LOAD_BACKENDS)} (default: all)",
+    )
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     print(
@@ -243,7 +307,7 @@ def main() -> None:
     if "checker" in parts:
         part_checker()
     if args.load:
-        part_load(args.load_seconds)
+        part_load(args.load_seconds, args.load_backends.split(","))
 
 
 if __name__ == "__main__":

@@ -25,8 +25,8 @@ work -> write register+1 with the lease's token -> release. Faults (loopback onl
              successor has written (its late write must be rejected)
   partition  a TCP proxy between each worker and the lock servers: blackhole or added
              latency for one worker (not for SQLite: no network)
-  kill       kill -9 a holder (a new worker takes its lane); with --spawn redlock every
-             other kill is a lock node's
+  kill       kill -9 a holder (a new worker takes its lane); with --spawn every other
+             kill is a lock server's (restarted; a cluster's node at the next kill)
   clock      one worker's clock runs at 0.5x or 2x (the injectable Clock)
 
 It prints a summary table, writes history.jsonl, report.json and report.html (an SVG
@@ -76,30 +76,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--url",
         metavar="URL",
         help="your lock deployment (sqlite:///..., "
-        "redis://..., redlock://h1,h2,h3, postgresql://...)",
+        "redis://..., redlock://h1,h2,h3, postgresql://..., etcd://...)",
     )
     where.add_argument("--spawn", choices=SPAWN, help="start throwaway servers on this machine")
-    p.add_argument(
-        "--workers",
-        type=_positive(int, 1, 256),
-        default=4,
-        metavar="N",
-        help="worker processes (default: 4)",
+    # (option, kind, low, high, default, metavar, help): the numbers share one shape.
+    numbers = (
+        ("--workers", int, 1, 256, 4, "N", "worker processes"),
+        ("--duration", float, 0.5, 86400, 10.0, "SECONDS", "how long the workers run"),
+        ("--ttl", float, 0.05, 60, 0.5, "SECONDS", "lease time-to-live"),
     )
-    p.add_argument(
-        "--duration",
-        type=_positive(float, 0.5, 86400),
-        default=10.0,
-        metavar="SECONDS",
-        help="how long the workers run (default: 10)",
-    )
-    p.add_argument(
-        "--ttl",
-        type=_positive(float, 0.05, 60),
-        default=0.5,
-        metavar="SECONDS",
-        help="lease time-to-live (default: 0.5)",
-    )
+    for flag, kind, low, high, default, metavar, text in numbers:
+        p.add_argument(
+            flag,
+            type=_positive(kind, low, high),
+            default=default,
+            metavar=metavar,
+            help=f"{text} (default: {default:g})",
+        )
     p.add_argument(
         "--faults",
         type=_faults,

@@ -74,22 +74,32 @@ class ScaledClock:
         self._real0 = time.monotonic()
         self._clock0 = self._real0
         self.rate = rate
+        #: (clock0, real0, rate) of each earlier stretch, to map a reading back to real time.
+        self._before: list[tuple[float, float, float]] = []
 
     def now(self) -> float:
         return self._clock0 + (time.monotonic() - self._real0) * self.rate
 
     def set_rate(self, rate: float) -> None:
         now = self.now()  # re-anchor: the clock never jumps, it only changes speed
+        self._before.append((self._clock0, self._real0, self.rate))
         self._real0, self._clock0, self.rate = time.monotonic(), now, rate
+
+    def real(self, reading: float) -> float:
+        """The ``time.monotonic()`` at which this clock read ``reading``."""
+        stretches = [(self._clock0, self._real0, self.rate), *reversed(self._before)]
+        clock0, real0, rate = next((s for s in stretches if reading >= s[0]), stretches[-1])
+        return real0 + (reading - clock0) / rate
 
     async def sleep_until(self, deadline: float) -> None:
         await anyio.sleep(max(0.0, (deadline - self.now()) / self.rate))
 
 
 class State:
-    def __init__(self) -> None:
+    def __init__(self, clock: ScaledClock) -> None:
         self.stop = anyio.Event()
         self.freeze = False
+        self.clock = clock
 
 
 async def _commands(state: State, clock: ScaledClock) -> None:
@@ -117,7 +127,9 @@ async def _cycle(
     try:
         async with backend.lock(args.name, ttl=args.ttl, timeout=args.acquire_timeout) as lease:
             token = lease.token
-            emit("acquired", token=token)
+            # sent: when the attempt that got the lease was sent (the grant came after it);
+            # the event's own stamp comes after the grant, late if this process was starved.
+            emit("acquired", token=token, sent=state.clock.real(lease.acquired_at))
             try:
                 # Shielded like the write: a loss that cancels a read inside its database
                 # transaction can cancel the ROLLBACK too (asyncpg), leaving the connection
@@ -156,13 +168,20 @@ async def _cycle(
         emit("acquire_timeout")
     except asynclock.AsynclockError as exc:
         # Partitions and killed servers: the acquire failed loudly. Try again soon.
-        emit("backend_error", error=type(exc).__name__, message=str(exc)[:200], token=token)
+        # A release that failed (its server gone) ends a hold that ended at held_until.
+        emit(
+            "backend_error",
+            error=type(exc).__name__,
+            message=str(exc)[:200],
+            token=token,
+            held_until=held_until or None,
+        )
         await anyio.sleep(0.05)
 
 
 async def _main(args: argparse.Namespace) -> None:
     clock = ScaledClock(args.clock_rate)
-    state = State()
+    state = State(clock)
     register = open_register(args.register)
     options = {"node_timeout": args.node_timeout} if args.url.startswith("redlock:") else {}
     async with anyio.create_task_group() as tg:

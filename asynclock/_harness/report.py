@@ -1,6 +1,8 @@
-"""The drill's report as ONE self-contained HTML page: an SVG timeline plus the tables.
+"""The drill's report: what happened (:class:`DrillReport`, :class:`Fault`), the verdict
+on it (:func:`judge`), and the report as ONE self-contained HTML page: an SVG timeline plus
+the tables.
 
-No scripts, no external resources. The timeline has one lane per worker (``g.lane``,
+The page has no scripts, no external resources. The timeline has one lane per worker (``g.lane``,
 ``data-worker``), a bar per hold (``rect.lease``, red-edged when the hold ended in a lost
 lease), a mark per write (``circle.write``: green accepted, red ``rejected``), and one
 marker per fault (``g.fault``, ``data-fault``) spanning its time. Tests and browsers find
@@ -9,8 +11,208 @@ them by these classes.
 
 from __future__ import annotations
 
+import bisect
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from html import escape
+from pathlib import Path
 from typing import Any
+
+from .history import Hold, Write, overlaps
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected fault: what, on whom, from ``start`` to ``end`` (monotonic seconds)."""
+
+    kind: str
+    #: A worker's lane (``w1``...), or the lock server killed (``server``/``node HOST:PORT``).
+    target: str
+    start: float
+    end: float
+    detail: str = ""
+
+    @property
+    def lasted(self) -> float:
+        """Seconds the fault lasted."""
+        return max(0.0, self.end - self.start)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": "fault",
+            "fault": self.kind,
+            "target": self.target,
+            "start": self.start,
+            "end": self.end,
+            "detail": self.detail,
+        }
+
+
+@dataclass
+class DrillReport:
+    """What a drill did and whether anything was lost. ``ok``: the verdict."""
+
+    backend: str
+    url: str
+    fence: bool
+    workers: int
+    duration: float
+    ttl: float
+    start: float = 0.0
+    end: float = 0.0
+    holds: list[Hold] = field(default_factory=list)
+    #: When the attempt that got each hold was sent (same order as ``holds``; its grant
+    #: came after this, and before the hold's ``start``).
+    sent: list[float] = field(default_factory=list)
+    writes: list[Write] = field(default_factory=list)
+    #: The value each write carried (same order as ``writes``).
+    values: list[int] = field(default_factory=list)
+    #: Whether each write was a late one (sent after its lease was lost).
+    late: list[bool] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+    #: (killed, back) per lock server kill -9: when it died and when it served again.
+    outages: list[tuple[float, float]] = field(default_factory=list)
+    #: Faults asked for but not applicable here (e.g. partition on SQLite: no TCP).
+    skipped: list[str] = field(default_factory=list)
+    final: int = 0
+    #: Writes the store itself logged as accepted (the truth when a worker died mid-write).
+    applied: int = 0
+    lost_leases: int = 0
+    backend_errors: int = 0
+    read_rejections: int = 0
+    problems: list[str] = field(default_factory=list)
+    report_dir: Path | None = None
+
+    @property
+    def acquisitions(self) -> int:
+        return len(self.holds)
+
+    @property
+    def accepted(self) -> int:
+        return sum(w.accepted for w in self.writes)
+
+    @property
+    def rejected(self) -> int:
+        """Writes the fence turned away (stale tokens): each one an update saved."""
+        return sum(not w.accepted for w in self.writes)
+
+    @property
+    def lost_updates(self) -> int:
+        """Accepted increments the register does not show."""
+        return max(0, max(self.applied, self.accepted) - self.final)
+
+    @property
+    def overlaps(self) -> int:
+        """Times two workers *believed* they held the lock at once (harmless with the fence)."""
+        return len(overlaps(self.holds))
+
+    @property
+    def rejected_after_restart(self) -> int:
+        """Stale writes the fence rejected while a lock server was down, or within 2 ttl
+        of its restart: the holders a server kill cut off, still writing. A paused
+        worker's late write is the pause's, not counted here."""
+        windows = [(down, back + 2 * self.ttl) for down, back in self.outages]
+        pauses = [f for f in self.faults if f.kind == "pause"]
+        return sum(
+            not w.accepted
+            and any(a <= w.at <= b for a, b in windows)
+            and not any(f.target == w.worker and f.start <= w.at <= f.end for f in pauses)
+            for w in self.writes
+        )
+
+    @property
+    def ok(self) -> bool:
+        """Fencing on, nothing lost, tokens in order: the only passing verdict."""
+        return self.fence and not self.problems
+
+    def counters(self) -> dict[str, int]:
+        return {
+            "faults injected": len(self.faults),
+            "lock server kills": len(self.outages),
+            "acquisitions": self.acquisitions,
+            "leases lost": self.lost_leases,
+            "believed overlaps": self.overlaps,
+            "writes accepted": max(self.applied, self.accepted),
+            "stale writes rejected": self.rejected,
+            "rejected after a server restart": self.rejected_after_restart,
+            "register (final)": self.final,
+            "lost updates": self.lost_updates,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "url": self.url,
+            "fence": self.fence,
+            "workers": self.workers,
+            "duration": self.duration,
+            "ttl": self.ttl,
+            "start": self.start,
+            "end": self.end,
+            "ok": self.ok,
+            "counters": self.counters(),
+            "problems": self.problems,
+            "skipped": self.skipped,
+            "faults": [f.to_json() for f in self.faults],
+        }
+
+
+def judge(report: DrillReport) -> None:
+    problems = report.problems
+    if report.lost_updates:
+        problems.append(
+            f"{report.lost_updates} of {max(report.applied, report.accepted)} accepted updates "
+            "were lost "
+            f"(the register reads {report.final})"
+        )
+    # In the store's own order (the value each accepted write carried), tokens must rise.
+    accepted = sorted(
+        ((v, w.at, w) for v, w in zip(report.values, report.writes, strict=True) if w.accepted),
+        key=lambda x: (x[0], x[1]),
+    )
+    for (_, _, a), (_, _, b) in itertools.pairwise(accepted):
+        if not b.token > a.token:
+            problems.append(
+                f"accepted writes out of token order: {a.worker} wrote with {a.token}, "
+                f"then {b.worker} with {b.token}"
+            )
+    problems += [
+        f"tokens did not increase: {a.worker} held {a.token} from {a.start:.6f}, then "
+        f"{b.worker} asked at {sent:.6f} and got {b.token}"
+        for a, b, sent in holds_out_of_order(report.holds, report.sent)
+    ]
+
+
+def holds_out_of_order(
+    holds: Sequence[Hold], sent: Sequence[float]
+) -> list[tuple[Hold, Hold, float]]:
+    """(a, b, b's send) where ``a`` was granted before ``b`` was asked for, yet ``b``'s token
+    is not larger (G2).
+
+    A hold's ``start`` is stamped after its acquire returned, so its grant came before; a
+    hold's grant came after the send of the attempt that got it. Only those two order
+    holds: a worker starved of CPU right after its grant stamps a late ``start``, and by
+    ``start`` alone it would seem to come after a successor that in fact came later.
+    """
+    known = [(h, t) for h, t in zip(holds, sent, strict=True) if h.token is not None]
+    by_start = sorted((h for h, _ in known), key=lambda h: h.start)
+    starts = [h.start for h in by_start]
+    # top[k]: the largest token among the k + 1 earliest starts, and its hold.
+    top: list[tuple[int, Hold]] = []
+    for h in by_start:
+        assert h.token is not None
+        top.append((h.token, h) if not top or h.token > top[-1][0] else top[-1])
+    found = []
+    for b, asked in known:
+        assert b.token is not None
+        k = bisect.bisect_left(starts, asked)
+        if k and top[k - 1][0] >= b.token:
+            found.append((top[k - 1][1], b, asked))
+    return found
+
+
+# -- the HTML page ------------------------------------------------------------------------
 
 LANE_H, LEFT, RIGHT, TOP, WIDTH = 34, 70, 20, 30, 1200
 FAULT_COLORS = {"pause": "#7b61ff", "partition": "#ff8c00", "kill": "#222222", "clock": "#1e90ff"}
@@ -115,7 +317,7 @@ def render_html(report: Any) -> str:
     faults = [
         [
             f"{(f.start - report.start) * 1000:.0f}",
-            f"{(f.end - f.start) * 1000:.0f}",
+            f"{f.lasted * 1000:.0f}",
             f.kind,
             f.target,
             f.detail,

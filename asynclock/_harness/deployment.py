@@ -1,0 +1,215 @@
+"""Where a drill runs: the lock servers it was given (``url=``) or started (``spawn=``), and
+the store its register lives in.
+
+Also the URL handling the drill needs: the endpoints of a network URL (each one gets its own
+partition proxy), and the check that faults only reach loopback hosts unless allowed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import anyio
+
+from .servers import EtcdMember, EtcdServers, RedisServer, running_pg
+
+#: What ``spawn=`` can start.
+SPAWN = ("sqlite", "redis", "redlock", "postgres", "postgres-lease", "etcd")
+
+_DEFAULT_PORTS = {
+    "redis": 6379,
+    "rediss": 6379,
+    "redlock": 6379,
+    "postgresql": 5432,
+    "postgres": 5432,
+    "etcd": 2379,
+}
+
+
+def split_url(url: str) -> tuple[str, str, list[tuple[str, int]], str]:
+    """(scheme, auth@ or "", [(host, port)...], rest) of a network URL."""
+    scheme, _sep, tail = url.partition("://")
+    netloc, slash, rest = tail.partition("/")
+    auth, at, hosts = netloc.rpartition("@")
+    endpoints = []
+    for item in hosts.split(","):
+        host, colon, port = (
+            item.rpartition(":") if "]" not in item.rsplit(":", 1)[-1] else ("", "", "")
+        )
+        if not colon:
+            host, port = item, ""
+        endpoints.append(
+            (host.strip("[]") or "127.0.0.1", int(port) if port else _DEFAULT_PORTS.get(scheme, 0))
+        )
+    return scheme, auth + at, endpoints, slash + rest
+
+
+def join_url(scheme: str, auth: str, endpoints: Iterable[tuple[str, int]], rest: str) -> str:
+    return f"{scheme}://{auth}" + ",".join(f"{h}:{p}" for h, p in endpoints) + rest
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_url(url: str, faults: Sequence[str], allow_remote_faults: bool) -> str:
+    """The backend kind of ``url``; ValueError if faults would reach a non-loopback host."""
+    scheme = urlsplit(url).scheme.lower()
+    kinds = {
+        "sqlite": "sqlite",
+        "redis": "redis",
+        "rediss": "redis",
+        "redlock": "redlock",
+        "postgresql": "postgres",
+        "postgres": "postgres",
+    }
+    if scheme in ("memory", ""):
+        raise ValueError(
+            f"url: the drill's workers are separate processes, so they need a shared backend "
+            f"(sqlite:///path, redis://, redlock://h1,h2,h3, postgresql://...), got {url!r}"
+        )
+    # Any other backend (etcd://...) works too: its register is then a local SQLite file.
+    kind = kinds.get(scheme, scheme)
+    if kind != "sqlite" and faults and not allow_remote_faults:
+        remote = [h for _, _, eps, _ in [split_url(url)] for h, _ in eps if not is_loopback(h)]
+        if remote:
+            raise ValueError(
+                f"url: {', '.join(remote)} is not a loopback address; the drill injects faults "
+                "(pauses, partitions, kills) only against servers on this machine unless "
+                "allow_remote_faults=True (--allow-remote-faults). Use faults=() for a "
+                "fault-free run."
+            )
+    return kind
+
+
+# -- servers -------------------------------------------------------------------------------
+
+
+@dataclass
+class LockServer:
+    """A lock server the drill started: the kill fault kill -9s it and starts it again."""
+
+    address: str
+    kill: Callable[[], object]
+    start: Callable[[], object]
+    #: What a restart brings back, for the fault's description.
+    comes_back: str
+
+
+@dataclass
+class Deployment:
+    kind: str
+    url: str
+    register: str
+    #: Lock servers this drill started, for the kill fault (the register is never on one).
+    servers: list[LockServer] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def spawned(kind: str, tmp: Path, run_id: str) -> Iterator[Deployment]:
+    """Throwaway servers for ``spawn=kind``, configured as the backend's docs recommend, and
+    the register on a server of its own: the lock servers can then be killed -9 with the
+    fenced resource (and its high-water mark) still up, as in production."""
+    with contextlib.ExitStack() as stack:
+        if kind == "sqlite":
+            locks = f"sqlite:///{tmp / 'locks.db'}"
+            yield Deployment(kind, locks, f"sqlite:{tmp / 'register.db'}#drill")
+            return
+        if kind in ("postgres", "postgres-lease"):
+            # The locks on PostgreSQL's own fsync and commit settings (not the fast test
+            # ones): a kill -9 is a crash, and the restart runs crash recovery.
+            pg = stack.enter_context(running_pg("asynclock-drill-pg-", durable=True))
+            fenced = stack.enter_context(running_pg("asynclock-drill-register-"))
+            url = pg.url() + ("?mode=lease" if kind == "postgres-lease" else "")
+            server = LockServer(f"127.0.0.1:{pg.port}", pg.kill, pg.start, "after crash recovery")
+            yield Deployment("postgres", url, f"{fenced.url()}#drill-{run_id}", [server])
+            return
+        if kind == "etcd":
+            cluster = EtcdServers(tmp / "etcd", 3).start()
+            stack.callback(cluster.stop)
+
+            def rejoin(member: EtcdMember) -> None:
+                member.start()
+                cluster.wait_healthy()  # back in the cluster before the next node is killed
+
+            nodes = [
+                LockServer(m.address, m.kill, partial(rejoin, m), "with its data (its WAL)")
+                for m in cluster.members
+            ]
+            yield Deployment(kind, cluster.url, f"sqlite:{tmp / 'register.db'}#drill", nodes)
+            return
+        store = RedisServer(tmp / "register").start()
+        stack.callback(store.stop)
+        register = f"{store.url}#asynclock-drill:{run_id}"
+        if kind == "redis":
+            # AOF with appendfsync always (docs/backends/redis.md): a restart keeps the
+            # keys, the fence counters and the epoch key.
+            lone = RedisServer(tmp / "redis", persist=True).start()
+            stack.callback(lone.stop)
+            again = partial(lone.start, settle=False)
+            server = LockServer(lone.address, lone.kill, again, "from its AOF (appendfsync always)")
+            yield Deployment(kind, lone.url, register, [server])
+            return
+        # Redlock nodes without persistence, as its docs allow: a restarted node comes back
+        # empty, reseeds its counters from TIME and grants nothing for the restart grace.
+        nodes = []
+        for i in range(3):
+            node = RedisServer(tmp / f"redis{i}").start()
+            stack.callback(node.stop)
+            again = partial(node.start, settle=False)
+            nodes.append(LockServer(node.address, node.kill, again, "empty (no persistence)"))
+        url = "redlock://" + ",".join(n.address for n in nodes)
+        yield Deployment(kind, url, register, nodes)
+
+
+def register_for(kind: str, url: str, tmp: Path, run_id: str) -> str:
+    if kind not in ("redis", "redlock", "postgres"):
+        return f"sqlite:{tmp / 'register.db'}#drill-{run_id}"
+    if kind in ("redis", "redlock"):
+        _scheme, auth, endpoints, rest = split_url(url)
+        host, port = endpoints[0]
+        db = rest if kind == "redis" else ""
+        return f"redis://{auth}{host}:{port}{db.partition('?')[0]}#asynclock-drill:{run_id}"
+    return f"{url}#drill-{run_id}"
+
+
+@contextlib.asynccontextmanager
+async def deployment(
+    url: str | None,
+    spawn: str | None,
+    faults: Sequence[str],
+    allow_remote_faults: bool,
+    tmp: Path,
+    run_id: str,
+) -> AsyncIterator[Deployment]:
+    if (url is None) == (spawn is None):
+        raise ValueError(
+            "give exactly one of url= (your deployment) or spawn= (one of "
+            f"{', '.join(SPAWN)}: throwaway servers on this machine)"
+        )
+    if spawn is not None:
+        if spawn not in SPAWN:
+            raise ValueError(f"spawn must be one of {', '.join(SPAWN)}, got {spawn!r}")
+        # Starting servers blocks (and PostgreSQL's set-up runs an event loop of its own).
+        stack = contextlib.ExitStack()
+        dep = await anyio.to_thread.run_sync(stack.enter_context, spawned(spawn, tmp, run_id))
+        try:
+            yield dep
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(stack.close)
+        return
+    assert url is not None
+    kind = check_url(url, faults, allow_remote_faults)
+    yield Deployment(kind, url, register_for(kind, url, tmp, run_id))
