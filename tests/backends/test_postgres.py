@@ -734,3 +734,30 @@ async def test_max_ttl_in_both_modes(fresh_db: str, mode: str) -> None:
     url = fresh_db + ("?mode=lease" if mode == "lease" else "")
     async with asynclock.connect(url) as backend:
         await check_max_ttl(backend, f"max-ttl-{mode}")
+
+
+@pytest.mark.parametrize("mode", ["session", "lease"])
+async def test_tasks_of_one_process_take_turns_on_a_name(pg_server: PgServer, mode: str) -> None:
+    """Four tasks loop acquire/release on one name. Before the local queue, the task that
+    had just released took the name again at once (its first attempt needs no wake-up),
+    so the others, woken by the release, kept losing: most tasks never held it at all."""
+    lock_name = f"turns:{uuid.uuid4()}"
+    holds = [0, 0, 0, 0]
+    everyone_held = anyio.Event()
+
+    async with asynclock.connect(url_for(pg_server, mode)) as backend:
+
+        async def worker(i: int) -> None:
+            while not everyone_held.is_set():
+                async with backend.lock(lock_name, ttl=5.0, timeout=20):
+                    holds[i] += 1
+                    if all(holds):
+                        everyone_held.set()
+                    await anyio.lowlevel.checkpoint()
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for i in range(4):
+                    tg.start_soon(worker, i)
+    # Each took its turn early on: nobody held it many times over while another waited.
+    assert all(holds) and max(holds) <= 3, holds

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections import deque
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -13,7 +14,7 @@ import anyio
 import asyncpg  # type: ignore[import-untyped]  # no stubs; see fence/sql.py Protocols
 
 from ..._core.asyncio_only import require_asyncio
-from ..._core.driver import Driver
+from ..._core.driver import Busy, Driver, leave_queue
 from ..._core.errors import map_errors
 from ..._core.exceptions import BackendUnavailable
 from ..._core.validation import check_seconds
@@ -97,6 +98,9 @@ class PostgresDriver(Driver):
         self._channels: dict[str, dict[str, int]] = {}
         # Channels LISTENed to, with their waiter key held, on the current listener.
         self._announced: set[str] = set()
+        # This process's blocking waiters per name, first come first served: PostgreSQL
+        # keeps no queue, and without one the task that just released wins every race.
+        self._queues: dict[str, deque[str]] = {}
 
     def __repr__(self) -> str:
         return f"<PostgresDriver {self.display} mode={self.mode}>"
@@ -163,6 +167,30 @@ class PostgresDriver(Driver):
             f"connections to PostgreSQL: one pinned that carries {carries} and one for "
             f"LISTEN (release notifications). The {fix}."
         )
+
+    # -- local turns -------------------------------------------------------------------------
+
+    def _not_your_turn(self, name: str, owner: str, queue: bool) -> Busy | None:
+        """Busy (no round trip) while a task of this process that waited longer is queued
+        for ``name``; a blocking ``owner`` joins the queue."""
+        waiting = self._queues.get(name)
+        if not waiting or waiting[0] == owner:
+            return None
+        if queue and owner not in waiting:
+            waiting.append(owner)
+        return Busy(self.poll)
+
+    def _took_turn(self, name: str, owner: str, queue: bool, result: int | Busy) -> int | Busy:
+        """After a server attempt: a grant leaves the queue, a busy blocking one joins it."""
+        if not isinstance(result, Busy):
+            leave_queue(self._queues, name, owner)
+        elif queue and owner not in self._queues.setdefault(name, deque()):
+            self._queues[name].append(owner)
+        return result
+
+    async def abandon(self, name: str, owner: str) -> None:
+        if leave_queue(self._queues, name, owner):
+            self._wake(name)  # the head may have left: let the next waiter try now
 
     async def open(self) -> None:
         require_asyncio(self.display, "asyncpg")

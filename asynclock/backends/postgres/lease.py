@@ -31,7 +31,10 @@ class LeaseDriver(PostgresDriver):
     ) -> int | Busy:
         # A token scope needs nothing here: one sequence (above the durable epoch) orders
         # every token of every name and mode, so a scope's tokens already rise (G2).
-        return await self._acquire(name, owner, ttl)
+        turn = self._not_your_turn(name, owner, queue)
+        if turn is not None:
+            return turn
+        return self._took_turn(name, owner, queue, await self._acquire(name, owner, ttl))
 
     async def _acquire(
         self, name: str, owner: str, ttl: float, *, raced: bool = False

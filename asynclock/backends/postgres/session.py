@@ -88,12 +88,16 @@ class SessionDriver(PostgresDriver):
     ) -> int | Busy:
         # A token scope needs nothing here: one sequence (above the durable epoch) orders
         # every token of every name and mode, so a scope's tokens already rise (G2).
+        turn = self._not_your_turn(name, owner, queue)
+        if turn is not None:
+            return turn
         # Under the connection lock: a release in flight on our session finishes first.
         async with self._io:
             for retry in (True, False):
                 conn = await self._main()
                 try:
-                    return await self._session_acquire(conn, name, owner, ttl)
+                    result = await self._session_acquire(conn, name, owner, ttl)
+                    return self._took_turn(name, owner, queue, result)
                 except Exception as exc:
                     if not self._dead(conn, exc):
                         raise
