@@ -114,20 +114,8 @@ class ClaimingJobExecutor(JobExecutor):  # type: ignore[misc]
                 "url_or_backend must be a lock URL (str) or an asynclock.Backend that is "
                 f"not open yet, not {type(url_or_backend).__name__}"
             )
-        if isinstance(claim_ttl, bool) or not isinstance(claim_ttl, (int, float)):
-            raise TypeError(
-                f"claim_ttl must be a number of seconds, not {type(claim_ttl).__name__}"
-            )
-        if not 0 < claim_ttl < math.inf:
-            raise ValueError(f"claim_ttl must be a finite number of seconds > 0, got {claim_ttl!r}")
-        if isinstance(clock_skew, bool) or not isinstance(clock_skew, (int, float)):
-            raise TypeError(
-                f"clock_skew must be a number of seconds, not {type(clock_skew).__name__}"
-            )
-        if not 0 <= clock_skew < math.inf:
-            raise ValueError(
-                f"clock_skew must be a finite number of seconds >= 0, got {clock_skew!r}"
-            )
+        claim_ttl = _seconds(claim_ttl, "claim_ttl", zero_ok=False)
+        clock_skew = _seconds(clock_skew, "clock_skew", zero_ok=True)
         if inner is None:
             inner = AsyncJobExecutor()
         if isinstance(inner, ClaimingJobExecutor):
@@ -263,3 +251,13 @@ class _ThreadStop:
                         _set_async_exc(ctypes.c_ulong(self.thread), None)
 
         return run
+
+
+def _seconds(value: object, what: str, *, zero_ok: bool) -> float:
+    """A finite number of seconds, > 0 (or >= 0 with ``zero_ok``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
+    if not math.isfinite(value) or (value < 0 if zero_ok else value <= 0):
+        bound = ">= 0" if zero_ok else "> 0"
+        raise ValueError(f"{what} must be a finite number of seconds {bound}, got {value!r}")
+    return float(value)
