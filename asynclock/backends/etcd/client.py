@@ -199,15 +199,20 @@ class EtcdClient:
         channel, self._channel = self._channel, None
         self._unary.clear()
         await self._close_retired(math.inf)
-        with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
-            # Every stream read and write ends before the channel does: grpc delivers
-            # late completions to the loop they came from, even a closed one.
-            for task in list(self._inflight):
-                await _wait_done(task)
-            for call in list(self._streams):
-                await _wait_call(call)
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(2.0):
+                # Every stream read and write ends before the channel does: grpc delivers
+                # late completions to the loop they came from, even a closed one.
+                for task in list(self._inflight):
+                    await _wait_done(task)
+                for call in list(self._streams):
+                    await _wait_call(call)
+            # Closed even when those waits ran out of time: an open channel keeps grpc's
+            # poller bound to this loop, and the next loop's callbacks then fail with
+            # "Event loop is closed" (seen once on a loaded machine).
             if channel is not None:
-                await _settle(channel.close(grace=None))
+                with anyio.move_on_after(2.0):
+                    await _settle(channel.close(grace=None))
 
     async def _target(self) -> tuple[list[str], list[tuple[str, Any]]]:
         hosts = self.endpoints.hosts
