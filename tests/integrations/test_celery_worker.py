@@ -3,6 +3,7 @@ on a real Redis broker and result backend; locks on Redis and on SQLite."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -51,6 +52,23 @@ def lock_url_for(kind: str, server: RedisServer, directory: Path) -> str:
     return f"sqlite:///{directory / 'locks.db'}"
 
 
+@contextlib.contextmanager
+def running_worker(
+    server: RedisServer, directory: Path, *, kind: str, pool: str, concurrency: int
+) -> Iterator[tuple[CeleryWorker, str]]:
+    """A real `celery worker` on ``server`` with locks on ``kind`` (redis or sqlite), and
+    its lock URL; stopped on exit."""
+    url = lock_url_for(kind, server, directory)
+    configure_client(server)
+    worker = start_celery_worker(
+        server, directory, pool=pool, concurrency=concurrency, lock_url=url, ttl=TTL
+    )
+    try:
+        yield worker, url
+    finally:
+        worker.stop()
+
+
 @pytest.fixture(scope="module", params=["redis", "sqlite"])
 def prefork(
     request: pytest.FixtureRequest,
@@ -58,15 +76,10 @@ def prefork(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[CeleryWorker, str]]:
     directory = tmp_path_factory.mktemp(f"prefork-{request.param}")
-    url = lock_url_for(request.param, celery_redis, directory)
-    configure_client(celery_redis)
-    worker = start_celery_worker(
-        celery_redis, directory, pool="prefork", concurrency=2, lock_url=url, ttl=TTL
-    )
-    try:
-        yield worker, url
-    finally:
-        worker.stop()
+    with running_worker(
+        celery_redis, directory, kind=request.param, pool="prefork", concurrency=2
+    ) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
@@ -75,15 +88,8 @@ def solo(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[CeleryWorker, str]]:
     directory = tmp_path_factory.mktemp("solo")
-    url = lock_url_for("redis", celery_redis, directory)
-    configure_client(celery_redis)
-    worker = start_celery_worker(
-        celery_redis, directory, pool="solo", concurrency=1, lock_url=url, ttl=TTL
-    )
-    try:
-        yield worker, url
-    finally:
-        worker.stop()
+    with running_worker(celery_redis, directory, kind="redis", pool="solo", concurrency=1) as w:
+        yield w
 
 
 def send(task: Any, worker: CeleryWorker, *args: Any, **kwargs: Any) -> Any:
@@ -309,12 +315,10 @@ def test_threads_pool_interrupts_a_python_loop(
     tmp_path: Path,
 ) -> None:
     """-P threads: the body is not on the main thread; LeaseLost comes as an async exception."""
-    url = lock_url_for("redis", celery_redis, tmp_path)
-    configure_client(celery_redis)
-    worker = start_celery_worker(
-        celery_redis, tmp_path, pool="threads", concurrency=2, lock_url=url, ttl=TTL
-    )
-    try:
+    with running_worker(celery_redis, tmp_path, kind="redis", pool="threads", concurrency=2) as (
+        worker,
+        url,
+    ):
         key = str(unique())
         result = send(tasks.spin_swallow, worker, key)
         started = worker.expect("started", key=key)
@@ -329,20 +333,16 @@ def test_threads_pool_interrupts_a_python_loop(
         assert result.state == "FAILURE"
         assert isinstance(result.result, asynclock.LeaseLost)
         assert send(tasks.report, worker, 3).get(timeout=WAIT) == "report:3:eu"
-    finally:
-        worker.stop()
 
 
 def test_warm_shutdown_finishes_the_run_and_releases(
     celery_redis: RedisServer,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    url = lock_url_for("redis", celery_redis, tmp_path)
-    configure_client(celery_redis)
-    worker = start_celery_worker(
-        celery_redis, tmp_path, pool="solo", concurrency=1, lock_url=url, ttl=TTL
-    )
-    try:
+    with running_worker(celery_redis, tmp_path, kind="redis", pool="solo", concurrency=1) as (
+        worker,
+        url,
+    ):
         key = str(unique())
         result = send(tasks.hold_long, worker, key)
         holding = worker.expect("holding", key=key)
@@ -350,8 +350,6 @@ def test_warm_shutdown_finishes_the_run_and_releases(
         worker.go(key)
         assert result.get(timeout=WAIT) == holding["token"]
         assert worker.process.wait(timeout=WAIT) == 0
-    finally:
-        worker.stop()
 
     async def free_now() -> None:  # released at the end of the run (its ttl is 30 s)
         async with asynclock.connect(url) as backend:
