@@ -316,8 +316,9 @@ class Backend(Renewer):
                 f"({self.margin:g}s); use a ttl of at least {2 * self.margin + 0.001:g}s"
             )
         # Unique per acquisition: 96 random bits per backend plus a counter (a syscall for
-        # fresh randomness on every acquisition showed up in the fast path).
-        owner = f"{self._owner_prefix}{next(self._owner_seq):08x}{owner_tag}"
+        # fresh randomness on every acquisition showed up in the fast path; %-formatting
+        # is half the cost of an f-string with a format spec).
+        owner = "%s%08x%s" % (self._owner_prefix, next(self._owner_seq), owner_tag)  # noqa: UP031
         self._pending += 1
         try:
             # The first attempt, inline (the loop in _wait repeats it): most acquisitions
