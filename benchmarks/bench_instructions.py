@@ -94,8 +94,7 @@ def child(row: str, holds: int) -> None:
 
     import asynclock
     from asynclock.backends.memory import MemoryDriver
-
-    from .bench_overhead import row_cycles
+    from benchmarks.bench_overhead import row_cycles
 
     class RemoteMemory(MemoryDriver):
         remote = True  # take the suspending backends' path through the core
@@ -111,11 +110,11 @@ def child(row: str, holds: int) -> None:
 
 def count(row: str, holds: int, package: Path | None) -> int:
     """Instructions callgrind counts for a whole child run of ``holds`` holds."""
-    path = [str(package)] if package else []
-    code = (
-        f"import sys; sys.path[:0] = {[*path, str(ROOT)]!r}; "
-        f"from benchmarks.bench_instructions import child; child({row!r}, {holds})"
-    )
+    # The project root is importable (editable install); PYTHONPATH puts a copy of the
+    # package in front of it.
+    # A fixed hash seed: dict and set probes then repeat from run to run.
+    env = {**os.environ, "PYTHONPATH": str(package) if package else "", "PYTHONHASHSEED": "0"}
+    code = f"from benchmarks.bench_instructions import child; child({row!r}, {holds})"
     with tempfile.TemporaryDirectory(prefix="asynclock-ir-") as tmp:
         valgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out"]
         out = subprocess.run(
@@ -125,6 +124,7 @@ def count(row: str, holds: int, package: Path | None) -> int:
             timeout=1800,
             check=False,
             cwd=tmp,
+            env=env,
         )
     found = re.search(r"Collected : (\d+)", out.stderr)
     if out.returncode != 0 or found is None:
@@ -156,7 +156,7 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("needs valgrind on PATH (Debian: apt-get install valgrind)")
-    from .bench_overhead import ROWS
+    from benchmarks.bench_overhead import ROWS
 
     with tempfile.TemporaryDirectory(prefix="asynclock-ablate-") as tmp:
         jobs: dict[str, tuple[str, Path | None]] = {row: (row, None) for row in ROWS}
