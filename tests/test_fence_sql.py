@@ -149,6 +149,72 @@ async def test_asyncpg_check_outside_a_transaction_is_refused(pg_server: PgServe
         await pool.close()
 
 
+async def test_asyncpg_transaction_commits_checked_writes_and_rolls_back_the_rest(
+    pg_server: PgServer,
+) -> None:
+    fence = SQLFence("fence_tx")
+    conn = await asyncpg.connect(pg_server.url())
+    try:
+        await fence.create_asyncpg(conn)
+        await conn.execute("CREATE TABLE fence_tx_rows (v int)")
+        async with fence.asyncpg_transaction(conn, "k", 5) as same:
+            assert same is conn and conn.is_in_transaction()
+            await conn.execute("INSERT INTO fence_tx_rows VALUES (5)")
+        assert not conn.is_in_transaction()
+        with pytest.raises(asynclock.StaleToken) as stale:
+            async with fence.asyncpg_transaction(conn, "k", 4):
+                pytest.fail("the body must not run for a stale token")
+        assert (stale.value.token, stale.value.current) == (4, 5)
+        with pytest.raises(ZeroDivisionError):
+            async with fence.asyncpg_transaction(conn, "k", 6):
+                await conn.execute("INSERT INTO fence_tx_rows VALUES (6)")
+                raise ZeroDivisionError
+        assert not conn.is_in_transaction()
+        assert [r["v"] for r in await conn.fetch("SELECT v FROM fence_tx_rows")] == [5]
+        assert await conn.fetchval("SELECT token FROM fence_tx WHERE key = 'k'") == 5
+        async with conn.transaction():
+            with pytest.raises(ValueError, match="already in one; call check_asyncpg"):
+                async with fence.asyncpg_transaction(conn, "k", 7):
+                    pass
+        for bad in (0, -1.0, float("inf"), float("nan"), "5"):
+            with pytest.raises(ValueError, match="rollback_timeout must be a finite number"):
+                async with fence.asyncpg_transaction(conn, "k", 7, rollback_timeout=bad):  # type: ignore[arg-type]
+                    pass
+        assert not conn.is_in_transaction()
+    finally:
+        await conn.close()
+    pool = await asyncpg.create_pool(pg_server.url(), min_size=1, max_size=1)
+    try:
+        with pytest.raises(TypeError, match=r"asyncpg_transaction\(\) needs.*not Pool"):
+            async with fence.asyncpg_transaction(pool, "k", 7):
+                pass
+    finally:
+        await pool.close()
+
+
+async def test_asyncpg_transaction_rolls_back_a_lost_leases_write(pg_server: PgServer) -> None:
+    """A lost lease cancels every await in its body, a plain transaction's rollback too;
+    asyncpg_transaction's rollback is shielded, so the connection comes back usable."""
+    fence = SQLFence("fence_lost")
+    conn = await asyncpg.connect(pg_server.url())
+    try:
+        await fence.create_asyncpg(conn)
+        await conn.execute("CREATE TABLE fence_lost_rows (v int)")
+        async with asynclock.connect("memory://") as backend:
+            with pytest.raises(asynclock.LeaseLost, match="break_lock"):
+                async with backend.lock("k", ttl=10) as lease:
+                    async with fence.asyncpg_transaction(conn, "k", lease.token):
+                        await conn.execute("INSERT INTO fence_lost_rows VALUES (1)")
+                        await backend.break_lock("k")  # lost: the body is cancelled
+                        await conn.execute("SELECT pg_sleep(60)")  # cancelled at once
+                        pytest.fail("the body ran on after its lease was lost")
+        assert not conn.is_in_transaction()
+        assert await conn.fetchval("SELECT count(*) FROM fence_lost_rows") == 0
+        assert await conn.fetchval("SELECT count(*) FROM fence_lost") == 0
+    finally:
+        await conn.close()
+
+
 # -- every fence input checked the same way on every driver, before any SQL (item 15) -------
 
 BAD_INPUTS: list[tuple[object, object, type[Exception], str]] = [

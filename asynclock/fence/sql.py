@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import re
 import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any, Protocol, TypeVar
+
+import anyio
 
 from .._core.exceptions import StaleToken
 from .._core.validation import check_token
@@ -33,6 +36,18 @@ class _AsyncPG(Protocol):
 
     def is_in_transaction(self) -> bool: ...
 
+    def transaction(self) -> _AsyncPGTransaction: ...
+
+
+class _AsyncPGTransaction(Protocol):
+    async def start(self) -> None: ...
+
+    async def commit(self) -> None: ...
+
+    async def rollback(self) -> None: ...
+
+
+_Conn = TypeVar("_Conn", bound=_AsyncPG)
 
 #: The longest fence key, in UTF-8 bytes: the bound on lock names, so a lock name (the
 #: usual fence key) always fits, far below PostgreSQL's btree entry limit (~2.7 kB).
@@ -217,20 +232,64 @@ class SQLFence:
         Raises :class:`RuntimeError` (nothing written) outside a transaction, where the
         mark would autocommit on its own, not atomically with your write."""
         key, token = self._args(key, token)
-        in_transaction = getattr(conn, "is_in_transaction", None)
-        if in_transaction is None:
-            raise TypeError(
-                f"check_asyncpg() needs an asyncpg connection in a transaction, not "
-                f"{type(conn).__name__} (a pool runs each statement on whichever connection "
-                "is free): `async with pool.acquire() as conn, conn.transaction():`"
-            )
-        if not in_transaction():
+        if not _asyncpg_connection(conn, "check_asyncpg()").is_in_transaction():
             raise RuntimeError(
                 "check_asyncpg() must run inside the transaction that does the write, but "
                 "no transaction is open on this connection: the mark would autocommit on its "
                 "own, not atomically with your write. Wrap the check and your writes in "
                 "`async with conn.transaction():`"
             )
+        await self._pg_check_in_transaction(conn, key, token)
+
+    async def _pg_check_in_transaction(self, conn: _AsyncPG, key: str, token: int) -> None:
         if await conn.fetchval(self._pg_check, key, token) is None:
             current = await conn.fetchval(self._pg_current, key)
             raise StaleToken(key, token, None if current is None else int(current))
+
+    @asynccontextmanager
+    async def asyncpg_transaction(
+        self, conn: _Conn, key: str, token: int, *, rollback_timeout: float = 5.0
+    ) -> AsyncIterator[_Conn]:
+        """Open a transaction on ``conn``, check the fence, run your writes, commit.
+
+        On any exception, a lost lease's cancellation included, the transaction is rolled
+        back *shielded* (for at most ``rollback_timeout`` seconds), so the connection
+        comes back usable. Inside a lost lease's ``async with`` every await is cancelled,
+        the rollback of a plain ``async with conn.transaction():`` too, which leaves a
+        connection of your own (not a pool's: a pool resets it on release) in an aborted
+        transaction. ``conn`` must not be in a transaction already; inside one, call
+        :meth:`check_asyncpg` instead.
+        """
+        key, token = self._args(key, token)
+        if not (isinstance(rollback_timeout, int | float) and 0 < rollback_timeout < math.inf):
+            raise ValueError(
+                f"rollback_timeout must be a finite number of seconds > 0, got {rollback_timeout!r}"
+            )
+        if _asyncpg_connection(conn, "asyncpg_transaction()").is_in_transaction():
+            raise ValueError(
+                "asyncpg_transaction() starts its own transaction, but the connection is "
+                "already in one; call check_asyncpg() inside your transaction instead"
+            )
+        transaction = conn.transaction()
+        await transaction.start()
+        try:
+            await self._pg_check_in_transaction(conn, key, token)
+            yield conn
+            await transaction.commit()
+        except BaseException:
+            if conn.is_in_transaction():
+                with anyio.move_on_after(rollback_timeout, shield=True):
+                    await transaction.rollback()
+            raise
+
+
+def _asyncpg_connection(conn: _AsyncPG, call: str) -> _AsyncPG:
+    """``conn`` if it is one asyncpg connection (a pool is refused: it runs each statement
+    on whichever connection is free)."""
+    if getattr(conn, "is_in_transaction", None) is None:
+        raise TypeError(
+            f"{call} needs an asyncpg connection, not {type(conn).__name__} (a pool runs "
+            "each statement on whichever connection is free): "
+            "`async with pool.acquire() as conn:`"
+        )
+    return conn
