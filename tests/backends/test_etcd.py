@@ -98,6 +98,18 @@ async def test_a_url_password_is_not_in_an_unreachable_servers_error() -> None:
     assert "s3cret-pw" not in repr(caught.value)
 
 
+async def test_the_clients_own_errors_name_the_backend() -> None:
+    """Errors the etcd client raises itself start with the backend's display, like the
+    mapped ones (they started with a bare "etcd:")."""
+    url = "etcd://root:s3cret-pw@nosuch.invalid:2379,127.0.0.1:1?timeout=2"
+    with pytest.raises(asynclock.BackendUnavailable) as caught:
+        async with asynclock.connect(url):
+            pass  # pragma: no cover
+    message = str(caught.value)
+    assert message.startswith("etcd://nosuch.invalid:2379,127.0.0.1:1: cannot resolve"), message
+    assert "s3cret-pw" not in message
+
+
 async def test_blackholed_endpoint_fails_within_the_call_timeout(
     etcd_factory: EtcdFactory, etcd_cluster: EtcdCluster
 ) -> None:

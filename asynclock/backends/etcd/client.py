@@ -181,7 +181,7 @@ class EtcdClient:
         self._channel = self._new_channel()
         self._unary.clear()
         self.failovers += 1
-        logger.info("etcd: failing over to %s", self._addresses[0])
+        logger.info("%s: failing over to %s", self.errors.display, self._addresses[0])
         self._ka_reset.set()  # the streams reopen on the new channel
         self._w_reset.set()
 
@@ -243,7 +243,9 @@ class EtcdClient:
                     with anyio.fail_after(self.timeout):
                         infos = await anyio.getaddrinfo(host, port, type=0)
                 except (OSError, TimeoutError) as exc:
-                    raise BackendUnavailable(f"etcd: cannot resolve {host!r}: {exc}") from exc
+                    raise BackendUnavailable(
+                        f"{self.errors.display}: cannot resolve {host!r}: {exc}"
+                    ) from exc
                 addrs = list(dict.fromkeys(str(info[4][0]) for info in infos))
             for addr in addrs:
                 if ipaddress.ip_address(addr).version == 4:
@@ -265,7 +267,7 @@ class EtcdClient:
         method = self._unary.get(path)
         if method is None:
             if self._channel is None:
-                raise BackendUnavailable("etcd: the client is closed")
+                raise BackendUnavailable(f"{self.errors.display}: the client is closed")
             method = self._channel.unary_unary(
                 path,
                 request_serializer=_serialize,
@@ -382,7 +384,7 @@ class EtcdClient:
             self._ka_reset.set()
             self._failed_over("DEADLINE_EXCEEDED")
             raise EtcdError(
-                "etcd: keep-alive not acknowledged in time", "DEADLINE_EXCEEDED"
+                f"{self.errors.display}: keep-alive not acknowledged in time", "DEADLINE_EXCEEDED"
             ) from None
         # An unanswered waiter stays in line (until its ack, or the stream breaks): acks come
         # back in order, so a late ack must answer its own request, never a later one —
@@ -492,7 +494,9 @@ class EtcdClient:
             self._streams.add(call)
             call.add_done_callback(self._streams.discard)
             got_reply = False
-            error: BaseException = EtcdError(f"etcd: {path} stream ended", "UNAVAILABLE")
+            error: BaseException = EtcdError(
+                f"{self.errors.display}: {path} stream ended", "UNAVAILABLE"
+            )
             # One read is always outstanding and is never cancelled (cancelling a read
             # cancels the whole call, and its completions would outlive the event loop);
             # the stream ends by half-closing it and reading to the end.
@@ -535,7 +539,8 @@ class EtcdClient:
                 error = self._error(path, exc)
             except (Exception, BaseExceptionGroup) as exc:  # any break
                 error = EtcdError(
-                    self.errors.scrub(f"etcd: {path} stream broke: {exc!r}"), "UNAVAILABLE"
+                    self.errors.scrub(f"{self.errors.display}: {path} stream broke: {exc!r}"),
+                    "UNAVAILABLE",
                 )
             finally:
                 with anyio.CancelScope(shield=True):

@@ -127,7 +127,7 @@ class EtcdDriver(Watching, Driver):
                     t_send = self.clock.now()
                     reply = await self.client.grant(requested_ttl(ttl))
                 if reply.error or reply.TTL <= 0:
-                    raise BackendUnavailable(f"etcd: lease grant refused: {reply.error}")
+                    raise BackendUnavailable(f"{self.display}: lease grant refused: {reply.error}")
                 session = Session(ttl, reply.ID, reply.TTL, t_send)
                 self.sessions[ttl] = session
                 self._poke.set()
@@ -180,7 +180,9 @@ class EtcdDriver(Watching, Driver):
         if failed:
             raise failed[0]
         if session.dead:
-            raise BackendUnavailable(f"etcd: lease {session.lease_id:x} expired at the server")
+            raise BackendUnavailable(
+                f"{self.display}: lease {session.lease_id:x} expired at the server"
+            )
         return result
 
     async def _keep_alive(self, sessions: Sequence[Session]) -> None:
@@ -256,7 +258,9 @@ class EtcdDriver(Watching, Driver):
                 await self._drop(slot)
                 return await self._holder_left(slot.holder_lease)
             return result  # its cursor says what to watch: see watch()
-        raise BackendUnavailable(f"etcd: could not queue for {name!r}: our key kept vanishing")
+        raise BackendUnavailable(
+            f"{self.display}: could not queue for {name!r}: our key kept vanishing"
+        )
 
     async def _attempt(self, name: str, slot: _Slot, session: Session) -> int | Busy | None:
         """One txn: create our key (or look at it again) and see who holds the name.
