@@ -308,9 +308,15 @@ async def test_nodes_that_connect_during_a_fan_out_run_to_their_own_timeout(
     """Many acquisitions at once outrun the idle connections, so their fan-outs connect
     to nodes in tasks of their own; one node is frozen, so each fan-out's shared deadline
     fires. Those connecting to the live nodes must go on to answer (the deadline cancels
-    only the reading task), so every acquisition still finds a quorum."""
+    only the reading task), so every acquisition still finds a quorum.
+
+    The node timeout is 1 s here, not NODE_TIMEOUT: the burst opens ~80 connections at
+    once, and on a loaded 2-core machine that took longer than 0.15 s (every live node
+    "no answer within 0.15s" in one full-suite run). What is tested is that the live
+    nodes' answers are kept when the frozen node's deadline fires, not how fast a burst
+    connects."""
     servers = redis_factory.many(5)
-    async with asynclock.connect(redlock_url(servers), node_timeout=NODE_TIMEOUT) as backend:
+    async with asynclock.connect(redlock_url(servers), node_timeout=1.0) as backend:
         async with backend.lock("warm", ttl=5.0):
             pass  # one idle connection per node, no more
         servers[4].freeze()
