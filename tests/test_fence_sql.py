@@ -176,8 +176,16 @@ async def test_asyncpg_transaction_commits_checked_writes_and_rolls_back_the_res
             with pytest.raises(ValueError, match="already in one; call check_asyncpg"):
                 async with fence.asyncpg_transaction(conn, "k", 7):
                     pass
-        for bad in (0, -1.0, float("inf"), float("nan"), "5"):
-            with pytest.raises(ValueError, match="rollback_timeout must be a finite number"):
+        bad_timeouts: list[tuple[object, type[Exception], str]] = [
+            (0, ValueError, "finite number of seconds > 0"),
+            (-1.0, ValueError, "finite number of seconds > 0"),
+            (float("inf"), ValueError, "finite number of seconds > 0"),
+            (float("nan"), ValueError, "not NaN"),
+            ("5", TypeError, "not str"),
+            (True, TypeError, "not bool"),
+        ]
+        for bad, error, message in bad_timeouts:
+            with pytest.raises(error, match=f"rollback_timeout must be a .*{message}"):
                 async with fence.asyncpg_transaction(conn, "k", 7, rollback_timeout=bad):  # type: ignore[arg-type]
                     pass
         assert not conn.is_in_transaction()

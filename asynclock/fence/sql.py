@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import math
+import contextlib
 import re
 import sqlite3
 from collections.abc import AsyncIterator, Iterator
@@ -12,7 +12,7 @@ from typing import Any, Protocol, TypeVar
 import anyio
 
 from .._core.exceptions import StaleToken
-from .._core.validation import check_token
+from .._core.validation import check_token, check_ttl
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$")
 
@@ -261,10 +261,7 @@ class SQLFence:
         :meth:`check_asyncpg` instead.
         """
         key, token = self._args(key, token)
-        if not (isinstance(rollback_timeout, int | float) and 0 < rollback_timeout < math.inf):
-            raise ValueError(
-                f"rollback_timeout must be a finite number of seconds > 0, got {rollback_timeout!r}"
-            )
+        bound = check_ttl(rollback_timeout, what="rollback_timeout")
         if _asyncpg_connection(conn, "asyncpg_transaction()").is_in_transaction():
             raise ValueError(
                 "asyncpg_transaction() starts its own transaction, but the connection is "
@@ -278,7 +275,9 @@ class SQLFence:
             await transaction.commit()
         except BaseException:
             if conn.is_in_transaction():
-                with anyio.move_on_after(rollback_timeout, shield=True):
+                # What the body raised (a lost lease's cancellation too) is what propagates;
+                # a rollback that fails as well leaves the connection for asyncpg to report.
+                with anyio.move_on_after(bound, shield=True), contextlib.suppress(Exception):
                     await transaction.rollback()
             raise
 
