@@ -11,7 +11,7 @@ from .clock import Clock
 from .exceptions import LeaseLost
 
 if TYPE_CHECKING:
-    from .backend import Backend
+    from .acquisition import Holding
 
 
 class LossSignal:
@@ -82,7 +82,7 @@ class Lease:
         acquired_at: float,
         deadline: float,
         hard_deadline: float | None,
-        backend: Backend,
+        backend: Holding,
     ) -> None:
         self.name = name
         self.owner = owner

@@ -16,7 +16,7 @@ from redis.crc import key_slot
 
 import asynclock
 import asynclock.testing
-from asynclock._core.backend import DEFAULT_POLL
+from asynclock._core.acquisition import DEFAULT_POLL
 from asynclock.backends.redis import Deadlines, RedisDriver, display_url, keys_for
 from tests.support.procs import start_worker
 from tests.support.redis_servers import RedisFactory, RedisServer, wait_until
