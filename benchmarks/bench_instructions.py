@@ -28,9 +28,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from typing import Any
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -79,7 +79,11 @@ ABLATIONS: dict[str, list[tuple[str, str, str]]] = {
         ("_core/acquisition.py", "self._stats.released += 1", "pass"),
     ],
     "renewer/watchdog wake checks": [
-        ("_core/acquisition.py", "        if first_renewal < self._next_round:", "        if False:"),
+        (
+            "_core/acquisition.py",
+            "        if first_renewal < self._next_round:",
+            "        if False:",
+        ),
         (
             "_core/acquisition.py",
             "        if (deadline if hard is None else min(deadline, hard)) < self._watch_until:",

@@ -123,7 +123,7 @@ async def test_extend_shorter_moves_the_deadline_and_the_heartbeat(
             # The heartbeat follows the shorter ttl (every 0.5 s), or the lease would be
             # lost at its new deadline.
             for _ in range(4):  # past the new deadline
-                await backend._renewal_round()
+                await asynclock.testing.next_renewal_round(backend)
             assert not lease.lost
             assert await backend.validate(lock_name, lease.token)
 

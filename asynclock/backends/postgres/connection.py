@@ -169,6 +169,9 @@ class PostgresDriver(Driver):
         )
 
     # -- local turns -------------------------------------------------------------------------
+    # A token scope (``acquire(..., scope=)``) needs nothing in either mode: one sequence
+    # (above the durable epoch) orders every token of every name and mode, so a scope's
+    # tokens already rise (G2).
 
     def _not_your_turn(self, name: str, owner: str, queue: bool) -> Busy | None:
         """Busy (no round trip) while a task of this process that waited longer is queued

@@ -29,11 +29,8 @@ class LeaseDriver(PostgresDriver):
     async def acquire(
         self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
     ) -> int | Busy:
-        # A token scope needs nothing here: one sequence (above the durable epoch) orders
-        # every token of every name and mode, so a scope's tokens already rise (G2).
-        turn = self._not_your_turn(name, owner, queue)
-        if turn is not None:
-            return turn
+        if (turn := self._not_your_turn(name, owner, queue)) is not None:
+            return turn  # ``scope`` needs nothing here (see "local turns" in connection.py)
         return self._took_turn(name, owner, queue, await self._acquire(name, owner, ttl))
 
     async def _acquire(

@@ -86,11 +86,8 @@ class SessionDriver(PostgresDriver):
     async def acquire(
         self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
     ) -> int | Busy:
-        # A token scope needs nothing here: one sequence (above the durable epoch) orders
-        # every token of every name and mode, so a scope's tokens already rise (G2).
-        turn = self._not_your_turn(name, owner, queue)
-        if turn is not None:
-            return turn
+        if (turn := self._not_your_turn(name, owner, queue)) is not None:
+            return turn  # ``scope`` needs nothing here (see "local turns" in connection.py)
         # Under the connection lock: a release in flight on our session finishes first.
         async with self._io:
             for retry in (True, False):
