@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from asynclock._harness.servers import free_port
+
 ROUTES = {
     "plain": ("GET", "/plain/{key}", ""),
     "guard": ("GET", "/guard/{key}", ""),
@@ -168,13 +170,6 @@ async def _load(
     return counts[0] / elapsed, used / max(counts[0], 1) * 1e6
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _wait_port(port: int, process: subprocess.Popen[bytes], timeout: float = 30) -> None:
     give_up = time.monotonic() + timeout
     while True:
@@ -207,7 +202,7 @@ def main() -> None:
         factory = RedisFactory(Path(tmp))
         try:
             redis_url = factory().url
-            port = _free_port()
+            port = free_port()
             worker = subprocess.Popen(
                 [sys.executable, __file__, "--serve", redis_url, str(port)],
                 stdin=subprocess.DEVNULL,

@@ -156,3 +156,16 @@ async def test_sending_to_a_worker_that_is_gone_fails_clearly() -> None:
         with pytest.raises(WorkerFailed, match=r"gone is gone \(code 0\): it cannot read 'go'"):
             for _ in range(100):  # the first writes may still land in the pipe's buffer
                 await worker.send("go")
+
+
+def test_server_ports_come_from_below_the_ephemeral_range_never_twice() -> None:
+    """Outgoing connections get their local port from the kernel's ephemeral range, so a
+    server port from that range can be taken by a client socket while a killed server is
+    down for its restart ("Address already in use"); ports come from below it instead."""
+    from asynclock._harness import servers
+
+    low = servers._ephemeral_low()
+    assert low is not None  # Linux: /proc/sys/net/ipv4/ip_local_port_range
+    ports = [servers.free_port() for _ in range(50)]
+    assert len(set(ports)) == len(ports)
+    assert all(low - servers.PORT_SPAN <= port < low for port in ports), ports

@@ -13,6 +13,7 @@ import contextlib
 import importlib
 import os
 import pwd
+import secrets
 import shutil
 import signal
 import socket
@@ -28,12 +29,48 @@ from typing import Any
 START_TIMEOUT = 30.0
 
 
+#: How many ports below the kernel's ephemeral range :func:`free_port` picks from.
+PORT_SPAN = 10_000
+#: Ports :func:`free_port` handed out in this process (never twice).
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int | None:
+    """The first port of the kernel's ephemeral (outgoing connection) range, if known."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 nobody listens on right now."""
+    """A TCP port on 127.0.0.1 nobody uses right now, for a server to listen on.
+
+    Picked at random below the kernel's ephemeral range where that range is known: the
+    kernel gives outgoing connections their local port from that range, so a port taken
+    from it can be taken again by a client connection before the server binds it, or
+    while a killed server is down before its restart ("Address already in use").
+    """
+    low = _ephemeral_low()
+    if low is not None and low > 1024 + PORT_SPAN:
+        for _ in range(200):
+            port = low - 1 - secrets.randbelow(PORT_SPAN)
+            if port not in _handed_out and _bindable(port):
+                _handed_out.add(port)
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        found: int = s.getsockname()[1]
+        return found
 
 
 def _find(name: str, module: str, inside: str, install: str) -> str:

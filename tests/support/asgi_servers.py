@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,14 +19,9 @@ from typing import Any, TypeVar
 import anyio
 import uvicorn
 
+from asynclock._harness.servers import free_port as free_port
+
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class ServerThread:
