@@ -93,6 +93,10 @@ ABLATIONS: dict[str, list[tuple[str, str, str]]] = {
 }
 
 
+#: All of them at once: what the core costs with every piece above taken off the hot path.
+ABLATIONS["every piece above"] = [stub for stubs in ABLATIONS.values() for stub in stubs]
+
+
 def child(row: str, holds: int) -> None:
     """Run ``holds`` holds of ``row`` (in the child, under callgrind)."""
     from asyncio import sleep
