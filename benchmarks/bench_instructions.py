@@ -4,12 +4,15 @@ goes, without the timing noise of ``bench_overhead``.
 The rows are ``bench_overhead``'s (driver alone, scope floor, guarantee floor, asynclock),
 on the memory driver marked ``remote``: the core then takes the path it takes on redis,
 redlock, postgres and etcd (no checkpoint before the attempt, the release bound armed up
-front), minus the I/O. Each row runs ``N`` and ``2N`` holds in a child process under
+front), minus the I/O. The driver suspends once per acquire and per release
+(``asyncio.sleep(0)``), as a round trip does, so resuming through the core's coroutine
+layers is counted too. Each row runs ``N`` and ``2N`` holds in a child process under
 callgrind; instructions per hold = ``(I(2N) - I(N)) / N``, so start-up cancels out.
 
 ``--ablate`` adds rows: the asynclock row again on copies of the package with one piece of
-the core stubbed out each, so each row says what that piece costs. A stub whose code is no
-longer found stops the run (the ablation is stale, not silently zero).
+the core stubbed out each, so each row says what that piece costs, and one with every
+piece stubbed at once. A stub whose code is no longer found stops the run (the ablation is
+stale, not silently zero).
 
 Needs ``valgrind`` on PATH (Debian package ``valgrind``); about a minute per row pair on
 one core, rows run in parallel on every CPU. A comparison table, not a pass/fail test.

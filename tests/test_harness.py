@@ -20,6 +20,7 @@ from asynclock._harness import (
     overlaps,
     process_state,
     read_jsonl,
+    servers,
     spawn,
     stale_writes,
     tokens_out_of_order,
@@ -162,8 +163,6 @@ def test_server_ports_come_from_below_the_ephemeral_range_never_twice() -> None:
     """Outgoing connections get their local port from the kernel's ephemeral range, so a
     server port from that range can be taken by a client socket while a killed server is
     down for its restart ("Address already in use"); ports come from below it instead."""
-    from asynclock._harness import servers
-
     low = servers._ephemeral_low()
     assert low is not None  # Linux: /proc/sys/net/ipv4/ip_local_port_range
     ports = [servers.free_port() for _ in range(50)]
