@@ -1,10 +1,10 @@
 """Instructions per uncontended hold, counted by valgrind (callgrind): where the core's cost
 goes, without the timing noise of ``bench_overhead``.
 
-The rows are ``bench_overhead``'s (driver alone, scope floor, guarantee floor, asynclock),
-on the memory driver marked ``remote``: the core then takes the path it takes on redis,
-redlock, postgres and etcd (no checkpoint before the attempt, the release bound armed up
-front), minus the I/O. The driver suspends once per acquire and per release
+The rows are ``bench_overhead``'s (driver alone, scope floor, guarantee floor, core inline,
+asynclock), on the memory driver marked ``remote``: the core then takes the path it takes
+on redis, redlock, postgres and etcd (no checkpoint before the attempt, the release bound
+armed up front), minus the I/O. The driver suspends once per acquire and per release
 (``asyncio.sleep(0)``), as a round trip does, so resuming through the core's coroutine
 layers is counted too. Each row runs ``N`` and ``2N`` holds in a child process under
 callgrind; instructions per hold = ``(I(2N) - I(N)) / N``, so start-up cancels out.

@@ -1,6 +1,6 @@
 """The core's own cost per hold, on every backend: asynclock against its driver alone.
 
-For each backend four rows run side by side in one process, against one server:
+For each backend five rows run side by side in one process, against one server:
 
 * **driver alone**: the driver's own calls in a bare loop, ``acquire`` then ``release`` (the
   same driver object the backend opened, so the same connections and scripts);
@@ -9,6 +9,10 @@ For each backend four rows run side by side in one process, against one server:
   dict while held;
 * **guarantee floor**: the least Python any hold that keeps G3, G4, G6 and G7 and
   ``current_lease()`` must run, written out inline (see ``row_cycles``);
+* **core inline**: every behaviour the core has on an uncontended hold (the guarantee
+  floor's plus the wrong-loop and ``AlreadyHeld`` checks, the count ``close()`` waits on, a
+  real ``Lease``, the dropped-lease weak reference, stats, DEBUG-log and wake checks),
+  written out inline in one coroutine on the backend's own state: the core with no layers;
 * **asynclock**: ``async with backend.lock(name, ttl=10): pass`` on that backend.
 
 The core's overhead per uncontended hold is ``1/asynclock - 1/driver alone`` (µs), in wall
@@ -39,28 +43,36 @@ import argparse
 import contextlib
 import contextvars
 import itertools
+import logging
 import os
 import random
 import resource
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 
 import asynclock
+from asynclock._core.acquisition import logger
+from asynclock._core.context import HOLDS
+from asynclock._core.lease import Lease
+from asynclock._core.lock import _refuse_nested
 from asynclock.backends import Busy
 
 TTL = 10.0
 TARGET_US = 25.0
 ALL = ("memory", "sqlite", "redis", "redlock", "postgres", "postgres_lease", "etcd")
 
-ROWS = ("driver alone", "scope floor", "guarantee floor", "asynclock")
+ROWS = ("driver alone", "scope floor", "guarantee floor", "core inline", "asynclock")
 
 #: The guarantee floor's hold stack (what ``current_lease()`` reads).
 _FLOOR_HOLDS: contextvars.ContextVar[tuple[object, ...]] = contextvars.ContextVar(
@@ -152,11 +164,93 @@ def row_cycles(backend: asynclock.Backend) -> dict[str, Cycle]:
             finally:
                 bounds.popleft()
 
+    # Every behaviour the core has on an uncontended hold, written out inline in one
+    # coroutine on the backend's own state (what a core with no layers would run): the
+    # wrong-loop and AlreadyHeld checks, the pending count close waits on, a real Lease
+    # (and its LossSignal) found by the renewer, the watchdog and the dropped-lease weak
+    # reference, stats, DEBUG-log checks, the renewer and watchdog wake checks, the hold
+    # stack, the holder scope, the release bound and the release's checks.
+    b: Any = backend
+    get_ident, debug = threading.get_ident, logging.DEBUG
+    life = TTL * (1 - b.drift) - b.margin
+
+    async def inline() -> None:
+        task = b._current_task()
+        if task is None and b._open:
+            b._wrong_loop()
+        holds = HOLDS.get()
+        if holds:
+            _refuse_nested(backend, name, holds, task)
+        if not b._open:
+            b._require_open()
+        if get_ident() != b._thread:
+            b._wrong_loop()
+        owner = "%s%08x%s" % (b._owner_prefix, next(b._owner_seq), "")  # noqa: UP031
+        b._pending += 1
+        try:
+            clock = b.clock
+            t_send = clock.now()
+            token = await driver.acquire(name, owner, TTL, queue=True)
+            if isinstance(token, Busy) or not b._open:
+                raise AssertionError("uncontended acquire found the name busy")
+            deadline = t_send + life
+            lease = Lease(name, owner, token, TTL, clock, t_send, deadline, None, b)
+            b._held[owner] = (weakref.ref(lease, b._on_collected), name, token)
+            b._stats.acquired += 1
+            if logger.isEnabledFor(debug):
+                logger.debug("acquired")
+            if t_send + TTL * b.heartbeat < b._next_round:
+                b._next_round = t_send + TTL * b.heartbeat
+            if deadline < b._watch_until:
+                pass
+        finally:
+            b._pending -= 1
+            if b._settled is not None and not b._pending:
+                b._settled.set()
+        lease._task = task
+        with scope_type() as scope:
+            lease._scope = scope
+            if lease.lost.reason is not None:
+                scope.cancel()
+            HOLDS.set((*holds, (lock, lease, scope)))
+            # (the body)
+            now_holds = HOLDS.get()
+            if now_holds[-1][0] is lock:
+                HOLDS.set(now_holds[:-1])
+            lease._scope = lease._task = None
+            if scope.cancel_called:
+                raise AssertionError("cancelled")
+            scope.shield = True
+            if get_ident() != b._thread:
+                b._wrong_loop()
+            b._held.pop(owner, None)
+            if b._extends or lease._released:
+                raise AssertionError("extends")
+            t_end = clock.now()
+            if lease.lost.reason is None and t_end >= deadline:
+                raise AssertionError("late")
+            bound = b._bounds.arm(scope)
+            try:
+                ok = await driver.release(name, owner, token)
+            finally:
+                bound.scope = None
+            if ok is None:
+                raise AssertionError("release unconfirmed")
+            b._stats.hold_times.append(t_end - t_send)
+            lease._released = True
+            b._stats.released += 1
+            if b._release_events:
+                b._wake_waiters(name)
+            if logger.isEnabledFor(debug):
+                logger.debug("released")
+        if lease.lost.reason is not None:
+            raise AssertionError("lost")
+
     async def ours() -> None:
         async with lock:
             pass
 
-    return dict(zip(ROWS, (bare, floor, guaranteed, ours), strict=True))
+    return dict(zip(ROWS, (bare, floor, guaranteed, inline, ours), strict=True))
 
 
 async def measure(url: str, cycles: int, reps: int) -> dict[str, list[Run]]:
