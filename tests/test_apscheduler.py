@@ -24,7 +24,7 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 import asynclock
-from asynclock._harness import Worker, WorkerFailed, spawn
+from asynclock._harness import Worker, WorkerFailed, WorkerGroup, spawn
 from asynclock_apscheduler import (
     ClaimingExecutor,
     check_job,
@@ -39,10 +39,12 @@ pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[1]
 
 
-async def start_node(spec: BackendSpec, **config: Any) -> Worker:
-    """One scheduler process (tests/support/apscheduler_node.py)."""
+async def start_node(spec: BackendSpec, group: WorkerGroup | None = None, **config: Any) -> Worker:
+    """One scheduler process (tests/support/apscheduler_node.py); ``group``: one that
+    kills and reaps it when its block ends (else ``kill_leftovers`` after the test)."""
     payload = json.dumps({"url": spec.url, "options": spec.options, **config})
-    return await spawn(
+    start = spawn if group is None else group.start
+    return await start(
         ["-m", "tests.support.apscheduler_node", payload],
         label=f"scheduler node ({spec.id})",
         timeout=EVENT_TIMEOUT,
@@ -102,26 +104,47 @@ async def three_schedulers_exactly_once(
 ) -> None:
     """Three scheduler processes on one every-second cron schedule, ``occurrences`` of it."""
     await anyio.Path(tmp_path).mkdir()
-    config = node_config(tmp_path, kind=kind)
+    config = node_config(tmp_path, kind=kind, work=0.3)
     events = Events()
-    async with anyio.create_task_group() as tg:
-        nodes = [await start_node(spec, **config) for _ in range(3)]
-        for i, node in enumerate(nodes):
-            await node.expect("started")
-            tg.start_soon(events.pump, i, node)
-        # Count occurrences from the first whole second after all three run.
-        first = (datetime.now(UTC) + timedelta(seconds=2)).replace(microsecond=0)
+    # The group kills and reaps the nodes if this fleet fails or another fleet's failure
+    # cancels it (on this event loop, so no process transport outlives it).
+    async with WorkerGroup() as group:
+        async with anyio.create_task_group() as tg:
+            nodes = [await start_node(spec, group, **config) for _ in range(3)]
+            for i, node in enumerate(nodes):
+                await node.expect("started")
+                tg.start_soon(events.pump, i, node)
+            # Count occurrences from the first whole second after all three run.
+            first = (datetime.now(UTC) + timedelta(seconds=2)).replace(microsecond=0)
 
-        def counted() -> list[datetime]:
-            times = {datetime.fromisoformat(e["run_time"]) for e in events.of("ran")}
-            return sorted(t for t in times if t >= first)
+            def counted() -> list[datetime]:
+                times = {datetime.fromisoformat(e["run_time"]) for e in events.of("ran")}
+                return sorted(t for t in times if t >= first)
 
-        await events.until(lambda: len(counted()) >= occurrences)
-        last = counted()[occurrences - 1]
+            await events.until(lambda: len(counted()) >= occurrences)
+            last = counted()[occurrences - 1]
+
+            def running() -> list[int]:
+                # Nodes that began an occurrence after the counted ones (work: 0.3 s).
+                later = [e for e in events.of("job_started") if e["run_time"] > last.isoformat()]
+                return [e["pid"] for e in later]
+
+            # Begin the stop while a node runs an occurrence: the drain must wait for it.
+            await events.until(lambda: bool(running()))
+            # Stop gracefully: no node fires anything new, then every node finishes
+            # what it claimed or waits for. A node stopped in mid-run has its
+            # occurrence taken over by design (the takeover tests below); stopping
+            # the nodes one by one must not count as that.
+            for node in nodes:
+                await node.send("pause")
+            await events.until(lambda: len(events.of("paused")) == len(nodes))
+            for node in nodes:
+                await node.send("drain")
+            await events.until(lambda: len(events.of("drained")) == len(nodes))
+            for node in nodes:
+                await node.send("stop")
         for node in nodes:
-            await node.send("stop")
-    for node in nodes:
-        await node.wait()
+            await node.wait()
     started = events.of("job_started")
     ran = events.of("ran")
     label = f"{spec.id} ({kind} scheduler)"
@@ -262,6 +285,27 @@ async def killed_node_is_taken_over(spec: BackendSpec, tmp_path: Path, kind: str
     assert ran["result"] == "accepted"
     assert counts["taken_over"] == 1
     assert ledger_rows(Path(config["ledger"])) == [(began["run_time"], takeover["token"])]
+
+
+async def test_shutdown_with_wait_lets_the_running_occurrence_finish(
+    spec_sqlite: BackendSpec, tmp_path: Path
+) -> None:
+    """``scheduler.shutdown(wait=True)`` of a BackgroundScheduler while an occurrence runs:
+    the run finishes and writes (its claim is not lost), then the node stops."""
+    config = node_config(tmp_path, kind="background", trigger="date", work=1.0, stop_wait=True)
+    with anyio.fail_after(40):
+        async with WorkerGroup() as group:
+            node = await start_node(spec_sqlite, group, **config)
+            await node.expect("started")
+            run_date = (datetime.now(UTC) + timedelta(seconds=1.5)).replace(microsecond=0)
+            await node.send(f"at {run_date.isoformat()}")
+            began = await node.expect("job_started")
+            await node.send("stop")
+            ran = await node.expect("ran")
+            await node.expect("stopped")
+            assert await node.wait() == 0
+    assert ran["run_time"] == began["run_time"] and ran["result"] == "accepted"
+    assert ledger_rows(Path(config["ledger"])) == [(began["run_time"], began["token"])]
 
 
 async def test_a_finished_occurrence_is_never_run_again_by_a_waiter(

@@ -1,9 +1,12 @@
 """One APScheduler process of a fleet, claiming occurrences through ClaimingExecutor.
 
 Driven by tests through argv (JSON) and stdin ("status", "stop", "at <ISO time>": add the
-job now, on a date trigger at that time, for a "date" trigger without run_date); prints
-JSON events:
+job now, on a date trigger at that time, for a "date" trigger without run_date; "pause":
+fire nothing new; "drain": wait until every claim this node made or waits for has ended,
+so a "stop" after it interrupts no run); prints JSON events:
   started      the scheduler runs
+  paused       the scheduler fires nothing new (any submission under way has ended)
+  drained      no claim of this node pending, every occurrence it claimed has ended
   job_started  a job body began: run_time, token (the claim's), pid
   ran          a job body finished its fenced write: run_time, token, result
   late_write   a job whose claim was lost replayed its write: result ("stale"/"accepted")
@@ -15,7 +18,8 @@ job), job_id, trigger ("cron": every second; "date": once at run_date), claim_tt
 grace, skew, work (seconds the body runs; -1: until its claim is lost), ledger (SQLite
 file written through SQLFence, fence key = job id, or the occurrence's claim name with
 "fence": "occurrence"); optional: late (seconds this node submits each occurrence late,
-as a scheduler whose clock is behind), max_instances (default 1), takeover_window.
+as a scheduler whose clock is behind), max_instances (default 1), takeover_window,
+stop_wait (a background node's "stop" shuts down with wait=True).
 """
 
 from __future__ import annotations
@@ -67,6 +71,34 @@ def write(run_time: str, token: int, late: bool = False) -> None:
     emit(event="late_write" if late else "ran", run_time=run_time, token=token, result=result)
 
 
+#: How many job bodies have ended in this node (notified on each), for "drain".
+ENDED = [0]
+ENDED_CHANGED = threading.Condition()
+
+
+def ended() -> None:
+    with ENDED_CHANGED:
+        ENDED[0] += 1
+        ENDED_CHANGED.notify_all()
+
+
+def wait_drained(executor: ClaimingExecutor, timeout: float = 30.0) -> None:
+    """Until no claim of this node is pending and every occurrence it claimed has run."""
+    deadline = time.monotonic() + timeout
+    with ENDED_CHANGED:
+        # A claim that ends without a run (busy, done elsewhere) does not notify: look
+        # again every 50 ms as well.
+        while executor._claims or executor.claimed != ENDED[0]:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SystemExit(
+                    f"not drained after {timeout:g}s: {len(executor._claims)} claims pending, "
+                    f"{executor.claimed} claimed, {ENDED[0]} ended"
+                )
+            ENDED_CHANGED.wait(min(left, 0.05))
+    emit(event="drained")
+
+
 def sync_job() -> None:
     run_time, token = occurrence()
     try:
@@ -79,7 +111,10 @@ def sync_job() -> None:
     except asynclock.LeaseLost:
         write(run_time, token, late=True)
         raise
-    write(run_time, token)
+    else:
+        write(run_time, token)
+    finally:
+        ended()  # after its write: a drained node has nothing left to say
 
 
 async def async_job() -> None:
@@ -90,7 +125,10 @@ async def async_job() -> None:
     except asyncio.CancelledError:
         write(run_time, token, late=True)
         raise
-    write(run_time, token)
+    else:
+        write(run_time, token)
+    finally:
+        ended()
 
 
 def on_error(event: Any) -> None:
@@ -127,6 +165,14 @@ def command(line: str, scheduler: Any, executor: ClaimingExecutor) -> bool:
     line = line.strip()
     if line.startswith("at "):
         add_job(scheduler, DateTrigger(run_date=datetime.fromisoformat(line[3:])))
+        return True
+    if line == "pause":
+        scheduler.pause()
+        # A background scheduler submits due jobs under this lock: once we hold it, any
+        # submission begun before the pause has ended (APScheduler 3's own lock).
+        with scheduler._jobstores_lock:
+            pass
+        emit(event="paused")
         return True
     if line == "status":
         emit(
@@ -166,9 +212,13 @@ def run_background() -> None:
     build(scheduler, executor)
     scheduler.start()
     emit(event="started", pid=os.getpid())
-    while command(sys.stdin.readline(), scheduler, executor):
-        pass
-    scheduler.shutdown(wait=False)
+    while True:
+        line = sys.stdin.readline()
+        if line.strip() == "drain":
+            wait_drained(executor)
+        elif not command(line, scheduler, executor):
+            break
+    scheduler.shutdown(wait=bool(CFG.get("stop_wait")))
     emit(event="stopped")
 
 
@@ -178,8 +228,12 @@ async def run_asyncio() -> None:
     build(scheduler, executor)
     scheduler.start()
     emit(event="started", pid=os.getpid())
-    while command(await asyncio.to_thread(sys.stdin.readline), scheduler, executor):
-        pass
+    while True:
+        line = await asyncio.to_thread(sys.stdin.readline)
+        if line.strip() == "drain":
+            await asyncio.to_thread(wait_drained, executor)  # the loop runs the jobs
+        elif not command(line, scheduler, executor):
+            break
     scheduler.shutdown(wait=False)
     emit(event="stopped")
 
