@@ -24,7 +24,7 @@ from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 import asynclock
-from asynclock._harness import Worker, WorkerFailed, WorkerGroup, spawn
+from asynclock._harness import Worker, WorkerFailed, WorkerGroup
 from asynclock_apscheduler import (
     ClaimingExecutor,
     check_job,
@@ -39,12 +39,11 @@ pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[1]
 
 
-async def start_node(spec: BackendSpec, group: WorkerGroup | None = None, **config: Any) -> Worker:
-    """One scheduler process (tests/support/apscheduler_node.py); ``group``: one that
-    kills and reaps it when its block ends (else ``kill_leftovers`` after the test)."""
+async def start_node(spec: BackendSpec, group: WorkerGroup, **config: Any) -> Worker:
+    """One scheduler process (tests/support/apscheduler_node.py), in ``group``: killed and
+    reaped on the test's own event loop when the group's block ends, even on a failure."""
     payload = json.dumps({"url": spec.url, "options": spec.options, **config})
-    start = spawn if group is None else group.start
-    return await start(
+    return await group.start(
         ["-m", "tests.support.apscheduler_node", payload],
         label=f"scheduler node ({spec.id})",
         timeout=EVENT_TIMEOUT,
@@ -185,13 +184,18 @@ async def test_three_schedulers_run_every_occurrence_once_on_sqlite_redis_and_po
 
 
 async def start_pair(
-    spec: BackendSpec, tmp_path: Path, kind: str, first_work: float, **extra: Any
+    group: WorkerGroup,
+    spec: BackendSpec,
+    tmp_path: Path,
+    kind: str,
+    first_work: float,
+    **extra: Any,
 ) -> tuple[dict[str, Any], Worker, Worker]:
     """Two nodes on one date-triggered occurrence, added once both run: node 0 claims it
     (node 1 submits it 0.5 s late, as a scheduler with a clock behind, and finds it busy)."""
     config = node_config(tmp_path, kind=kind, trigger="date", claim_ttl=2.0, grace=1.0, **extra)
-    first = await start_node(spec, **{**config, "work": first_work})
-    second = await start_node(spec, **{**config, "work": 0.2, "late": 0.5})
+    first = await start_node(spec, group, **{**config, "work": first_work})
+    second = await start_node(spec, group, **{**config, "work": 0.2, "late": 0.5})
     for node in (first, second):
         await node.expect("started")
     run_date = (datetime.now(UTC) + timedelta(seconds=1.5)).replace(microsecond=0)
@@ -215,30 +219,33 @@ async def test_a_frozen_schedulers_occurrence_is_taken_over_and_its_late_write_f
     and its late write is rejected by the fence: one accepted write for the occurrence."""
     events = Events()
     with anyio.fail_after(50):
-        async with anyio.create_task_group() as tg:
-            config, frozen, healthy = await start_pair(spec_sqlite, tmp_path, kind, -1)
-            began = await frozen.expect("job_started")
-            frozen.signal(signal.SIGSTOP)
-            tg.start_soon(events.pump, 0, frozen)
-            tg.start_soon(events.pump, 1, healthy)
-            # The claim expires under the frozen node; the healthy one takes it over.
-            await events.until(lambda: bool(events.of("ran", 1)))
-            frozen.signal(signal.SIGCONT)
+        async with WorkerGroup() as group:
+            async with anyio.create_task_group() as tg:
+                config, frozen, healthy = await start_pair(group, spec_sqlite, tmp_path, kind, -1)
+                began = await frozen.expect("job_started")
+                frozen.signal(signal.SIGSTOP)
+                tg.start_soon(events.pump, 0, frozen)
+                tg.start_soon(events.pump, 1, healthy)
+                # The claim expires under the frozen node; the healthy one takes it over.
+                await events.until(lambda: bool(events.of("ran", 1)))
+                frozen.signal(signal.SIGCONT)
 
-            def reported() -> bool:
-                late = [e for e in events.of("late_write", 0) if e["run_time"] == began["run_time"]]
-                errors = [
-                    e for e in events.of("job_error", 0) if e["run_time"] == began["run_time"]
-                ]
-                return bool(late and errors)
+                def reported() -> bool:
+                    late = [
+                        e for e in events.of("late_write", 0) if e["run_time"] == began["run_time"]
+                    ]
+                    errors = [
+                        e for e in events.of("job_error", 0) if e["run_time"] == began["run_time"]
+                    ]
+                    return bool(late and errors)
 
-            await events.until(reported)
-            await healthy.send("status")  # answered through the pump
-            await events.until(lambda: bool(events.of("status", 1)))
+                await events.until(reported)
+                await healthy.send("status")  # answered through the pump
+                await events.until(lambda: bool(events.of("status", 1)))
+                for node in (frozen, healthy):
+                    await node.send("stop")
             for node in (frozen, healthy):
-                await node.send("stop")
-        for node in (frozen, healthy):
-            await node.wait()
+                await node.wait()
     (takeover,) = events.of("job_started", 1)
     assert takeover["run_time"] == began["run_time"]
     assert takeover["token"] > began["token"]
@@ -271,16 +278,17 @@ async def test_a_killed_schedulers_occurrence_is_taken_over_on_postgres(
 
 async def killed_node_is_taken_over(spec: BackendSpec, tmp_path: Path, kind: str) -> None:
     with anyio.fail_after(50):
-        config, killed, healthy = await start_pair(spec, tmp_path, kind, -1)
-        began = await killed.expect("job_started")
-        killed.signal(signal.SIGKILL)
-        await killed.wait()
-        takeover = await healthy.expect("job_started")
-        ran = await healthy.expect("ran")
-        counts = await status(healthy)
-        await healthy.send("stop")
-        await healthy.expect("stopped")
-        await healthy.wait()
+        async with WorkerGroup() as group:
+            config, killed, healthy = await start_pair(group, spec, tmp_path, kind, -1)
+            began = await killed.expect("job_started")
+            killed.signal(signal.SIGKILL)
+            await killed.wait()
+            takeover = await healthy.expect("job_started")
+            ran = await healthy.expect("ran")
+            counts = await status(healthy)
+            await healthy.send("stop")
+            await healthy.expect("stopped")
+            await healthy.wait()
     assert takeover["run_time"] == began["run_time"] and takeover["token"] > began["token"]
     assert ran["result"] == "accepted"
     assert counts["taken_over"] == 1
@@ -315,18 +323,21 @@ async def test_a_finished_occurrence_is_never_run_again_by_a_waiter(
     it; when node 0 finishes it records the done marker and releases the claim, and node
     1, getting the claim, reads the marker and skips the occurrence."""
     with anyio.fail_after(40):
-        config, first, waiter = await start_pair(spec_sqlite, tmp_path, "background", 1.5)
-        began = await first.expect("job_started")
-        await first.expect("ran")
-        while True:  # the waiter decides within its takeover window (a few seconds)
-            counts = await status(waiter)
-            if counts["claimed"] + counts["skipped"]:
-                break
-            await anyio.sleep(0.05)
-        for node in (first, waiter):
-            await node.send("stop")
-            await node.expect("stopped")
-            await node.wait()
+        async with WorkerGroup() as group:
+            config, first, waiter = await start_pair(
+                group, spec_sqlite, tmp_path, "background", 1.5
+            )
+            began = await first.expect("job_started")
+            await first.expect("ran")
+            while True:  # the waiter decides within its takeover window (a few seconds)
+                counts = await status(waiter)
+                if counts["claimed"] + counts["skipped"]:
+                    break
+                await anyio.sleep(0.05)
+            for node in (first, waiter):
+                await node.send("stop")
+                await node.expect("stopped")
+                await node.wait()
     assert counts == {"event": "status", "claimed": 0, "skipped": 1, "taken_over": 0}
     assert ledger_rows(Path(config["ledger"])) == [(began["run_time"], began["token"])]
 
@@ -344,25 +355,26 @@ async def test_a_late_scheduler_does_not_run_an_occurrence_again(
         grace=15.0,
     )
     with anyio.fail_after(40):
-        first = await start_node(spec_sqlite, **config)
-        await first.expect("started")
-        await first.expect("job_started")
-        await first.expect("ran")
-        # Starts after the run, well within the misfire grace time: it submits the
-        # occurrence at once, finds the claim kept, and skips it.
-        late = await start_node(spec_sqlite, **config)
-        await late.expect("started")
-        while True:
-            await late.send("status")
-            status = await late.expect("status")
-            if status["claimed"] + status["skipped"]:
-                break
-            await anyio.sleep(0.05)
-        assert status == {"event": "status", "claimed": 0, "skipped": 1, "taken_over": 0}
-        for node in (first, late):
-            await node.send("stop")
-            await node.expect("stopped")
-            await node.wait()
+        async with WorkerGroup() as group:
+            first = await start_node(spec_sqlite, group, **config)
+            await first.expect("started")
+            await first.expect("job_started")
+            await first.expect("ran")
+            # Starts after the run, well within the misfire grace time: it submits the
+            # occurrence at once, finds the claim kept, and skips it.
+            late = await start_node(spec_sqlite, group, **config)
+            await late.expect("started")
+            while True:
+                await late.send("status")
+                status = await late.expect("status")
+                if status["claimed"] + status["skipped"]:
+                    break
+                await anyio.sleep(0.05)
+            assert status == {"event": "status", "claimed": 0, "skipped": 1, "taken_over": 0}
+            for node in (first, late):
+                await node.send("stop")
+                await node.expect("stopped")
+                await node.wait()
     assert len(ledger_rows(Path(config["ledger"]))) == 1
 
 
