@@ -369,3 +369,34 @@ def test_a_later_event_loop_in_the_same_thread_is_refused() -> None:
     driver = backend.driver
     assert isinstance(driver, MemoryDriver)
     assert set(driver.leases) == {"first"}
+
+
+async def test_a_wake_while_a_retry_is_in_flight_is_not_missed() -> None:
+    """A release (a driver's wake-up: a pub/sub message, a local release) that lands while
+    a waiter's retry is on its way to the server must make the waiter try again at once,
+    not sleep for the busy answer's ``retry_after`` (it was computed before the release).
+    Seen on Redis under load: the hand-off message was read before the retry's reply, and
+    the waiter sat out the reservation's ttl, losing its place in the queue."""
+    from asynclock.backends import Busy
+
+    async with asynclock.Backend(MemoryDriver()) as backend:
+        holder = await backend.acquire("x", ttl=30.0)
+        busy = 0
+
+        async def acquire(real: Any, *args: Any, **kwargs: Any) -> Any:
+            nonlocal busy
+            result = await real(*args, **kwargs)
+            if not isinstance(result, Busy):
+                return result
+            busy += 1
+            if busy == 1:
+                return Busy(0.001)  # retry soon: the next attempt is the one in flight
+            if busy == 2:
+                await holder.release()  # its wake-up lands before this reply is read
+            return Busy(60.0)  # the server's answer from before the release
+
+        asynclock.testing.DriverFaults(backend).around("acquire", acquire)
+        with anyio.fail_after(10):
+            async with backend.lock("x", ttl=5.0) as lease:
+                assert lease.token > holder.token
+        assert busy == 2

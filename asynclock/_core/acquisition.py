@@ -150,6 +150,7 @@ class Holding(Renewer):
         driver, clock = self.driver, self.clock
         give_up_at = None if timeout is None else started + timeout
         watching, watched = False, result.cursor
+        released: anyio.Event | None = None  # this backend's wake-up for ``name``
         scoped = {} if token_scope is None else {"scope": token_scope}  # older drivers: no scope
         # Cancelled when the backend closes: a waiter must not outlive its backend (nobody
         # would renew what it got).
@@ -165,18 +166,17 @@ class Holding(Renewer):
                     if give_up_at is not None and now >= give_up_at:
                         assert timeout is not None
                         raise AcquireTimeout(name, timeout)
-                    # Listen for local releases from now on (no await since the attempt).
-                    released = self._release_events.get(name)
-                    if released is None:
-                        released = self._release_events[name] = anyio.Event()
-                    retry_now = False
+                    # Woken while the attempt was on its way (listening began before it):
+                    # its busy answer may predate the release, so try again at once. The
+                    # first attempt's misses are the driver's to report (watch below).
+                    retry_now = released is not None and released.is_set()
+                    released = self._listen(name)
                     if not watching or result.cursor != watched:
                         # The first busy attempt, or one whose cursor moved (etcd: a new
                         # predecessor). The driver says whether a release may have been missed.
                         watching, watched = True, result.cursor
-                        retry_now = bool(
-                            await self._call("watch", watch_from(driver, name, watched))
-                        )
+                        missed = await self._call("watch", watch_from(driver, name, watched))
+                        retry_now = retry_now or bool(missed)
                     if not retry_now:
                         delay = DEFAULT_POLL if result.retry_after is None else result.retry_after
                         delay = delay * (1 + 0.1 * random.random()) + 0.0005 * random.random()
@@ -184,6 +184,7 @@ class Holding(Renewer):
                             delay = min(delay, give_up_at - now)
                         with anyio.move_on_after(max(0.0, delay)):
                             await released.wait()
+                    released = self._listen(name)  # a fresh one if that one was set
                     t_send = clock.now()
                     try:
                         attempt = await driver.acquire(name, owner, ttl, queue=blocking, **scoped)
@@ -226,6 +227,14 @@ class Holding(Renewer):
         if (deadline if hard is None else min(deadline, hard)) < self._watch_until:
             _poke(self._watch_wake)
         return lease
+
+    def _listen(self, name: str) -> anyio.Event:
+        """The event the next release or wake-up of ``name`` sets (one per name, shared by
+        this backend's waiters; set and dropped by :meth:`_wake_waiters`)."""
+        released = self._release_events.get(name)
+        if released is None:
+            released = self._release_events[name] = anyio.Event()
+        return released
 
     def _wake_waiters(self, name: str) -> None:
         event = self._release_events.pop(name, None)
