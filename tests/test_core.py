@@ -14,6 +14,7 @@ import pytest
 
 import asynclock
 import asynclock.testing
+from asynclock.backends import Busy
 from asynclock.backends.memory import MemoryDriver
 
 pytestmark = pytest.mark.anyio
@@ -377,8 +378,6 @@ async def test_a_wake_while_a_retry_is_in_flight_is_not_missed() -> None:
     not sleep for the busy answer's ``retry_after`` (it was computed before the release).
     Seen on Redis under load: the hand-off message was read before the retry's reply, and
     the waiter sat out the reservation's ttl, losing its place in the queue."""
-    from asynclock.backends import Busy
-
     async with asynclock.Backend(MemoryDriver()) as backend:
         holder = await backend.acquire("x", ttl=30.0)
         busy = 0

@@ -169,8 +169,10 @@ class Holding(Renewer):
                     # Woken while the attempt was on its way (listening began before it):
                     # its busy answer may predate the release, so try again at once. The
                     # first attempt's misses are the driver's to report (watch below).
-                    retry_now = released is not None and released.is_set()
-                    released = self._listen(name)
+                    if released is None:  # the first busy answer: listen from now on
+                        released, retry_now = self._listen(name), False
+                    else:
+                        retry_now = released.is_set()  # then the one below is fresh
                     if not watching or result.cursor != watched:
                         # The first busy attempt, or one whose cursor moved (etcd: a new
                         # predecessor). The driver says whether a release may have been missed.

@@ -71,31 +71,28 @@ def write(run_time: str, token: int, late: bool = False) -> None:
     emit(event="late_write" if late else "ran", run_time=run_time, token=token, result=result)
 
 
-#: How many job bodies have ended in this node (notified on each), for "drain".
+#: How many job bodies have ended in this node; notified on that and whenever a claim
+#: attempt settles, so "drain" waits on events alone.
 ENDED = [0]
-ENDED_CHANGED = threading.Condition()
+CHANGED = threading.Condition()
 
 
 def ended() -> None:
-    with ENDED_CHANGED:
+    with CHANGED:
         ENDED[0] += 1
-        ENDED_CHANGED.notify_all()
+        CHANGED.notify_all()
 
 
 def wait_drained(executor: ClaimingExecutor, timeout: float = 30.0) -> None:
     """Until no claim of this node is pending and every occurrence it claimed has run."""
-    deadline = time.monotonic() + timeout
-    with ENDED_CHANGED:
-        # A claim that ends without a run (busy, done elsewhere) does not notify: look
-        # again every 50 ms as well.
-        while executor._claims or executor.claimed != ENDED[0]:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise SystemExit(
-                    f"not drained after {timeout:g}s: {len(executor._claims)} claims pending, "
-                    f"{executor.claimed} claimed, {ENDED[0]} ended"
-                )
-            ENDED_CHANGED.wait(min(left, 0.05))
+    with CHANGED:
+        if not CHANGED.wait_for(
+            lambda: not executor._claims and executor.claimed == ENDED[0], timeout
+        ):
+            raise SystemExit(
+                f"not drained after {timeout:g}s: {len(executor._claims)} claims pending, "
+                f"{executor.claimed} claimed, {ENDED[0]} ended"
+            )
     emit(event="drained")
 
 
@@ -185,7 +182,16 @@ def command(line: str, scheduler: Any, executor: ClaimingExecutor) -> bool:
     return bool(line) and line != "stop"
 
 
-class LateExecutor(ClaimingExecutor):
+class NodeExecutor(ClaimingExecutor):
+    """Tells "drain" when a claim attempt has settled (granted, skipped, cancelled)."""
+
+    def _claimed(self, *args: Any) -> None:
+        super()._claimed(*args)
+        with CHANGED:
+            CHANGED.notify_all()
+
+
+class LateExecutor(NodeExecutor):
     """Submits every occurrence ``late`` seconds after the scheduler does."""
 
     def submit_job(self, job: Any, run_times: list[datetime]) -> None:
@@ -197,7 +203,7 @@ class LateExecutor(ClaimingExecutor):
 
 def make_executor() -> ClaimingExecutor:
     backend = asynclock.connect(CFG["url"], **CFG.get("options", {}))
-    kind = LateExecutor if CFG.get("late") else ClaimingExecutor
+    kind = LateExecutor if CFG.get("late") else NodeExecutor
     return kind(
         backend,
         claim_ttl=CFG["claim_ttl"],
