@@ -17,6 +17,7 @@ from ._core.exceptions import (
     LeaseLost,
     LockHeld,
     QuorumNotReached,
+    RestartGrace,
     StaleToken,
 )
 from ._core.holder import Holder
@@ -50,6 +51,7 @@ __all__ = (
     "MonotonicClock",
     "NameTemplate",
     "QuorumNotReached",
+    "RestartGrace",
     "StaleToken",
     "Term",
     "__version__",

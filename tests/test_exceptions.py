@@ -16,6 +16,9 @@ SAMPLES: dict[str, asynclock.AsynclockError] = {
     "AsynclockError": asynclock.AsynclockError("something went wrong"),
     "LockHeld": asynclock.LockHeld("report:7", 1.25),
     "AlreadyHeld": asynclock.AlreadyHeld("report:7", 42),
+    "RestartGrace": asynclock.RestartGrace(
+        "report:7", 2.5, 1_790_000_000.25, "redis://h/0 lost its data"
+    ),
     "AcquireTimeout": asynclock.AcquireTimeout("report:7", 3.0),
     "LeaseLost": asynclock.LeaseLost("report:7", 42, "renewal refused: not ours"),
     "StaleToken": asynclock.StaleToken("ledger:1", 41, 42),

@@ -31,6 +31,7 @@ PUBLIC = {
     "MonotonicClock",
     "NameTemplate",
     "QuorumNotReached",
+    "RestartGrace",
     "StaleToken",
     "Term",
     "__version__",
@@ -82,6 +83,8 @@ def test_exception_hierarchy() -> None:
     assert issubclass(asynclock.AcquireTimeout, TimeoutError)
     assert issubclass(asynclock.BackendUnavailable, ConnectionError)
     assert issubclass(asynclock.QuorumNotReached, asynclock.BackendUnavailable)
+    # A restart grace is a wait with a known end: code that treats busy as "later" still works.
+    assert issubclass(asynclock.RestartGrace, asynclock.LockHeld)
 
 
 def test_core_imports_without_optional_drivers() -> None:

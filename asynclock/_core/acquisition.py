@@ -24,7 +24,13 @@ import anyio
 
 from .bounds import ArmOnSuspend, shielded_call
 from .driver import Busy, Refused, watch_from
-from .exceptions import AcquireTimeout, AsynclockError, BackendUnavailable, LockHeld
+from .exceptions import (
+    AcquireTimeout,
+    AsynclockError,
+    BackendUnavailable,
+    LockHeld,
+    RestartGrace,
+)
 from .lease import Lease
 from .renewer import Renewer, _deadline_reason, _poke
 
@@ -161,11 +167,11 @@ class Holding(Renewer):
                 while True:
                     self._stats.busy_attempts += 1
                     if not blocking:
-                        raise LockHeld(name, result.retry_after, result.detail)
+                        raise _busy_error(name, result)
                     now = clock.now()
                     if give_up_at is not None and now >= give_up_at:
                         assert timeout is not None
-                        raise AcquireTimeout(name, timeout)
+                        raise AcquireTimeout(name, timeout, _timeout_detail(name, result))
                     # Woken while the attempt was on its way (listening began before it):
                     # its busy answer may predate the release, so try again at once. The
                     # first attempt's misses are the driver's to report (watch below).
@@ -324,3 +330,19 @@ class Holding(Renewer):
             "release of %r token=%d was a no-op: lease already lost", lease.name, lease.token
         )
         return False
+
+
+def _busy_error(name: str, busy: Busy) -> LockHeld:
+    """What a busy answer raises for ``blocking=False``."""
+    if busy.grace_until is not None:
+        return RestartGrace(name, busy.retry_after or 0.0, busy.grace_until, busy.detail)
+    return LockHeld(name, busy.retry_after, busy.detail)
+
+
+def _timeout_detail(name: str, busy: Busy) -> str | None:
+    """What :class:`AcquireTimeout` says of the last busy answer: only a restart grace is
+    worth saying (a busy name is what a timeout means anyway)."""
+    if busy.grace_until is None:
+        return None
+    message = str(_busy_error(name, busy))
+    return "the backend was in its restart grace; " + message.split(", the end of ", 1)[0]

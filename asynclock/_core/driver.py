@@ -28,11 +28,16 @@ class Busy:
     ``detail``, if given, says why (it goes into :class:`~asynclock.LockHeld`'s message).
     ``cursor``, if given, is opaque to the core: where the driver's watch should start
     (etcd: the revision the attempt read). The core passes it to ``watch(name, cursor)``.
+    ``grace_until``, if given, means the server grants nothing before that Unix time (its
+    restart grace after data loss), not that someone holds the name: ``retry_after`` is
+    then the time left and ``detail`` says why; the core raises
+    :class:`~asynclock.RestartGrace` instead of :class:`~asynclock.LockHeld`.
     """
 
     retry_after: float | None = None
     detail: str | None = None
     cursor: object = None
+    grace_until: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

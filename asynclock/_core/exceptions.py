@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,7 +45,12 @@ class LockHeld(_FieldArgs):
     def __init__(
         self, name: str, retry_after: float | None = None, detail: str | None = None
     ) -> None:
-        hint = f"; it frees in at most {retry_after:.3f}s" if retry_after is not None else ""
+        # What is known: the current lease's time left, which a live holder keeps renewing.
+        hint = (
+            f"; its lease ends in {retry_after:.3f}s unless its holder renews it"
+            if retry_after is not None
+            else ""
+        )
         if detail:
             hint = f"; {detail}"
         super().__init__(f"lock {name!r} is held by another owner{hint}", name, retry_after, detail)
@@ -77,15 +83,54 @@ class AlreadyHeld(LockHeld):
         self.token = token
 
 
+class RestartGrace(LockHeld):
+    """The backend's server lost its data a short while ago (a new or flushed database, a
+    restart without persistence) and grants no lock until ``until``: a lease granted
+    before the loss may still be running in its holder (G1 across data loss).
+
+    Nobody holds the name that the server knows of; this is not a conflict with another
+    owner but a wait with a known end. ``retry_after`` is the seconds left, ``until`` the
+    end as a Unix time on the server's clock. A :class:`LockHeld`, so code that treats
+    "busy" as "try later" keeps working; code that can tell the two apart (an HTTP 503
+    instead of a 409) catches this first.
+    """
+
+    _fields = ("name", "retry_after", "until", "detail")
+
+    def __init__(
+        self, name: str, retry_after: float, until: float, detail: str | None = None
+    ) -> None:
+        end = time.strftime("%H:%M:%S", time.gmtime(until)) + f".{int(until * 1000) % 1000:03d}"
+        why = detail or "the server lost its data a short while ago"
+        _FieldArgs.__init__(
+            self,
+            f"lock {name!r} is not granted before {end} UTC ({retry_after:.3f}s from now), "
+            f"the end of the restart grace: {why}",
+            name,
+            retry_after,
+            until,
+            detail,
+        )
+        self.name = name
+        self.retry_after = retry_after
+        self.until = until
+        self.detail = detail
+
+
 class AcquireTimeout(AsynclockError, TimeoutError):
-    """The lock was not acquired within ``timeout`` seconds."""
+    """The lock was not acquired within ``timeout`` seconds.
 
-    _fields = ("name", "timeout")
+    ``detail``, if set, says what the last attempt found (for example a restart grace).
+    """
 
-    def __init__(self, name: str, timeout: float) -> None:
-        super().__init__(f"lock {name!r} was not acquired within {timeout:g}s")
+    _fields = ("name", "timeout", "detail")
+
+    def __init__(self, name: str, timeout: float, detail: str | None = None) -> None:
+        why = f": {detail}" if detail else ""
+        super().__init__(f"lock {name!r} was not acquired within {timeout:g}s{why}")
         self.name = name
         self.timeout = timeout
+        self.detail = detail
 
 
 class LeaseLost(_FieldArgs):

@@ -23,9 +23,15 @@ class Holder:
             renewed, or ``None`` where the server keeps no expiry (PostgreSQL
             ``mode=session``: the lock lasts as long as the holder's session; a Redis key
             with no expiry, written by something other than asynclock).
+        grace_until: set while the server grants nothing because it lost its data a short
+            while ago (its restart grace; see :class:`asynclock.RestartGrace`): the end, as
+            a Unix time on the server's clock. ``owner`` and ``token`` are then ``None``
+            (a holder from before the loss may still be working, unknown to the server)
+            and ``remaining`` is the time left of the grace.
     """
 
     name: str
     owner: str | None
     token: int | None
     remaining: float | None
+    grace_until: float | None = None
