@@ -69,6 +69,7 @@ class _Wait:
     member: str
     #: Bumped when a message may concern this waiter (it was handed the name, or a broadcast).
     bumps: int = 0
+    #: An attempt was sent, so the server may have queued it: leaving must tell it.
     joined: bool = False
     #: A Busy answer stays true until this clock time, unless ``bumps`` moves.
     valid_until: float = -math.inf
@@ -158,7 +159,13 @@ class RedisDriver(SubscribingDriver):
         heard = self._heard.get(name, 0)
         bumps = wait.bumps if wait is not None else 0
         t_send = self.clock.now()
-        probe = self._probe.encode() if wait is not None and wait.member.count(":") == 2 else b""
+        probe = b""
+        if wait is not None:
+            # From the moment the script is sent the server may queue us, whether or not
+            # its answer arrives (a waiter cancelled meanwhile must still leave the queue).
+            wait.joined = True
+            if wait.member.count(":") == 2:
+                probe = self._probe.encode()
         keys: tuple[bytes, ...] = k.acquire_keys
         if scope is not None:
             keys = (*keys, scope_fence_key(scope, self.keys.prefix))
@@ -182,8 +189,6 @@ class RedisDriver(SubscribingDriver):
                 listener.wanted.add(self._probe_channel)  # subscribed when it connects
             listener.keep_connected()
             return int(reply[0])
-        if wait is not None:
-            wait.joined = True
         if int(reply[1]) == -1:
             # No expiry: when it frees is unknown. The core polls (and a release through
             # asynclock would still wake us); no valid_until, so no cached "busy" either.
