@@ -9,18 +9,16 @@ moves only when told, the renewer's next round, and faults injected into a drive
   round (every held lease renewed, refused or failed once): no sleeping for a heartbeat.
 * :class:`DriverFaults` — make a backend's driver calls fail, hang, or run through your
   own hook (count them, cancel at a point, delay them), then put the driver back.
-* The ``asynclock`` pytest plugin (registered through the ``pytest11`` entry point, so it
-  loads by itself): a ``lock_backend`` fixture, an open backend in the test's own event loop
-  (``memory://`` unless ``--asynclock-url URL`` points it at a real server) for async tests
-  run by pytest-asyncio (strict or auto mode) or anyio's plugin; and ``locked_task_runner``,
-  which runs an ``asynclock_celery`` task eagerly with a real lease on that server.
+
+The ``asynclock`` pytest plugin (its ``lock_backend`` fixture and ``--asynclock-url``
+option) is :mod:`asynclock.pytest_plugin`.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -31,7 +29,7 @@ from ._core.driver import Driver
 from ._core.lease import Lease
 
 if TYPE_CHECKING:
-    import pytest
+    pass
 
 __all__ = (
     "DriverFaults",
@@ -231,109 +229,3 @@ class DriverFaults:
 
     def __exit__(self, *exc_info: object) -> None:
         self.restore()
-
-
-#: The command-line option naming the server ``lock_backend`` connects to.
-URL_OPTION = "--asynclock-url"
-
-
-# -- the pytest plugin ---------------------------------------------------------------------
-
-try:
-    import pytest as _pytest
-except ImportError:  # pragma: no cover - the module is usable without pytest
-    _pytest = None  # type: ignore[assignment]
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("asynclock")
-    group.addoption(
-        URL_OPTION,
-        dest="asynclock_url",
-        default="memory://",
-        metavar="URL",
-        help="lock server for the lock_backend fixture (default: memory://)",
-    )
-
-
-def _url(request: pytest.FixtureRequest) -> str:
-    return str(request.config.getoption("asynclock_url", default="memory://") or "memory://")
-
-
-async def _open_backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
-    async with connect(_url(request)) as backend:
-        yield backend
-
-
-if _pytest is not None:
-
-    @_pytest.fixture
-    async def _asynclock_backend_anyio(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
-        async for backend in _open_backend(request):
-            yield backend
-
-    try:
-        import pytest_asyncio as _pytest_asyncio
-    except ImportError:
-        _pytest_asyncio = None  # type: ignore[assignment]
-
-    if _pytest_asyncio is not None:
-
-        @_pytest_asyncio.fixture
-        async def _asynclock_backend_asyncio(
-            request: pytest.FixtureRequest,
-        ) -> AsyncIterator[Backend]:
-            # pytest-asyncio sets a fixture up and tears it down in two different tasks,
-            # but a backend's task group must be left in the task that entered it: one
-            # task of the test's loop holds the backend open from setup to teardown.
-            import asyncio
-
-            opened: asyncio.Future[Backend] = asyncio.get_running_loop().create_future()
-            stop = asyncio.Event()
-
-            async def hold() -> None:
-                async with connect(_url(request)) as backend:
-                    opened.set_result(backend)
-                    await stop.wait()
-
-            holder = asyncio.ensure_future(hold())
-            waits: list[asyncio.Future[Any]] = [holder, opened]
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            if not opened.done():
-                await holder  # it failed to open: raise its error
-            try:
-                yield opened.result()
-            finally:
-                stop.set()
-                await holder
-
-    @_pytest.fixture
-    def lock_backend(request: pytest.FixtureRequest) -> Backend:
-        """An open asynclock backend, in the running test's event loop."""
-        if "anyio_backend" in request.fixturenames:
-            backend: Backend = request.getfixturevalue("_asynclock_backend_anyio")
-            return backend
-        if request.node.get_closest_marker("asyncio") is not None:
-            if _pytest_asyncio is None:  # pragma: no cover
-                raise RuntimeError(
-                    "lock_backend: the asyncio marker is set, but pytest-asyncio is missing"
-                )
-            backend = request.getfixturevalue("_asynclock_backend_asyncio")
-            return backend
-        raise RuntimeError(
-            "lock_backend is for async tests run by anyio (@pytest.mark.anyio) or "
-            "pytest-asyncio (@pytest.mark.asyncio, or asyncio_mode = auto)"
-        )
-
-    @_pytest.fixture
-    def locked_task_runner(request: pytest.FixtureRequest) -> Callable[..., Any]:
-        """``runner(task, args=(), kwargs=None, **apply_options)`` runs an asynclock_celery
-        task eagerly with a real lease on the ``--asynclock-url`` server."""
-        from asynclock_celery.testing import run_eagerly
-
-        url = _url(request)
-
-        def run(task: Any, args: Any = (), kwargs: Any = None, **options: Any) -> Any:
-            return run_eagerly(task, args, kwargs, url=url, **options)
-
-        return run
