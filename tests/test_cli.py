@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 import asynclock
-from asynclock import _cli, _demo
+from asynclock import _cli
+from asynclock._cli import story as _demo
 
 ROOT = Path(__file__).resolve().parents[1]
 

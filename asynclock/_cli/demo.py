@@ -1,4 +1,4 @@
-"""``asynclock demo``: the stale-holder story (played by :mod:`asynclock._demo`)."""
+"""``asynclock demo``: the stale-holder story (played by :mod:`asynclock._cli.story`)."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     import anyio
 
-    from .. import _demo
+    from . import story as _demo
 
     # Looked up on the story's module, so a test can hand the story another renderer.
     out = _demo.make_output(wants_color(args.no_color))

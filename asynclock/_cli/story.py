@@ -1,7 +1,7 @@
 """``asynclock demo``: a stale lock holder, frozen past its TTL, is stopped by a fencing token.
 
 The story is played by real processes. The parent (``asynclock demo``, :func:`play`) starts
-two workers (``python -m asynclock._demo worker first|second``) that report JSON lines on
+two workers (``python -m asynclock._cli.story worker first|second``) that report JSON lines on
 stdout, and waits for those reports — never for a guessed sleep. The only deliberate pause
 is the freeze of worker 1 (SIGSTOP), and it lasts exactly until worker 2 reports that it
 got the lock and is done, which it can only do once worker 1's lease ran out on the server.
@@ -29,8 +29,8 @@ import anyio
 import asynclock
 from asynclock.fence import SQLFence
 
-from ._cli.output import Output, make_output
-from ._harness import Worker, WorkerFailed, WorkerGroup, die_with_parent, emit
+from .._harness import Worker, WorkerFailed, WorkerGroup, die_with_parent, emit
+from .output import Output, make_output
 
 __all__ = (
     "Deviation",
@@ -195,7 +195,7 @@ async def _worker(args: argparse.Namespace) -> None:
 
 
 def worker_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m asynclock._demo worker")
+    parser = argparse.ArgumentParser(prog="python -m asynclock._cli.story worker")
     parser.add_argument("role", choices=["first", "second"])
     parser.add_argument("--url", required=True)
     parser.add_argument("--name", required=True)
@@ -269,7 +269,7 @@ async def _workers(story: Story, deadline: float) -> AsyncIterator[list[Worker]]
         procs: list[Worker] = []
         for role, label in (("first", "worker 1"), ("second", "worker 2")):
             argv = [
-                "-m", "asynclock._demo", "worker", role,
+                "-m", "asynclock._cli.story", "worker", role,
                 "--url", story.url, "--name", story.name, "--ttl", repr(story.ttl),
                 "--ledger", story.ledger, "--deadline", repr(deadline),
                 "--parent", str(os.getpid()),
@@ -489,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["worker"]:
         return worker_main(args[1:])
-    print("usage: python -m asynclock._demo worker ... (run `asynclock demo` instead)")
+    print("usage: python -m asynclock._cli.story worker ... (run `asynclock demo` instead)")
     return 2
 
 
