@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._core.backend import Backend
+from ._core.backend import Backend, session_of
 from ._core.connect import connect
 from ._core.driver import Driver
 from ._core.lease import Lease
@@ -51,7 +51,7 @@ def force_loss(lease: Lease, reason: str = "forced by asynclock.testing") -> Non
     The holder's ``async with`` body is cancelled and the block raises ``LeaseLost`` with
     ``reason``. The server-side lease is left to be released on exit (owner-checked).
     """
-    lease._backend._lose(lease, reason)
+    lease._holds.session.lose(lease, reason)
 
 
 async def next_renewal_round(backend: Backend) -> None:
@@ -63,7 +63,7 @@ async def next_renewal_round(backend: Backend) -> None:
     ``ttl * heartbeat`` seconds of the backend's clock (with a :class:`ManualClock`, once
     ``advance`` has moved past that point).
     """
-    await backend._renewal_round()
+    await session_of(backend).next_round()
 
 
 class ManualClock:

@@ -44,7 +44,7 @@ ABLATIONS: dict[str, list[tuple[str, str, str]]] = {
         ("_core/acquisition.py", "if logger.isEnabledFor(logging.DEBUG):", "if False:"),
     ],
     "running-task lookup": [
-        ("_core/lock.py", "task = backend._current_task()", "task = 1"),
+        ("_core/lock.py", "task = acq.current_task()", "task = 1"),
     ],
     "owner id": [
         (
@@ -68,7 +68,7 @@ ABLATIONS: dict[str, list[tuple[str, str, str]]] = {
         ("_core/context.py", "def push_hold(", "_LAST: list[Hold] = []\n\n\ndef push_hold("),
     ],
     "release bound": [
-        ("_core/acquisition.py", "bound = self._bounds.arm(scope)", "bound = _NO_BOUND"),
+        ("_core/acquisition.py", "bound = self.bounds.arm(scope)", "bound = _NO_BOUND"),
         (
             "_core/acquisition.py",
             "#: How long a waiter sleeps",
@@ -77,18 +77,18 @@ ABLATIONS: dict[str, list[tuple[str, str, str]]] = {
         ),
     ],
     "stats": [
-        ("_core/acquisition.py", "self._stats.acquired += 1", "pass"),
-        ("_core/acquisition.py", "self._stats.hold_times.append(now - lease.acquired_at)", "pass"),
-        ("_core/acquisition.py", "self._stats.released += 1", "pass"),
+        ("_core/session.py", "self.stats.acquired += 1", "pass"),
+        ("_core/acquisition.py", "stats.hold_times.append(now - lease.acquired_at)", "pass"),
+        ("_core/acquisition.py", "stats.released += 1", "pass"),
     ],
     "renewer/watchdog wake checks": [
         (
-            "_core/acquisition.py",
+            "_core/session.py",
             "        if first_renewal < self._next_round:",
             "        if False:",
         ),
         (
-            "_core/acquisition.py",
+            "_core/session.py",
             "        if (deadline if hard is None else min(deadline, hard)) < self._watch_until:",
             "        if False:",
         ),

@@ -165,48 +165,50 @@ def row_cycles(backend: asynclock.Backend) -> dict[str, Cycle]:
                 bounds.popleft()
 
     # Every behaviour the core has on an uncontended hold, written out inline in one
-    # coroutine on the backend's own state (what a core with no layers would run): the
-    # wrong-loop and AlreadyHeld checks, the pending count close waits on, a real Lease
-    # (and its LossSignal) found by the renewer, the watchdog and the dropped-lease weak
-    # reference, stats, DEBUG-log checks, the renewer and watchdog wake checks, the hold
-    # stack, the holder scope, the release bound and the release's checks.
-    b: Any = backend
+    # coroutine on the backend's own state, its acquisition's and session's (what a core
+    # with no layers would run): the wrong-loop and AlreadyHeld checks, the pending count
+    # close waits on, a real Lease (and its LossSignal) found by the renewer, the watchdog
+    # and the dropped-lease weak reference, stats, DEBUG-log checks, the renewer and
+    # watchdog wake checks, the hold stack, the holder scope, the release bound and the
+    # release's checks.
+    a: Any = backend._acq  # the acquisition and session: the backend's own state
+    se: Any = backend._session
     get_ident, debug = threading.get_ident, logging.DEBUG
-    life = TTL * (1 - b.drift) - b.margin
+    life = TTL * (1 - backend.drift) - backend.margin
 
     async def inline() -> None:
-        task = b._current_task()
-        if task is None and b._open:
-            b._wrong_loop()
+        task = a.current_task()
+        if task is None and a.open:
+            a.wrong_loop()
         holds = HOLDS.get()
         if holds:
-            _refuse_nested(backend, name, holds, task)
-        if not b._open:
-            b._require_open()
-        if get_ident() != b._thread:
-            b._wrong_loop()
-        owner = "%s%08x%s" % (b._owner_prefix, next(b._owner_seq), "")  # noqa: UP031
-        b._pending += 1
+            _refuse_nested(a, name, holds, task)
+        if not a.open:
+            a.require_open()
+        if get_ident() != a._thread:
+            a.wrong_loop()
+        owner = "%s%08x%s" % (a._owner_prefix, next(a._owner_seq), "")  # noqa: UP031
+        a._pending += 1
         try:
-            clock = b.clock
+            clock = a.clock
             t_send = clock.now()
             token = await driver.acquire(name, owner, TTL, queue=True)
-            if isinstance(token, Busy) or not b._open:
+            if isinstance(token, Busy) or not a.open:
                 raise AssertionError("uncontended acquire found the name busy")
             deadline = t_send + life
-            lease = Lease(name, owner, token, TTL, clock, t_send, deadline, None, b)
-            b._held[owner] = (weakref.ref(lease, b._on_collected), name, token)
-            b._stats.acquired += 1
+            lease = Lease(name, owner, token, TTL, clock, t_send, deadline, None, a)
+            se.held[owner] = (weakref.ref(lease, se._on_collected), name, token)
+            se.stats.acquired += 1
             if logger.isEnabledFor(debug):
                 logger.debug("acquired")
-            if t_send + TTL * b.heartbeat < b._next_round:
-                b._next_round = t_send + TTL * b.heartbeat
-            if deadline < b._watch_until:
+            if t_send + TTL * se.heartbeat < se._next_round:
+                se._next_round = t_send + TTL * se.heartbeat
+            if deadline < se._watch_until:
                 pass
         finally:
-            b._pending -= 1
-            if b._settled is not None and not b._pending:
-                b._settled.set()
+            a._pending -= 1
+            if a._settled is not None and not a._pending:
+                a._settled.set()
         lease._task = task
         with scope_type() as scope:
             lease._scope = scope
@@ -221,26 +223,26 @@ def row_cycles(backend: asynclock.Backend) -> dict[str, Cycle]:
             if scope.cancel_called:
                 raise AssertionError("cancelled")
             scope.shield = True
-            if get_ident() != b._thread:
-                b._wrong_loop()
-            b._held.pop(owner, None)
-            if b._extends or lease._released:
+            if get_ident() != a._thread:
+                a.wrong_loop()
+            se.held.pop(owner, None)
+            if se.extends or lease._released:
                 raise AssertionError("extends")
             t_end = clock.now()
             if lease.lost.reason is None and t_end >= deadline:
                 raise AssertionError("late")
-            bound = b._bounds.arm(scope)
+            bound = a.bounds.arm(scope)
             try:
                 ok = await driver.release(name, owner, token)
             finally:
                 bound.scope = None
             if ok is None:
                 raise AssertionError("release unconfirmed")
-            b._stats.hold_times.append(t_end - t_send)
+            se.stats.hold_times.append(t_end - t_send)
             lease._released = True
-            b._stats.released += 1
-            if b._release_events:
-                b._wake_waiters(name)
+            se.stats.released += 1
+            if a._release_events:
+                a.wake(name)
             if logger.isEnabledFor(debug):
                 logger.debug("released")
         if lease.lost.reason is not None:

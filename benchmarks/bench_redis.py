@@ -40,6 +40,7 @@ import redis.asyncio.connection
 import redis.connection
 
 import asynclock
+import asynclock.testing
 from asynclock._harness import Hold, overlaps
 from tests.support.redis_servers import RedisFactory, RedisServer, redlock_url
 
@@ -404,7 +405,7 @@ async def many_leases(
     ttl = 2.0
     async with asynclock.connect(url) as backend:
         leases = [await backend.acquire(f"held:{i}", ttl=ttl) for i in range(n)]
-        await backend._renewal_round()
+        await asynclock.testing.next_renewal_round(backend)
         before = [await evalsha_calls(s) for s in servers]
         cpu0, t0 = cpu_seconds(), time.monotonic()
         await anyio.sleep(hold)

@@ -1,29 +1,32 @@
-"""Acquisition and release: one hold's whole path through the core.
+"""Acquisition: one hold's path through the core, over (driver, session, clock).
 
-* acquisition reads ``t_send`` before it asks and sets the local deadline to
-  ``t_send + ttl * (1 - drift) - margin`` (G3);
+* acquisition reads ``t_send`` before it asks and hands the granted lease to the session,
+  whose one deadline function sets the local deadline (G3);
 * an interrupted acquire releases whatever the server may have granted, shielded and
   bounded; release on exit is shielded and bounded; local state changes only after the
-  server confirms (G6).
+  server confirms (G6);
+* a waiter sleeps until a release wakes it, its retry time, or its timeout (no busy poll).
 
-:class:`Holding` is a part of :class:`~asynclock._core.backend.Backend` (a mixin over its
-state), like the renewer; ``Lock`` (lock.py) enters and leaves the holder's scope around it.
+:class:`Acquisition` is what ``Lock``, ``Lease`` and ``Leadership`` hold on to: their
+small internal protocol is its attributes and methods without a leading underscore.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
 import random
 import threading
-import weakref
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn
 
 import anyio
+import anyio.lowlevel
 
-from .bounds import ArmOnSuspend, shielded_call
-from .driver import Busy, Refused, watch_from
+from .bounds import ArmOnSuspend, CallBounds, cleanup, shielded_call
+from .clock import Clock
+from .driver import Busy, Driver, watch_from
 from .exceptions import (
     AcquireTimeout,
     AsynclockError,
@@ -31,8 +34,16 @@ from .exceptions import (
     LockHeld,
     RestartGrace,
 )
+from .fastpath import (
+    _any_current_task,
+    _checkpoint_if_cancelled_for,
+    _current_task_function,
+    _describe_loop,
+)
 from .lease import Lease
-from .renewer import Renewer, _deadline_reason, _poke
+from .lock import _check_lock_args, _check_scope
+from .session import Session, deadline_reason
+from .stats import StatsRecorder
 
 logger = logging.getLogger("asynclock")
 _get_ident = threading.get_ident
@@ -41,33 +52,133 @@ _get_ident = threading.get_ident
 DEFAULT_POLL = 0.05
 
 
-class Holding(Renewer):
-    """Acquire, wait, grant and release: the hold path of a :class:`Backend`."""
+class Acquisition:
+    """Acquire, wait, grant and release the leases of one backend (one event loop)."""
 
-    # The backend's state this part reads and writes (set in Backend.__init__).
-    _on_collected: Callable[[weakref.ref[Lease]], None]
-    _owner_prefix: str
-    _owner_seq: itertools.count[int]
-    _release_events: dict[str, anyio.Event]
-    _scope_type: type[anyio.CancelScope]
-    _checkpoint_if_cancelled: Callable[[], Awaitable[None]]
-    _open: bool
-    _waiters: set[anyio.CancelScope]
-    _pending: int
-    _settled: anyio.Event | None
-    _thread: int | None
-    _current_task: Callable[[], object]
-    _remote: bool
+    def __init__(self, driver: Driver, session: Session, clock: Clock, bounds: CallBounds) -> None:
+        self.driver = driver
+        self.session = session
+        self.clock = clock
+        self.bounds = bounds
+        self.stats: StatsRecorder = session.stats
+        self._owner_prefix = os.urandom(12).hex()
+        self._owner_seq = itertools.count(1)
+        self._release_events: dict[str, anyio.Event] = {}
+        #: The running loop's cancel scope class (holder scopes are made directly,
+        #: skipping anyio's per-call back-end lookup: a measurable part of a fast hold).
+        self.scope_type: type[anyio.CancelScope] = anyio.CancelScope
+        self._checkpoint_if_cancelled: Callable[[], Awaitable[None]] = (
+            anyio.lowlevel.checkpoint_if_cancelled
+        )
+        #: True between the backend's open and the start of its close.
+        self.open = False
+        # Waiters' cancel scopes (cancelled when the backend closes) and the number of
+        # acquisitions in flight (close waits for them to settle before it closes the driver).
+        self._waiters: set[anyio.CancelScope] = set()
+        self._pending = 0
+        self._settled: anyio.Event | None = None
+        # The thread whose event loop opened the backend: every acquire, validate and
+        # release compares it with the running thread's id (~30 ns; asking for the running
+        # loop itself costs ~10 times that on the hold fast path). Another loop in the
+        # same thread (a later asyncio.run) is caught where the running task is looked up
+        # anyway: asyncio's current task *of the opening loop* is None there.
+        self._thread: int | None = None
+        self._opened_in = "no event loop (not open)"
+        #: The running task of the loop that opened the backend (None on another loop).
+        self.current_task: Callable[[], object] = _any_current_task
+        self._remote = bool(driver.remote)
+        session.wake = self.wake
 
-    if TYPE_CHECKING:
+    # -- the event loop it belongs to ------------------------------------------------------
 
-        def _require_open(self) -> None: ...
-        def _wrong_loop(self) -> None: ...
-        async def _call(self, what: str, call: Awaitable[object]) -> object: ...
+    def bind_loop(self) -> None:
+        """Called by the backend as it opens, in the running event loop."""
+        self.scope_type = scope_type = type(anyio.CancelScope())
+        self._checkpoint_if_cancelled = _checkpoint_if_cancelled_for(scope_type)
+        self.current_task = _current_task_function(scope_type)
+        self._thread = _get_ident()
+        self._opened_in = _describe_loop()
+
+    def unbind_loop(self) -> None:
+        """Closed: nothing runs on the loop any more (and the loop is not kept alive)."""
+        self.current_task = _any_current_task
+
+    def require_open(self) -> None:
+        if not self.open:
+            raise RuntimeError(
+                "backend is not open: use `async with asynclock.connect(url) as backend:`"
+            )
+
+    def ready(self) -> Acquisition:
+        """Itself, once checked: open, and called on the event loop that opened it."""
+        self.require_open()
+        self.check_loop()
+        return self
+
+    def check_loop(self) -> None:
+        """Raise unless called from a task of the event loop that opened the backend."""
+        if _get_ident() != self._thread or self.current_task() is None:
+            self.wrong_loop()
+
+    def wrong_loop(self) -> NoReturn:
+        """Raise: this backend is used from an event loop other than the one it opened in."""
+        raise RuntimeError(
+            f"this {self.driver.display} backend belongs to the event loop it was opened in "
+            f"({self._opened_in}) but was used from another one ({_describe_loop()}); open "
+            "one backend per event loop (per thread)"
+        )
+
+    async def call(self, what: str, call: Awaitable[object], passing: Passing = ()) -> object:
+        """``call``'s result; a library error as BackendUnavailable (not ``passing`` ones)."""
+        try:
+            return await call
+        except AsynclockError:
+            raise
+        except Exception as exc:
+            if isinstance(exc, passing):
+                raise
+            raise BackendUnavailable(f"{self.driver.display}: {what} failed: {exc!r}") from exc
+
+    async def close(self) -> None:
+        """The backend closes: waiters raise BackendUnavailable; a lease granted from now on
+        is released by the task that asked for it. Waits (bounded) for them to settle, so
+        their clean-up still has a driver to talk to; then every held lease is lost (its
+        holder cancelled) and released."""
+        self.open = False
+        for scope in list(self._waiters):
+            scope.cancel()
+        if self._pending:
+            self._settled = anyio.Event()
+            with anyio.move_on_after(self.bounds.timeout, shield=True):
+                await self._settled.wait()
+        session = self.session
+        held = session.live()
+        for lease in held:
+            session.lose(lease, "backend closed")
+        with anyio.CancelScope(shield=True):
+            for lease in held:
+                await self.release(lease, quiet=True)
+            await session.reap_dropped()
 
     # -- acquisition -----------------------------------------------------------------------
 
-    async def _acquire(
+    async def acquire_checked(
+        self,
+        name: object,
+        ttl: object,
+        timeout: object,
+        blocking: object,
+        max_hold: object,
+        token_scope: object,
+    ) -> Lease:
+        """``backend.acquire()``: its arguments checked, then :meth:`acquire`."""
+        args = _check_lock_args(name, ttl, timeout, blocking, max_hold)
+        if self.open and self.current_task() is None:
+            self.wrong_loop()
+        scope = None if token_scope is None else _check_scope(token_scope)
+        return await self.acquire(*args, token_scope=scope)
+
+    async def acquire(
         self,
         name: str,
         ttl: float,
@@ -77,17 +188,15 @@ class Holding(Renewer):
         owner_tag: str = "",
         token_scope: str | None = None,
     ) -> Lease:
-        if not self._open:
-            self._require_open()
+        if not self.open:
+            self.require_open()
         if _get_ident() != self._thread:
-            self._wrong_loop()
+            self.wrong_loop()
         if not self._remote:  # else the attempt's own suspension is the checkpoint
             await self._checkpoint_if_cancelled()
-        if ttl * (1 - self.drift) - self.margin <= 0:
-            raise ValueError(
-                f"ttl={ttl:g}s leaves no time after drift ({self.drift:.0%}) and margin "
-                f"({self.margin:g}s); use a ttl of at least {2 * self.margin + 0.001:g}s"
-            )
+        session = self.session
+        if ttl <= session.min_ttl:
+            raise session.ttl_error(ttl)
         # Unique per acquisition: 96 random bits per backend plus a counter (a syscall for
         # fresh randomness on every acquisition showed up in the fast path; %-formatting
         # is half the cost of an f-string with a format spec).
@@ -108,15 +217,15 @@ class Holding(Renewer):
                 await self._undo_acquire(name, owner, exc)
                 raise  # _undo_acquire raised the wrapped error for plain exceptions
             if not isinstance(result, Busy):
-                if self._open:
-                    return self._grant(name, owner, result, ttl, t_send, max_hold)
+                if self.open:
+                    return session.grant(name, owner, result, ttl, t_send, max_hold, self)
                 await self._refuse_grant(name, owner, result)
             return await self._wait(
                 name, owner, ttl, t_send, timeout, blocking, max_hold, result, token_scope
             )
         except BaseException:
             if blocking:  # leave the wait queue (after any clean-up of the attempt)
-                await self._shielded(self.driver.abandon(name, owner), "abandon wait")
+                await cleanup(self.driver.abandon(name, owner), self.bounds, "abandon wait")
             raise
         finally:
             self._pending -= 1
@@ -125,7 +234,7 @@ class Holding(Renewer):
 
     async def _refuse_grant(self, name: str, owner: str, token: int) -> NoReturn:
         """Granted after close began: nobody would renew it, so give it back and raise."""
-        await self._shielded(self.driver.release(name, owner, token), "release after close")
+        await cleanup(self.driver.release(name, owner, token), self.bounds, "release after close")
         raise BackendUnavailable(
             f"{self.driver.display}: backend closed while acquiring {name!r}; "
             "the lease it granted meanwhile was released"
@@ -134,7 +243,7 @@ class Holding(Renewer):
     async def _undo_acquire(self, name: str, owner: str, exc: BaseException) -> None:
         """An attempt was interrupted or failed: the server may have granted it (G6)."""
         driver = self.driver
-        await self._shielded(driver.release(name, owner, None), "clean up acquire")
+        await cleanup(driver.release(name, owner, None), self.bounds, "clean up acquire")
         if isinstance(exc, Exception) and not isinstance(exc, AsynclockError):
             raise BackendUnavailable(
                 f"{driver.display}: acquire of {name!r} failed: {exc!r}"
@@ -160,12 +269,12 @@ class Holding(Renewer):
         scoped = {} if token_scope is None else {"scope": token_scope}  # older drivers: no scope
         # Cancelled when the backend closes: a waiter must not outlive its backend (nobody
         # would renew what it got).
-        closing = self._scope_type()
+        closing = self.scope_type()
         self._waiters.add(closing)
         try:
             with closing:
                 while True:
-                    self._stats.busy_attempts += 1
+                    self.stats.busy_attempts += 1
                     if not blocking:
                         raise _busy_error(name, result)
                     now = clock.now()
@@ -183,7 +292,7 @@ class Holding(Renewer):
                         # The first busy attempt, or one whose cursor moved (etcd: a new
                         # predecessor). The driver says whether a release may have been missed.
                         watching, watched = True, result.cursor
-                        missed = await self._call("watch", watch_from(driver, name, watched))
+                        missed = await self.call("watch", watch_from(driver, name, watched))
                         retry_now = retry_now or bool(missed)
                     if not retry_now:
                         delay = DEFAULT_POLL if result.retry_after is None else result.retry_after
@@ -200,8 +309,10 @@ class Holding(Renewer):
                         await self._undo_acquire(name, owner, exc)
                         raise
                     if not isinstance(attempt, Busy):
-                        if self._open:
-                            return self._grant(name, owner, attempt, ttl, t_send, max_hold)
+                        if self.open:
+                            return self.session.grant(
+                                name, owner, attempt, ttl, t_send, max_hold, self
+                            )
                         await self._refuse_grant(name, owner, attempt)
                     result = attempt
             raise BackendUnavailable(
@@ -210,31 +321,7 @@ class Holding(Renewer):
         finally:
             self._waiters.discard(closing)
             if watching:
-                await self._shielded(driver.unwatch(name), "unwatch")
-
-    def _grant(
-        self,
-        name: str,
-        owner: str,
-        token: int,
-        ttl: float,
-        t_send: float,
-        max_hold: float | None,
-    ) -> Lease:
-        deadline = t_send + ttl * (1 - self.drift) - self.margin
-        hard = None if max_hold is None else t_send + max_hold
-        lease = Lease(name, owner, token, ttl, self.clock, t_send, deadline, hard, self)
-        self._held[owner] = (weakref.ref(lease, self._on_collected), name, token)
-        self._stats.acquired += 1
-        if logger.isEnabledFor(logging.DEBUG):
-            logger.debug("acquired %r token=%d ttl=%gs", name, token, ttl)
-        first_renewal = t_send + ttl * self.heartbeat
-        if first_renewal < self._next_round:
-            self._next_round = first_renewal
-            _poke(self._renew_wake)
-        if (deadline if hard is None else min(deadline, hard)) < self._watch_until:
-            _poke(self._watch_wake)
-        return lease
+                await cleanup(driver.unwatch(name), self.bounds, "unwatch")
 
     def _listen(self, name: str) -> anyio.Event:
         """The event the next release or wake-up of ``name`` sets (one per name, shared by
@@ -244,14 +331,15 @@ class Holding(Renewer):
             released = self._release_events[name] = anyio.Event()
         return released
 
-    def _wake_waiters(self, name: str) -> None:
+    def wake(self, name: str) -> None:
+        """Wake this backend's waiters for ``name`` (a release was seen)."""
         event = self._release_events.pop(name, None)
         if event is not None:
             event.set()
 
     # -- release ---------------------------------------------------------------------------
 
-    async def _release(
+    async def release(
         self, lease: Lease, *, quiet: bool = False, scope: anyio.CancelScope | None = None
     ) -> bool:
         """Release ``lease`` at the server (G6).
@@ -261,26 +349,27 @@ class Holding(Renewer):
         new one, and its deadline bounds the call.
         """
         if _get_ident() != self._thread:
-            self._wrong_loop()
+            self.wrong_loop()
+        session = self.session
         # Stop renewing first: renewal is tied to the holder's life, never outlives it.
-        self._held.pop(lease.owner, None)
-        if self._extends:
-            self._end_extend(lease, Refused("released"))
+        session.held.pop(lease.owner, None)
+        if session.extends:
+            session.drop(lease)
         if lease._released:
             return False
         now = self.clock.now()
         if lease.lost.reason is None and now >= lease.deadline:
             # The loop was blocked past the deadline, so the watchdog never got to run.
-            self._lose(lease, _deadline_reason(lease, now))
+            session.lose(lease, deadline_reason(lease, now))
         was_lost = lease.lost.reason is not None
         ok: bool | None = None
         error: BaseException | None = None
         call = self.driver.release(lease.name, lease.owner, lease.token)
         try:
             if scope is None:
-                ok = await shielded_call(call, self._bounds)
+                ok = await shielded_call(call, self.bounds)
             elif self._remote:  # it will suspend: arm at once, no trampoline per resume
-                bound = self._bounds.arm(scope)
+                bound = self.bounds.arm(scope)
                 try:
                     ok = await call
                 finally:
@@ -293,7 +382,7 @@ class Holding(Renewer):
                 except StopIteration as done:
                     ok = done.value
                 else:
-                    ok = await ArmOnSuspend(call, scope, self._bounds, first)
+                    ok = await ArmOnSuspend(call, scope, self.bounds, first)
         except Exception as exc:
             error = exc
         except anyio.get_cancelled_exc_class():
@@ -310,26 +399,31 @@ class Holding(Renewer):
                 logger.warning("release of %r token=%d: %s", lease.name, lease.token, why)
                 return False
             raise BackendUnavailable(f"{self.driver.display}: {why}") from error
-        self._stats.hold_times.append(now - lease.acquired_at)
+        stats = self.stats
+        stats.hold_times.append(now - lease.acquired_at)
         if ok and not was_lost:
             lease._released = True
-            self._stats.released += 1
+            stats.released += 1
             if self._release_events:
-                self._wake_waiters(lease.name)
+                self.wake(lease.name)
             if logger.isEnabledFor(logging.DEBUG):
                 logger.debug("released %r token=%d", lease.name, lease.token)
             return True
         if ok:
             # Lost locally (deadline) but still ours at the server: freed early, still lost.
             lease._released = True
-            self._wake_waiters(lease.name)
+            self.wake(lease.name)
             return False
         if not was_lost:
-            self._lose(lease, "lease had already ended at the server when released")
+            session.lose(lease, "lease had already ended at the server when released")
         logger.info(
             "release of %r token=%d was a no-op: lease already lost", lease.name, lease.token
         )
         return False
+
+
+#: Errors :meth:`Acquisition.call` lets through as they are.
+Passing = tuple[type[Exception], ...]
 
 
 def _busy_error(name: str, busy: Busy) -> LockHeld:

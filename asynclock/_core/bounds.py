@@ -9,6 +9,7 @@ completes without suspending is never queued at all.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Coroutine, Generator
 from typing import Any, Generic, TypeVar
@@ -18,6 +19,7 @@ import anyio
 from .clock import Clock
 
 T = TypeVar("T")
+logger = logging.getLogger("asynclock")
 
 
 class _Bound:
@@ -130,3 +132,19 @@ async def shielded_call(coro: Coroutine[Any, Any, T], bounds: CallBounds) -> T |
     with anyio.CancelScope(shield=True) as scope:
         return await ArmOnSuspend(coro, scope, bounds)
     return None
+
+
+async def cleanup(call: Coroutine[Any, Any, object], bounds: CallBounds, what: str) -> None:
+    """A clean-up call, shielded and bounded like a release; failures are logged."""
+
+    async def run() -> bool:
+        await call
+        return True
+
+    try:
+        done = await shielded_call(run(), bounds)
+    except Exception as exc:
+        logger.debug("%s failed: %r", what, exc)
+        return
+    if done is None:
+        logger.warning("%s timed out after %gs", what, bounds.timeout)

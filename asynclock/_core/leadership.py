@@ -23,7 +23,7 @@ from .exceptions import AsynclockError, BackendUnavailable, LeaseLost
 from .validation import check_name, check_ttl
 
 if TYPE_CHECKING:
-    from .backend import Backend
+    from .acquisition import Acquisition
     from .driver import Driver
     from .lease import Lease
 
@@ -126,7 +126,7 @@ class Term:
         try:
             swallowed = bool(scope.__exit__(*exc_info))
         finally:
-            await lease._backend._release(lease, quiet=True)
+            await lease._holds.release(lease, quiet=True)
         if lease.lost.reason is not None and (swallowed or exc_info[0] is None):
             if self._quiet:
                 return True  # the loop campaigns again; the loss was logged by the backend
@@ -140,10 +140,10 @@ class Leadership:
     See :meth:`Backend.leadership`.
     """
 
-    __slots__ = ("_backend", "_identity", "_losses", "_name", "_term", "_ttl")
+    __slots__ = ("_acq", "_identity", "_losses", "_name", "_term", "_ttl")
 
-    def __init__(self, backend: Backend, name: str, ttl: float, identity: str | None) -> None:
-        self._backend = backend
+    def __init__(self, acq: Acquisition, name: str, ttl: float, identity: str | None) -> None:
+        self._acq = acq
         self._name = check_name(name)
         self._ttl = check_ttl(ttl)
         self._identity = check_identity(identity)
@@ -163,7 +163,7 @@ class Leadership:
 
     async def _campaign(self, *, quiet: bool) -> Term:
         """Wait until elected (blocking acquire: the waiter sleeps until a release)."""
-        lease = await self._backend._acquire(
+        lease = await self._acq.acquire(
             self._name, self._ttl, None, True, None, owner_tag(self._identity)
         )
         return Term(lease, self._identity, quiet=quiet)
@@ -194,10 +194,10 @@ class Leadership:
             lease = previous.lease
             if previous._scope is None and not lease.released:
                 # The body did not guard the term with `async with term:`: end it now.
-                await self._backend._release(lease, quiet=True)
+                await self._acq.release(lease, quiet=True)
             if lease.lost.reason is not None:
                 self._losses += 1
-                if self._backend.clock.now() - lease.acquired_at >= 2 * self._ttl:
+                if self._acq.clock.now() - lease.acquired_at >= 2 * self._ttl:
                     self._losses = 1  # a long term: this loss starts a new series
                 # Back off before campaigning again, so a flapping leader (a loaded
                 # machine, a flaky network) does not hammer the server.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
@@ -11,7 +11,18 @@ from .clock import Clock
 from .exceptions import LeaseLost
 
 if TYPE_CHECKING:
-    from .acquisition import Holding
+    from .session import Session
+
+
+class Holds(Protocol):
+    """What a lease needs of the backend that granted it (``acquisition.Acquisition``)."""
+
+    @property
+    def session(self) -> Session: ...
+
+    def check_loop(self) -> None: ...
+
+    async def release(self, lease: Lease, *, quiet: bool = False) -> bool: ...
 
 
 class LossSignal:
@@ -57,9 +68,9 @@ class Lease:
 
     __slots__ = (
         "__weakref__",
-        "_backend",
         "_clock",
         "_deadline",
+        "_holds",
         "_released",
         "_scope",
         "_task",
@@ -82,7 +93,7 @@ class Lease:
         acquired_at: float,
         deadline: float,
         hard_deadline: float | None,
-        backend: Holding,
+        holds: Holds,
     ) -> None:
         self.name = name
         self.owner = owner
@@ -94,7 +105,8 @@ class Lease:
         self.lost = LossSignal()
         self._clock = clock
         self._deadline = deadline
-        self._backend = backend
+        #: The acquisition that granted it: release, extend and let_expire go through it.
+        self._holds = holds
         #: The holder's cancel scope while inside ``async with backend.lock(...)``.
         self._scope: anyio.CancelScope | None = None
         #: The task that entered ``async with backend.lock(...)`` (None for acquire()).
@@ -146,9 +158,9 @@ class Lease:
         not confirm the release; the lease is unchanged, so you may call it again (renewal
         has stopped either way, so the server expires it within its ttl).
         """
-        backend = self._backend
-        backend._check_loop()
-        return await backend._release(self)
+        holds = self._holds
+        holds.check_loop()
+        return await holds.release(self)
 
     async def let_expire(self) -> bool:
         """Stop renewing without releasing: the server keeps the lease one more full ttl.
@@ -160,7 +172,8 @@ class Lease:
         confirmed; False if the lease was already lost or released, or the server did not
         answer (it then expires within its ttl from the last renewal).
         """
-        return await self._backend._let_expire(self)
+        self._holds.check_loop()
+        return await self._holds.session.let_expire(self)
 
     async def extend(self, ttl: float) -> None:
         """Change this lease's ttl now; the heartbeat carries on with the new one.
@@ -177,4 +190,5 @@ class Lease:
             BackendUnavailable: the server did not answer; the lease keeps its old ttl
                 (and, for a shorter ttl, a deadline as if the server had taken it).
         """
-        await self._backend._extend_lease(self, ttl)
+        self._holds.check_loop()
+        await self._holds.session.extend(self, ttl)

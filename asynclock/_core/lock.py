@@ -23,7 +23,7 @@ from .validation import (
 )
 
 if TYPE_CHECKING:
-    from .backend import Backend
+    from .acquisition import Acquisition
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -64,7 +64,7 @@ def _check_lock_args(
     return name, ttl_f, timeout_f, blocking, hold
 
 
-def _refuse_nested(backend: Backend, name: str, holds: tuple[Any, ...], task: object) -> None:
+def _refuse_nested(acq: Acquisition, name: str, holds: tuple[Any, ...], task: object) -> None:
     """Raise :class:`AlreadyHeld` if this task is inside ``async with backend.lock(name)``.
 
     A child task starts with a copy of its parent's holds, so a hold counts only while
@@ -73,7 +73,7 @@ def _refuse_nested(backend: Backend, name: str, holds: tuple[Any, ...], task: ob
     for _, lease, _ in holds:
         if (
             lease.name == name
-            and lease._backend is backend
+            and lease._holds is acq
             and lease._task == task  # tasks compare by identity; a fallback id by value
             and task is not None
             and not lease._released
@@ -89,20 +89,19 @@ class Lock:
     the lease, per task; never in thread-locals).
     """
 
-    __slots__ = ("_args", "_backend", "_token_scope")
+    __slots__ = ("_acq", "_args", "_token_scope")
 
     def __init__(
         self,
-        backend: Backend,
+        acq: Acquisition,
         name: str,
-        *,
         ttl: float,
         timeout: float | None,
         blocking: bool,
         max_hold: float | None,
         token_scope: str | None = None,
     ) -> None:
-        self._backend = backend
+        self._acq = acq
         self._args = _check_lock_args(name, ttl, timeout, blocking, max_hold)
         self._token_scope = None if token_scope is None else _check_scope(token_scope)
 
@@ -114,19 +113,19 @@ class Lock:
         return f"<asynclock.Lock {self.name!r} ttl={self._args[1]:g}>"
 
     async def __aenter__(self) -> Lease:
-        backend = self._backend
-        task = backend._current_task()  # None: not on the loop that opened the backend
-        if task is None and backend._open:
-            backend._wrong_loop()
+        acq = self._acq
+        task = acq.current_task()  # None: not on the loop that opened the backend
+        if task is None and acq.open:
+            acq.wrong_loop()
         holds = _HOLDS.get()
         if holds:
-            _refuse_nested(backend, self._args[0], holds, task)
+            _refuse_nested(acq, self._args[0], holds, task)
         if self._token_scope is None:
-            lease = await backend._acquire(*self._args)
+            lease = await acq.acquire(*self._args)
         else:
-            lease = await backend._acquire(*self._args, token_scope=self._token_scope)
+            lease = await acq.acquire(*self._args, token_scope=self._token_scope)
         lease._task = task
-        push_hold(self, lease, backend._scope_type(), holds)
+        push_hold(self, lease, acq.scope_type(), holds)
         return lease
 
     async def __aexit__(self, *exc_info: *ExcInfo) -> bool:
@@ -142,15 +141,16 @@ class Lock:
             try:
                 swallowed = bool(scope.__exit__(*exc_info))
             finally:
-                await self._backend._release(lease, quiet=True)
+                await self._acq.release(lease, quiet=True)
         else:
             # The usual case: release inside the holder's own scope, shielded from outer
             # cancellation from here on — one cancel scope per hold, not two. Nothing can
             # cancel this scope now but the release deadline: the lease left the renewer
-            # and watchdog (`_held`) first thing in `_release`, and `_scope` is unset.
+            # and watchdog (the session's `held`) first thing in `release`, and `_scope` is
+            # unset.
             scope.shield = True
             try:
-                await self._backend._release(lease, quiet=True, scope=scope)
+                await self._acq.release(lease, quiet=True, scope=scope)
             finally:
                 swallowed = bool(scope.__exit__(*exc_info))
         if lease.lost.reason is not None:
@@ -162,10 +162,12 @@ class Lock:
 
 
 def locked_function(
-    backend: Backend, name: str, lock_args: tuple[float, float | None, bool, float | None]
+    lock: Callable[..., Lock],
+    name: str,
+    lock_args: tuple[float, float | None, bool, float | None],
 ) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Coroutine[Any, Any, T]]]:
-    """:meth:`Backend.locked_function` (see there); ``lock_args``: ttl, timeout, blocking,
-    max_hold."""
+    """:meth:`Backend.locked_function` (see there): ``lock`` is the backend's ``lock``;
+    ``lock_args``: ttl, timeout, blocking, max_hold."""
     ttl, timeout, blocking, max_hold = lock_args
     template = NameTemplate(name)
     # The lock arguments are checked now, not at the first call.
@@ -185,10 +187,8 @@ def locked_function(
         @functools.wraps(func)
         async def locked_call(*args: P.args, **kwargs: P.kwargs) -> T:
             lock_name = template.format_call(func, args, kwargs)
-            lock = backend.lock(
-                lock_name, ttl=ttl, timeout=timeout, blocking=blocking, max_hold=max_hold
-            )
-            async with lock as lease:
+            held = lock(lock_name, ttl=ttl, timeout=timeout, blocking=blocking, max_hold=max_hold)
+            async with held as lease:
                 return await func(*args, **kwargs)
             # Only a lost lease's cancellation is swallowed, and then __aexit__ raises.
             raise LeaseLost(lease.name, lease.token, lease.lost.reason or "lost")

@@ -87,3 +87,14 @@ def check_token(token: object) -> int:
     if not (0 < token < 2**63):
         raise ValueError(f"fencing token must be a positive 64-bit int, got {token}")
     return token
+
+
+def check_timing(drift: object, margin: object, heartbeat: object, release_timeout: object) -> None:
+    """The timing options of :class:`asynclock.Backend`."""
+    if not isinstance(drift, int | float) or not 0 <= drift < 0.5:
+        raise ValueError(f"drift must be a fraction in [0, 0.5), got {drift!r}")
+    if not isinstance(margin, int | float) or not 0 <= margin < math.inf:
+        raise ValueError(f"margin must be a finite number of seconds >= 0, got {margin!r}")
+    if not isinstance(heartbeat, int | float) or not 0 < heartbeat < 1:
+        raise ValueError(f"heartbeat must be a fraction of ttl in (0, 1), got {heartbeat!r}")
+    check_ttl(release_timeout, what="release_timeout")
