@@ -89,12 +89,12 @@ def check_token(token: object) -> int:
     return token
 
 
-def check_timing(drift: object, margin: object, heartbeat: object, release_timeout: object) -> None:
+def check_timing(drift: float, margin: float, heartbeat: float, release_timeout: float) -> None:
     """The timing options of :class:`asynclock.Backend`."""
-    if not isinstance(drift, int | float) or not 0 <= drift < 0.5:
+    if not (0 <= drift < 0.5):
         raise ValueError(f"drift must be a fraction in [0, 0.5), got {drift!r}")
-    if not isinstance(margin, int | float) or not 0 <= margin < math.inf:
+    if not (0 <= margin < math.inf):
         raise ValueError(f"margin must be a finite number of seconds >= 0, got {margin!r}")
-    if not isinstance(heartbeat, int | float) or not 0 < heartbeat < 1:
+    if not (0 < heartbeat < 1):
         raise ValueError(f"heartbeat must be a fraction of ttl in (0, 1), got {heartbeat!r}")
     check_ttl(release_timeout, what="release_timeout")
