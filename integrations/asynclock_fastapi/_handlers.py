@@ -84,7 +84,7 @@ def install(app: FastAPI, *, retry_after: float = 1.0) -> FastAPI:
 
     async def grace(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RestartGrace)
-        return _as_response(grace_unavailable(exc.retry_after, exc.until, str(exc)))
+        return _as_response(grace_unavailable(exc.retry_after, exc.until))
 
     async def unavailable(request: Request, exc: Exception) -> JSONResponse:
         return _as_response(

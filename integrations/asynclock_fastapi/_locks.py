@@ -122,17 +122,21 @@ def _retry_after(seconds: float | None) -> str | None:
     return None if seconds is None else str(max(1, math.ceil(seconds)))
 
 
-def grace_unavailable(retry_after: float | None, until: float, why: str) -> HTTPException:
+def grace_unavailable(retry_after: float | None, until: float) -> HTTPException:
     """503 for a restart grace: the server grants nothing until ``until`` (a Unix time).
 
     Unavailable, not a conflict: nobody holds the name, the lock server lost its data a
-    short while ago and waits until a lease granted before the loss has surely ended.
+    short while ago and waits until a lease granted before the loss has surely ended. The
+    exception's own words name the server; the client gets the grace's end only.
     """
     end = datetime.fromtimestamp(until, UTC).isoformat(timespec="milliseconds")
+    retry = _retry_after(retry_after) or "1"
     return HTTPException(
         503,
-        detail=f"restart grace of the lock server, which grants no lock before {end}: {why}",
-        headers={"Retry-After": _retry_after(retry_after) or "1"},
+        detail=f"the lock server is in its restart grace until {end} (it lost its data a "
+        "short while ago, and a lock granted before may still be held), so the request was "
+        f"not run; retry in {retry}s",
+        headers={"Retry-After": retry},
     )
 
 
@@ -503,7 +507,7 @@ def _make_hold(
         except RestartGrace as exc:
             if state.lease is not None:
                 raise  # from the request's own code, not from our acquire
-            raise grace_unavailable(exc.retry_after, exc.until, str(exc)) from None
+            raise grace_unavailable(exc.retry_after, exc.until) from None
         except (LockHeld, AcquireTimeout) as exc:
             if state.lease is not None:
                 raise
@@ -512,7 +516,7 @@ def _make_hold(
                 # still has one, is an outage with a known end (503), not a conflict.
                 grace = await _grace_of(locks.backend, name)
                 if grace is not None:
-                    raise grace_unavailable(*grace, str(exc)) from None
+                    raise grace_unavailable(*grace) from None
             retry = _retry_after(exc.retry_after) if isinstance(exc, LockHeld) else None
             raise HTTPException(
                 busy_status,
