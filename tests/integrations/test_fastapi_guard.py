@@ -231,7 +231,8 @@ async def test_restart_grace_of_a_fresh_redis_is_503_with_retry_after_not_409(
         @app.post("/own/{key}")
         async def own(key: str) -> str:  # the endpoint's own lock, mapped by install()
             async with locks.backend.lock(f"grace-own:{key}", ttl=8, blocking=False):
-                return "done"
+                pass
+            return "done"
 
         @app.post("/patient/{key}")
         @locks.guard("grace-patient:{key}", ttl=8, timeout=30)
@@ -692,27 +693,29 @@ async def test_a_lease_ttl_the_backend_refuses_is_refused_where_the_guard_is_dec
     """The backend refuses these ttls at every acquire, so each request would fail; the
     guard says so when it is declared, in the backend's own words."""
     url = f"sqlite:///{tmp_path / 'locks.db'}"
-    cases: list[tuple[dict[str, Any], float, str]] = [
-        ({}, 0.001, r"ttl=0.001s leaves no time after drift \(1%\) and margin \(0.005s\)"),
-        ({}, 2 * asynclock.MAX_TTL, "ttl must be at most 604800 seconds"),
-        ({}, asynclock.MAX_TTL + 0.5, "ttl must be at most 604800 seconds"),
-        ({"margin": 0.5}, 0.5, r"margin \(0.5s\); use a ttl of at least 1.001s"),
-        ({"drift": 0.2}, 0.006, r"after drift \(20%\)"),
+    cases = [  # drift, margin, ttl, what the backend says
+        (0.01, 0.005, 0.001, r"ttl=0.001s leaves no time after drift \(1%\) and margin \(0.005s\)"),
+        (0.01, 0.005, 2 * asynclock.MAX_TTL, "ttl must be at most 604800 seconds"),
+        (0.01, 0.005, asynclock.MAX_TTL + 0.5, "ttl must be at most 604800 seconds"),
+        (0.01, 0.5, 0.5, r"margin \(0.5s\); use a ttl of at least 1.001s"),
+        (0.2, 0.005, 0.006, r"after drift \(20%\)"),
     ]
-    for options, ttl, message in cases:
+    for drift, margin, ttl, message in cases:
         with pytest.raises(ValueError, match=message):
-            Locks(url, **options).guard("k:{key}", ttl=ttl)
-        backend = asynclock.connect(url, **options)
+            Locks(url, drift=drift, margin=margin).guard("k:{key}", ttl=ttl)
+        backend = asynclock.connect(url, drift=drift, margin=margin)
         with pytest.raises(ValueError, match=message):
             Locks(backend=backend).guard("k:{key}", ttl=ttl)
         async with backend:  # what every request would have met
             with pytest.raises(ValueError, match=message):
                 async with backend.lock("k", ttl=ttl):
                     pass
-    # At the bounds: accepted, as the backend accepts them.
-    for options, ttl in [({}, asynclock.MAX_TTL), ({}, 0.011), ({"margin": 0.5}, 1.001)]:
-        Locks(url, **options).guard("k:{key}", ttl=ttl)
-        async with asynclock.connect(url, **options) as backend:
+    # The defaults, and at the bounds: accepted, as the backend accepts them.
+    with pytest.raises(ValueError, match=r"ttl=0\.001s leaves no time"):
+        Locks(url).guard("k:{key}", ttl=0.001)
+    for margin, ttl in [(0.005, asynclock.MAX_TTL), (0.005, 0.011), (0.5, 1.001)]:
+        Locks(url, margin=margin).guard("k:{key}", ttl=ttl)
+        async with asynclock.connect(url, margin=margin) as backend:
             async with backend.lock("k", ttl=ttl, blocking=False) as lease:
                 assert lease.ttl == ttl
 
