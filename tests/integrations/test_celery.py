@@ -52,12 +52,89 @@ def test_bad_options_are_refused_at_definition() -> None:
 
     def build(customer_id: int) -> None: ...
 
-    with pytest.raises(ValueError, match="on_busy must be one of 'retry', 'skip', 'fail'"):
-        app.task(base=LockedTask, lock="r:{customer_id}", on_busy="wait", lazy=False)(build)
+    with pytest.raises(ValueError, match="on_busy must be one of 'wait', 'retry', 'skip', 'fail'"):
+        app.task(base=LockedTask, lock="r:{customer_id}", on_busy="later", lazy=False)(build)
     with pytest.raises(ValueError, match="lock_ttl must be a finite number of seconds > 0"):
         app.task(base=LockedTask, lock="r:{customer_id}", lock_ttl=0, lazy=False)(build)
     with pytest.raises(TypeError, match="ttl must be a number of seconds, not str"):
         locked("r:{customer_id}", ttl="5")  # type: ignore[arg-type]
+
+
+TOO_LONG = 2 * asynclock.MAX_TTL
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"lock_ttl": 0.001}, ValueError, r"lock_ttl=0.001s leaves no time .* at least 0.011s"),
+        ({"lock_ttl": TOO_LONG}, ValueError, r"lock_ttl must be at most 604800 seconds"),
+        ({"lock_ttl": float("nan")}, ValueError, "lock_ttl must be a number of seconds, not NaN"),
+        ({"lock_ttl": True}, TypeError, "lock_ttl must be a number of seconds, not bool"),
+        ({"lock_timeout": -1}, ValueError, r"lock_timeout must be None \(wait as long as"),
+        ({"lock_timeout": "5"}, TypeError, "lock_timeout must be a number of seconds, not str"),
+        (
+            {"lock_timeout": 5, "on_busy": "retry"},
+            ValueError,
+            "lock_timeout bounds the wait of on_busy='wait'; with on_busy='retry' nothing waits",
+        ),
+        ({"lock_retry_backoff": 0}, ValueError, "lock_retry_backoff must be a finite number"),
+        (
+            {"lock_retry_backoff": 10, "lock_retry_backoff_max": 5},
+            ValueError,
+            r"lock_retry_backoff_max \(5s\) must be at least lock_retry_backoff \(10s\)",
+        ),
+    ],
+)
+def test_lease_options_are_checked_where_the_task_is_declared(
+    options: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    """Issue 21 item 6: what every run would refuse is refused when the task is made (before:
+    lock_ttl=0.001 or 2 * MAX_TTL were accepted and every run failed)."""
+    app = make_app(asynclock_url="memory://")
+
+    def build(customer_id: int) -> None: ...
+
+    with pytest.raises(error, match=message):
+        app.task(base=LockedTask, lock="r:{customer_id}", lazy=False, **options)(build)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"ttl": 0.001}, ValueError, r"ttl=0.001s leaves no time .* at least 0.011s"),
+        ({"ttl": TOO_LONG}, ValueError, r"ttl must be at most 604800 seconds \(7 days\)"),
+        ({"ttl": -1}, ValueError, "ttl must be a finite number of seconds > 0, got -1"),
+        ({"on_busy": "later"}, ValueError, "on_busy must be one of 'wait', 'retry'"),
+        ({"timeout": float("inf")}, ValueError, r"timeout must be None \(wait as long as"),
+        ({"timeout": 1, "on_busy": "skip"}, ValueError, "timeout bounds the wait of on_busy="),
+        ({"retry_backoff": "1"}, TypeError, "retry_backoff must be a number of seconds"),
+    ],
+)
+def test_locked_options_are_checked_at_decoration(
+    options: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        locked("r:{customer_id}", **options)
+
+
+def test_the_longest_and_shortest_allowed_ttls_run() -> None:
+    """The limits are the core's: a ttl the declaration accepts, every run accepts."""
+    app = make_app(asynclock_url="memory://")
+    for ttl in (0.011, asynclock.MAX_TTL):
+
+        @app.task(
+            bind=True, base=LockedTask, lock="edge:{n}", lock_ttl=ttl, name=f"edge{ttl}", lazy=False
+        )
+        def edge(self: LockedTask, n: int) -> float:
+            return float(self.lease.ttl)
+
+        @app.task(name=f"edge-fn{ttl}", lazy=False)
+        @locked("edge-fn:{n}", ttl=ttl)
+        def edge_fn(n: int) -> float:
+            return float(asynclock.current_lease().ttl)
+
+        assert edge.apply((1,), throw=True).get() == ttl
+        assert edge_fn.apply((1,), throw=True).get() == ttl
 
 
 def test_delay_with_wrong_arguments_is_rejected_before_sending() -> None:

@@ -194,6 +194,25 @@ def test_on_busy_fail_skip_and_retry(prefork: tuple[CeleryWorker, str]) -> None:
     assert not [e for e in worker.seen if e["event"] == "ran" and e.get("key") == key]
 
 
+def test_contention_with_the_defaults_all_succeed(prefork: tuple[CeleryWorker, str]) -> None:
+    """Issue 21 item 2: 20 runs of one key, each holding it 0.2 s, in 2 children, lock_ttl
+    6 and every other option at its default: all 20 succeed, one at a time, and nothing is
+    logged at ERROR or with a traceback (before: several ended FAILURE LockHeld)."""
+    worker, _ = prefork
+    key = str(unique())
+    logged = worker.log.stat().st_size
+    results = [send(tasks.crowd, worker, key, n) for n in range(20)]
+    deadline = time.monotonic() + 120
+    for result in results:
+        result.get(timeout=max(1.0, deadline - time.monotonic()), propagate=False)
+    assert [r.state for r in results] == ["SUCCESS"] * 20, [repr(r.result) for r in results]
+    assert [r.result for r in results] == [1] * 20  # never two runs in the body at once
+    with worker.log.open() as log:
+        log.seek(logged)
+        new = log.read()
+    assert "ERROR" not in new and "Traceback" not in new, new
+
+
 def test_templates_async_and_stacked_tasks(prefork: tuple[CeleryWorker, str]) -> None:
     worker, _ = prefork
     assert send(tasks.report, worker, 7, region="us").get(timeout=WAIT) == "report:7:us"
