@@ -123,17 +123,60 @@ def busy_retry(self: LockedTask, key: str) -> int:
     return int(self.request.retries)
 
 
-@app.task(bind=True, base=LockedTask, lock="crowd:{key}", lock_ttl=6)
-def crowd(self: LockedTask, key: str, n: int) -> int:
-    """Issue 21 item 2: many runs of one key, each holding it 0.2 s, every option but the
-    ttl left at its default. ``inside:<key>`` counts the runs in their body at once."""
+def _one_at_a_time(key: str) -> int:
+    """Hold the body 0.2 s; ``inside:<key>`` counts the runs in their body at once."""
     client = redis.Redis.from_url(EVENTS)
     inside = int(client.incr(f"inside:{key}"))
     try:
         time.sleep(0.2)  # the work the lock protects
     finally:
         client.decr(f"inside:{key}")
+    return inside
+
+
+@app.task(bind=True, base=LockedTask, lock="crowd:{key}", lock_ttl=6)
+def crowd(self: LockedTask, key: str, n: int) -> int:
+    """Issue 21 item 2: many runs of one key, every option but the ttl at its default."""
+    inside = _one_at_a_time(key)
     emit(event="crowd", key=key, n=n, inside=inside, retries=self.request.retries)
+    return inside
+
+
+# Issue 21 item 1: runs against a lock server in its restart grace, one per on_busy policy
+# (``max_retries=0``: a grace must not use up the retries meant for contention).
+
+
+@app.task(bind=True, base=LockedTask, lock="fresh:{key}", lock_ttl=TTL)
+def fresh_default(self: LockedTask, key: str) -> list[int]:
+    return [int(self.lease.token), int(self.request.retries)]
+
+
+@app.task(
+    bind=True, base=LockedTask, lock="fresh:{key}", lock_ttl=TTL, on_busy="retry", max_retries=0
+)
+def fresh_retry(self: LockedTask, key: str) -> list[int]:
+    return [int(self.lease.token), int(self.request.retries)]
+
+
+@app.task(
+    bind=True, base=LockedTask, lock="fresh:{key}", lock_ttl=TTL, on_busy="skip", max_retries=0
+)
+def fresh_skip(self: LockedTask, key: str) -> list[int]:
+    return [int(self.lease.token), int(self.request.retries)]
+
+
+@app.task(
+    bind=True, base=LockedTask, lock="fresh:{key}", lock_ttl=TTL, on_busy="fail", max_retries=0
+)
+def fresh_fail(self: LockedTask, key: str) -> list[int]:
+    return [int(self.lease.token), int(self.request.retries)]
+
+
+@app.task(base=LockedTask, lock="survive:{key}", lock_ttl=TTL)
+def survivor(key: str, n: int) -> int:
+    """Runs of one key across a kill -9 and restart of the lock server, default options."""
+    inside = _one_at_a_time(key)
+    emit(event="survivor", key=key, n=n, inside=inside)
     return inside
 
 
