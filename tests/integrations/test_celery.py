@@ -360,3 +360,28 @@ def test_public_api_of_the_package() -> None:
     package = Path(asynclock_celery.__file__).parent
     for source in package.glob("*.py"):
         assert "asynclock._" not in source.read_text(), source.name
+
+
+def test_the_celery_extra_brings_what_the_docs_redis_setup_needs() -> None:
+    """Issue 21 item 8: the docs run the worker on a Redis broker and keep the locks in
+    Redis. kombu's Redis transport needs celery[redis] (without it the worker died at
+    start: No module named 'packaging'), the lock backend needs redis-py."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    root = Path(__file__).resolve().parents[2]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    celery_extra = [Requirement(r) for r in extras["celery"]]
+    assert any(r.name == "celery" and "redis" in r.extras for r in celery_extra), celery_extra
+    brings = {r.name for r in celery_extra} | {
+        Requirement(r).name
+        for e in (x for x in celery_extra if x.name == "asynclock")
+        for extra in e.extras
+        for r in extras[extra]
+    }
+    assert "redis" in brings, celery_extra
+    docs = (root / "docs" / "integrations" / "celery.md").read_text()
+    assert 'pip install "asynclock[celery]"' in docs
+    assert "redis://" in docs  # the story the extra is made for
