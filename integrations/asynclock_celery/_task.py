@@ -429,7 +429,7 @@ def _log_grace(name: str, until: float, retry_after: float, queued: bool) -> Non
     then = "retried then (not counted against max_retries)" if queued else "waiting it out"
     if abs(until - _state.grace_until) > 1.0:
         _state.grace_until = until
-        logger.warning(
+        logger.info(  # the backend has said it at WARNING, once per grace
             "the lock server is in its restart grace (it lost its data) for %.1fs more; "
             "it grants no lock until then: lock %r and other locked runs are %s",
             retry_after,

@@ -143,30 +143,48 @@ def crowd(self: LockedTask, key: str, n: int) -> int:
 
 
 # Issue 21 item 1: runs against a lock server in its restart grace, one per on_busy policy
-# (``max_retries=0``: a grace must not use up the retries meant for contention).
+# (``max_retries=0``: a grace must not use up the retries meant for contention). With no
+# restart_grace option the grace is the first ttl asked for: long enough that a worker
+# started on a fresh server meets it.
+GRACE_TTL = 10.0
 
 
-@app.task(bind=True, base=LockedTask, lock="fresh:{key}", lock_ttl=TTL)
+@app.task(bind=True, base=LockedTask, lock="fresh:{key}", lock_ttl=GRACE_TTL)
 def fresh_default(self: LockedTask, key: str) -> list[int]:
     return [int(self.lease.token), int(self.request.retries)]
 
 
 @app.task(
-    bind=True, base=LockedTask, lock="fresh:{key}", lock_ttl=TTL, on_busy="retry", max_retries=0
+    bind=True,
+    base=LockedTask,
+    lock="fresh:{key}",
+    lock_ttl=GRACE_TTL,
+    on_busy="retry",
+    max_retries=0,
 )
 def fresh_retry(self: LockedTask, key: str) -> list[int]:
     return [int(self.lease.token), int(self.request.retries)]
 
 
 @app.task(
-    bind=True, base=LockedTask, lock="fresh:{key}", lock_ttl=TTL, on_busy="skip", max_retries=0
+    bind=True,
+    base=LockedTask,
+    lock="fresh:{key}",
+    lock_ttl=GRACE_TTL,
+    on_busy="skip",
+    max_retries=0,
 )
 def fresh_skip(self: LockedTask, key: str) -> list[int]:
     return [int(self.lease.token), int(self.request.retries)]
 
 
 @app.task(
-    bind=True, base=LockedTask, lock="fresh:{key}", lock_ttl=TTL, on_busy="fail", max_retries=0
+    bind=True,
+    base=LockedTask,
+    lock="fresh:{key}",
+    lock_ttl=GRACE_TTL,
+    on_busy="fail",
+    max_retries=0,
 )
 def fresh_fail(self: LockedTask, key: str) -> list[int]:
     return [int(self.lease.token), int(self.request.retries)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,9 @@ def test_first_runs_on_a_fresh_lock_server_succeed(
     """Every policy: the first runs wait out the grace (a queued run is sent again at its
     end, its retries not counted: max_retries=0 here) and succeed. Before: on_busy="fail"
     ended FAILURE LockHeld, "skip" dropped the run, "retry" spent its retries."""
+    started = time.monotonic()
     with worker_on(celery_redis, lock_server, tmp_path) as worker:
+        in_grace = time.monotonic() - started < tasks.GRACE_TTL - 1.0  # else the machine is slow
         runs = [
             send(task, worker, f"{unique()}")
             for task in (tasks.fresh_default, tasks.fresh_retry, tasks.fresh_skip, tasks.fresh_fail)
@@ -79,7 +82,8 @@ def test_first_runs_on_a_fresh_lock_server_succeed(
             r.result for r in runs
         ]
         log = log_since(worker, 0)
-        assert "restart grace" in log  # said once per process, at WARNING
+        if in_grace:
+            assert "restart grace" in log  # said once per process, at WARNING
         assert "ERROR" not in log and "Traceback" not in log, log
 
 
