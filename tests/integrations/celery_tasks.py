@@ -245,6 +245,12 @@ def hold_long(self: LockedTask, key: str) -> int:
     return int(self.lease.token)
 
 
+@app.task(base=LockedTask, lock="long:{key}", lock_ttl=30.0, soft_time_limit=1.0)
+def wait_limited(key: str) -> None:
+    """Waits (on_busy="wait") behind hold_long until its soft time limit ends the wait."""
+    emit(event="ran", key=key)
+
+
 @app.task(bind=True, base=LockedTask, lock="spin:{key}", lock_ttl=TTL)
 def spin_swallow(self: LockedTask, key: str) -> str:
     """For the threads pool: a pure-Python loop (an async exception cannot interrupt a

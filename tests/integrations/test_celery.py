@@ -385,3 +385,55 @@ def test_the_celery_extra_brings_what_the_docs_redis_setup_needs() -> None:
     docs = (root / "docs" / "integrations" / "celery.md").read_text()
     assert 'pip install "asynclock[celery]"' in docs
     assert "redis://" in docs  # the story the extra is made for
+
+
+def test_wait_gives_up_after_lock_timeout_and_gets_the_lock_when_freed(tmp_path: Path) -> None:
+    """on_busy="wait" (the default): a run waits for a held lock, gets it as soon as it is
+    released, and fails with AcquireTimeout once lock_timeout has passed."""
+    url = f"sqlite:///{tmp_path / 'locks.db'}"
+    app = make_app(asynclock_url=url)
+
+    @app.task(bind=True, base=LockedTask, lock="w:{n}", lock_ttl=5, lock_timeout=0.3, lazy=False)
+    def bounded(self: LockedTask, n: int) -> int:
+        return int(self.lease.token)
+
+    @app.task(bind=True, base=LockedTask, lock="w:{n}", lock_ttl=5, lazy=False)
+    def patient(self: LockedTask, n: int) -> int:
+        return int(self.lease.token)
+
+    holding, free = threading.Event(), threading.Event()
+
+    async def hold() -> int:
+        async with asynclock.connect(url) as backend:
+            async with backend.lock("w:1", ttl=5) as lease:
+                holding.set()
+                await anyio.to_thread.run_sync(free.wait)
+                return lease.token
+
+    tokens: list[int] = []
+    holder = threading.Thread(target=lambda: tokens.append(anyio.run(hold)))
+    holder.start()
+    try:
+        assert holding.wait(30)
+        result = bounded.apply((1,))
+        assert result.state == "FAILURE"
+        assert isinstance(result.result, asynclock.AcquireTimeout), repr(result.result)
+        assert result.result.timeout == 0.3
+        threading.Timer(0.2, free.set).start()  # released while `patient` waits
+        token = patient.apply((1,), throw=True).get()
+    finally:
+        free.set()
+        holder.join(30)
+    assert token > tokens[0]
+
+
+def test_retry_countdown_is_exponential_backoff_with_jitter() -> None:
+    """on_busy="retry": retry n counts down between half and all of min(backoff * 2**n, max),
+    whatever the holder's ttl (before: the holder's remaining ttl, so retries bunched)."""
+    from asynclock_celery._task import Policy
+
+    policy = Policy(ttl=6.0, on_busy="retry", backoff=1.0, backoff_max=60.0)
+    for retries, step in [(0, 1.0), (1, 2.0), (3, 8.0), (6, 60.0), (10_000, 60.0)]:
+        countdowns = {policy.countdown(retries) for _ in range(200)}
+        assert all(step / 2 <= c <= step for c in countdowns), (retries, countdowns)
+        assert len(countdowns) > 100  # spread out, not one value for every run

@@ -253,6 +253,31 @@ def test_soft_time_limit_releases_the_lock(prefork: tuple[CeleryWorker, str]) ->
     anyio.run(free_now)
 
 
+def test_soft_time_limit_ends_a_wait_for_the_lock(prefork: tuple[CeleryWorker, str]) -> None:
+    """on_busy="wait": a run waiting for the lock is ended by its soft time limit and leaves
+    the lock's queue (the holder's release frees the name for anyone at once)."""
+    worker, url = prefork
+    key = str(unique())
+    holder = send(tasks.hold_long, worker, key)
+    holding = worker.expect("holding", key=key)
+    try:
+        waiter = send(tasks.wait_limited, worker, key)
+        waiter.get(timeout=WAIT, propagate=False)
+        assert waiter.state == "FAILURE"
+        assert type(waiter.result).__name__ == "SoftTimeLimitExceeded"
+    finally:
+        worker.go(key)
+    assert holder.get(timeout=WAIT) == holding["token"]
+
+    async def free_now() -> None:  # released; no waiter left behind holds the name
+        async with asynclock.connect(url) as backend:
+            async with backend.lock(f"long:{key}", ttl=5.0, blocking=False):
+                pass
+
+    anyio.run(free_now)
+    assert not [e for e in worker.seen if e["event"] == "ran" and e.get("key") == key]
+
+
 def test_hard_time_limit_leaves_the_lock_to_its_ttl(prefork: tuple[CeleryWorker, str]) -> None:
     worker, url = prefork
     key = str(unique())
