@@ -408,7 +408,7 @@ def test_wait_gives_up_after_lock_timeout_and_gets_the_lock_when_freed(tmp_path:
             async with backend.lock("w:1", ttl=5) as lease:
                 holding.set()
                 await anyio.to_thread.run_sync(free.wait)
-                return lease.token
+        return lease.token
 
     tokens: list[int] = []
     holder = threading.Thread(target=lambda: tokens.append(anyio.run(hold)))
