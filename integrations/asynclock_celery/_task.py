@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar, cast
+from typing import Any, ClassVar, NoReturn, TypeVar, cast
 
 import anyio
 from celery import Celery, Task, current_app
@@ -440,7 +440,7 @@ def _log_grace(name: str, until: float, retry_after: float, queued: bool) -> Non
         logger.debug("lock %r: restart grace for %.1fs more; %s", name, retry_after, then)
 
 
-def _defer(task: Any, grace: BaseException, countdown: float) -> None:
+def _defer(task: Any, grace: BaseException, countdown: float) -> NoReturn:
     """Send the run again in ``countdown`` seconds, as ``task.retry`` does, but with the
     same ``retries``: a restart grace does not use up the retries meant for contention."""
     request = task.request
