@@ -227,11 +227,9 @@ class _Hold:
 
     # -- the worker's side
 
-    def begin(
-        self, backend: asynclock.Backend, name: str, ttl: float, timeout: float | None, wait: bool
-    ) -> None:
+    def begin(self, backend: asynclock.Backend, name: str, policy: Policy) -> None:
         """Post the acquisition and wait for its outcome (``lease`` or ``error``)."""
-        self._loop.call_soon_threadsafe(self._start, backend, name, ttl, timeout, wait)
+        self._loop.call_soon_threadsafe(self._start, backend, name, policy)
         try:
             self._ready.acquire()
         except BaseException:
@@ -248,15 +246,8 @@ class _Hold:
 
     # -- the loop's side
 
-    def _start(
-        self,
-        backend: asynclock.Backend,
-        name: str,
-        ttl: float,
-        timeout: float | None,
-        wait: bool,
-    ) -> None:
-        self._task = self._loop.create_task(self._run(backend, name, ttl, timeout, wait))
+    def _start(self, backend: asynclock.Backend, name: str, policy: Policy) -> None:
+        self._task = self._loop.create_task(self._run(backend, name, policy))
 
     def _finish(self) -> None:
         self._finished = True
@@ -267,21 +258,17 @@ class _Hold:
         if self._ready.locked():  # unlocked if the worker gave up waiting (begin raised)
             self._ready.release()
 
-    async def _run(
-        self,
-        backend: asynclock.Backend,
-        name: str,
-        ttl: float,
-        timeout: float | None,
-        wait: bool,
-    ) -> None:
+    async def _run(self, backend: asynclock.Backend, name: str, policy: Policy) -> None:
         lease: asynclock.Lease | None = None
+        wait = policy.on_busy == "wait"
         try:
             with anyio.CancelScope() as scope:  # cancelled by _finish: the worker gave up
                 self._scope = scope
                 if self._finished:
                     scope.cancel()
-                lease = await backend.acquire(name, ttl=ttl, blocking=wait, timeout=timeout)
+                lease = await backend.acquire(
+                    name, ttl=policy.ttl, blocking=wait, timeout=policy.timeout
+                )
         except BaseException as exc:
             self.error = exc
             self._signal()
@@ -332,7 +319,7 @@ def run_guarded(
         hold = _Hold(runtime.loop)
         try:
             backend = runtime.backend(backend_url(app))
-            hold.begin(backend, name, policy.ttl, policy.timeout, policy.on_busy == "wait")
+            hold.begin(backend, name, policy)
         except asynclock.BackendUnavailable as exc:
             hold.error = exc
         if hold.error is None:

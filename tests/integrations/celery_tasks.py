@@ -149,45 +149,21 @@ def crowd(self: LockedTask, key: str, n: int) -> int:
 GRACE_TTL = 10.0
 
 
-@app.task(bind=True, base=LockedTask, lock="fresh:{key}", lock_ttl=GRACE_TTL)
-def fresh_default(self: LockedTask, key: str) -> list[int]:
-    return [int(self.lease.token), int(self.request.retries)]
+def _fresh_task(on_busy: str | None) -> Any:
+    options: dict[str, Any] = {} if on_busy is None else {"on_busy": on_busy, "max_retries": 0}
+
+    def fresh(self: LockedTask, key: str) -> list[int]:
+        return [int(self.lease.token), int(self.request.retries)]
+
+    name = f"{__name__}.fresh_{on_busy or 'default'}"
+    lock = {"lock": "fresh:{key}", "lock_ttl": GRACE_TTL}
+    return app.task(bind=True, base=LockedTask, name=name, **lock, **options)(fresh)
 
 
-@app.task(
-    bind=True,
-    base=LockedTask,
-    lock="fresh:{key}",
-    lock_ttl=GRACE_TTL,
-    on_busy="retry",
-    max_retries=0,
-)
-def fresh_retry(self: LockedTask, key: str) -> list[int]:
-    return [int(self.lease.token), int(self.request.retries)]
-
-
-@app.task(
-    bind=True,
-    base=LockedTask,
-    lock="fresh:{key}",
-    lock_ttl=GRACE_TTL,
-    on_busy="skip",
-    max_retries=0,
-)
-def fresh_skip(self: LockedTask, key: str) -> list[int]:
-    return [int(self.lease.token), int(self.request.retries)]
-
-
-@app.task(
-    bind=True,
-    base=LockedTask,
-    lock="fresh:{key}",
-    lock_ttl=GRACE_TTL,
-    on_busy="fail",
-    max_retries=0,
-)
-def fresh_fail(self: LockedTask, key: str) -> list[int]:
-    return [int(self.lease.token), int(self.request.retries)]
+fresh_default = _fresh_task(None)
+fresh_retry = _fresh_task("retry")
+fresh_skip = _fresh_task("skip")
+fresh_fail = _fresh_task("fail")
 
 
 @app.task(base=LockedTask, lock="survive:{key}", lock_ttl=TTL)

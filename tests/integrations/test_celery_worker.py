@@ -108,6 +108,17 @@ def wait_until_expired(url: str, name: str) -> None:
     anyio.run(take)
 
 
+def assert_free(url: str, name: str) -> None:
+    """``name`` is free right now: a fresh client takes it at once (then gives it back)."""
+
+    async def take() -> None:
+        async with asynclock.connect(url) as backend:
+            async with backend.lock(name, ttl=5.0, blocking=False):
+                pass
+
+    anyio.run(take)
+
+
 def ledger_rows(fence_db: str) -> list[tuple[str, int]]:
     conn = sqlite3.connect(fence_db)
     try:
@@ -245,12 +256,7 @@ def test_soft_time_limit_releases_the_lock(prefork: tuple[CeleryWorker, str]) ->
     assert result.state == "FAILURE"
     assert type(result.result).__name__ == "SoftTimeLimitExceeded"
 
-    async def free_now() -> None:  # released, not expired: its ttl is 30 s
-        async with asynclock.connect(url) as backend:
-            async with backend.lock(f"limit:{key}", ttl=5.0, blocking=False):
-                pass
-
-    anyio.run(free_now)
+    assert_free(url, f"limit:{key}")  # released, not expired: its ttl is 30 s
 
 
 def test_soft_time_limit_ends_a_wait_for_the_lock(prefork: tuple[CeleryWorker, str]) -> None:
@@ -269,12 +275,7 @@ def test_soft_time_limit_ends_a_wait_for_the_lock(prefork: tuple[CeleryWorker, s
         worker.go(key)
     assert holder.get(timeout=WAIT) == holding["token"]
 
-    async def free_now() -> None:  # released; no waiter left behind holds the name
-        async with asynclock.connect(url) as backend:
-            async with backend.lock(f"long:{key}", ttl=5.0, blocking=False):
-                pass
-
-    anyio.run(free_now)
+    assert_free(url, f"long:{key}")  # released; no waiter left behind holds the name
     assert not [e for e in worker.seen if e["event"] == "ran" and e.get("key") == key]
 
 
@@ -395,9 +396,4 @@ def test_warm_shutdown_finishes_the_run_and_releases(
         assert result.get(timeout=WAIT) == holding["token"]
         assert worker.process.wait(timeout=WAIT) == 0
 
-    async def free_now() -> None:  # released at the end of the run (its ttl is 30 s)
-        async with asynclock.connect(url) as backend:
-            async with backend.lock(f"long:{key}", ttl=5.0, blocking=False):
-                pass
-
-    anyio.run(free_now)
+    assert_free(url, f"long:{key}")  # released at the end of the run (its ttl is 30 s)
