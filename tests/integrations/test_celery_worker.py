@@ -181,6 +181,7 @@ def test_swallowed_lease_lost_still_fails(prefork: tuple[CeleryWorker, str]) -> 
 def test_on_busy_fail_skip_and_retry(prefork: tuple[CeleryWorker, str]) -> None:
     worker, _ = prefork
     key = str(unique())
+    logged = worker.log.stat().st_size
     holder = send(tasks.hold, worker, key)
     holding = worker.expect("holding", key=key)
     try:
@@ -203,6 +204,12 @@ def test_on_busy_fail_skip_and_retry(prefork: tuple[CeleryWorker, str]) -> None:
     ran = worker.expect("ran", key=key)
     assert ran["token"] > holding["token"]
     assert not [e for e in worker.seen if e["event"] == "ran" and e.get("key") == key]
+    # A busy key is the policy at work, not a bug: no ERROR, no traceback.
+    with worker.log.open() as log:
+        log.seek(logged)
+        new = log.read()
+    assert "raised expected: LockHeld" in new, new
+    assert "ERROR" not in new and "Traceback" not in new, new
 
 
 def test_contention_with_the_defaults_all_succeed(prefork: tuple[CeleryWorker, str]) -> None:
