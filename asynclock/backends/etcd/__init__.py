@@ -18,6 +18,7 @@ See docs/backends/etcd.md for how leases, ttls and partitions behave.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -78,6 +79,7 @@ def _read(path: object, what: str) -> bytes:
 
 def driver_from_url(url: str, **options: Any) -> EtcdDriver:
     require_asyncio("the etcd backend (etcd://)", "grpc.aio")
+    _refuse_raw_brackets_in_credentials(url)
     try:
         return _driver_from_url(url, options)
     except ValueError:
@@ -88,6 +90,21 @@ def driver_from_url(url: str, **options: Any) -> EtcdDriver:
                 "own words are withheld: they would show part of the password"
             ) from None
         raise
+
+
+def _refuse_raw_brackets_in_credentials(url: str) -> None:
+    """A '[' or ']' in the user info, not percent-encoded: URL parsers read it as the
+    start of an IPv6 address ("Invalid IPv6 URL", or "'Qv9' does not appear to be an IPv4
+    or IPv6 address", quoting part of the password). Say what to do, quote nothing."""
+    authority = re.split(r"[/?#]", url.partition("://")[2], maxsplit=1)[0]
+    userinfo = authority.rpartition("@")[0]
+    if "[" in userinfo or "]" in userinfo:
+        raise ValueError(
+            "etcd:// URL: the user name or password has '[' or ']', which a URL allows only "
+            "percent-encoded ('%5B', '%5D'): percent-encode them "
+            "(urllib.parse.quote(password, safe='')), or pass user= and password= to "
+            "asynclock.connect() instead of putting them in the URL"
+        )
 
 
 def _password_spilled(url: str) -> bool:
