@@ -35,8 +35,8 @@ from asynclock_fastapi import (
     FencedWrite,
     FencingAuth,
     Locks,
-    current_lease,
     fenced_write,
+    guard_lease,
     install,
 )
 
@@ -97,7 +97,7 @@ def holder_app(locks: Locks, ledger_url: str) -> FastAPI:
     @app.post("/accounts/{account_id}/rebuild")
     @locks.guard("account:{account_id}", ttl=10)
     async def rebuild(
-        account_id: str, lease: asynclock.Lease = Depends(current_lease)
+        account_id: str, lease: asynclock.Lease = Depends(guard_lease)
     ) -> dict[str, int]:
         total = 100 * len(account_id)  # the "expensive" rebuild
         async with httpx.AsyncClient(base_url=ledger_url, auth=FencingAuth()) as ledger:

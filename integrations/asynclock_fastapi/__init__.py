@@ -2,14 +2,14 @@
 
 Holder side::
 
-    from asynclock_fastapi import Locks, current_lease, install
+    from asynclock_fastapi import Locks, guard_lease, install
 
     locks = Locks("redis://127.0.0.1:6379/0")
     app = install(FastAPI(lifespan=locks.lifespan))
 
     @app.post("/accounts/{account_id}/rebuild")
     @locks.guard("account:{account_id}", ttl=10)
-    async def rebuild(account_id: str, lease: Lease = Depends(current_lease)): ...
+    async def rebuild(account_id: str, lease: Lease = Depends(guard_lease)): ...
 
 Resource side: ``token: int = Depends(fencing_token)`` and a fence (``SQLFence``,
 ``RedisFence``) in the write; a stale token answers 412, a missing one 428.
@@ -30,7 +30,7 @@ from ._fence import (
     fencing_token,
 )
 from ._handlers import ResponsePhase, install
-from ._locks import DEFAULT_HEADER, GuardInfo, Locks, LostDuringResponse, current_lease, guard_info
+from ._locks import DEFAULT_HEADER, GuardInfo, Locks, LostDuringResponse, guard_info, guard_lease
 
 if TYPE_CHECKING:
     from ._client import FencingAuth
@@ -46,7 +46,7 @@ __all__ = (
     "Locks",
     "LostDuringResponse",
     "ResponsePhase",
-    "current_lease",
+    "guard_lease",
     "fence_responses",
     "fenced_write",
     "fencing_token",

@@ -4,7 +4,7 @@ How a guarded request runs (the timing the docs promise, each point tested):
 
 1. FastAPI resolves the endpoint's dependencies in parameter order. The guard puts its own
    *hold* dependency (a dependency with ``yield``) first, so the lease is acquired before
-   any other dependency of the endpoint's own parameters, ``current_lease`` included.
+   any other dependency of the endpoint's own parameters, ``guard_lease`` included.
 2. The hold enters ``async with backend.lock(...)``: the rest of the request runs inside
    the lock's cancel scope. A lost lease cancels whatever runs then (the endpoint, a
    dependency, the streaming body, a background task), the ``async with`` raises
@@ -49,7 +49,7 @@ Lifespan = Callable[[Any], AbstractAsyncContextManager[Any]]
 
 #: The request header (and response header) that carries a fencing token.
 DEFAULT_HEADER = "Fencing-Token"
-#: Where a guarded request keeps its hold in the ASGI scope (read by ``current_lease``).
+#: Where a guarded request keeps its hold in the ASGI scope (read by ``guard_lease``).
 HOLD_KEY = "asynclock_fastapi.hold"
 #: Set in the ASGI scope by the middleware ``install`` adds.
 INSTALLED_KEY = "asynclock_fastapi.installed"
@@ -75,7 +75,7 @@ class LostDuringResponse(Exception):
 
 
 class _Hold:
-    """One guarded request's state, shared by the hold, the endpoint wrapper and current_lease."""
+    """One guarded request's state, shared by the hold, the endpoint wrapper and guard_lease."""
 
     __slots__ = ("lease", "returned")
 
@@ -349,7 +349,7 @@ class Locks:
                 raise TypeError(f"an endpoint parameter may not be named {_HOLD_PARAM!r}")
             fields = [signature.parameters[f] for f in name_template.fields]
             for param in fields:
-                if _is_current_lease(param):
+                if _is_guard_lease(param):
                     raise TypeError(
                         f"lock name template {template!r} uses {param.name}, the guard's own "
                         "lease: name the lock after the request's parameters instead"
@@ -391,7 +391,7 @@ class Locks:
                 assert state.lease is not None
                 return state.lease
 
-            # The endpoint's own `Depends(current_lease)` parameters depend on the hold
+            # The endpoint's own `Depends(guard_lease)` parameters depend on the hold
             # itself, so FastAPI skips them (and answers 422) when the hold's parameters
             # fail validation, instead of asking for a lease that was never taken.
             params = [_depend_on(p, lease_of) for p in signature.parameters.values()]
@@ -401,7 +401,7 @@ class Locks:
                     "only (FastAPI passes every value by name), not *args, **kwargs or /"
                 )
             # The hold goes first: FastAPI resolves dependencies in parameter order, so the
-            # lease exists before current_lease (or anything using it) is resolved. All
+            # lease exists before guard_lease (or anything using it) is resolved. All
             # keyword-only, so defaults need no ordering (FastAPI passes values by name).
             keyword = [p.replace(kind=p.KEYWORD_ONLY) for p in params]
             guarded.__signature__ = signature.replace(  # type: ignore[attr-defined]
@@ -426,26 +426,26 @@ def _typed_signature(func: Callable[..., Any]) -> inspect.Signature:
 
 
 def _depend_on(param: inspect.Parameter, lease_of: Callable[..., Any]) -> inspect.Parameter:
-    """``param`` with ``Depends(current_lease)`` replaced by ``Depends(lease_of)``."""
+    """``param`` with ``Depends(guard_lease)`` replaced by ``Depends(lease_of)``."""
     default = param.default
-    if getattr(default, "dependency", None) is current_lease:
+    if getattr(default, "dependency", None) is guard_lease:
         param = param.replace(default=Depends(lease_of, use_cache=default.use_cache))
     metadata = getattr(param.annotation, "__metadata__", ())
-    if any(getattr(m, "dependency", None) is current_lease for m in metadata):
+    if any(getattr(m, "dependency", None) is guard_lease for m in metadata):
         swapped = tuple(
-            Depends(lease_of) if getattr(m, "dependency", None) is current_lease else m
+            Depends(lease_of) if getattr(m, "dependency", None) is guard_lease else m
             for m in metadata
         )
         param = param.replace(annotation=Annotated[(param.annotation.__origin__, *swapped)])
     return param
 
 
-def _is_current_lease(param: inspect.Parameter) -> bool:
+def _is_guard_lease(param: inspect.Parameter) -> bool:
     default = param.default
-    if getattr(default, "dependency", None) is current_lease:
+    if getattr(default, "dependency", None) is guard_lease:
         return True
     for meta in getattr(param.annotation, "__metadata__", ()):
-        if getattr(meta, "dependency", None) is current_lease:
+        if getattr(meta, "dependency", None) is guard_lease:
             return True
     return False
 
@@ -565,8 +565,8 @@ def _make_hold(
     return hold
 
 
-async def current_lease(request: Request) -> Lease:
-    """Dependency: the lease of the ``@guard`` on this route (``Depends(current_lease)``).
+async def guard_lease(request: Request) -> Lease:
+    """Dependency: the lease of the ``@guard`` on this route (``Depends(guard_lease)``).
 
     The guard acquires before FastAPI resolves the endpoint's own parameters, so this is
     the guard's lease. Route- or app-level ``dependencies=[...]`` run before the guard and
@@ -583,11 +583,11 @@ async def current_lease(request: Request) -> Lease:
         raise HTTPException(
             422,
             detail="no lock was taken for this request: the lock name's parameters are "
-            "invalid (or current_lease is used by a route-level dependency, which runs "
+            "invalid (or guard_lease is used by a route-level dependency, which runs "
             "before the guard acquires)",
         )
     raise RuntimeError(
-        f"current_lease was resolved on {request.method} {request.url.path}, which is not "
+        f"guard_lease was resolved on {request.method} {request.url.path}, which is not "
         "guarded: put @locks.guard(...) under the route decorator"
     )
 

@@ -37,9 +37,9 @@ from asynclock_fastapi import (
     FencingAuth,
     FencingToken,
     Locks,
-    current_lease,
     fenced_write,
     fencing_token,
+    guard_lease,
     install,
 )
 from tests.support.asgi_servers import (
@@ -425,7 +425,7 @@ def holder(url: str, service_url: str, before_send: Callable[[], None]) -> FastA
 
     @app.post("/sync/{key}")
     @locks.guard("sync:{key}", ttl=1)
-    async def sync(key: str, lease: asynclock.Lease = Depends(current_lease)) -> int:
+    async def sync(key: str, lease: asynclock.Lease = Depends(guard_lease)) -> int:
         async def hook(request: httpx.Request) -> None:
             before_send()  # runs after FencingAuth put the token on the request
 

@@ -22,7 +22,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 import asynclock
-from asynclock_fastapi import Locks, current_lease, install
+from asynclock_fastapi import Locks, guard_lease, install
 from tests.support.asgi_servers import recording_logs, serving, wait_thread_event
 from tests.support.redis_servers import RedisFactory, RedisServer, delete_lock_keys, wait_until
 
@@ -85,7 +85,7 @@ async def test_concurrent_requests_hold_one_at_a_time_with_rising_tokens(
 
     @app.post("/jobs/{key}")
     @locks.guard("job:{key}", ttl=5, timeout=30)
-    async def work(key: str, lease: Lease = Depends(current_lease)) -> dict[str, Any]:
+    async def work(key: str, lease: Lease = Depends(guard_lease)) -> dict[str, Any]:
         nonlocal inside, most_inside
         assert asynclock.current_lease() is lease  # the context's lease is the guard's too
         assert lease.name == f"job:{key}"
@@ -128,12 +128,12 @@ async def test_busy_is_409_at_once_or_after_the_timeout(
 
     @app.post("/wait/{key}")
     @locks.guard("busy:{key}", ttl=5, timeout=0.3)
-    async def wait(key: str, lease: Lease = Depends(current_lease)) -> int:
+    async def wait(key: str, lease: Lease = Depends(guard_lease)) -> int:
         return lease.token
 
     @app.post("/wait-long/{key}")
     @locks.guard("busy:{key}", ttl=5, timeout=30)
-    async def wait_long(key: str, lease: Lease = Depends(current_lease)) -> int:
+    async def wait_long(key: str, lease: Lease = Depends(guard_lease)) -> int:
         return lease.token
 
     with serving(app) as server:
@@ -176,7 +176,7 @@ async def test_loss_mid_request_is_503_with_retry_after_and_no_traceback(
 
     @app.post("/rebuild/{key}")
     @locks.guard("lost:{key}", ttl=1)
-    async def rebuild(key: str, lease: Lease = Depends(current_lease)) -> str:
+    async def rebuild(key: str, lease: Lease = Depends(guard_lease)) -> str:
         seen["lease"] = lease
         try:
             await gate.passage()  # never opened: the loss must stop us
@@ -220,7 +220,7 @@ async def test_restart_grace_of_a_fresh_redis_is_503_with_retry_after_not_409(
 
         @app.post("/rebuild/{key}")
         @locks.guard("grace:{key}", ttl=8)
-        async def rebuild(key: str, lease: Lease = Depends(current_lease)) -> int:
+        async def rebuild(key: str, lease: Lease = Depends(guard_lease)) -> int:
             return lease.token
 
         @app.post("/wait/{key}")
@@ -236,7 +236,7 @@ async def test_restart_grace_of_a_fresh_redis_is_503_with_retry_after_not_409(
 
         @app.post("/patient/{key}")
         @locks.guard("grace-patient:{key}", ttl=8, timeout=30)
-        async def patient(key: str, lease: Lease = Depends(current_lease)) -> int:
+        async def patient(key: str, lease: Lease = Depends(guard_lease)) -> int:
             return lease.token
 
         with recording_logs() as logs, serving(app) as server:
@@ -312,11 +312,11 @@ async def test_release_timing_against_response_background_tasks_and_dependency_s
     background = Gate()
     teardown: dict[str, bool] = {}
 
-    async def function_scoped(lease: Lease = Depends(current_lease)) -> AsyncIterator[None]:
+    async def function_scoped(lease: Lease = Depends(guard_lease)) -> AsyncIterator[None]:
         yield
         teardown["function"] = lease.released
 
-    async def request_scoped(lease: Lease = Depends(current_lease)) -> AsyncIterator[None]:
+    async def request_scoped(lease: Lease = Depends(guard_lease)) -> AsyncIterator[None]:
         yield
         teardown["request"] = lease.released
 
@@ -327,7 +327,7 @@ async def test_release_timing_against_response_background_tasks_and_dependency_s
         tasks: BackgroundTasks,
         _f: None = Depends(function_scoped, scope="function"),
         _r: None = Depends(request_scoped),
-        lease: Lease = Depends(current_lease),
+        lease: Lease = Depends(guard_lease),
     ) -> int:
         tasks.add_task(background.passage)
         return lease.token
@@ -520,7 +520,7 @@ async def test_openapi_documents_busy_and_lost_answers_and_the_token_header(
 
     @app.post("/accounts/{account_id}/rebuild", status_code=201, responses=shared)
     @locks.guard("account:{account_id}", ttl=10)
-    async def rebuild(account_id: int, lease: Lease = Depends(current_lease)) -> int:
+    async def rebuild(account_id: int, lease: Lease = Depends(guard_lease)) -> int:
         return lease.token
 
     @app.get("/other", responses=shared)
@@ -549,12 +549,10 @@ async def test_name_is_made_from_validated_path_and_query_values(
 
     @app.get("/a/{account_id}")
     @locks.guard("acct:{account_id}:{region}", ttl=5)
-    async def read(
-        account_id: int, region: str = "eu", lease: Lease = Depends(current_lease)
-    ) -> str:
+    async def read(account_id: int, region: str = "eu", lease: Lease = Depends(guard_lease)) -> str:
         return lease.name
 
-    async def writer(lease: Lease = Depends(current_lease)) -> str:
+    async def writer(lease: Lease = Depends(guard_lease)) -> str:
         return f"writer with token {lease.token}"  # a dependency of the route using the lease
 
     @app.get("/b/{account_id}")
@@ -564,7 +562,7 @@ async def test_name_is_made_from_validated_path_and_query_values(
 
     @app.get("/q")
     @locks.guard("q:{tenant}:{job}", ttl=5)
-    async def by_query(tenant: str, job: str, lease: Lease = Depends(current_lease)) -> str:
+    async def by_query(tenant: str, job: str, lease: Lease = Depends(guard_lease)) -> str:
         assert lease.name == f"q:{tenant}:{job}"  # the values FastAPI gave the endpoint
         return lease.name
 
@@ -607,7 +605,7 @@ async def test_lifespan_composes_with_the_apps_own(
 
     @app.post("/r/{key}")
     @locks.guard("life:{key}", ttl=5)
-    async def route(key: str, request: Request, lease: Lease = Depends(current_lease)) -> str:
+    async def route(key: str, request: Request, lease: Lease = Depends(guard_lease)) -> str:
         return f"{request.state.db} {lease.token > 0}"
 
     with serving(app) as server:
@@ -630,7 +628,7 @@ async def test_name_from_a_body_field_and_an_annotated_lease(
 
     @app.post("/orders")
     @locks.guard("order:{order.id}", ttl=5)
-    async def place(order: Order, lease: Annotated[Lease, Depends(current_lease)]) -> str:
+    async def place(order: Order, lease: Annotated[Lease, Depends(guard_lease)]) -> str:
         return f"{lease.name} {order.item}"
 
     with serving(app) as server:
@@ -647,7 +645,7 @@ async def test_locks_over_a_backend_you_made(tmp_path: Path, lock_name: str) -> 
 
     @app.post("/r/{key}")
     @locks.guard("own:{key}", ttl=5)
-    async def route(key: str, lease: Lease = Depends(current_lease)) -> bool:
+    async def route(key: str, lease: Lease = Depends(guard_lease)) -> bool:
         return locks.backend is backend and lease.name == f"own:{key}"
 
     assert "closed" in repr(locks)
@@ -677,7 +675,7 @@ def test_guard_refuses_at_decoration_time() -> None:
     with pytest.raises(ValueError, match="positional field"):
         locks.guard("k:{}", ttl=5)
 
-    async def own(lease: Lease = Depends(current_lease)) -> None: ...
+    async def own(lease: Lease = Depends(guard_lease)) -> None: ...
 
     with pytest.raises(TypeError, match="the guard's own lease"):
         locks.guard("k:{lease}", ttl=5)(own)
@@ -746,7 +744,7 @@ def test_the_integration_uses_only_the_public_asynclock_api() -> None:
         "Locks",
         "LostDuringResponse",
         "ResponsePhase",
-        "current_lease",
+        "guard_lease",
         "fence_responses",
         "fenced_write",
         "fencing_token",

@@ -21,7 +21,7 @@ import uvicorn
 from fastapi import Depends, FastAPI
 
 import asynclock
-from asynclock_fastapi import FencingAuth, Locks, current_lease, install
+from asynclock_fastapi import FencingAuth, Locks, guard_lease, install
 
 
 def build(lock_url: str, ledger_url: str) -> FastAPI:
@@ -31,7 +31,7 @@ def build(lock_url: str, ledger_url: str) -> FastAPI:
     @app.post("/sync/{key}")
     @locks.guard("sync:{key}", ttl=1)
     async def sync(
-        key: str, freeze: bool = False, lease: asynclock.Lease = Depends(current_lease)
+        key: str, freeze: bool = False, lease: asynclock.Lease = Depends(guard_lease)
     ) -> dict[str, Any]:
         async def hook(request: httpx.Request) -> None:
             if freeze:  # after FencingAuth (httpx runs request hooks after the auth flow)
