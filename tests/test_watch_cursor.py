@@ -1,5 +1,5 @@
-"""A failed attempt's ``Busy.cursor`` reaches the driver's ``watch(name, cursor)``; a
-driver whose ``watch`` takes no cursor keeps working (Driver.watch's contract)."""
+"""A failed attempt's ``Busy.cursor`` reaches the driver's ``watch(name, cursor)``
+(Driver.watch's contract), and moves the watch when it changes."""
 
 from __future__ import annotations
 
@@ -40,20 +40,6 @@ class CursorDriver(MemoryDriver):
         return False
 
 
-class OldDriver(MemoryDriver):
-    """A third-party driver written before cursors: ``watch(self, name)``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.watched: list[str] = []
-        self.watching = anyio.Event()
-
-    async def watch(self, name: str) -> bool:
-        self.watched.append(name)
-        self.watching.set()
-        return False
-
-
 async def _wait_behind_a_holder(backend: asynclock.Backend, watching: anyio.Event) -> None:
     """One waiter fails an attempt (so it watches), then gets the lock once it is free."""
 
@@ -73,14 +59,6 @@ async def test_the_failed_attempts_cursor_is_passed_to_watch() -> None:
         with anyio.fail_after(10):
             await _wait_behind_a_holder(backend, driver.watching)
     assert driver.watched == [("cursor", ("revision", 2))]  # the first failed attempt's
-
-
-async def test_a_watch_without_a_cursor_parameter_still_works() -> None:
-    driver = OldDriver()
-    async with asynclock.Backend(driver) as backend:
-        with anyio.fail_after(10):
-            await _wait_behind_a_holder(backend, driver.watching)
-    assert driver.watched == ["cursor"]
 
 
 class MovingCursor(MemoryDriver):

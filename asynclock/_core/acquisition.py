@@ -26,7 +26,7 @@ import anyio.lowlevel
 
 from .bounds import ArmOnSuspend, CallBounds, cleanup, shielded_call
 from .clock import Clock
-from .driver import Busy, Driver, watch_from
+from .driver import Busy, Driver
 from .exceptions import (
     AcquireTimeout,
     AsynclockError,
@@ -266,7 +266,6 @@ class Acquisition:
         give_up_at = None if timeout is None else started + timeout
         watching, watched = False, result.cursor
         released: anyio.Event | None = None  # this backend's wake-up for ``name``
-        scoped = {} if token_scope is None else {"scope": token_scope}  # older drivers: no scope
         # Cancelled when the backend closes: a waiter must not outlive its backend (nobody
         # would renew what it got).
         closing = self.scope_type()
@@ -292,7 +291,7 @@ class Acquisition:
                         # The first busy attempt, or one whose cursor moved (etcd: a new
                         # predecessor). The driver says whether a release may have been missed.
                         watching, watched = True, result.cursor
-                        missed = await self.call("watch", watch_from(driver, name, watched))
+                        missed = await self.call("watch", driver.watch(name, watched))
                         retry_now = retry_now or bool(missed)
                     if not retry_now:
                         delay = DEFAULT_POLL if result.retry_after is None else result.retry_after
@@ -304,7 +303,9 @@ class Acquisition:
                     released = self._listen(name)  # a fresh one if that one was set
                     t_send = clock.now()
                     try:
-                        attempt = await driver.acquire(name, owner, ttl, queue=blocking, **scoped)
+                        attempt = await driver.acquire(
+                            name, owner, ttl, queue=blocking, scope=token_scope
+                        )
                     except BaseException as exc:
                         await self._undo_acquire(name, owner, exc)
                         raise

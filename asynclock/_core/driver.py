@@ -8,12 +8,9 @@ this boundary); any other exception is treated the same way by the core.
 
 from __future__ import annotations
 
-import functools
-import inspect
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import cast
 
 from .clock import Clock, MonotonicClock
 from .holder import Holder
@@ -118,8 +115,6 @@ class Driver:
         ``scope`` (a token scope, validated like a name) is None for the name's own counter;
         otherwise the token must be greater than every token handed out before for the
         scope *and* for the name (G2 for both), drawn in the same atomic step as the grant.
-        The core passes ``scope`` only when it is set, so a driver that never sees one may
-        keep the old signature.
         """
         raise NotImplementedError
 
@@ -144,20 +139,18 @@ class Driver:
         Return at once if there is nothing to run; it is cancelled when the backend closes.
         """
 
-    async def watch(self, name: str) -> bool:
+    async def watch(self, name: str, cursor: object = None) -> bool:
         """Start calling ``wake(name)`` on releases of ``name`` (pub/sub, LISTEN, watch).
 
         Return True if a release that happened after the last failed attempt may have
         been missed (the subscription is new), so the core should try again at once;
         False if nothing can have been missed (already subscribed, or no notifications).
 
-        A driver that needs to know where the failed attempt left off defines
-        ``watch(self, name, cursor=None)``: the core then passes the ``cursor`` of that
-        attempt's :class:`Busy` (None if it set none), and calls ``watch`` again with the
-        new cursor whenever a later failed attempt of the same wait returns a different
-        one (``!=``): the driver moves its watch there. :meth:`unwatch` is still called
-        once, when the wait ends. ``watch(self, name)`` alone keeps working: the core
-        looks at the signature (see :func:`watch_from`).
+        ``cursor`` is the failed attempt's :attr:`Busy.cursor` (None if it set none): where
+        that attempt left off. The core calls ``watch`` again with the new cursor whenever
+        a later failed attempt of the same wait returns a different one (``!=``): the
+        driver moves its watch there. :meth:`unwatch` is still called once, when the wait
+        ends.
         """
         return False
 
@@ -195,23 +188,3 @@ def leave_queue(queues: dict[str, deque[str]], name: str, owner: str) -> bool:
     if not waiting:
         del queues[name]
     return True
-
-
-def watch_from(driver: Driver, name: str, cursor: object) -> Awaitable[bool]:
-    """``driver.watch(name, cursor)``, or ``driver.watch(name)`` for a driver whose
-    ``watch`` takes no cursor (written before cursors existed)."""
-    if _takes_cursor(type(driver).watch):
-        return cast("Callable[[str, object], Awaitable[bool]]", driver.watch)(name, cursor)
-    return driver.watch(name)
-
-
-@functools.cache
-def _takes_cursor(watch: Callable[..., object]) -> bool:
-    try:
-        parameters = list(inspect.signature(watch).parameters.values())
-    except (TypeError, ValueError):
-        return False
-    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters):
-        return True
-    return sum(p.kind in positional for p in parameters) >= 3  # self, name, cursor

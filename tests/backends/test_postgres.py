@@ -233,8 +233,8 @@ async def check_notify_wakes_waiter(url: str, key: str) -> None:
         assert isinstance(driver, PostgresDriver)
         real_watch = driver.watch
 
-        async def watch(n: str) -> None:
-            await real_watch(n)
+        async def watch(n: str, cursor: object = None) -> None:
+            await real_watch(n, cursor)
             listening.set()
 
         setattr(driver, "watch", watch)  # noqa: B010

@@ -356,7 +356,7 @@ class PostgresDriver(Driver):
         for name in list(self._channels.get(channel, ())):
             self._wake(name)
 
-    async def watch(self, name: str) -> bool:
+    async def watch(self, name: str, cursor: object = None) -> bool:
         if self._pooled:
             return False  # LISTEN does not work through a transaction pooler: poll instead
         channel = notify_channel(name)

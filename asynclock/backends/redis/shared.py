@@ -229,7 +229,7 @@ class SubscribingDriver(Driver):
     async def _unsubscribe(self, channel: str) -> None:
         raise NotImplementedError
 
-    async def watch(self, name: str) -> bool:
+    async def watch(self, name: str, cursor: object = None) -> bool:
         # Called right after a Busy answer with no await in between, so ``_quiet`` is
         # that answer's verdict.
         quiet, self._quiet = self._quiet == name, None
