@@ -1,4 +1,9 @@
-"""``LockedTask`` and ``@locked``: hold a lease for a task's execution."""
+"""``LockedTask`` and ``@locked``: hold a lease for a task's execution.
+
+Private Celery API used here, pinned by
+``tests/integrations/test_celery.py::test_the_private_celery_api_locked_task_uses_is_still_there``:
+``celery._state.get_current_task`` and ``celery._state._task_stack`` (see ``__call__``).
+"""
 
 from __future__ import annotations
 

@@ -437,3 +437,30 @@ def test_retry_countdown_is_exponential_backoff_with_jitter() -> None:
         countdowns = {policy.countdown(retries) for _ in range(200)}
         assert all(step / 2 <= c <= step for c in countdowns), (retries, countdowns)
         assert len(countdowns) > 100  # spread out, not one value for every run
+
+
+def test_the_private_celery_api_locked_task_uses_is_still_there() -> None:
+    """``LockedTask.__call__`` (asynclock_celery/_task.py) tells a worker's run from a
+    direct call with ``celery._state.get_current_task()`` and, for a direct call, pushes
+    the task on ``celery._state._task_stack`` as ``Task.__call__`` does. Both are private:
+    this pins them, so a Celery release that changes them fails here, not in production."""
+    from celery import _state
+
+    assert callable(_state.get_current_task)
+    assert callable(_state._task_stack.push) and callable(_state._task_stack.pop)
+    app = make_app(task_always_eager=True)
+    seen: list[object] = []
+
+    @app.task(bind=True)
+    def plain(self: Any) -> None:
+        seen.append(_state.get_current_task() is self)
+
+    plain()  # Celery's own direct call pushes the task where get_current_task finds it
+    plain.apply()
+    assert seen == [True, True]
+    _state._task_stack.push(plain)
+    try:
+        assert _state.get_current_task() is plain
+    finally:
+        _state._task_stack.pop()
+    assert _state.get_current_task() is None
