@@ -57,7 +57,10 @@ def test_submodule_all() -> None:
         "next_renewal_round",
     }
     assert "SQLFence" in asynclock.fence.__all__
-    for module in (asynclock.testing, asynclock.fence):
+    import asynclock.from_thread
+
+    assert {"LoopThread", "BodyGuard", "Handover", "hold"} <= set(asynclock.from_thread.__all__)
+    for module in (asynclock.testing, asynclock.fence, asynclock.from_thread):
         assert isinstance(module.__all__, tuple)
         for name in module.__all__:
             assert hasattr(module, name)

@@ -5,115 +5,35 @@ inherited from a parent (its loop thread does not exist in the child) is dropped
 used. The runtime closes at ``worker_process_shutdown`` (prefork children) and
 ``worker_shutdown`` (solo, threads), releasing whatever it still holds.
 
-The loop is a plain asyncio loop on a thread of its own, reached with
-``asyncio.run_coroutine_threadsafe``: one hop per call (anyio's blocking portal costs
-two or three per task start, measured as a third of a no-op task's throughput). This
-module is the bridge between the worker's threads and that loop; the backend inside it
-keeps its own structured concurrency.
+The loop thread is asynclock's one thread bridge, :class:`asynclock.from_thread.LoopThread`;
+this module only ties its life to the worker's.
 """
 
 from __future__ import annotations
 
-import asyncio
 import atexit
-import concurrent.futures
 import logging
 import os
 import threading
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any
 
 from celery import Celery, signals
 
-import asynclock
+from asynclock.from_thread import LoopThread
 
 logger = logging.getLogger("asynclock.celery")
-T = TypeVar("T")
 
 #: The Celery setting naming the lock server.
 URL_SETTING = "asynclock_url"
-#: Seconds to wait for the backends to close (releasing what they hold) at shutdown.
-CLOSE_TIMEOUT = 10.0
 
 
-class Runtime:
-    """An event loop on a background thread and the backends open in it."""
+class Runtime(LoopThread):
+    """This worker process's event-loop thread (:class:`asynclock.from_thread.LoopThread`)
+    and the backends open on it, remembering the process that made it."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run, name="asynclock-celery", daemon=True)
-        self._thread.start()
-        self._backends: dict[str, asynclock.Backend] = {}
-        #: Per URL: (the task holding its backend open, the event that ends it).
-        self._holders: dict[str, tuple[concurrent.futures.Future[None], asyncio.Event]] = {}
-        self._lock = threading.Lock()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def call(self, func: Callable[..., T], *args: Any) -> T:
-        """Run a plain function on the loop thread and return its result."""
-
-        async def run() -> T:
-            return func(*args)
-
-        return self.submit(run()).result()
-
-    def backend(self, url: str) -> asynclock.Backend:
-        backend = self._backends.get(url)
-        if backend is not None and not self._holders[url][0].done():
-            return backend
-        with self._lock:
-            backend = self._backends.get(url)
-            if backend is None or self._holders[url][0].done():
-                # First use, or the backend ended (its background task failed): open anew.
-                backend, self._holders[url] = self._open(url)
-                self._backends[url] = backend
-        return backend
-
-    def _open(
-        self, url: str
-    ) -> tuple[asynclock.Backend, tuple[concurrent.futures.Future[None], asyncio.Event]]:
-        opened: concurrent.futures.Future[tuple[asynclock.Backend, asyncio.Event]]
-        opened = concurrent.futures.Future()
-
-        async def hold() -> None:
-            # One task enters and leaves the backend (its task group must be left in the
-            # task that entered it) and keeps it open until the runtime closes.
-            stop = asyncio.Event()
-            try:
-                async with asynclock.connect(url) as backend:
-                    opened.set_result((backend, stop))
-                    await stop.wait()
-            except BaseException as exc:
-                if not opened.done():
-                    opened.set_exception(exc)
-                raise
-
-        holder = self.submit(hold())
-        backend, stop = opened.result()
-        return backend, (holder, stop)
-
-    def close(self) -> None:
-        with self._lock:
-            holders, self._holders = list(self._holders.values()), {}
-            self._backends.clear()
-        for _, stop in holders:
-            self.loop.call_soon_threadsafe(stop.set)
-        for holder, _ in holders:
-            try:
-                holder.result(timeout=CLOSE_TIMEOUT)
-            except Exception:
-                logger.exception("closing an asynclock backend failed")
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(CLOSE_TIMEOUT)
-        if not self._thread.is_alive():
-            self.loop.close()
+        super().__init__(name="asynclock-celery")
 
 
 _runtime: Runtime | None = None
