@@ -7,6 +7,7 @@ import sys
 
 import asynclock
 import asynclock.fence
+import asynclock.from_thread
 import asynclock.testing
 
 PUBLIC = {
@@ -57,8 +58,6 @@ def test_submodule_all() -> None:
         "next_renewal_round",
     }
     assert "SQLFence" in asynclock.fence.__all__
-    import asynclock.from_thread
-
     assert {"LoopThread", "BodyGuard", "Handover", "hold"} <= set(asynclock.from_thread.__all__)
     for module in (asynclock.testing, asynclock.fence, asynclock.from_thread):
         assert isinstance(module.__all__, tuple)
