@@ -8,7 +8,10 @@ knows an occurrence's scheduled run time (listeners fire after the run; a wrappe
    claims rise with its run times on every backend) on the executor's own event-loop
    thread. Busy means another scheduler has this occurrence: wait for the claim in the
    background (a blocking acquire, not the scheduler's thread) until the takeover window
-   ends, ``takeover_window`` seconds after the run time;
+   ends, ``takeover_window`` seconds after the run time. A lock server that does not
+   answer is asked again until then; one in its restart grace (it lost its data) is
+   waited for only while the occurrence can still start in time. An occurrence that
+   cannot be claimed in time is reported missed (``EVENT_JOB_MISSED``). See ``_claiming``;
 2. whoever gets the claim first asks for the occurrence's *done marker*
    (``"{claim name}#done"``, a lease nobody renews): there, the occurrence already
    finished elsewhere, so release the claim and skip it;
@@ -309,7 +312,15 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
             ``misfire_grace_time + clock_skew + 2 * claim_ttl``; it must exceed
             ``misfire_grace_time + clock_skew + claim_ttl`` (checked). A run lost later
             than ``takeover_window - claim_ttl`` after its run time is not taken over:
-            raise it for jobs that run long.
+            raise it for jobs that run long. A lock server that does not answer is
+            asked again, with backoff, until it ends; then the occurrence is reported
+            missed.
+
+    During a restart grace of the lock server (it lost its data: a new database, or a
+    restart without persistence) an occurrence waits for the grace's end only if it can
+    still start within its ``misfire_grace_time`` and before the job's next run time;
+    otherwise it is reported missed. The grace must last at least ``claim_ttl`` (Redis:
+    ``restart_grace``, by default the first ttl asked for after the server starts).
     """
 
     def __init__(
