@@ -21,9 +21,10 @@ Each answer that holds a claim attempt up is waited for differently:
   grace is past the misfire grace time by then, and the executor reports it missed too.
   Ending by the next run time keeps one job's tokens rising with its run times.
 
-A blocking wait is cut into slices of half a claim ttl, each followed by a non-blocking
-attempt: a blocking acquire waits through a restart grace silently, and a grace lasts at
-least a claim ttl, so none can begin and end unseen within a slice.
+A grace is slept through (to its end, then a non-blocking attempt races for the claim).
+A blocking wait for a busy claim is cut into slices of half a claim ttl, each followed by
+a non-blocking attempt: a blocking acquire waits through a restart grace silently, and a
+grace lasts at least a claim ttl, so none can begin and end unseen within a slice.
 """
 
 from __future__ import annotations
@@ -123,20 +124,19 @@ async def get_claim(
             lease = await backend.acquire(name, ttl=ttl, blocking=False, token_scope=scope)
             break
         except asynclock.RestartGrace as exc:
-            grace = exc
-            if (exc.retry_after or 0.0) > _left(start_by):
+            grace, wait = exc, exc.retry_after or 0.0
+            if wait > _left(start_by):
                 return _grace_missed(exc, start_by)
-            until = start_by
+            await anyio.sleep(min(wait, ttl / 2))  # to its end, then race for the claim
+            continue
         except asynclock.LockHeld:
-            waited, grace, until = True, None, window_end
+            waited, grace = True, None
         except asynclock.BackendUnavailable as exc:
             if not await backoff.sleep(_left(window_end)):
                 return _unreachable(exc)
             continue
-        left = _left(until)
+        left = _left(window_end)
         if left <= 0:
-            if grace is not None:
-                return _grace_missed(grace, start_by)
             return Skipped("it stayed claimed elsewhere until the takeover window ended")
         try:
             lease = await backend.acquire(
