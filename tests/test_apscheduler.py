@@ -166,14 +166,19 @@ async def run_fleet(
             for node in nodes:
                 await node.send("pause")
             await events.until(lambda: len(events.of("paused")) == len(nodes))
-            for node in nodes:
-                await node.send("drain")
-            await events.until(lambda: len(events.of("drained")) == len(nodes))
-            for node in nodes:
-                await node.send("stop")
+            await drain_and_stop(events, nodes)
         for node in nodes:
             await node.wait()
     return Fleet(events, config, began, first, last)
+
+
+async def drain_and_stop(events: Events, nodes: list[Worker]) -> None:
+    """Let every node finish what it claimed or waits for, then stop them all."""
+    for node in nodes:
+        await node.send("drain")
+    await events.until(lambda: len(events.of("drained")) == len(nodes))
+    for node in nodes:
+        await node.send("stop")
 
 
 def every_second(since: datetime, fleet: Fleet) -> set[str]:
@@ -322,11 +327,7 @@ async def test_a_claim_attempt_that_finds_redis_briefly_down_is_repeated(
                 for i, node in enumerate(nodes):
                     tg.start_soon(events.pump, i, node)
                 await events.until(lambda: bool(events.of("ran")))
-                for node in nodes:  # each settles the occurrence: ran, or skipped it
-                    await node.send("drain")
-                await events.until(lambda: len(events.of("drained")) == len(nodes))
-                for node in nodes:
-                    await node.send("stop")
+                await drain_and_stop(events, nodes)  # each settles it: ran, or skipped it
             for node in nodes:
                 await node.wait()
     assert not events.of("job_error"), events.of("job_error")
@@ -622,6 +623,23 @@ def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> bool:
     return True
 
 
+def two_occurrences(
+    url: str, job: Callable[[], None], job_id: str, first: datetime, second: datetime
+) -> tuple[ClaimingExecutor, BackgroundScheduler]:
+    """A scheduler (not started) whose job runs at ``first`` and ``second``, one at a time."""
+    executor = ClaimingExecutor(url, claim_ttl=2.0, clock_skew=0.5)
+    scheduler = BackgroundScheduler(timezone="UTC")
+    scheduler.add_executor(executor, "default")
+    scheduler.add_job(
+        job,
+        CronTrigger(second="*", start_date=first, end_date=second, timezone="UTC"),
+        id=job_id,
+        misfire_grace_time=1,
+        max_instances=1,
+    )
+    return executor, scheduler
+
+
 def test_a_takeover_waits_for_a_free_instance_slot_holding_its_claim(
     spec_sqlite: BackendSpec,
 ) -> None:
@@ -650,16 +668,7 @@ def test_a_takeover_waits_for_a_free_instance_slot_holding_its_claim(
             return lease.token
 
     dead_token = anyio.run(dead_claimant)
-    executor = ClaimingExecutor(spec_sqlite.url, claim_ttl=2.0, clock_skew=0.5)
-    scheduler = BackgroundScheduler(timezone="UTC")
-    scheduler.add_executor(executor, "default")
-    scheduler.add_job(
-        job,
-        CronTrigger(second="*", start_date=first, end_date=second, timezone="UTC"),
-        id=job_id,
-        misfire_grace_time=1,
-        max_instances=1,
-    )
+    executor, scheduler = two_occurrences(spec_sqlite.url, job, job_id, first, second)
     scheduler.start()
     try:
         assert wait_for(lambda: executor.taken_over == 1), "occurrence 2 was not taken over"
@@ -696,17 +705,8 @@ def test_a_claim_given_up_at_max_instances_is_released(spec_sqlite: BackendSpec)
         async with spec_sqlite.connect() as other:
             return await other.locked(name)
 
-    executor = ClaimingExecutor(spec_sqlite.url, claim_ttl=2.0, clock_skew=0.5)
-    scheduler = BackgroundScheduler(timezone="UTC")
-    scheduler.add_executor(executor, "default")
+    _, scheduler = two_occurrences(spec_sqlite.url, job, job_id, first, second)
     scheduler.add_listener(on_skipped, EVENT_JOB_MAX_INSTANCES)
-    scheduler.add_job(
-        job,
-        CronTrigger(second="*", start_date=first, end_date=second, timezone="UTC"),
-        id=job_id,
-        misfire_grace_time=1,
-        max_instances=1,
-    )
     scheduler.start()
     try:
         assert skipped.wait(20), "the second occurrence was not skipped at max_instances"
