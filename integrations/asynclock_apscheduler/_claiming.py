@@ -8,16 +8,17 @@ Each answer that holds a claim attempt up is waited for differently:
 - **unreachable** (``BackendUnavailable``): the attempt is repeated, with backoff, until
   the takeover window ends; then the occurrence is reported missed, never dropped.
 - **restart grace** (``RestartGrace``): the server lost its data a short while ago (a
-  new, flushed or restarted database) and grants nothing until the grace ends. Done
+  new database, a restart without persistence) and grants nothing until the grace ends. Done
   markers went with the data, so "nobody has the claim" no longer means "nobody ran it".
   An occurrence waits for the grace only if it can still start by ``start_by`` (its
   misfire grace time, and before the job's next run time); otherwise it is reported
   missed at once. Why that is safe: an occurrence someone claimed before the loss was
-  claimed at most ``clock_skew`` before its run time, and the grace lasts at least
-  ``claim_ttl`` after the loss (``restart_grace >= claim_ttl``; by default the grace is the
-  ttl of the first lease asked for after the loss, a claim's or a done marker's), so it
-  ends more than ``claim_ttl - clock_skew > misfire_grace_time`` after the run time
-  (:func:`check_job`): never by ``start_by``. A node whose first attempt comes after the
+  claimed at most ``clock_skew`` before its run time, and the grace ends at least
+  ``claim_ttl`` after the loss (Redis: ``restart_grace`` after the server's start, which
+  must be ``>= claim_ttl``; by default the first ttl asked for after the start, a claim's
+  or a done marker's where only schedulers use the database), so it ends more than
+  ``claim_ttl - clock_skew > misfire_grace_time`` after the run time (:func:`check_job`):
+  never by ``start_by``. A node whose first attempt comes after the
   grace is past the misfire grace time by then, and the executor reports it missed too.
   Ending by the next run time keeps one job's tokens rising with its run times.
 
@@ -127,7 +128,8 @@ async def get_claim(
             grace, wait = exc, exc.retry_after or 0.0
             if wait > _left(start_by):
                 return _grace_missed(exc, start_by)
-            await anyio.sleep(min(wait, ttl / 2))  # to its end, then race for the claim
+            # To its end (a few ms at least: the server's clock decides), then race for it.
+            await anyio.sleep(max(_FIRST_RETRY / 10, min(wait, ttl / 2)))
             continue
         except asynclock.LockHeld:
             waited, grace = True, None
