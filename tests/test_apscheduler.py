@@ -17,7 +17,12 @@ from typing import Any
 
 import anyio
 import pytest
-from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED, EVENT_JOB_MAX_INSTANCES
+from apscheduler.events import (
+    EVENT_JOB_ERROR,
+    EVENT_JOB_EXECUTED,
+    EVENT_JOB_MAX_INSTANCES,
+    EVENT_JOB_MISSED,
+)
 from apscheduler.executors.pool import ProcessPoolExecutor
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -292,6 +297,50 @@ async def test_three_schedulers_across_a_redis_restart_without_persistence(
         )
     check_at_most_once(fleet, "restarted redis")
     check_reported(fleet, "restarted redis")
+
+
+async def test_a_waiter_reports_missed_an_occurrence_whose_claim_a_redis_restart_lost(
+    redis_factory: RedisFactory,
+) -> None:
+    """Another node "runs" the occurrence (the test holds its claim) while this scheduler
+    waits for it; the redis-server is then killed and restarted without its data: claim
+    and done marker are gone, and nobody can tell whether the run finished. Before: the
+    waiter failed on the outage (EVENT_JOB_ERROR, the occurrence dropped) or waited
+    through the restart grace and ran it again. Now it reports the occurrence missed."""
+    server = redis_factory()
+    job_id = f"lost-{uuid.uuid4().hex[:6]}"
+    run_date = (datetime.now(UTC) + timedelta(seconds=1.5)).replace(microsecond=0)
+    ran: list[int] = []
+    errors: list[BaseException] = []
+    missed = threading.Event()
+    executor = ClaimingExecutor(server.url, claim_ttl=2.0, clock_skew=0.5)
+    scheduler = BackgroundScheduler(timezone="UTC")
+    scheduler.add_executor(executor, "default")
+    scheduler.add_job(
+        lambda: ran.append(current_occurrence().token),
+        "date",
+        run_date=run_date,
+        id=job_id,
+        misfire_grace_time=1,
+    )
+    scheduler.add_listener(lambda event: missed.set(), EVENT_JOB_MISSED)
+    scheduler.add_listener(lambda event: errors.append(event.exception), EVENT_JOB_ERROR)
+    with anyio.fail_after(30):
+        async with asynclock.connect(server.url) as other:
+            name = f"{job_id}@{run_date.isoformat()}"
+            claimant = await other.acquire(name, ttl=10.0, token_scope=job_id)
+            scheduler.start()
+            try:
+                # After the run time the scheduler waits for the claim (if it had not
+                # tried yet, its first attempt meets the grace: the same answer is due).
+                await anyio.sleep((run_date - datetime.now(UTC)).total_seconds() + 0.3)
+                await anyio.to_thread.run_sync(lambda: server.restart(keep_data=False))
+                reported = await anyio.to_thread.run_sync(missed.wait, 10)
+            finally:
+                scheduler.shutdown()
+    assert reported and not errors, errors
+    assert ran == [] and executor.claimed == 0
+    assert claimant.lost  # with the server's data
 
 
 async def test_a_claim_attempt_that_finds_redis_briefly_down_is_repeated(
