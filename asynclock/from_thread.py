@@ -62,6 +62,7 @@ __all__ = (
     "hold",
     "lost_error",
     "run_body",
+    "stop_on_loss",
 )
 
 logger = logging.getLogger("asynclock")
@@ -89,6 +90,7 @@ class LoopThread:
         self._backends: dict[object, Backend] = {}
         #: Per key: (the task holding its backend open, the event that ends it).
         self._holders: dict[object, tuple[concurrent.futures.Future[None], asyncio.Event]] = {}
+        self._keepers: set[asyncio.Task[Any]] = set()  # the tasks holding backends open
         self._lock = threading.Lock()
 
     def __enter__(self) -> LoopThread:
@@ -143,6 +145,9 @@ class LoopThread:
             # One task enters and leaves the backend (its task group must be left in the
             # task that entered it) and keeps it open until the thread closes.
             stop = asyncio.Event()
+            task = asyncio.current_task()
+            assert task is not None
+            self._keepers.add(task)
             try:
                 async with connect(target) if isinstance(target, str) else target as backend:
                     opened.set_result((backend, stop))
@@ -151,18 +156,25 @@ class LoopThread:
                 if not opened.done():
                     opened.set_exception(exc)
                 raise
+            finally:
+                self._keepers.discard(task)
 
         holder = self.submit(keep_open())
         backend, stop = opened.result()
         return backend, (holder, stop)
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
-        """Close every backend (releasing what it holds), then end the thread."""
+        """Cancel the tasks still running on the loop (and wait for them, bounded), close
+        every backend (releasing what it holds), then end the thread. Idempotent."""
         with self._lock:
             holders, self._holders = list(self._holders.values()), {}
             self._backends.clear()
-        if self.loop.is_closed():
+        if self.loop.is_closed() or not self._thread.is_alive():
             return
+        try:
+            self.submit(self._cancel_tasks(timeout)).result(timeout + 1)
+        except Exception:
+            logger.exception("cancelling the tasks left on the asynclock loop failed")
         for _, stop in holders:
             self.loop.call_soon_threadsafe(stop.set)
         for holder, _ in holders:
@@ -174,6 +186,14 @@ class LoopThread:
         self._thread.join(timeout)
         if not self._thread.is_alive():
             self.loop.close()
+
+    async def _cancel_tasks(self, timeout: float) -> None:
+        me = asyncio.current_task()
+        tasks = [t for t in asyncio.all_tasks() if t is not me and t not in self._keepers]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
 
 
 # -- stopping a body ------------------------------------------------------------------------
@@ -294,6 +314,16 @@ class BodyGuard:
                 self.delivered = True  # raised during our own exit: already handled
 
 
+async def stop_on_loss(lease: Lease, guard: BodyGuard) -> None:
+    """On the loop thread: wait until ``lease`` is lost, then stop ``guard``'s body (a
+    signal is sent again every :data:`RESEND` seconds until its handler has raised)."""
+    await lease.lost.wait()
+    guard.interrupt()
+    while guard.undelivered():
+        await anyio.sleep(RESEND)
+        guard.interrupt()
+
+
 def lost_error(lease: Lease) -> LeaseLost | None:
     """A fresh ``LeaseLost`` if ``lease`` is lost (or past its deadline) now, else None."""
     try:
@@ -399,12 +429,8 @@ class Handover:
                     scope.cancel()
                 self._signal()  # the body may start
                 await lease.lost.wait()
-                guard = self.guard
-                if guard is not None:  # else the body has not started: enter() checks
-                    guard.interrupt()
-                    while guard.undelivered():
-                        await anyio.sleep(RESEND)
-                        guard.interrupt()
+                if self.guard is not None:  # else the body has not started: enter() checks
+                    await stop_on_loss(lease, self.guard)
                 await anyio.sleep_forever()  # until the body is over
         finally:
             try:

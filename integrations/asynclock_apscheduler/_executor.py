@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import ctypes
 import functools
 import logging
 import math
@@ -56,9 +55,10 @@ from apscheduler.executors.pool import ProcessPoolExecutor, ThreadPoolExecutor
 from apscheduler.triggers.interval import IntervalTrigger
 
 import asynclock
+import asynclock.from_thread
 
 from ._claiming import Missed, Skipped, get_claim, monotonic_deadline, record_done
-from ._loop import LoopThread, check_target
+from ._loop import Bridge, check_target
 
 logger = logging.getLogger("asynclock.apscheduler")
 
@@ -237,60 +237,6 @@ class _OccurrenceJob:
         return self._str
 
 
-class _Interrupted(asynclock.LeaseLost):
-    """Raised asynchronously in a sync job's thread when its claim is lost.
-
-    CPython raises an async exception by calling its class with no arguments, so each
-    occurrence gets a subclass that knows its lease (see :func:`_interruption`).
-    """
-
-    lease: asynclock.Lease
-
-    def __init__(self) -> None:
-        lease = self.lease
-        super().__init__(lease.name, lease.token, lease.lost.reason or "claim lost")
-
-
-def _interruption(lease: asynclock.Lease) -> type[_Interrupted]:
-    return type("LeaseLost", (_Interrupted,), {"lease": lease})
-
-
-_set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
-
-
-class _SyncStop:
-    """Interrupts one thread once, only while the job body runs in it (between ``arm``
-    and ``finish``); a loss before ``arm`` makes ``arm`` raise instead."""
-
-    def __init__(self, lease: asynclock.Lease) -> None:
-        self.thread = threading.get_ident()
-        self.error = _interruption(lease)
-        self.guard = threading.Lock()
-        self.armed = False
-        self.done = False
-        self.lost = False
-
-    def interrupt(self) -> None:
-        with self.guard:
-            if self.lost or self.done:
-                return
-            self.lost = True
-            if self.armed:
-                _set_async_exc(ctypes.c_ulong(self.thread), ctypes.py_object(self.error))
-
-    def arm(self) -> None:
-        with self.guard:
-            if self.lost:
-                raise self.error()
-            self.armed = True
-
-    def finish(self) -> None:
-        with self.guard:
-            self.done = True
-            if self.armed and self.lost:
-                _set_async_exc(ctypes.c_ulong(self.thread), None)  # drop it if still pending
-
-
 class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
     """An executor that claims each occurrence before running it (see the module doc).
 
@@ -373,7 +319,7 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
         self.clock_skew = float(clock_skew)
         self.takeover_window = takeover_window
         self._inner = inner
-        self._loop_thread = LoopThread(target)
+        self._loop_thread = Bridge(target)
         self._scheduler_loop: asyncio.AbstractEventLoop | None = None
         self._claims: set[concurrent.futures.Future[Any]] = set()
         self._checked: dict[str, Any] = {}
@@ -425,9 +371,9 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
         if self._checked.get(job.id) != key:
             self._check(job)
             self._checked[job.id] = key
-        portal, _ = self._loop_thread.require()
+        thread, _ = self._loop_thread.require()
         for run_time in run_times:
-            claim = portal.start_task_soon(self._claim, job, run_time)
+            claim = thread.submit(self._claim(job, run_time))
             self._claims.add(claim)
             claim.add_done_callback(functools.partial(self._claimed, job, run_time))
 
@@ -545,8 +491,8 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
         if self._scheduler_loop is not None:
             self._scheduler_loop.call_soon_threadsafe(submit)
         else:
-            # Not on this loop thread: a refused hand-over gives the claim back through
-            # the portal, which its own thread cannot enter.
+            # Off the lock loop's thread (this done callback runs on it): the hand-over
+            # to the inner executor must not stall the loop that renews every claim.
             self._later(0.0, submit)
 
     def _later(self, delay: float, call: Callable[[], None]) -> None:
@@ -562,9 +508,9 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
 
     def _give_up(self, lease: asynclock.Lease) -> None:
         """The occurrence will not run here: release the claim so another node may."""
-        portal = self._loop_thread.portal
-        if portal is not None:
-            portal.start_task_soon(lease.release)
+        thread = self._loop_thread.thread
+        if thread is not None:  # from any thread, the loop's own too
+            thread.submit(lease.release())
 
     def _dispatch(self, event: Any) -> None:
         if self._scheduler is not None:
@@ -575,30 +521,31 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
     def _finish(self, claim: _Claim) -> concurrent.futures.Future[Any] | None:
         """After the run: record the done marker and release the claim; a lost claim is
         left to expire (a waiter then takes the occurrence over)."""
-        portal = self._loop_thread.portal
-        if portal is None or claim.lease.lost:
+        thread, backend = self._loop_thread.thread, self._loop_thread.backend
+        if thread is None or backend is None or claim.lease.lost:
             return None
-        backend = self._loop_thread.require()[1]
-        return portal.start_task_soon(record_done, backend, claim.lease, claim.done, claim.done_ttl)
+        return thread.submit(record_done(backend, claim.lease, claim.done, claim.done_ttl))
 
     def _sync_runner(
         self, func: Callable[..., Any], occurrence: Occurrence, claim: _Claim
     ) -> Callable[..., Any]:
         def run(*args: Any, **kwargs: Any) -> Any:
             lease = occurrence.lease
-            portal, _ = self._loop_thread.require()
-            stop = _SyncStop(lease)
-            watch = portal.start_task_soon(_on_loss, lease, stop.interrupt)
+            thread, _ = self._loop_thread.require()
+            guard = asynclock.from_thread.BodyGuard(lease)  # stops this thread's body on loss
+            watch = thread.submit(asynclock.from_thread.stop_on_loss(lease, guard))
             token = _OCCURRENCE.set(occurrence)
             try:
                 with asynclock.use_lease(lease):
                     try:
                         try:
-                            stop.arm()
+                            guard.enter()
                             result = func(*args, **kwargs)
                         finally:
-                            stop.finish()
-                    except _Interrupted:
+                            guard.leave()
+                    except asynclock.LeaseLost:
+                        if not lease.lost and not guard.fired:
+                            raise  # the body's own
                         raise _lost(lease) from None
                     if lease.lost:  # the body swallowed the interruption
                         raise _lost(lease)
@@ -619,7 +566,7 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
     ) -> Callable[..., Any]:
         async def run(*args: Any, **kwargs: Any) -> Any:
             lease = occurrence.lease
-            portal, _ = self._loop_thread.require()
+            thread, _ = self._loop_thread.require()
             task = asyncio.current_task()
             assert task is not None
             loop = asyncio.get_running_loop()
@@ -629,7 +576,7 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
                 if running[0]:
                     task.cancel()
 
-            watch = portal.start_task_soon(_on_loss, lease, lambda: loop.call_soon_threadsafe(stop))
+            watch = thread.submit(_on_loss(lease, lambda: loop.call_soon_threadsafe(stop)))
             token = _OCCURRENCE.set(occurrence)
             try:
                 with asynclock.use_lease(lease):

@@ -19,7 +19,7 @@ from apscheduler.schedulers.base import STATE_STOPPED, BaseScheduler
 
 import asynclock
 
-from ._loop import LoopThread, check_target
+from ._loop import Bridge, check_target
 
 logger = logging.getLogger("asynclock.apscheduler")
 
@@ -46,7 +46,7 @@ class LeaderOnly:
         self.leading = threading.Event()
         self.term: asynclock.Term | None = None
         self.terms = 0
-        self._loop_thread = LoopThread(target)
+        self._loop_thread = Bridge(target)
         self._campaign: Future[Any] | None = None
         self._lock = threading.Lock()
 
@@ -67,8 +67,8 @@ class LeaderOnly:
                 return
             self.scheduler.pause()
             self._loop_thread.open()
-            portal, _ = self._loop_thread.require()
-            self._campaign = portal.start_task_soon(self._run)
+            thread, _ = self._loop_thread.require()
+            self._campaign = thread.submit(self._run())
 
     def stop(self) -> None:
         """End the campaign (release the term) and close the backend."""

@@ -1,12 +1,9 @@
-"""The background event-loop thread a sync framework holds its leases through."""
+"""The lock target a scheduler names, and the bridge (asynclock.from_thread) it is held on."""
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-
-import anyio.from_thread
-
 import asynclock
+import asynclock.from_thread
 
 
 def check_target(url_or_backend: object) -> str | asynclock.Backend:
@@ -25,49 +22,33 @@ def check_target(url_or_backend: object) -> str | asynclock.Backend:
     )
 
 
-class LoopThread:
-    """One event loop in its own thread, with one open backend on it.
-
-    ``open()`` starts the thread and opens the backend (a URL is connected, a Backend is
-    entered); ``close()`` closes the backend (releasing what it still holds) and ends the
-    thread. A Backend passed in is owned by this thread from then on.
-    """
+class Bridge:
+    """The executor's (or campaign's) :class:`asynclock.from_thread.LoopThread` and its
+    open backend, from ``open()`` to ``close()``. A Backend passed in is owned by the
+    thread from then on."""
 
     def __init__(self, target: str | asynclock.Backend) -> None:
         self._target = target
-        self._portal_cm: AbstractContextManager[anyio.from_thread.BlockingPortal] | None = None
-        self._backend_cm: AbstractContextManager[asynclock.Backend] | None = None
-        self.portal: anyio.from_thread.BlockingPortal | None = None
+        self.thread: asynclock.from_thread.LoopThread | None = None
         self.backend: asynclock.Backend | None = None
 
     def open(self) -> None:
-        if self.portal is not None:
+        if self.thread is not None:
             raise RuntimeError("this executor is already started")
-        target = self._target
-        backend = target if isinstance(target, asynclock.Backend) else asynclock.connect(target)
-        self._portal_cm = anyio.from_thread.start_blocking_portal(name="asynclock")
-        portal = self._portal_cm.__enter__()
+        thread = asynclock.from_thread.LoopThread(name="asynclock-apscheduler")
         try:
-            self._backend_cm = portal.wrap_async_context_manager(backend)
-            self.backend = self._backend_cm.__enter__()
+            self.backend = thread.backend(self._target)
         except BaseException:
-            self._portal_cm.__exit__(None, None, None)
-            self._portal_cm = None
+            thread.close()
             raise
-        self.portal = portal
+        self.thread = thread
 
     def close(self) -> None:
-        backend_cm, self._backend_cm = self._backend_cm, None
-        portal_cm, self._portal_cm = self._portal_cm, None
-        self.portal = self.backend = None
-        try:
-            if backend_cm is not None:
-                backend_cm.__exit__(None, None, None)
-        finally:
-            if portal_cm is not None:
-                portal_cm.__exit__(None, None, None)
+        thread, self.thread, self.backend = self.thread, None, None
+        if thread is not None:
+            thread.close()
 
-    def require(self) -> tuple[anyio.from_thread.BlockingPortal, asynclock.Backend]:
-        if self.portal is None or self.backend is None:
+    def require(self) -> tuple[asynclock.from_thread.LoopThread, asynclock.Backend]:
+        if self.thread is None or self.backend is None:
             raise RuntimeError("not started: the scheduler starts this executor")
-        return self.portal, self.backend
+        return self.thread, self.backend
