@@ -10,9 +10,11 @@ Per job: claim ``"{schedule id}@{fire time without jitter, UTC ISO}"`` (``"{task
 id}"`` for a job added without a schedule), token scope = the schedule id (or task id),
 non-blocking. Busy means another scheduler runs this occurrence (the data store lets a
 job whose lease lapsed be acquired again): the job ends with ``LockHeld`` and its body
-never starts. Held: the body runs inside the lock, so a lost claim cancels an async job
-or interrupts a thread-pool job (an async exception in its thread), and the job ends with
-``LeaseLost``. After a run the claim is kept one more ttl (``let_expire``), not released.
+never starts. Held: the body runs inside the lock (``asynclock.current_lease()`` is the
+claim), so a lost claim cancels an async job or interrupts a thread-pool job
+(``asynclock.from_thread.BodyGuard``: an async exception in its thread), and the job ends
+with ``LeaseLost``. After a run the claim is kept one more ttl (``let_expire``), not
+released.
 
 The arithmetic: a frozen scheduler's data-store lease on a job lapses no sooner than half
 the scheduler's ``lease_duration`` after the freeze (it is extended every half), and its
@@ -25,13 +27,10 @@ with ``LockHeld``, run by nobody.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import math
-import threading
 from collections.abc import Callable
 from contextlib import AsyncExitStack
-from contextvars import ContextVar
 from datetime import UTC
 from typing import Any
 
@@ -43,26 +42,7 @@ from apscheduler.executors.subprocess import ProcessPoolJobExecutor
 from apscheduler.executors.thread import ThreadPoolJobExecutor
 
 import asynclock
-
-_CLAIM: ContextVar[asynclock.Lease | None] = ContextVar("asynclock_apscheduler4", default=None)
-
-
-def current_claim() -> asynclock.Lease:
-    """The claim of the job running here (inside a ``ClaimingJobExecutor`` job).
-
-    The same lease as ``asynclock.current_lease()``; APScheduler's own
-    ``apscheduler.current_job`` says which job and fire time it is for.
-
-    Raises:
-        LookupError: not inside a job run by a ``ClaimingJobExecutor``.
-    """
-    lease = _CLAIM.get()
-    if lease is None:
-        raise LookupError(
-            "no claim here: current_claim() works inside a job run by "
-            "asynclock_apscheduler4.ClaimingJobExecutor"
-        )
-    return lease
+import asynclock.from_thread
 
 
 def occurrence_name(job: Job) -> str:
@@ -173,18 +153,14 @@ class ClaimingJobExecutor(JobExecutor):  # type: ignore[misc]
                     blocking=False,
                     token_scope=_scope(job),
                 ) as lease:
-                    claim = _CLAIM.set(lease)
-                    try:
-                        with asynclock.use_lease(lease):
-                            if threaded:
-                                # The lock's cancel scope cannot stop a thread: interrupt
-                                # it from a watcher outside that scope.
-                                stop = _ThreadStop(lease)
-                                watchers.start_soon(_interrupt_on_loss, lease, stop)
-                                func = stop.wrap(func)
-                            result = await self._inner.run_job(func, job)
-                    finally:
-                        _CLAIM.reset(claim)
+                    with asynclock.use_lease(lease):
+                        if threaded:
+                            # The lock's cancel scope cannot stop a thread: stop the body
+                            # in its thread from a watcher outside that scope.
+                            body = _ThreadBody(lease, func)
+                            watchers.start_soon(body.stop_on_loss)
+                            func = body.wrapper()
+                        result = await self._inner.run_job(func, job)
                     lease.check()  # a run that returned after its deadline is not a success
                     await lease.let_expire()  # keep it one more ttl: no second run
                 watchers.cancel_scope.cancel()
@@ -195,62 +171,33 @@ class ClaimingJobExecutor(JobExecutor):  # type: ignore[misc]
         return result
 
 
-async def _interrupt_on_loss(lease: asynclock.Lease, stop: _ThreadStop) -> None:
-    await lease.lost
-    stop.interrupt()
+class _ThreadBody:
+    """The job's function, run in a pool thread under a
+    :class:`asynclock.from_thread.BodyGuard` (made in that thread, as it must be)."""
 
+    def __init__(self, lease: asynclock.Lease, func: Callable[..., Any]) -> None:
+        self.lease = lease
+        self.func = func
+        self.guard: asynclock.from_thread.BodyGuard | None = None
 
-class _Interrupted(asynclock.LeaseLost):
-    """Raised asynchronously in a job's thread; CPython builds it with no arguments."""
+    def wrapper(self) -> Callable[..., Any]:
+        """``func``, run under the guard (what the inner executor calls in its thread)."""
 
-    lease: asynclock.Lease
-
-    def __init__(self) -> None:
-        lease = self.lease
-        super().__init__(lease.name, lease.token, lease.lost.reason or "claim lost")
-
-
-_set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
-
-
-class _ThreadStop:
-    """Interrupts the job's thread once, only while the job body runs in it.
-
-    (``asynclock_apscheduler`` has the same for APScheduler 3; it imports APScheduler 3
-    when imported, so this package keeps its own.)
-    """
-
-    def __init__(self, lease: asynclock.Lease) -> None:
-        self.error = type("LeaseLost", (_Interrupted,), {"lease": lease})
-        self.guard = threading.Lock()
-        self.thread: int | None = None
-        self.lost = False
-        self.done = False
-
-    def interrupt(self) -> None:
-        with self.guard:
-            if self.lost or self.done:
-                return
-            self.lost = True
-            if self.thread is not None:
-                _set_async_exc(ctypes.c_ulong(self.thread), ctypes.py_object(self.error))
-
-    def wrap(self, func: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(func)
+        @functools.wraps(self.func)
         def run(*args: Any, **kwargs: Any) -> Any:
-            with self.guard:
-                if self.lost:
-                    raise self.error()
-                self.thread = threading.get_ident()
+            guard = self.guard = asynclock.from_thread.BodyGuard(self.lease)
+            guard.enter()  # a loss before this: LeaseLost here; after: the watcher stops it
             try:
-                return func(*args, **kwargs)
+                return self.func(*args, **kwargs)
             finally:
-                with self.guard:
-                    self.done = True
-                    if self.lost:  # drop the exception if it is still pending
-                        _set_async_exc(ctypes.c_ulong(self.thread), None)
+                guard.leave()
 
         return run
+
+    async def stop_on_loss(self) -> None:
+        await self.lease.lost
+        if self.guard is not None:  # else the body has not started: enter() checks
+            await asynclock.from_thread.stop_on_loss(self.lease, self.guard)
 
 
 def _seconds(value: object, what: str, *, zero_ok: bool) -> float:
