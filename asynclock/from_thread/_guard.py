@@ -1,0 +1,152 @@
+"""Stopping a synchronous body in its thread when its lease is lost (see the package doc)."""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+
+import anyio
+
+from .._core.exceptions import LeaseLost
+from .._core.lease import Lease
+
+INTERRUPT_SIGNAL = signal.SIGUSR2
+#: Seconds between signals until the handler has raised ``LeaseLost`` in the body.
+RESEND = 0.025
+
+#: Guards inside their body, per thread id, innermost last.
+_active: dict[int, list[BodyGuard]] = {}
+
+
+class AsyncLeaseLost(LeaseLost):
+    """Raised in a non-main thread by ``PyThreadState_SetAsyncExc``, which can only raise
+    a class without arguments: it fills in the innermost fired guard's lease."""
+
+    def __init__(self, *args: object) -> None:
+        if len(args) == 3:
+            super().__init__(*args)  # type: ignore[arg-type]  # unpickling
+            return
+        guards = _active.get(threading.get_ident(), [])
+        lease = next((g.lease for g in reversed(guards) if g.fired), None)
+        if lease is None:
+            super().__init__("?", 0, "lost")
+        else:
+            super().__init__(lease.name, lease.token, lease.lost.reason or "lost")
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    for guard in reversed(_active.get(threading.get_ident(), [])):
+        if guard.in_body and guard.fired and not guard.delivered:
+            guard.delivered = True
+            lease = guard.lease
+            raise LeaseLost(lease.name, lease.token, lease.lost.reason or "lost")
+
+
+def ensure_handler() -> None:
+    """Install the ``SIGUSR2`` handler (main thread only; cheap when already installed)."""
+    if signal.getsignal(INTERRUPT_SIGNAL) is not _on_signal:
+        signal.signal(INTERRUPT_SIGNAL, _on_signal)
+
+
+class BodyGuard:
+    """Stops one body when ``lease`` is lost: a signal (main thread), an async exception
+    (other threads), or ``cancel()`` when given (a body that is a coroutine elsewhere).
+
+    Made in the body's thread; :meth:`enter` as the body starts, :meth:`leave` as it ends,
+    :meth:`interrupt` from the loop thread when the lease is lost.
+    """
+
+    __slots__ = (
+        "_cancel",
+        "_lock",
+        "_use_signal",
+        "active",
+        "delivered",
+        "fired",
+        "in_body",
+        "lease",
+        "thread_id",
+    )
+
+    def __init__(self, lease: Lease, cancel: Callable[[], None] | None = None) -> None:
+        self.lease = lease
+        self.thread_id = threading.get_ident()
+        self._use_signal = cancel is None and threading.current_thread() is threading.main_thread()
+        if self._use_signal:
+            ensure_handler()
+        self._cancel = cancel
+        self._lock = threading.Lock()
+        self.active = False
+        self.in_body = False
+        self.fired = False
+        self.delivered = False
+
+    def enter(self) -> None:
+        """The body starts now; raises LeaseLost at once if the lease is already lost."""
+        with self._lock:
+            self.active = self.in_body = True
+            _active.setdefault(self.thread_id, []).append(self)
+        self.lease.check()
+
+    def interrupt(self) -> None:
+        """Called on the event-loop thread when the lease is lost."""
+        with self._lock:
+            if not self.active:
+                return  # not in the body (yet or any more): enter() and leave() check
+            self.fired = True
+            if self._cancel is not None:
+                self._cancel()
+            elif self._use_signal:
+                signal.pthread_kill(self.thread_id, INTERRUPT_SIGNAL)
+            else:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(self.thread_id), ctypes.py_object(AsyncLeaseLost)
+                )
+
+    def undelivered(self) -> bool:
+        """True while a signal was sent and its handler has not raised in the body yet."""
+        return self._use_signal and self.active and self.fired and not self.delivered
+
+    def leave(self) -> None:
+        """The body is over: nothing may interrupt this thread after this returns."""
+        self.in_body = False
+        while True:
+            try:
+                with self._lock:
+                    if self.active:
+                        self.active = False
+                        guards = _active.get(self.thread_id, [])
+                        if self in guards:
+                            guards.remove(self)
+                        if not guards:
+                            _active.pop(self.thread_id, None)
+                    if self.fired and not self._use_signal and self._cancel is None:
+                        # Withdraw an async exception not raised yet.
+                        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                            ctypes.c_ulong(self.thread_id), None
+                        )
+                return
+            except AsyncLeaseLost:
+                self.delivered = True  # raised during our own exit: already handled
+
+
+async def stop_on_loss(lease: Lease, guard: BodyGuard) -> None:
+    """On the loop thread: wait until ``lease`` is lost, then stop ``guard``'s body (a
+    signal is sent again every :data:`RESEND` seconds until its handler has raised)."""
+    await lease.lost.wait()
+    guard.interrupt()
+    while guard.undelivered():
+        await anyio.sleep(RESEND)
+        guard.interrupt()
+
+
+def lost_error(lease: Lease) -> LeaseLost | None:
+    """A fresh ``LeaseLost`` if ``lease`` is lost (or past its deadline) now, else None."""
+    try:
+        lease.check()
+    except LeaseLost as lost:
+        return LeaseLost(lost.name, lost.token, lost.reason)
+    return None
