@@ -25,7 +25,7 @@ from ._core.leadership import Leader, Leadership, Term
 from ._core.lease import Lease, LossSignal
 from ._core.stats import BackendStats, HoldTimes
 from ._core.templates import NameTemplate
-from ._core.validation import MAX_TTL
+from ._core.validation import MAX_TTL, check_seconds
 
 __version__ = "0.1.0.dev0"
 
@@ -55,6 +55,7 @@ __all__ = (
     "StaleToken",
     "Term",
     "__version__",
+    "check_seconds",
     "connect",
     "current_lease",
     "use_lease",

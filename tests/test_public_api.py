@@ -36,6 +36,7 @@ PUBLIC = {
     "StaleToken",
     "Term",
     "__version__",
+    "check_seconds",
     "connect",
     "current_lease",
     "use_lease",

@@ -32,7 +32,7 @@ from .driver import Driver, LeaseRef, Refused
 from .exceptions import BackendUnavailable, LeaseLost
 from .lease import Lease
 from .stats import StatsRecorder
-from .validation import check_lease_ttl
+from .validation import check_lease_ttl, no_time_left
 
 if TYPE_CHECKING:
     from .lease import Holds
@@ -95,10 +95,7 @@ class Session:
 
     def ttl_error(self, ttl: float) -> ValueError:
         """The error for a ttl at or below :attr:`min_ttl`."""
-        return ValueError(
-            f"ttl={ttl:g}s leaves no time after drift ({self.drift:.0%}) and margin "
-            f"({self.margin:g}s); use a ttl of at least {2 * self.margin + 0.001:g}s"
-        )
+        return no_time_left("ttl", ttl, self.drift, self.margin)
 
     def grant(
         self,

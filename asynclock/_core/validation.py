@@ -41,33 +41,66 @@ def _number(what: str, value: object) -> float:
     return f
 
 
-def check_ttl(ttl: object, *, what: str = "ttl") -> float:
-    f = _number(what, ttl)
-    if not (0 < f < math.inf):
-        raise ValueError(f"{what} must be a finite number of seconds > 0, got {ttl!r}")
-    return f
+#: The drift and margin :func:`asynclock.connect` uses unless told otherwise.
+DEFAULT_DRIFT, DEFAULT_MARGIN = 0.01, 0.005
 
 
-def check_lease_ttl(ttl: object) -> float:
-    """A lease's ttl: what the server is asked to keep the lease for (at most MAX_TTL)."""
-    f = check_ttl(ttl)
-    if f > MAX_TTL:
-        raise ValueError(
-            f"ttl must be at most {MAX_TTL:g} seconds (7 days), got {ttl!r}; the lease is "
-            "renewed every ttl/3 while held, so hold as long as you like with a short ttl "
-            "(bound the hold with max_hold)"
-        )
-    return f
+def check_seconds(
+    value: object,
+    what: str,
+    *,
+    zero: bool = False,
+    lease: bool = False,
+    text: bool = False,
+    drift: float = DEFAULT_DRIFT,
+    margin: float = DEFAULT_MARGIN,
+) -> float:
+    """``value`` as seconds, or a ``TypeError``/``ValueError`` that names ``what`` and says
+    what is allowed: every seconds option of asynclock and its integrations is checked by
+    this one function, where it is declared.
 
-
-def check_seconds(value: object, what: str) -> float:
-    """A backend's duration option, as a number or (from a URL query) a string: finite, > 0."""
-    if isinstance(value, str):
+    A finite number > 0 (``zero=True``: >= 0); ``text=True`` also takes a str of one (a URL
+    query option). ``lease=True``: a lease's ttl, which is also at most
+    :data:`asynclock.MAX_TTL` and long enough to leave time after ``drift`` and ``margin``
+    (a backend's, by default those of :func:`asynclock.connect`).
+    """
+    if text and isinstance(value, str):
         try:
             value = float(value)
         except ValueError:
             raise ValueError(f"{what} must be a number of seconds, got {value!r}") from None
-    return check_ttl(value, what=what)
+    f = _number(what, value)
+    if not (0 <= f < math.inf) or (f == 0 and not zero):
+        bound = ">= 0" if zero else "> 0"
+        raise ValueError(f"{what} must be a finite number of seconds {bound}, got {value!r}")
+    if lease:
+        if f > MAX_TTL:
+            raise ValueError(
+                f"{what} must be at most {MAX_TTL:g} seconds (7 days), got {value!r}; the "
+                "lease is renewed every ttl/3 while held, so hold as long as you like with a "
+                "short ttl (bound the hold with max_hold)"
+            )
+        if f * (1 - drift) - margin <= 0:
+            raise no_time_left(what, f, drift, margin)
+    return f
+
+
+def no_time_left(what: str, ttl: float, drift: float, margin: float) -> ValueError:
+    """The error for a ttl that leaves no time after ``drift`` and ``margin`` (G3)."""
+    return ValueError(
+        f"{what}={ttl:g}s leaves no time after drift ({drift:.0%}) and margin "
+        f"({margin:g}s); use a ttl of at least {2 * margin + 0.001:g}s"
+    )
+
+
+def check_ttl(ttl: object, *, what: str = "ttl") -> float:
+    return check_seconds(ttl, what)
+
+
+def check_lease_ttl(ttl: object) -> float:
+    """A lease's ttl: what the server is asked to keep the lease for (at most MAX_TTL);
+    the drift/margin minimum is the backend's, checked at acquire."""
+    return check_seconds(ttl, "ttl", lease=True, drift=0.0, margin=0.0)
 
 
 def check_timeout(timeout: object) -> float | None:

@@ -230,7 +230,7 @@ class SQLiteDriver(Driver):
             raise ValueError(f"synchronous must be 'normal' or 'full', got {synchronous!r}")
         self.path = path
         self.synchronous = synchronous.upper()
-        self.busy_timeout = check_seconds(busy_timeout, "busy_timeout")
+        self.busy_timeout = check_seconds(busy_timeout, "busy_timeout", text=True)
         self.display = f"sqlite:///{path}"
         self._errors = map_errors(self.display)
         self.boot = boot_id()

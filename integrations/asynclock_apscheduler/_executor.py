@@ -33,7 +33,6 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -280,32 +279,10 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
     ) -> None:
         super().__init__()
         target = check_target(url_or_backend)
-        if isinstance(claim_ttl, bool) or not isinstance(claim_ttl, (int, float)):
-            raise TypeError(
-                f"claim_ttl must be a number of seconds, not {type(claim_ttl).__name__}"
-            )
-        if not 0 < claim_ttl < math.inf:
-            raise ValueError(f"claim_ttl must be a finite number of seconds > 0, got {claim_ttl!r}")
-        if isinstance(clock_skew, bool) or not isinstance(clock_skew, (int, float)):
-            raise TypeError(
-                f"clock_skew must be a number of seconds, not {type(clock_skew).__name__}"
-            )
-        if not 0 <= clock_skew < math.inf:
-            raise ValueError(
-                f"clock_skew must be a finite number of seconds >= 0, got {clock_skew!r}"
-            )
+        claim_ttl = asynclock.check_seconds(claim_ttl, "claim_ttl", lease=True)
+        clock_skew = asynclock.check_seconds(clock_skew, "clock_skew", zero=True)
         if takeover_window is not None:
-            if isinstance(takeover_window, bool) or not isinstance(takeover_window, (int, float)):
-                raise TypeError(
-                    "takeover_window must be a number of seconds or None, not "
-                    f"{type(takeover_window).__name__}"
-                )
-            if not 0 < takeover_window < math.inf:
-                raise ValueError(
-                    "takeover_window must be a finite number of seconds > 0 (or None for "
-                    f"the default), got {takeover_window!r}"
-                )
-            takeover_window = float(takeover_window)
+            takeover_window = asynclock.check_seconds(takeover_window, "takeover_window")
         if inner is not None and not isinstance(inner, BaseExecutor):
             raise TypeError(f"inner must be an APScheduler executor, not {type(inner).__name__}")
         if isinstance(inner, ClaimingExecutor):

@@ -8,7 +8,6 @@ loss of the term the scheduler is paused at once and campaigns again.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from concurrent.futures import Future
 from typing import Any
@@ -138,8 +137,7 @@ def leader_only(
     target = check_target(url_or_backend)
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty str (a lock name), got {name!r}")
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl < math.inf:
-        raise ValueError(f"ttl must be a finite number of seconds > 0, got {ttl!r}")
+    ttl = asynclock.check_seconds(ttl, "ttl", lease=True)
     campaign = LeaderOnly(scheduler, target, name, float(ttl), identity)
     scheduler.add_listener(campaign._on_event, EVENT_SCHEDULER_STARTED | EVENT_SCHEDULER_SHUTDOWN)
     if scheduler.state != STATE_STOPPED:

@@ -28,7 +28,6 @@ with ``LockHeld``, run by nobody.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from datetime import UTC
@@ -94,8 +93,8 @@ class ClaimingJobExecutor(JobExecutor):  # type: ignore[misc]
                 "url_or_backend must be a lock URL (str) or an asynclock.Backend that is "
                 f"not open yet, not {type(url_or_backend).__name__}"
             )
-        claim_ttl = _seconds(claim_ttl, "claim_ttl", zero_ok=False)
-        clock_skew = _seconds(clock_skew, "clock_skew", zero_ok=True)
+        claim_ttl = asynclock.check_seconds(claim_ttl, "claim_ttl", lease=True)
+        clock_skew = asynclock.check_seconds(clock_skew, "clock_skew", zero=True)
         if inner is None:
             inner = AsyncJobExecutor()
         if isinstance(inner, ClaimingJobExecutor):
@@ -198,13 +197,3 @@ class _ThreadBody:
         await self.lease.lost
         if self.guard is not None:  # else the body has not started: enter() checks
             await asynclock.from_thread.stop_on_loss(self.lease, self.guard)
-
-
-def _seconds(value: object, what: str, *, zero_ok: bool) -> float:
-    """A finite number of seconds, > 0 (or >= 0 with ``zero_ok``)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
-    if not math.isfinite(value) or (value < 0 if zero_ok else value <= 0):
-        bound = ">= 0" if zero_ok else "> 0"
-        raise ValueError(f"{what} must be a finite number of seconds {bound}, got {value!r}")
-    return float(value)

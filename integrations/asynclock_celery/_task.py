@@ -11,7 +11,6 @@ import asyncio
 import functools
 import inspect
 import logging
-import math
 import os
 import random
 import threading
@@ -39,39 +38,12 @@ ON_BUSY = ("wait", "retry", "skip", "fail")
 #: each retry (``self.request.retries``), with jitter, up to ``RETRY_BACKOFF_MAX``.
 RETRY_BACKOFF = 1.0
 RETRY_BACKOFF_MAX = 60.0
-#: A lease's ttl must leave time after the backend's drift and margin (the defaults of
-#: ``asynclock.connect``), as the core checks at acquire.
-_DRIFT = 0.01
-_MARGIN = 0.005
-
-
-def _number(value: object, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
-    f = float(value)
-    if math.isnan(f):
-        raise ValueError(f"{what} must be a number of seconds, not NaN")
-    return f
 
 
 def _check_ttl(ttl: object, what: str) -> float:
     """A lease ttl, checked where it is declared by the rules the core applies at acquire
-    (asynclock's own check is private: these are its rules and messages, with ``what``)."""
-    f = _number(ttl, what)
-    if not 0 < f < math.inf:
-        raise ValueError(f"{what} must be a finite number of seconds > 0, got {ttl!r}")
-    if f > asynclock.MAX_TTL:
-        raise ValueError(
-            f"{what} must be at most {asynclock.MAX_TTL:g} seconds (7 days), got {ttl!r}; the "
-            "lease is renewed every ttl/3 while held, so hold as long as you like with a "
-            "short ttl"
-        )
-    if f * (1 - _DRIFT) - _MARGIN <= 0:
-        raise ValueError(
-            f"{what}={f:g}s leaves no time after drift ({_DRIFT:.0%}) and margin "
-            f"({_MARGIN:g}s); use a ttl of at least {2 * _MARGIN + 0.001:g}s"
-        )
-    return f
+    (with ``asynclock.connect``'s default drift and margin)."""
+    return asynclock.check_seconds(ttl, what, lease=True)
 
 
 def _check_on_busy(on_busy: object) -> str:
@@ -83,12 +55,13 @@ def _check_on_busy(on_busy: object) -> str:
 def _check_timeout(timeout: object, on_busy: str, what: str) -> float | None:
     if timeout is None:
         return None
-    f = _number(timeout, what)
-    if not 0 <= f < math.inf:
+    try:
+        f = asynclock.check_seconds(timeout, what, zero=True)
+    except ValueError:
         raise ValueError(
             f"{what} must be None (wait as long as it takes) or a finite number of "
             f"seconds >= 0, got {timeout!r}"
-        )
+        ) from None
     if on_busy != "wait":
         raise ValueError(
             f"{what} bounds the wait of on_busy='wait'; with on_busy={on_busy!r} nothing "
@@ -98,11 +71,8 @@ def _check_timeout(timeout: object, on_busy: str, what: str) -> float | None:
 
 
 def _check_backoff(backoff: object, backoff_max: object, what: str) -> tuple[float, float]:
-    first = _number(backoff, what)
-    cap = _number(backoff_max, f"{what}_max")
-    for value, name in ((first, what), (cap, f"{what}_max")):
-        if not 0 < value < math.inf:
-            raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+    first = asynclock.check_seconds(backoff, what)
+    cap = asynclock.check_seconds(backoff_max, f"{what}_max")
     if cap < first:
         raise ValueError(f"{what}_max ({cap:g}s) must be at least {what} ({first:g}s)")
     return first, cap

@@ -18,6 +18,7 @@ from asynclock import (
     LockHeld,
     RestartGrace,
     StaleToken,
+    check_seconds,
 )
 
 from ._fence import FencingToken, fence_responses
@@ -62,10 +63,7 @@ def install(app: FastAPI, *, retry_after: float = 1.0) -> FastAPI:
         raise TypeError(f"install() takes a FastAPI app, not {type(app).__name__}")
     if getattr(app.state, "asynclock_fastapi_installed", False):
         raise RuntimeError("asynclock_fastapi.install() was already called on this app")
-    if isinstance(retry_after, bool) or not isinstance(retry_after, int | float):
-        raise TypeError(f"retry_after must be a number of seconds, not {retry_after!r}")
-    if not (math.isfinite(retry_after) and retry_after >= 0):
-        raise ValueError(f"retry_after must be a finite number of seconds >= 0: {retry_after!r}")
+    retry_after = check_seconds(retry_after, "retry_after", zero=True)
     app.state.asynclock_fastapi_installed = True
     lost_retry = str(max(1, math.ceil(retry_after)))
 

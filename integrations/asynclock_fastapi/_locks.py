@@ -97,16 +97,6 @@ class GuardInfo:
         self.header = header
 
 
-def _check_seconds(value: object, what: str, *, allow_zero: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
-    seconds = float(value)
-    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
-        allowed = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{what} must be a finite number of seconds {allowed}, got {value!r}")
-    return seconds
-
-
 def check_header_name(header: object, what: str = "header") -> str:
     """A valid HTTP header name (RFC 9110 token), or ValueError saying what is allowed."""
     allowed = "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -242,16 +232,10 @@ class Locks:
 
         return combined
 
-    def _check_lease_ttl(self, ttl: float) -> float:
-        """What the backend checks of a lease's ttl at every acquire, checked once here, so
-        a bad guard fails where it is declared, not on every request. (The core's check is
-        private; its messages are repeated word for word.)"""
-        if ttl > asynclock.MAX_TTL:
-            raise ValueError(
-                f"ttl must be at most {asynclock.MAX_TTL:g} seconds (7 days), got {ttl!r}; the "
-                "lease is renewed every ttl/3 while held, so hold as long as you like with a "
-                "short ttl (bound the hold with max_hold)"
-            )
+    def _check_lease_ttl(self, ttl: object) -> float:
+        """What the backend checks of a lease's ttl at every acquire, checked once here
+        (with the backend's drift and margin), so a bad guard fails where it is declared,
+        not on every request."""
         if self._given is not None:
             drift, margin = self._given.drift, self._given.margin
         else:
@@ -259,13 +243,9 @@ class Locks:
             drift = self._options.get("drift", defaults["drift"].default)
             margin = self._options.get("margin", defaults["margin"].default)
             if not all(isinstance(v, int | float) for v in (drift, margin)):
-                return ttl  # connect() says what is wrong with them when the app starts
-        if ttl * (1 - drift) - margin <= 0:
-            raise ValueError(
-                f"ttl={ttl:g}s leaves no time after drift ({drift:.0%}) and margin "
-                f"({margin:g}s); use a ttl of at least {2 * margin + 0.001:g}s"
-            )
-        return ttl
+                # connect() says what is wrong with them when the app starts
+                drift, margin = 0.0, 0.0
+        return asynclock.check_seconds(ttl, "ttl", lease=True, drift=drift, margin=margin)
 
     def guard(
         self,
@@ -308,13 +288,13 @@ class Locks:
                 ``asynclock.MAX_TTL`` or too short for the backend's drift and margin.
         """
         name_template = NameTemplate(template)
-        ttl = self._check_lease_ttl(_check_seconds(ttl, "ttl", allow_zero=False))
+        ttl = self._check_lease_ttl(ttl)
         if timeout is not None:
-            timeout = _check_seconds(timeout, "timeout", allow_zero=True)
+            timeout = asynclock.check_seconds(timeout, "timeout", zero=True)
         if max_hold is not None:
-            max_hold = _check_seconds(max_hold, "max_hold", allow_zero=False)
+            max_hold = asynclock.check_seconds(max_hold, "max_hold")
         if retry_after is not None:
-            retry_after = _check_seconds(retry_after, "retry_after", allow_zero=True)
+            retry_after = asynclock.check_seconds(retry_after, "retry_after", zero=True)
         if release not in ("response", "endpoint"):
             raise ValueError(f"release must be 'response' or 'endpoint', got {release!r}")
         if isinstance(busy_status, bool) or not isinstance(busy_status, int):

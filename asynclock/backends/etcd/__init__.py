@@ -141,7 +141,7 @@ def _driver_from_url(url: str, options: dict[str, Any]) -> EtcdDriver:
     prefix = merged.get("prefix", "")
     if not isinstance(prefix, str):
         raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
-    timeout = check_seconds(merged.get("timeout", DEFAULT_TIMEOUT), "timeout")
+    timeout = check_seconds(merged.get("timeout", DEFAULT_TIMEOUT), "timeout", text=True)
     user = merged.get("user", user)
     password = merged.get("password", password)
     for what, value in (("user", user), ("password", password)):

@@ -176,7 +176,7 @@ def driver_from_url(url: str, **options: Any) -> PostgresDriver:
     rest = [(k, v) for k, v in query if k not in _OPTIONS]
     for key in ("poll", "connect_timeout"):
         if key in ours:
-            ours[key] = check_seconds(ours[key], key)
+            ours[key] = check_seconds(ours[key], key, text=True)
     if "check_pooler" in ours:
         flag = str(ours["check_pooler"]).lower()
         if flag not in ("true", "false", "1", "0", "yes", "no", "on", "off"):

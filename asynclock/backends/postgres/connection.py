@@ -79,8 +79,8 @@ class PostgresDriver(Driver):
         if mode is not None and mode != self.mode:
             raise ValueError(f"{type(self).__name__} is mode {self.mode!r}, got mode={mode!r}")
         self.dsn = dsn
-        self.poll = check_seconds(poll, "poll")
-        self.connect_timeout = check_seconds(connect_timeout, "connect_timeout")
+        self.poll = check_seconds(poll, "poll", text=True)
+        self.connect_timeout = check_seconds(connect_timeout, "connect_timeout", text=True)
         self.check_pooler = check_pooler
         self.display = display or "postgresql://"
         self._errors = map_errors(self.display, password)

@@ -628,7 +628,7 @@ def driver_from_url(url: str, **options: Any) -> RedlockDriver:
     options = {**from_url, **options}
     for key in ("node_timeout", "connect_timeout"):
         if key in options:
-            options[key] = check_seconds(options[key], key)
+            options[key] = check_seconds(options[key], key, text=True)
     check_prefix(options.get("prefix", "asynclock:"))
     return RedlockDriver(urls, display=display, **options)
 

@@ -120,7 +120,7 @@ def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, An
     ours = {k: options[k] for k in _DRIVER_OPTIONS if k in options}
     rest = {k: v for k, v in options.items() if k not in _DRIVER_OPTIONS}
     for key in ("socket_timeout", "connect_timeout"):
-        ours[key] = check_seconds(ours.get(key, 1.0), key)
+        ours[key] = check_seconds(ours.get(key, 1.0), key, text=True)
     ours["prefix"] = check_prefix(ours.get("prefix", "asynclock:"))
     ours["fair"] = bool(ours.get("fair", True))
     ours["restart_grace"] = check_restart_grace(ours.get("restart_grace"))
@@ -132,18 +132,7 @@ def check_restart_grace(value: object) -> float | None:
     missing) or seconds >= 0 (0: none)."""
     if value is None:
         return None
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            raise ValueError(f"restart_grace must be a number of seconds, got {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"restart_grace must be a number of seconds, not {type(value).__name__}")
-    if not 0 <= value < math.inf:
-        raise ValueError(
-            f"restart_grace must be a finite number of seconds >= 0 (0 turns it off), got {value!r}"
-        )
-    return float(value)
+    return check_seconds(value, "restart_grace", zero=True, text=True)
 
 
 def grace_ms(restart_grace: float | None, ttl_ms: int) -> bytes:
@@ -373,7 +362,7 @@ def check_redis_url(
             raise ValueError(f"redlock:// sets each node's {key} itself: use {_REDLOCK_OWN[key]}")
         if key in _URL_TIMEOUTS:
             try:
-                check_seconds(value, key)
+                check_seconds(value, key, text=True)
             except ValueError as exc:
                 raise ValueError(f"{scheme}:// URL option {exc}") from None
     keywords = _redis_keywords(parts.scheme.lower()) | keyword_options
