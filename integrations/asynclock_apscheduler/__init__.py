@@ -8,7 +8,8 @@ finished run leaves a done marker so that nobody runs it again. ``leader_only`` 
 scheduler's jobs only while it leads. Install with ``pip install "asynclock[apscheduler]"``.
 """
 
-from ._executor import ClaimingExecutor, Occurrence, check_job, current_occurrence
+from ._executor import ClaimingExecutor
+from ._jobs import Occurrence, check_job, current_occurrence
 from ._leader import LeaderOnly, leader_only
 
 __all__ = (

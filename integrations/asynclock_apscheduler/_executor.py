@@ -36,7 +36,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -51,169 +50,22 @@ from apscheduler.events import (
 from apscheduler.executors.asyncio import AsyncIOExecutor
 from apscheduler.executors.base import BaseExecutor, MaxInstancesReachedError
 from apscheduler.executors.pool import ProcessPoolExecutor, ThreadPoolExecutor
-from apscheduler.triggers.interval import IntervalTrigger
 
 import asynclock
-import asynclock.from_thread
 
 from ._claiming import Missed, Skipped, get_claim, monotonic_deadline, record_done
+from ._jobs import (
+    Occurrence,
+    check_job,
+    done_name,
+    occurrence_name,
+    start_by,
+    takeover_bounds,
+)
 from ._loop import Bridge, check_target
+from ._runners import async_runner, sync_runner
 
 logger = logging.getLogger("asynclock.apscheduler")
-
-
-@dataclass(frozen=True, slots=True)
-class Occurrence:
-    """The occurrence a job runs for: its job id, scheduled run time and claim."""
-
-    job_id: str
-    run_time: datetime
-    lease: asynclock.Lease
-
-    @property
-    def token(self) -> int:
-        """The claim's fencing token: rises with the run time, for one job id."""
-        return self.lease.token
-
-
-_OCCURRENCE: ContextVar[Occurrence | None] = ContextVar("asynclock_occurrence", default=None)
-
-
-def current_occurrence() -> Occurrence:
-    """The occurrence the running job was claimed for (inside a ``ClaimingExecutor`` job).
-
-    Raises:
-        LookupError: not inside a job run by a ``ClaimingExecutor``.
-    """
-    occurrence = _OCCURRENCE.get()
-    if occurrence is None:
-        raise LookupError(
-            "no claimed occurrence here: current_occurrence() works inside a job run by "
-            "asynclock_apscheduler.ClaimingExecutor"
-        )
-    return occurrence
-
-
-def occurrence_name(job_id: str, run_time: datetime) -> str:
-    """The lock name of one occurrence: ``"{job id}@{run time in UTC, ISO 8601}"``."""
-    return f"{job_id}@{run_time.astimezone(UTC).isoformat()}"
-
-
-def done_name(job_id: str, run_time: datetime) -> str:
-    """The done marker of one occurrence: a lease that says it finished somewhere."""
-    return f"{occurrence_name(job_id, run_time)}#done"
-
-
-def _grace(job: Any) -> float | None:
-    # A job added before the scheduler starts gets the scheduler's job defaults only
-    # when the scheduler adds it for real (APScheduler's own default is 1 second).
-    default = getattr(getattr(job, "_scheduler", None), "_job_defaults", {}).get(
-        "misfire_grace_time", 1
-    )
-    grace = getattr(job, "misfire_grace_time", default)
-    return None if grace is None else float(grace)
-
-
-def takeover_bounds(
-    job: Any, *, claim_ttl: float, clock_skew: float, takeover_window: float | None
-) -> tuple[float, float]:
-    """(takeover window, done-marker ttl) in seconds for ``job``, default window applied.
-
-    A claimant may start up to ``misfire_grace_time`` late and its clock may be off by
-    ``clock_skew``; if it dies at once, its claim lasts ``claim_ttl`` more. A waiter must
-    still be waiting then, so the window must exceed the sum of the three (the default
-    adds one more ``claim_ttl`` of slack, which also covers a loss in the run's first
-    ``claim_ttl``). The done marker must outlive the last attempt of any node: the window
-    plus the skew, plus one ``claim_ttl`` of margin.
-    """
-    grace = _grace(job) or 0.0
-    window = grace + clock_skew + 2 * claim_ttl if takeover_window is None else takeover_window
-    return window, window + clock_skew + claim_ttl
-
-
-def start_by(job: Any, run_time: datetime, clock_skew: float) -> datetime:
-    """The latest an occurrence held up by a restart grace may start: within its misfire
-    grace time (an occurrence claimed before the lock server lost its data never gets
-    that far, see ``_claiming``), and ``clock_skew`` before the job's next run time, so
-    the two are not claimed together and one job's tokens keep rising with run times."""
-    latest = run_time + timedelta(seconds=_grace(job) or 0.0)
-    following = job.trigger.get_next_fire_time(run_time, run_time + timedelta(microseconds=1))
-    if following is not None:
-        latest = min(latest, following - timedelta(seconds=clock_skew))
-    return latest
-
-
-def _triggers(trigger: Any) -> list[Any]:
-    found = [trigger]
-    for child in getattr(trigger, "triggers", None) or ():
-        found.extend(_triggers(child))
-    return found
-
-
-def check_job(
-    job: Any,
-    *,
-    claim_ttl: float,
-    clock_skew: float = 1.0,
-    takeover_window: float | None = None,
-) -> None:
-    """Refuse a job whose occurrences schedulers would not agree on, or could run twice.
-
-    Raises ValueError naming the job and what to change: an interval trigger without a
-    pinned ``start_date`` (every process counts from its own start), ``jitter`` (every
-    process draws its own delay), ``misfire_grace_time=None`` (a late scheduler may run
-    an occurrence any time later), or a claim ttl that does not cover the misfire grace
-    time plus the clock skew between schedulers (a late scheduler would find the claim
-    gone and run the occurrence again), or a takeover window that does not exceed the
-    misfire grace time plus the clock skew plus the claim ttl (a waiter would give up
-    before a dead claimant's claim expires, and nobody would take the occurrence over).
-    """
-    what = f"job {getattr(job, 'id', job)!r}"
-    for trigger in _triggers(job.trigger):
-        if getattr(trigger, "jitter", None):
-            raise ValueError(
-                f"{what}: its trigger has jitter={trigger.jitter!r}; each scheduler draws "
-                "its own delay, so their run times differ and every one of them runs the "
-                "job. Remove jitter when claiming occurrences"
-            )
-        if isinstance(trigger, IntervalTrigger) and trigger.start_date.microsecond != 0:
-            raise ValueError(
-                f"{what}: interval trigger without a fixed start_date (it counts from "
-                f"{trigger.start_date.isoformat()}, this process's start), so each "
-                "scheduler has its own run times and every one runs the job. Pass "
-                "start_date= a fixed datetime in whole seconds, the same on every node"
-            )
-    grace = _grace(job)
-    if grace is None:
-        raise ValueError(
-            f"{what}: misfire_grace_time=None lets a late scheduler run an occurrence any "
-            "time after its claim has expired; give it a bound in seconds (claim_ttl "
-            "must exceed it plus the clock skew)"
-        )
-    if claim_ttl <= grace + clock_skew:
-        raise ValueError(
-            f"{what}: claim_ttl={claim_ttl:g}s must exceed misfire_grace_time "
-            f"({grace:g}s) + clock_skew ({clock_skew:g}s) = {grace + clock_skew:g}s: a "
-            "scheduler that is late by up to that much must still find the claim (the "
-            "claim is renewed while the job runs, so the run time itself is covered)"
-        )
-    window, done_ttl = takeover_bounds(
-        job, claim_ttl=claim_ttl, clock_skew=clock_skew, takeover_window=takeover_window
-    )
-    least = grace + clock_skew + claim_ttl
-    if window <= least:
-        raise ValueError(
-            f"{what}: takeover_window={window:g}s must exceed misfire_grace_time "
-            f"({grace:g}s) + clock_skew ({clock_skew:g}s) + claim_ttl ({claim_ttl:g}s) = "
-            f"{least:g}s: a claimant that starts late and dies at once holds its claim "
-            "that long, and the other schedulers must still be waiting to take over"
-        )
-    if done_ttl > asynclock.MAX_TTL:
-        raise ValueError(
-            f"{what}: takeover_window={window:g}s is too long: the done marker must last "
-            f"it + clock_skew + claim_ttl = {done_ttl:g}s, more than asynclock.MAX_TTL "
-            f"({asynclock.MAX_TTL:g}s)"
-        )
 
 
 class _OccurrenceJob:
@@ -311,7 +163,7 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
     @property
     def backend(self) -> asynclock.Backend:
         """The open backend. It lives on the executor's own event-loop thread: call it
-        only from there (e.g. through ``anyio.from_thread`` helpers of your own)."""
+        only from there."""
         return self._loop_thread.require()[1]
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -506,80 +358,14 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
     def _sync_runner(
         self, func: Callable[..., Any], occurrence: Occurrence, claim: _Claim
     ) -> Callable[..., Any]:
-        def run(*args: Any, **kwargs: Any) -> Any:
-            lease = occurrence.lease
-            thread, _ = self._loop_thread.require()
-            guard = asynclock.from_thread.BodyGuard(lease)  # stops this thread's body on loss
-            watch = thread.submit(asynclock.from_thread.stop_on_loss(lease, guard))
-            token = _OCCURRENCE.set(occurrence)
-            try:
-                with asynclock.use_lease(lease):
-                    try:
-                        try:
-                            guard.enter()
-                            result = func(*args, **kwargs)
-                        finally:
-                            guard.leave()
-                    except asynclock.LeaseLost:
-                        if not lease.lost and not guard.fired:
-                            raise  # the body's own
-                        raise _lost(lease) from None
-                    if lease.lost:  # the body swallowed the interruption
-                        raise _lost(lease)
-                    # A thawed run can return before the loss reached it: ask the clock.
-                    lease.check()
-                return result
-            finally:
-                _OCCURRENCE.reset(token)
-                watch.cancel()
-                finishing = self._finish(claim)
-                if finishing is not None:
-                    concurrent.futures.wait([finishing], timeout=2 * lease.ttl)
-
-        return run
+        thread, _ = self._loop_thread.require()
+        return sync_runner(thread, func, occurrence, lambda: self._finish(claim))
 
     def _async_runner(
         self, func: Callable[..., Any], occurrence: Occurrence, claim: _Claim
     ) -> Callable[..., Any]:
-        async def run(*args: Any, **kwargs: Any) -> Any:
-            lease = occurrence.lease
-            thread, _ = self._loop_thread.require()
-            task = asyncio.current_task()
-            assert task is not None
-            loop = asyncio.get_running_loop()
-            running = [True]
-
-            def stop() -> None:  # on the job's loop: cancel the body only
-                if running[0]:
-                    task.cancel()
-
-            watch = thread.submit(_on_loss(lease, lambda: loop.call_soon_threadsafe(stop)))
-            token = _OCCURRENCE.set(occurrence)
-            try:
-                with asynclock.use_lease(lease):
-                    try:
-                        result = await func(*args, **kwargs)
-                    except asyncio.CancelledError:
-                        if not lease.lost:
-                            raise
-                        task.uncancel()
-                        raise _lost(lease) from None
-                    finally:
-                        running[0] = False
-                    if lease.lost:
-                        raise _lost(lease)
-                    lease.check()  # as in the sync runner
-                return result
-            finally:
-                _OCCURRENCE.reset(token)
-                watch.cancel()
-                finishing = self._finish(claim)
-                if finishing is not None:
-                    # Bounded by the backend's release timeout; if it never answers, the
-                    # claim still expires within its ttl from the last renewal.
-                    await asyncio.wait([asyncio.wrap_future(finishing)], timeout=2 * lease.ttl)
-
-        return run
+        thread, _ = self._loop_thread.require()
+        return async_runner(thread, func, occurrence, lambda: self._finish(claim))
 
 
 _SLOT_POLL = 0.05  # seconds between hand-over attempts of a takeover waiting for a slot
@@ -594,12 +380,3 @@ class _Claim:
     done_ttl: float
     waited: bool  # got only after waiting: a takeover
     deadline: float  # time.monotonic() when the takeover window ends
-
-
-def _lost(lease: asynclock.Lease) -> asynclock.LeaseLost:
-    return asynclock.LeaseLost(lease.name, lease.token, lease.lost.reason or "claim lost")
-
-
-async def _on_loss(lease: asynclock.Lease, stop: Callable[[], object]) -> None:
-    await lease.lost
-    stop()
