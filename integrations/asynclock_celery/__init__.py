@@ -21,7 +21,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         'asynclock_celery needs Celery, which is not installed: pip install "asynclock[celery]"'
     ) from exc
 
+from ._policy import ON_BUSY
 from ._runtime import close_runtime
-from ._task import ON_BUSY, LockedTask, locked
+from ._task import LockedTask, locked
 
 __all__ = ("ON_BUSY", "LockedTask", "close_runtime", "locked")

@@ -430,7 +430,7 @@ def test_wait_gives_up_after_lock_timeout_and_gets_the_lock_when_freed(tmp_path:
 def test_retry_countdown_is_exponential_backoff_with_jitter() -> None:
     """on_busy="retry": retry n counts down between half and all of min(backoff * 2**n, max),
     whatever the holder's ttl (before: the holder's remaining ttl, so retries bunched)."""
-    from asynclock_celery._task import Policy
+    from asynclock_celery._policy import Policy
 
     policy = Policy(ttl=6.0, on_busy="retry", backoff=1.0, backoff_max=60.0)
     for retries, step in [(0, 1.0), (1, 2.0), (3, 8.0), (6, 60.0), (10_000, 60.0)]:
