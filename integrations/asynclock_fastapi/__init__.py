@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ._common import DEFAULT_HEADER, GuardInfo, LostDuringResponse
 from ._fence import (
     MAX_TOKEN,
     FencedWrite,
@@ -30,7 +31,8 @@ from ._fence import (
     fencing_token,
 )
 from ._handlers import ResponsePhase, install
-from ._locks import DEFAULT_HEADER, GuardInfo, Locks, LostDuringResponse, guard_info, guard_lease
+from ._locks import Locks
+from ._plumbing import guard_info, guard_lease
 
 if TYPE_CHECKING:
     from ._client import FencingAuth

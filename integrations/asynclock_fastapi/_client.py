@@ -14,7 +14,7 @@ except ImportError as exc:  # pragma: no cover - httpx comes with the fastapi ex
         "asynclock_fastapi.FencingAuth needs httpx: pip install 'asynclock[fastapi]'"
     ) from exc
 
-from ._locks import DEFAULT_HEADER, check_header_name
+from ._common import DEFAULT_HEADER, check_header_name
 
 
 class FencingAuth(httpx.Auth):

@@ -17,7 +17,7 @@ from fastapi import HTTPException, Request
 
 from asynclock.fence import RedisFence, SQLFence
 
-from ._locks import DEFAULT_HEADER, check_header_name
+from ._common import DEFAULT_HEADER, check_header_name
 
 #: Fencing tokens are positive 64-bit ints (they fit SQL BIGINT and Redis INCR).
 MAX_TOKEN = 2**63 - 1

@@ -21,15 +21,14 @@ from asynclock import (
     check_seconds,
 )
 
-from ._fence import FencingToken, fence_responses
-from ._locks import (
+from ._common import (
     INSTALLED_KEY,
     LostDuringResponse,
     grace_unavailable,
-    guard_info,
     lock_service_unavailable,
-    responses_of,
 )
+from ._fence import FencingToken, fence_responses
+from ._plumbing import guard_info, responses_of
 
 logger = logging.getLogger("asynclock_fastapi")
 
