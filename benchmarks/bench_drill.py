@@ -49,9 +49,10 @@ import asynclock
 import asynclock.drill
 from asynclock._harness import Hold, WorkerGroup, Write
 from asynclock._harness.history import overlaps, tokens_out_of_order
+from asynclock._harness.pg_server import running_pg
 from asynclock._harness.register import open_register
 from asynclock._harness.report import judge
-from asynclock._harness.servers import EtcdServers, RedisServer, running_pg
+from asynclock._harness.servers import EtcdServers, RedisServer
 
 
 def part_drill(workers: int, duration: float) -> None:

@@ -17,7 +17,8 @@ from urllib.parse import urlsplit
 
 import anyio
 
-from .servers import EtcdMember, EtcdServers, RedisServer, running_pg
+from .pg_server import running_pg
+from .servers import EtcdMember, EtcdServers, RedisServer
 
 #: What ``spawn=`` can start.
 SPAWN = ("sqlite", "redis", "redlock", "postgres", "postgres-lease", "etcd")

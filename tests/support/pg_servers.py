@@ -30,16 +30,16 @@ import pytest
 import asynclock
 
 # The PostgreSQL server itself is the package's (``asynclock drill --spawn postgres``).
-from asynclock._harness.servers import DATABASE as DATABASE
-from asynclock._harness.servers import PASSWORD as PASSWORD
-from asynclock._harness.servers import USER as USER
-from asynclock._harness.servers import PgServer as PgServer
-from asynclock._harness.servers import _own as _own
-from asynclock._harness.servers import _run_as_kwargs as _run_as_kwargs
-from asynclock._harness.servers import _wait_for_port as _wait_for_port
-from asynclock._harness.servers import find_pg_bin as find_pg_bin
+from asynclock._harness.pg_server import DATABASE as DATABASE
+from asynclock._harness.pg_server import PASSWORD as PASSWORD
+from asynclock._harness.pg_server import USER as USER
+from asynclock._harness.pg_server import PgServer as PgServer
+from asynclock._harness.pg_server import _own as _own
+from asynclock._harness.pg_server import _run_as_kwargs as _run_as_kwargs
+from asynclock._harness.pg_server import _wait_for_port as _wait_for_port
+from asynclock._harness.pg_server import find_pg_bin as find_pg_bin
+from asynclock._harness.pg_server import running_pg as running_pg
 from asynclock._harness.servers import free_port as free_port
-from asynclock._harness.servers import running_pg as running_pg
 from asynclock.backends.postgres import PostgresDriver, lock_key
 
 from .spec import BackendSpec
