@@ -22,7 +22,7 @@ import anyio.lowlevel
 from .acquisition import Holding
 from .bounds import CallBounds
 from .clock import Clock, MonotonicClock
-from .context import ExcInfo
+from .context import HOLDS, ExcInfo
 from .driver import Driver
 from .exceptions import AsynclockError, BackendUnavailable
 from .fastpath import (
@@ -35,7 +35,7 @@ from .holder import Holder
 from .leadership import Leader, Leadership, find_leader
 from .lease import Lease
 from .lock import Lock as Lock
-from .lock import _check_lock_args, _check_scope, locked_function
+from .lock import _check_lock_args, _check_scope, _refuse_nested, locked_function
 from .renewer import _ExtendRequest, _Held
 from .stats import BackendStats, StatsRecorder
 from .validation import check_name, check_token, check_ttl
@@ -226,6 +226,8 @@ class Backend(Holding):
         The body runs in a cancel scope that is cancelled when the lease is lost; the
         ``async with`` then raises :class:`LeaseLost`. Busy with ``blocking=False`` raises
         :class:`LockHeld`; not acquired within ``timeout`` raises :class:`AcquireTimeout`.
+        Inside this task's own hold of ``name`` (a lock or a leadership term) it raises
+        :class:`AlreadyHeld` at once: locks are not re-entrant.
 
         ``token_scope`` (a str validated like a name) draws the token from the scope's
         counter as well as the name's: every lease taken with one scope gets a token
@@ -258,12 +260,17 @@ class Backend(Holding):
 
         No cancel scope guards your work here: watch ``lease.lost`` or call
         ``lease.check()`` before side effects, and fence your writes with ``lease.token``.
-        ``token_scope``: as in :meth:`lock`.
+        ``token_scope``: as in :meth:`lock`. Inside this task's own ``async with`` hold of
+        ``name`` it raises :class:`AlreadyHeld` at once, as :meth:`lock` does.
         """
         args = _check_lock_args(name, ttl, timeout, blocking, max_hold)
-        if self._open and self._current_task() is None:
+        task = self._current_task()
+        if self._open and task is None:
             self._wrong_loop()
         scope = None if token_scope is None else _check_scope(token_scope)
+        holds = HOLDS.get()
+        if holds:  # inside this task's own `async with` for the name: it would wait for itself
+            _refuse_nested(self, args[0], holds, task)
         return await self._acquire(*args, token_scope=scope)
 
     async def validate(self, name: str, token: int) -> bool:
@@ -370,7 +377,11 @@ class Backend(Holding):
         yields a :class:`Term`; the body is cancelled when the term is lost and the block
         raises :class:`LeaseLost`. ``async for term in backend.leadership(...):`` with
         ``async with term:`` inside campaigns again after each loss (with backoff) until
-        the loop is left.
+        the loop is left; after ``async with term:``, ``term.lease.lost.reason`` says
+        whether (and why) that term was lost.
+
+        ``ttl`` is checked here, as :meth:`lock` checks it (at most :data:`asynclock.MAX_TTL`).
+        Campaigning inside this task's own hold of ``name`` raises :class:`AlreadyHeld`.
         """
         return Leadership(self, name, ttl, identity)
 

@@ -20,7 +20,8 @@ import anyio
 
 from .context import HOLDS, ExcInfo, pop_hold, push_hold
 from .exceptions import AsynclockError, BackendUnavailable, LeaseLost
-from .validation import check_name, check_ttl
+from .lock import _refuse_nested
+from .validation import MAX_TTL, check_lease_ttl, check_name
 
 if TYPE_CHECKING:
     from .backend import Backend
@@ -30,8 +31,13 @@ if TYPE_CHECKING:
 #: The separator between the owner id (hex) and the encoded identity.
 IDENTITY_MARK = "."
 MAX_IDENTITY_BYTES = 200
-#: First wait before re-campaigning after a lost term; doubles per loss in a row.
+#: First wait before re-campaigning after a lost term; doubles per loss in a row (up to
+#: the ttl).
 BACKOFF_START = 0.05
+#: Doublings after which the backoff is past any ttl (``BACKOFF_START * 2**25 > MAX_TTL``):
+#: the exponent stops there, so a long run of lost terms never overflows a float.
+MAX_DOUBLINGS = 25
+assert BACKOFF_START * 2**MAX_DOUBLINGS > MAX_TTL
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +120,7 @@ class Term:
         if lease.released:
             raise RuntimeError("this term has ended; campaign again for a new one")
         self._scope = scope = anyio.CancelScope()
+        lease._task = lease._backend._current_task()  # a hold of this task (AlreadyHeld)
         push_hold(self, lease, scope, HOLDS.get())
         return self
 
@@ -122,6 +129,7 @@ class Term:
         assert scope is not None, "Term.__aexit__ without __aenter__"
         pop_hold(self)
         lease._scope = None
+        lease._task = None
         self._scope = None
         try:
             swallowed = bool(scope.__exit__(*exc_info))
@@ -145,7 +153,7 @@ class Leadership:
     def __init__(self, backend: Backend, name: str, ttl: float, identity: str | None) -> None:
         self._backend = backend
         self._name = check_name(name)
-        self._ttl = check_ttl(ttl)
+        self._ttl = check_lease_ttl(ttl)  # as lock() does: the term is a lease
         self._identity = check_identity(identity)
         self._term: Term | None = None
         self._losses = 0
@@ -163,6 +171,10 @@ class Leadership:
 
     async def _campaign(self, *, quiet: bool) -> Term:
         """Wait until elected (blocking acquire: the waiter sleeps until a release)."""
+        holds = HOLDS.get()
+        if holds:  # campaigning inside this task's own hold of the name would never win
+            backend = self._backend
+            _refuse_nested(backend, self._name, holds, backend._current_task())
         lease = await self._backend._acquire(
             self._name, self._ttl, None, True, None, owner_tag(self._identity)
         )
@@ -201,7 +213,8 @@ class Leadership:
                     self._losses = 1  # a long term: this loss starts a new series
                 # Back off before campaigning again, so a flapping leader (a loaded
                 # machine, a flaky network) does not hammer the server.
-                delay = min(self._ttl, BACKOFF_START * 2 ** (self._losses - 1))
+                doublings = min(self._losses - 1, MAX_DOUBLINGS)
+                delay = min(self._ttl, BACKOFF_START * 2**doublings)
                 await anyio.sleep(delay * (0.5 + random.random() / 2))
             else:
                 self._losses = 0

@@ -65,12 +65,15 @@ def _check_lock_args(
 
 
 def _refuse_nested(backend: Backend, name: str, holds: tuple[Any, ...], task: object) -> None:
-    """Raise :class:`AlreadyHeld` if this task is inside ``async with backend.lock(name)``.
+    """Raise :class:`AlreadyHeld` if this task holds ``name`` on ``backend`` already: it is
+    inside ``async with backend.lock(name)`` or a leadership term of ``name``. Every way to
+    ask for a name (``lock``, ``acquire``, ``leadership``) calls it first: asking again
+    would wait for itself forever.
 
     A child task starts with a copy of its parent's holds, so a hold counts only while
     its lease is live and only in the task that entered it.
     """
-    for _, lease, _ in holds:
+    for holder, lease, _ in holds:
         if (
             lease.name == name
             and lease._backend is backend
@@ -79,7 +82,10 @@ def _refuse_nested(backend: Backend, name: str, holds: tuple[Any, ...], task: ob
             and not lease._released
             and not lease.lost
         ):
-            raise AlreadyHeld(name, lease.token)
+            # The outermost entry of a lease is the Lock or the leadership Term that
+            # entered it (use_lease() markers come later, inside).
+            outer = "lock" if isinstance(holder, Lock) else "leadership"
+            raise AlreadyHeld(name, lease.token, outer)
 
 
 class Lock:

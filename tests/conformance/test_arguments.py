@@ -85,6 +85,12 @@ async def test_huge_ttl_is_refused_before_any_io(backend: asynclock.Backend, ttl
         with pytest.raises(ValueError, match="ttl must be at most 604800 seconds"):
             await lease.extend(ttl)
         lease.check()
+    # A leadership term is a lease: refused at the call, as lock() is (it granted a term
+    # that never expired on memory/sqlite and hung on redis/redlock).
+    with pytest.raises(ValueError, match="ttl must be at most 604800 seconds"):
+        backend.leadership("x", ttl=ttl)
+    with pytest.raises(ValueError, match="ttl must be at most 604800 seconds"):
+        backend.leadership("x", ttl=ttl, identity="node-a")
 
 
 # Not postgres_lease here: the lease table durably keeps the longest ttl ever granted (the
