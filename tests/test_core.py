@@ -6,6 +6,7 @@ import functools
 import gc
 import logging
 import math
+import re
 from typing import Any
 
 import anyio
@@ -421,3 +422,27 @@ async def test_a_long_run_of_short_terms_keeps_campaigning() -> None:
                     break
         assert backend.held() == []
     assert terms == 1_100
+
+
+async def test_sync_use_of_an_async_only_object_says_async_with() -> None:
+    """Issue 21 item 8: ``with backend.lock(...)`` (a forgotten ``async``) was Python's bare
+    "does not support the context manager protocol"."""
+    async with asynclock.testing.memory_backend() as backend:
+        managers: list[tuple[object, str]] = [
+            (backend.lock("x", ttl=1.0), "`async with backend.lock(...)`"),
+            (backend.leadership("x", ttl=1.0), "`async with backend.leadership(...)`"),
+            (asynclock.connect("memory://"), "`async with asynclock.connect(url)`"),
+            (backend, "`async with asynclock.connect(url)`"),
+        ]
+        async with backend.leadership("x", ttl=1.0) as term:
+            managers.append((term, "`async with term`"))
+        for manager, words in managers:
+            with pytest.raises(TypeError, match=re.escape(words) + r".* not `with`"):
+                with manager:  # type: ignore[attr-defined]
+                    pass  # pragma: no cover
+        with pytest.raises(
+            TypeError, match=r"write `async for term in backend.leadership\(...\)`.* not `for`"
+        ):
+            for _ in backend.leadership("x", ttl=1.0):  # type: ignore[attr-defined]
+                pass  # pragma: no cover
+        assert backend.held() == []

@@ -36,6 +36,7 @@ from .leadership import Leader, Leadership, find_leader
 from .lease import Lease
 from .lock import Lock as Lock
 from .lock import _check_lock_args, _check_scope, _refuse_nested, locked_function
+from .misuse import AsyncContextOnly
 from .renewer import _ExtendRequest, _Held
 from .stats import BackendStats, StatsRecorder
 from .validation import check_name, check_token, check_ttl
@@ -46,7 +47,7 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 
-class Backend(Holding):
+class Backend(Holding, AsyncContextOnly):
     """A lock service: hand out leases on names, renew them, and stop holders that lose them.
 
     Create one with :func:`asynclock.connect` (or pass a driver for tests) and use it as an
@@ -60,6 +61,8 @@ class Backend(Holding):
         heartbeat: renew every ``ttl * heartbeat`` seconds (default 1/3).
         release_timeout: bound on a release or on the clean-up of an interrupted acquire.
     """
+
+    _usage = "asynclock.connect(url)"
 
     def __init__(
         self,
@@ -274,7 +277,17 @@ class Backend(Holding):
         return await self._acquire(*args, token_scope=scope)
 
     async def validate(self, name: str, token: int) -> bool:
-        """True if ``token`` is the live holder's token for ``name`` right now (G9)."""
+        """True if ``token`` is the live holder's token for ``name`` right now (G9).
+
+        False for a token that was a holder's but is not the live one (released, expired,
+        lost, or an older holder's).
+
+        Raises:
+            TypeError: ``token`` is not an int.
+            ValueError: ``token`` is an int that no lease can have: 0, negative, or not
+                below ``2**63`` (tokens are positive 64-bit ints). Check a token that comes
+                from outside (a request header, a message) before asking, as the fences do.
+        """
         self._require_open()
         self._check_loop()
         check_name(name)

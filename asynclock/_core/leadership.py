@@ -21,6 +21,7 @@ import anyio
 from .context import HOLDS, ExcInfo, pop_hold, push_hold
 from .exceptions import AsynclockError, BackendUnavailable, LeaseLost
 from .lock import _refuse_nested
+from .misuse import AsyncContextOnly, refuse_sync_iteration
 from .validation import MAX_TTL, check_lease_ttl, check_name
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ def identity_of(owner: str) -> str | None:
         return None
 
 
-class Term:
+class Term(AsyncContextOnly):
     """One term of leadership: elected until its lease is lost or released.
 
     ``lease`` is the term's lease (its ``token`` fences the leader's writes). In
@@ -95,6 +96,7 @@ class Term:
     """
 
     __slots__ = ("_quiet", "_scope", "identity", "lease")
+    _usage = "term"
 
     def __init__(self, lease: Lease, identity: str, *, quiet: bool) -> None:
         self.lease = lease
@@ -142,13 +144,14 @@ class Term:
         return swallowed
 
 
-class Leadership:
+class Leadership(AsyncContextOnly):
     """``async with backend.leadership(name, ttl=...) as term`` or ``async for term in ...``.
 
     See :meth:`Backend.leadership`.
     """
 
     __slots__ = ("_backend", "_identity", "_losses", "_name", "_term", "_ttl")
+    _usage = "backend.leadership(...)"
 
     def __init__(self, backend: Backend, name: str, ttl: float, identity: str | None) -> None:
         self._backend = backend
@@ -199,6 +202,11 @@ class Leadership:
 
     def __aiter__(self) -> Leadership:
         return self
+
+    if not TYPE_CHECKING:
+
+        def __iter__(self):
+            raise refuse_sync_iteration(self._usage)
 
     async def __anext__(self) -> Term:
         previous, self._term = self._term, None

@@ -12,6 +12,7 @@ from .context import HOLDS as _HOLDS
 from .context import ExcInfo, pop_hold, push_hold
 from .exceptions import AlreadyHeld, LeaseLost
 from .lease import Lease
+from .misuse import AsyncContextOnly
 from .templates import NameTemplate
 from .validation import (
     MAX_NAME_BYTES,
@@ -88,7 +89,7 @@ def _refuse_nested(backend: Backend, name: str, holds: tuple[Any, ...], task: ob
             raise AlreadyHeld(name, lease.token, outer)
 
 
-class Lock:
+class Lock(AsyncContextOnly):
     """``async with backend.lock(name, ttl=...) as lease:`` — see :meth:`Backend.lock`.
 
     Reusable and safe to share: each entering task gets its own lease (ownership lives on
@@ -96,6 +97,7 @@ class Lock:
     """
 
     __slots__ = ("_args", "_backend", "_token_scope")
+    _usage = "backend.lock(...)"
 
     def __init__(
         self,
