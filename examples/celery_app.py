@@ -43,7 +43,9 @@ def save(account: int, text: str, token: int) -> None:
         conn.close()
 
 
-@app.task(bind=True, base=LockedTask, lock="acct:{account}", lock_ttl=30, on_busy="retry")
+# on_busy="wait" (the default): a run that finds the account locked waits for it, here at
+# most 60 s; on_busy="retry", "skip" or "fail" would send it back, drop it or fail it.
+@app.task(bind=True, base=LockedTask, lock="acct:{account}", lock_ttl=30, lock_timeout=60)
 def sync_account(self: LockedTask, account: int, text: str) -> int:
     save(account, text, token=self.lease.token)  # the token goes to the resource
     return int(self.request.fencing_token)

@@ -95,6 +95,16 @@ def test_help_reads_well() -> None:
     assert top.returncode == 0
     assert "usage: asynclock" in top.stdout
     assert "demo" in top.stdout and "--version" in top.stdout
+    # A pip user has no docs/ folder: the help names what an installed package has.
+    assert "docs/ of the project" not in top.stdout
+    assert "python -m pydoc asynclock " in top.stdout
+    assert f"asynclock-{asynclock.__version__}.tar.gz" in top.stdout
+    for module in ("asynclock", "asynclock.fence", "asynclock_fastapi"):
+        doc = subprocess.run(
+            [sys.executable, "-m", "pydoc", module],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert doc.returncode == 0 and f"Help on package {module}" in doc.stdout, doc.stderr
 
     demo = run_cli("demo", "--help")
     assert demo.returncode == 0

@@ -72,7 +72,7 @@ def test_host_lists(url: str, hosts: list[tuple[str, int | None]]) -> None:
 def test_userinfo_path_query_fragment() -> None:
     parts = parse_multi_host_url("REDLOCK://al%40ice:pa[ss]@w:rd@h1:1,[::1]:2/3?tls=1&x=%2F#frag")
     assert parts.scheme == "redlock"
-    assert parts.userinfo == "al%40ice:pa[ss]@w:rd"  # up to the last "@"; brackets are fine
+    assert parts.userinfo == "al%40ice:pa[ss]@w:rd"  # up to the last "@"; no host in there
     assert (parts.username, parts.password) == ("al@ice", "pa[ss]@w:rd")
     assert parts.hosts == (Host("h1", 1), Host("::1", 2))
     assert (parts.path, parts.query, parts.fragment) == ("/3", "tls=1&x=%2F", "frag")
@@ -126,7 +126,7 @@ def test_connect_builds_multi_host_drivers() -> None:
         parse_url("redlock:///0")
     with pytest.raises(ValueError, match="are the same Redis server"):
         asynclock.connect("redlock://127.0.0.1:6379,[::ffff:127.0.0.1]:6379")
-    etcd = asynclock.connect("etcd://u:pa[ss]@127.0.0.1,[::1]:2380").driver
+    etcd = asynclock.connect("etcd://u:pa%5Bss%5D@127.0.0.1,[::1]:2380").driver
     assert isinstance(etcd, EtcdDriver)
     assert etcd.display == "etcd://127.0.0.1:2379,[::1]:2380"
     with pytest.raises(ValueError, match=r"etcd:// URL: the port of 'h:x' is not a number"):

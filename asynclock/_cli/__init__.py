@@ -25,6 +25,19 @@ Every lock hands out a fencing token; a holder whose lease is lost is cancelled 
 raises LeaseLost; a fence at the resource rejects writes that carry an old token."""
 
 
+# What a pip user has: the installed package's docstrings (pydoc reads them) and, in the
+# source distribution, the guides and examples. There is no web address to give yet.
+EPILOG = """\
+Start with "asynclock demo".
+
+Documentation of the installed package, in its docstrings:
+  python -m pydoc asynclock            the API: connect, Backend.lock, Lease, the errors
+  python -m pydoc asynclock.fence      fences that reject stale writers at the resource
+  python -m pydoc asynclock_fastapi    also asynclock_celery, asynclock_apscheduler
+The guides (docs/) and runnable examples (examples/) come with the source
+distribution, asynclock-{version}.tar.gz, not with the wheel."""
+
+
 def _load_commands() -> None:
     for module in COMMAND_MODULES:
         importlib.import_module(f"{__name__}.{module}")
@@ -40,7 +53,7 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
     parser = argparse.ArgumentParser(
         prog="asynclock",
         description=DESCRIPTION,
-        epilog='Start with "asynclock demo". Docs: the README and docs/ of the project.',
+        epilog=EPILOG.format(version=asynclock.__version__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"asynclock {asynclock.__version__}")

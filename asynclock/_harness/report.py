@@ -325,8 +325,18 @@ def render_html(report: Any) -> str:
         for f in report.faults
     ]
     problems = "".join(f"<li>{escape(p)}</li>" for p in report.problems) or "<li>none</li>"
+    # The kinds of fault this run made, not every kind there is (nor those it skipped).
+    made = {f.kind for f in report.faults}
+    kinds = [k for k in FAULT_COLORS if k in made] + sorted(made - FAULT_COLORS.keys())
     legend = " ".join(
-        f'<span style="color:{c}">&#9632; {k}</span>' for k, c in FAULT_COLORS.items()
+        f'<span class="fault-key" data-fault="{escape(k)}" '
+        f'style="color:{FAULT_COLORS.get(k, "#999")}">&#9632; {escape(k)}</span>'
+        for k in kinds
+    )
+    skipped = (
+        '<p class="skipped">Not made here: ' + escape("; ".join(report.skipped)) + "</p>"
+        if report.skipped
+        else ""
     )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>asynclock drill: {escape(report.backend)}</title>
@@ -349,6 +359,7 @@ fence {"on" if report.fence else "OFF"}</p>
 {render_svg(report)}
 {_table("Summary", ["", "count"], [[k, str(v)] for k, v in counters.items()], "summary")}
 {_table("Faults injected", ["t (ms)", "lasted (ms)", "fault", "target", "what"], faults, "faults")}
+{skipped}
 <h2>Problems</h2><ul class="problems">{problems}</ul>
 </body></html>
 """

@@ -8,13 +8,17 @@ import inspect
 import logging
 import math
 import os
+import random
 import threading
+import time
 from collections.abc import Callable, Coroutine
-from typing import Any, ClassVar, TypeVar, cast
+from dataclasses import dataclass
+from typing import Any, ClassVar, NoReturn, TypeVar, cast
 
 import anyio
 from celery import Celery, Task, current_app
 from celery._state import get_current_task
+from celery.exceptions import Reject, Retry
 
 import asynclock
 
@@ -24,24 +28,96 @@ from ._runtime import backend_url, get_runtime
 logger = logging.getLogger("asynclock.celery")
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: What a run does when the lock is held by someone else.
-ON_BUSY = ("retry", "skip", "fail")
-#: Countdown of an ``on_busy="retry"`` when the server gives no hint.
-DEFAULT_RETRY_AFTER = 1.0
+#: What a run does when the lock is held by someone else (the first is the default).
+ON_BUSY = ("wait", "retry", "skip", "fail")
+#: ``on_busy="retry"``: the first countdown is up to this many seconds; it doubles with
+#: each retry (``self.request.retries``), with jitter, up to ``RETRY_BACKOFF_MAX``.
+RETRY_BACKOFF = 1.0
+RETRY_BACKOFF_MAX = 60.0
+#: A lease's ttl must leave time after the backend's drift and margin (the defaults of
+#: ``asynclock.connect``), as the core checks at acquire.
+_DRIFT = 0.01
+_MARGIN = 0.005
+
+
+def _number(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
+    f = float(value)
+    if math.isnan(f):
+        raise ValueError(f"{what} must be a number of seconds, not NaN")
+    return f
 
 
 def _check_ttl(ttl: object, what: str) -> float:
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
-        raise TypeError(f"{what} must be a number of seconds, not {type(ttl).__name__}")
-    if not 0 < ttl < math.inf:
+    """A lease ttl, checked where it is declared by the rules the core applies at acquire
+    (asynclock's own check is private: these are its rules and messages, with ``what``)."""
+    f = _number(ttl, what)
+    if not 0 < f < math.inf:
         raise ValueError(f"{what} must be a finite number of seconds > 0, got {ttl!r}")
-    return float(ttl)
+    if f > asynclock.MAX_TTL:
+        raise ValueError(
+            f"{what} must be at most {asynclock.MAX_TTL:g} seconds (7 days), got {ttl!r}; the "
+            "lease is renewed every ttl/3 while held, so hold as long as you like with a "
+            "short ttl"
+        )
+    if f * (1 - _DRIFT) - _MARGIN <= 0:
+        raise ValueError(
+            f"{what}={f:g}s leaves no time after drift ({_DRIFT:.0%}) and margin "
+            f"({_MARGIN:g}s); use a ttl of at least {2 * _MARGIN + 0.001:g}s"
+        )
+    return f
 
 
 def _check_on_busy(on_busy: object) -> str:
     if not isinstance(on_busy, str) or on_busy not in ON_BUSY:
         raise ValueError(f"on_busy must be one of {', '.join(map(repr, ON_BUSY))}, got {on_busy!r}")
     return on_busy
+
+
+def _check_timeout(timeout: object, on_busy: str, what: str) -> float | None:
+    if timeout is None:
+        return None
+    f = _number(timeout, what)
+    if not 0 <= f < math.inf:
+        raise ValueError(
+            f"{what} must be None (wait as long as it takes) or a finite number of "
+            f"seconds >= 0, got {timeout!r}"
+        )
+    if on_busy != "wait":
+        raise ValueError(
+            f"{what} bounds the wait of on_busy='wait'; with on_busy={on_busy!r} nothing "
+            f"waits: leave {what} unset or use on_busy='wait'"
+        )
+    return f
+
+
+def _check_backoff(backoff: object, backoff_max: object, what: str) -> tuple[float, float]:
+    first = _number(backoff, what)
+    cap = _number(backoff_max, f"{what}_max")
+    for value, name in ((first, what), (cap, f"{what}_max")):
+        if not 0 < value < math.inf:
+            raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+    if cap < first:
+        raise ValueError(f"{what}_max ({cap:g}s) must be at least {what} ({first:g}s)")
+    return first, cap
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A locked task's lease options, checked when the task is declared."""
+
+    ttl: float = 60.0
+    on_busy: str = ON_BUSY[0]
+    timeout: float | None = None
+    backoff: float = RETRY_BACKOFF
+    backoff_max: float = RETRY_BACKOFF_MAX
+
+    def countdown(self, retries: int) -> float:
+        """Exponential backoff with "equal jitter": half the step is certain, so a few
+        retries always span a known time; the other half spreads the runs apart."""
+        step = min(self.backoff_max, self.backoff * 2.0 ** min(retries, 64))
+        return round(step / 2 + random.uniform(0, step / 2), 3)
 
 
 Namer = Callable[[tuple[Any, ...], dict[str, Any]], str]
@@ -84,6 +160,23 @@ def _namer(template: asynclock.NameTemplate, func: Callable[..., Any]) -> Namer:
         return template.format(arguments)
 
     return fast
+
+
+def _policy(
+    ttl: object,
+    on_busy: object,
+    timeout: object,
+    backoff: object,
+    backoff_max: object,
+    names: tuple[str, str, str],
+) -> Policy:
+    """The options of a task as declared, checked (``names``: how the user spells the
+    ttl, the timeout and the backoff options)."""
+    busy = _check_on_busy(on_busy)
+    first, cap = _check_backoff(backoff, backoff_max, names[2])
+    return Policy(
+        _check_ttl(ttl, names[0]), busy, _check_timeout(timeout, busy, names[1]), first, cap
+    )
 
 
 # -- async bodies: one asyncio.Runner per process and thread ------------------------------
@@ -134,14 +227,15 @@ class _Hold:
 
     # -- the worker's side
 
-    def begin(self, backend: asynclock.Backend, name: str, ttl: float) -> None:
+    def begin(self, backend: asynclock.Backend, name: str, policy: Policy) -> None:
         """Post the acquisition and wait for its outcome (``lease`` or ``error``)."""
-        self._loop.call_soon_threadsafe(self._start, backend, name, ttl)
+        self._loop.call_soon_threadsafe(self._start, backend, name, policy)
         try:
             self._ready.acquire()
         except BaseException:
-            # Interrupted while waiting (a soft time limit, a shutdown): if the lease is
-            # granted after all, give it back instead of renewing it for the process's life.
+            # Interrupted while waiting (a soft time limit, a shutdown): stop waiting for the
+            # lock; if it is granted after all, give it back instead of renewing it for the
+            # process's life.
             self._loop.call_soon_threadsafe(self._finish)
             raise
 
@@ -152,8 +246,8 @@ class _Hold:
 
     # -- the loop's side
 
-    def _start(self, backend: asynclock.Backend, name: str, ttl: float) -> None:
-        self._task = self._loop.create_task(self._run(backend, name, ttl))
+    def _start(self, backend: asynclock.Backend, name: str, policy: Policy) -> None:
+        self._task = self._loop.create_task(self._run(backend, name, policy))
 
     def _finish(self) -> None:
         self._finished = True
@@ -164,15 +258,26 @@ class _Hold:
         if self._ready.locked():  # unlocked if the worker gave up waiting (begin raised)
             self._ready.release()
 
-    async def _run(self, backend: asynclock.Backend, name: str, ttl: float) -> None:
+    async def _run(self, backend: asynclock.Backend, name: str, policy: Policy) -> None:
+        lease: asynclock.Lease | None = None
+        wait = policy.on_busy == "wait"
         try:
-            lease = self.lease = await backend.acquire(name, ttl=ttl, blocking=False)
+            with anyio.CancelScope() as scope:  # cancelled by _finish: the worker gave up
+                self._scope = scope
+                if self._finished:
+                    scope.cancel()
+                lease = await backend.acquire(
+                    name, ttl=policy.ttl, blocking=wait, timeout=policy.timeout
+                )
         except BaseException as exc:
             self.error = exc
             self._signal()
             if not isinstance(exc, Exception):
                 raise
             return
+        if lease is None:  # cancelled while waiting: nobody is there to be told
+            return
+        self.lease = lease
         try:
             with anyio.CancelScope() as scope:  # cancelled by _finish
                 self._scope = scope
@@ -201,20 +306,29 @@ def run_guarded(
     body: Callable[[], Any],
     *,
     name: str,
-    ttl: float,
-    on_busy: str,
+    policy: Policy,
     is_async: bool,
 ) -> Any:
     """Run ``body`` holding ``name``; see :class:`LockedTask` for the contract."""
     app: Celery = task.app if task is not None else current_app
     runtime = get_runtime()
-    backend = runtime.backend(backend_url(app))
-    hold = _Hold(runtime.loop)
-    hold.begin(backend, name, ttl)
-    if hold.error is not None:
-        if isinstance(hold.error, asynclock.LockHeld):
-            return _busy(task, hold.error, on_busy)
-        raise hold.error
+    # A run a worker took from the queue can be sent again later; an eager or direct call
+    # cannot (Celery's eager retry runs again at once, whatever the countdown).
+    queued = task is not None and not task.request.is_eager and not task.request.called_directly
+    while True:
+        hold = _Hold(runtime.loop)
+        try:
+            backend = runtime.backend(backend_url(app))
+            hold.begin(backend, name, policy)
+        except asynclock.BackendUnavailable as exc:
+            hold.error = exc
+        if hold.error is None:
+            break
+        again = _not_acquired(task, name, hold.error, policy, queued)
+        if again is None:
+            return None  # skipped
+        time.sleep(again)  # an eager or direct run in a restart grace: wait it out here
+    _state.unavailable = False
     lease = hold.lease
     assert lease is not None
     try:
@@ -230,6 +344,99 @@ def run_guarded(
     if error is not None:
         raise error
     return result
+
+
+class _State:
+    """What this process has already logged (one line per grace, one per outage)."""
+
+    grace_until: float = 0.0
+    unavailable: bool = False
+
+
+_state = _State()
+
+
+def _not_acquired(
+    task: Any, name: str, error: BaseException, policy: Policy, queued: bool
+) -> float | None:
+    """A run did not get its lock: raise (fail, retry later), return None (skip: the run
+    ends SUCCESS with result None) or the seconds to wait in this process before it tries
+    again (only a restart grace, which has a known end and is nobody's fault)."""
+    if isinstance(error, asynclock.RestartGrace):
+        # Nobody holds the name: the server lost its data and grants nothing until the
+        # grace ends. Never a failure, never a skip (the run would be lost), and the retry
+        # does not count against max_retries, which is for contention.
+        left = error.retry_after or 0.0
+        _log_grace(name, error.until, left, queued)
+        if queued:
+            _defer(task, error, countdown=round(left + random.uniform(0, 1), 3))
+        return max(left, 0.001)
+    if isinstance(error, asynclock.AcquireTimeout) and error.detail is not None:
+        # lock_timeout ran out in a restart grace (AcquireTimeout.detail names it): the
+        # grace is not contention; wait again.
+        logger.info("lock %r: %s; waiting on", name, error.detail)
+        return 0.0
+    if isinstance(error, asynclock.BackendUnavailable) and queued:
+        # The lock server is unreachable and nothing ran: retry with backoff (counted
+        # against max_retries, so a server that stays down fails the run loudly).
+        countdown = policy.countdown(task.request.retries)
+        if not _state.unavailable:
+            _state.unavailable = True
+            logger.warning(
+                "lock server unavailable; %s[%s] and other locked runs are retried with "
+                "backoff (counted against max_retries): %s",
+                task.name,
+                task.request.id,
+                error,
+            )
+        raise task.retry(exc=error, countdown=countdown)
+    if task is None or not isinstance(error, asynclock.LockHeld):
+        raise error
+    if policy.on_busy == "skip":
+        # Dropped: the run ends SUCCESS with result None (Ignore would leave the result
+        # PENDING for good, so `.get()` would hang).
+        logger.info("skipped %s[%s]: %s", task.name, task.request.id, error)
+        return None
+    if policy.on_busy == "retry":
+        retries = task.request.retries
+        if queued and task.max_retries is not None and retries >= task.max_retries:
+            logger.warning(
+                "%s[%s]: lock %r still held after %d retries (max_retries): the run fails "
+                "with LockHeld",
+                task.name,
+                task.request.id,
+                name,
+                retries,
+            )
+        raise task.retry(exc=error, countdown=policy.countdown(retries))
+    raise error  # "fail", or "wait" with blocking acquire refused (never: it waits)
+
+
+def _log_grace(name: str, until: float, retry_after: float, queued: bool) -> None:
+    then = "retried then (not counted against max_retries)" if queued else "waiting it out"
+    if abs(until - _state.grace_until) > 1.0:
+        _state.grace_until = until
+        logger.info(  # the backend has said it at WARNING, once per grace
+            "the lock server is in its restart grace (it lost its data) for %.1fs more; "
+            "it grants no lock until then: lock %r and other locked runs are %s",
+            retry_after,
+            name,
+            then,
+        )
+    else:
+        logger.debug("lock %r: restart grace for %.1fs more; %s", name, retry_after, then)
+
+
+def _defer(task: Any, grace: BaseException, countdown: float) -> NoReturn:
+    """Send the run again in ``countdown`` seconds, as ``task.retry`` does, but with the
+    same ``retries``: a restart grace does not use up the retries meant for contention."""
+    request = task.request
+    again = task.signature_from_request(request, countdown=countdown, retries=request.retries)
+    try:
+        again.apply_async()
+    except Exception as exc:
+        raise Reject(exc, requeue=False) from exc
+    raise Retry(exc=grace, when=countdown, sig=again)
 
 
 def _lost_error(lease: asynclock.Lease) -> asynclock.LeaseLost | None:
@@ -308,34 +515,37 @@ def _run_async(
     return result, error
 
 
-def _busy(task: Any, busy: asynclock.LockHeld, on_busy: str) -> Any:
-    if on_busy == "fail" or task is None:
-        raise busy
-    if on_busy == "skip":
-        # Dropped: the run ends SUCCESS with result None (Ignore would leave the result
-        # PENDING for good, so `.get()` would hang).
-        logger.info("skipped %s[%s]: %s", task.name, task.request.id, busy)
-        return None
-    countdown = busy.retry_after if busy.retry_after is not None else DEFAULT_RETRY_AFTER
-    raise task.retry(exc=busy, countdown=max(0.0, countdown))
-
-
 # -- the public API -----------------------------------------------------------------------
 
 
 class LockedTask(Task):  # type: ignore[misc]  # Celery ships no type information
     """A Celery task base that holds a lock for each *execution*.
 
-    Options (``@app.task(base=LockedTask, lock=..., lock_ttl=..., on_busy=...)``):
+    Options (``@app.task(base=LockedTask, lock=..., lock_ttl=..., on_busy=...)``), all
+    checked when the task class is made:
 
     * ``lock``: the lock name, a template formatted from the task's arguments
       (``"report:{customer_id}"``); default: the task's name (one run at a time).
       A field the task does not take is a ``TypeError`` when the task class is made.
-    * ``lock_ttl``: the lease's ttl in seconds (renewed every ttl/3 while the body runs).
-    * ``on_busy``: ``"retry"`` (default: retry with a countdown of the holder's remaining
-      time), ``"skip"`` (the run is dropped and logged; it ends SUCCESS with result
-      ``None``) or ``"fail"`` (raises
-      ``LockHeld``: state FAILURE).
+    * ``lock_ttl``: the lease's ttl in seconds (renewed every ttl/3 while the body runs;
+      at most ``asynclock.MAX_TTL``).
+    * ``on_busy``: what a run does when someone else holds the lock:
+
+      - ``"wait"`` (default): wait for it in the worker, in the lock's queue, woken by the
+        release; at most ``lock_timeout`` seconds (default ``None``: as long as it takes),
+        then the run fails with ``AcquireTimeout``;
+      - ``"retry"``: ``self.retry()`` with a countdown of exponential backoff with jitter
+        (``lock_retry_backoff`` doubling per retry up to ``lock_retry_backoff_max``; Celery's
+        ``max_retries`` applies, then the run fails with ``LockHeld``);
+      - ``"skip"``: the run is dropped and logged; it ends SUCCESS with result ``None``;
+      - ``"fail"``: the run raises ``LockHeld`` (state FAILURE).
+
+    Whatever ``on_busy`` says, a lock server in its restart grace (``RestartGrace``) makes
+    the run wait for the grace's end (a queued run is sent again then, its retries not
+    counted), and an unreachable lock server (``BackendUnavailable`` before the body ran)
+    makes a queued run retry with backoff, counted against ``max_retries``.
+    ``LockHeld`` and ``AcquireTimeout`` are added to the task's ``throws``: Celery logs a
+    run that ends with them at INFO, without a traceback.
 
     In the body: ``self.lease`` (bound tasks), ``self.request.fencing_token`` and
     ``asynclock.current_lease()``. If the lease is lost, the body is interrupted with
@@ -344,14 +554,27 @@ class LockedTask(Task):  # type: ignore[misc]  # Celery ships no type informatio
 
     abstract = True
     lock: ClassVar[str | None] = None
-    lock_ttl: ClassVar[float] = 60.0
-    on_busy: ClassVar[str] = "retry"
+    lock_ttl: ClassVar[float] = Policy.ttl
+    on_busy: ClassVar[str] = Policy.on_busy
+    lock_timeout: ClassVar[float | None] = None
+    lock_retry_backoff: ClassVar[float] = RETRY_BACKOFF
+    lock_retry_backoff_max: ClassVar[float] = RETRY_BACKOFF_MAX
     _lock_template: ClassVar[asynclock.NameTemplate | None] = None
+    _lock_policy: ClassVar[Policy] = Policy()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        _check_ttl(cls.lock_ttl, "lock_ttl")
-        _check_on_busy(cls.on_busy)
+        cls._lock_policy = _policy(
+            cls.lock_ttl,
+            cls.on_busy,
+            cls.lock_timeout,
+            cls.lock_retry_backoff,
+            cls.lock_retry_backoff_max,
+            ("lock_ttl", "lock_timeout", "lock_retry_backoff"),
+        )
+        expected = (asynclock.LockHeld, asynclock.AcquireTimeout)
+        throws = tuple(cls.throws or ())
+        cls.throws = throws + tuple(e for e in expected if e not in throws)
         if cls.lock is not None:
             template = asynclock.NameTemplate(cls.lock)
             run = cls.__dict__.get("run")
@@ -388,8 +611,7 @@ class LockedTask(Task):  # type: ignore[misc]  # Celery ships no type informatio
                 self,
                 lambda: self.run(*args, **kwargs),
                 name=name,
-                ttl=self.lock_ttl,
-                on_busy=self.on_busy,
+                policy=self._lock_policy,
                 is_async=is_async,
             )
         # Called directly (`task(...)`): push a request the way Task.__call__ does.
@@ -402,8 +624,7 @@ class LockedTask(Task):  # type: ignore[misc]  # Celery ships no type informatio
                 self,
                 lambda: self.run(*args, **kwargs),
                 name=name,
-                ttl=self.lock_ttl,
-                on_busy=self.on_busy,
+                policy=self._lock_policy,
                 is_async=is_async,
             )
         finally:
@@ -411,7 +632,15 @@ class LockedTask(Task):  # type: ignore[misc]  # Celery ships no type informatio
             _task_stack.pop()
 
 
-def locked(template: str, *, ttl: float = 60.0, on_busy: str = "retry") -> Callable[[F], F]:
+def locked(
+    template: str,
+    *,
+    ttl: float = Policy.ttl,
+    on_busy: str = Policy.on_busy,
+    timeout: float | None = None,
+    retry_backoff: float = RETRY_BACKOFF,
+    retry_backoff_max: float = RETRY_BACKOFF_MAX,
+) -> Callable[[F], F]:
     """Hold a lock named from the call's arguments for each run of a task function.
 
     For tasks with their own base class: put it under ``@app.task``::
@@ -420,12 +649,15 @@ def locked(template: str, *, ttl: float = 60.0, on_busy: str = "retry") -> Calla
         @locked("sync:{account}", ttl=30)
         def sync_account(account): ...
 
+    The options are :class:`LockedTask`'s (``ttl`` is ``lock_ttl``, ``timeout``
+    ``lock_timeout``, ``retry_backoff`` ``lock_retry_backoff``), checked here.
     Decorators stack (each holds its own lock, outermost first). The wrapper keeps the
     function's ``__signature__``, so Celery's ``delay()`` still rejects wrong arguments.
     """
     name_template = asynclock.NameTemplate(template)
-    ttl_f = _check_ttl(ttl, "ttl")
-    busy = _check_on_busy(on_busy)
+    policy = _policy(
+        ttl, on_busy, timeout, retry_backoff, retry_backoff_max, ("ttl", "timeout", "retry_backoff")
+    )
 
     def decorate(func: F) -> F:
         if not callable(func):
@@ -442,8 +674,7 @@ def locked(template: str, *, ttl: float = 60.0, on_busy: str = "retry") -> Calla
                 get_current_task(),
                 lambda: func(*args, **kwargs),
                 name=name,
-                ttl=ttl_f,
-                on_busy=busy,
+                policy=policy,
                 is_async=is_async,
             )
 

@@ -21,6 +21,7 @@ from ._locks import DEFAULT_HEADER, check_header_name
 
 #: Fencing tokens are positive 64-bit ints (they fit SQL BIGINT and Redis INCR).
 MAX_TOKEN = 2**63 - 1
+_TOKEN_DIGITS = len(str(MAX_TOKEN))
 
 
 class FencingToken:
@@ -69,14 +70,21 @@ class FencingToken:
                 400, detail=f"{self.header} header given {len(values)} times; send it once"
             )
         raw = values[0].strip()
-        if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_TOKEN:
+        digits = raw.lstrip("0")
+        # Length first: int() of a few thousand digits raises (Python's int-string limit),
+        # and the header is anyone's to send.
+        if (
+            not (raw.isascii() and raw.isdigit())
+            or len(digits) > _TOKEN_DIGITS
+            or not 1 <= int(digits or "0") <= MAX_TOKEN
+        ):
             shown = raw if len(raw) <= 40 else raw[:40] + "..."
             raise HTTPException(
                 400,
                 detail=f"malformed {self.header} header {shown!r}: it must be one positive "
                 f"integer (decimal digits, 1 to {MAX_TOKEN})",
             )
-        return int(raw)
+        return int(digits)
 
 
 #: ``token: int = Depends(fencing_token)``: the ``Fencing-Token`` header as an int.

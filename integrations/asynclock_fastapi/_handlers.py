@@ -7,14 +7,28 @@ import math
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
-from asynclock import AcquireTimeout, LeaseLost, LockHeld, StaleToken
+from asynclock import (
+    AcquireTimeout,
+    BackendUnavailable,
+    LeaseLost,
+    LockHeld,
+    RestartGrace,
+    StaleToken,
+)
 
 from ._fence import FencingToken, fence_responses
-from ._locks import INSTALLED_KEY, LostDuringResponse, guard_info, responses_of
+from ._locks import (
+    INSTALLED_KEY,
+    LostDuringResponse,
+    grace_unavailable,
+    guard_info,
+    lock_service_unavailable,
+    responses_of,
+)
 
 logger = logging.getLogger("asynclock_fastapi")
 
@@ -31,6 +45,10 @@ def install(app: FastAPI, *, retry_after: float = 1.0) -> FastAPI:
     - ``LeaseLost`` → 503 with ``Retry-After`` (``retry_after`` seconds: the lease's own
       ttl is not on the exception; guarded routes use theirs);
     - ``LockHeld``, ``AcquireTimeout`` → 409 (``Retry-After`` when the lock says when it frees);
+    - ``RestartGrace`` (the lock server lost its data a short while ago and grants nothing
+      until the grace ends) → 503 with ``Retry-After`` (the seconds left of the grace);
+    - ``BackendUnavailable`` → 503 with ``Retry-After`` (``retry_after`` seconds); the
+      cause is logged, not sent (it names the lock server);
     - ``StaleToken`` → 412 Precondition Failed (from a fence inside the endpoint: the
       transaction rolled back or the Lua call wrote nothing);
     - a lease lost after the response started (a stream, a background task) ends the
@@ -64,6 +82,15 @@ def install(app: FastAPI, *, retry_after: float = 1.0) -> FastAPI:
             headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
         return JSONResponse({"detail": f"busy: {exc}"}, status_code=409, headers=headers)
 
+    async def grace(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RestartGrace)
+        return _as_response(grace_unavailable(exc.retry_after, exc.until))
+
+    async def unavailable(request: Request, exc: Exception) -> JSONResponse:
+        return _as_response(
+            lock_service_unavailable(request.method, request.url.path, exc, lost_retry)
+        )
+
     async def stale(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StaleToken)
         return JSONResponse(
@@ -73,6 +100,8 @@ def install(app: FastAPI, *, retry_after: float = 1.0) -> FastAPI:
     app.add_exception_handler(LeaseLost, lease_lost)
     app.add_exception_handler(LockHeld, busy)
     app.add_exception_handler(AcquireTimeout, busy)
+    app.add_exception_handler(RestartGrace, grace)  # a LockHeld; the most specific wins
+    app.add_exception_handler(BackendUnavailable, unavailable)
     app.add_exception_handler(StaleToken, stale)
     app.add_middleware(ResponsePhase)
     _document(app)
@@ -131,6 +160,10 @@ class ResponsePhase:
                 headers={"Retry-After": str(max(1, exc.retry_after))},
             )
             await response(scope, receive, send)
+
+
+def _as_response(exc: HTTPException) -> JSONResponse:
+    return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
 
 def _dependency_calls(dependant: Any) -> Iterator[Any]:

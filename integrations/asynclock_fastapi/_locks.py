@@ -24,13 +24,23 @@ import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import Depends, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 
 import asynclock
-from asynclock import AcquireTimeout, Backend, Lease, LeaseLost, LockHeld, NameTemplate
+from asynclock import (
+    AcquireTimeout,
+    Backend,
+    BackendUnavailable,
+    Lease,
+    LeaseLost,
+    LockHeld,
+    NameTemplate,
+    RestartGrace,
+)
 
 logger = logging.getLogger("asynclock_fastapi")
 
@@ -110,6 +120,46 @@ def check_header_name(header: object, what: str = "header") -> str:
 
 def _retry_after(seconds: float | None) -> str | None:
     return None if seconds is None else str(max(1, math.ceil(seconds)))
+
+
+def grace_unavailable(retry_after: float | None, until: float) -> HTTPException:
+    """503 for a restart grace: the server grants nothing until ``until`` (a Unix time).
+
+    Unavailable, not a conflict: nobody holds the name, the lock server lost its data a
+    short while ago and waits until a lease granted before the loss has surely ended. The
+    exception's own words name the server; the client gets the grace's end only.
+    """
+    end = datetime.fromtimestamp(until, UTC).isoformat(timespec="milliseconds")
+    retry = _retry_after(retry_after) or "1"
+    return HTTPException(
+        503,
+        detail=f"the lock server is in its restart grace until {end} (it lost its data a "
+        "short while ago, and a lock granted before may still be held), so the request was "
+        f"not run; retry in {retry}s",
+        headers={"Retry-After": retry},
+    )
+
+
+def lock_service_unavailable(method: str, path: str, exc: Exception, retry: str) -> HTTPException:
+    """503 for a lock server that cannot be reached; the cause goes to the log only (it
+    names the server, which is none of the client's business)."""
+    logger.warning("%s %s: lock server unavailable: %s", method, path, exc)
+    return HTTPException(
+        503,
+        detail="the lock server is unavailable, so the request was not run; retry later",
+        headers={"Retry-After": retry},
+    )
+
+
+async def _grace_of(backend: Backend, name: str) -> tuple[float | None, float] | None:
+    """Seconds left and end of the server's restart grace for ``name``, if it still has one."""
+    try:
+        found = await backend.holder(name)
+    except (BackendUnavailable, NotImplementedError):
+        return None
+    if found is None or found.grace_until is None:
+        return None
+    return found.remaining, found.grace_until
 
 
 class Locks:
@@ -192,6 +242,31 @@ class Locks:
 
         return combined
 
+    def _check_lease_ttl(self, ttl: float) -> float:
+        """What the backend checks of a lease's ttl at every acquire, checked once here, so
+        a bad guard fails where it is declared, not on every request. (The core's check is
+        private; its messages are repeated word for word.)"""
+        if ttl > asynclock.MAX_TTL:
+            raise ValueError(
+                f"ttl must be at most {asynclock.MAX_TTL:g} seconds (7 days), got {ttl!r}; the "
+                "lease is renewed every ttl/3 while held, so hold as long as you like with a "
+                "short ttl (bound the hold with max_hold)"
+            )
+        if self._given is not None:
+            drift, margin = self._given.drift, self._given.margin
+        else:
+            defaults = inspect.signature(asynclock.connect).parameters
+            drift = self._options.get("drift", defaults["drift"].default)
+            margin = self._options.get("margin", defaults["margin"].default)
+            if not all(isinstance(v, int | float) for v in (drift, margin)):
+                return ttl  # connect() says what is wrong with them when the app starts
+        if ttl * (1 - drift) - margin <= 0:
+            raise ValueError(
+                f"ttl={ttl:g}s leaves no time after drift ({drift:.0%}) and margin "
+                f"({margin:g}s); use a ttl of at least {2 * margin + 0.001:g}s"
+            )
+        return ttl
+
     def guard(
         self,
         template: str,
@@ -218,17 +293,22 @@ class Locks:
             release: ``"response"`` (default) releases after the response was sent and its
                 background tasks ran; ``"endpoint"`` when the endpoint returns, before the
                 response is sent (FastAPI's ``Depends(scope="function")``).
-            busy_status: the status of a busy answer (default 409 Conflict).
+            busy_status: the status of a busy answer (default 409 Conflict). A restart
+                grace of the lock server is not busy: it answers 503 with ``Retry-After``
+                the seconds left of the grace.
             retry_after: the ``Retry-After`` seconds of a 503 after a loss (default: the
-                ttl, the longest the lost lease can keep the name at the server).
+                ttl, the longest the lost lease can keep the name at the server) and of a
+                503 when the lock server cannot be reached (default: 1).
             header: response header carrying the token (``None``: no header).
 
         Raises:
             TypeError: a sync ``def`` endpoint (it cannot be interrupted when the lease is
                 lost), or a template field the endpoint does not take.
+            ValueError: an option the backend would refuse at every request: a ttl above
+                ``asynclock.MAX_TTL`` or too short for the backend's drift and margin.
         """
         name_template = NameTemplate(template)
-        ttl = _check_seconds(ttl, "ttl", allow_zero=False)
+        ttl = self._check_lease_ttl(_check_seconds(ttl, "ttl", allow_zero=False))
         if timeout is not None:
             timeout = _check_seconds(timeout, "timeout", allow_zero=True)
         if max_hold is not None:
@@ -245,6 +325,8 @@ class Locks:
             header = check_header_name(header, "header")
         info = GuardInfo(name_template, ttl, busy_status, header)
         lost_retry = _retry_after(ttl if retry_after is None else retry_after)
+        # A lock server that cannot be reached may be back in a moment: 1 s unless told.
+        outage_retry = _retry_after(retry_after) or "1"
         scope: Literal["request", "function"] = "request" if release == "response" else "function"
         locks = self
 
@@ -273,7 +355,15 @@ class Locks:
                         "lease: name the lock after the request's parameters instead"
                     )
             hold = _make_hold(
-                locks, name_template, fields, info, timeout, max_hold, lost_retry, scope
+                locks,
+                name_template,
+                fields,
+                info,
+                timeout,
+                max_hold,
+                lost_retry,
+                outage_retry,
+                scope,
             )
 
             @functools.wraps(endpoint)
@@ -377,6 +467,7 @@ def _make_hold(
     timeout: float | None,
     max_hold: float | None,
     lost_retry: str | None,
+    outage_retry: str,
     scope: Literal["request", "function"],
 ) -> Callable[..., AsyncIterator[_Hold]]:
     """The guard's dependency with ``yield``: acquire, run the request inside, release."""
@@ -413,14 +504,30 @@ def _make_hold(
                 if header is not None:
                     response.headers[header] = str(lease.token)
                 yield state
-        except (LockHeld, AcquireTimeout) as exc:
+        except RestartGrace as exc:
             if state.lease is not None:
                 raise  # from the request's own code, not from our acquire
+            raise grace_unavailable(exc.retry_after, exc.until) from None
+        except (LockHeld, AcquireTimeout) as exc:
+            if state.lease is not None:
+                raise
+            if isinstance(exc, AcquireTimeout) and exc.detail is not None:
+                # The wait ran out with something to say: a restart grace, if the server
+                # still has one, is an outage with a known end (503), not a conflict.
+                grace = await _grace_of(locks.backend, name)
+                if grace is not None:
+                    raise grace_unavailable(*grace) from None
             retry = _retry_after(exc.retry_after) if isinstance(exc, LockHeld) else None
             raise HTTPException(
                 busy_status,
                 detail=f"busy: {exc}",
                 headers=None if retry is None else {"Retry-After": retry},
+            ) from None
+        except BackendUnavailable as exc:
+            if state.lease is not None:
+                raise
+            raise lock_service_unavailable(
+                request.method, request.url.path, exc, outage_retry
             ) from None
         except LeaseLost as exc:
             lease_ = state.lease
@@ -502,7 +609,9 @@ def responses_of(info: GuardInfo) -> dict[int | str, dict[str, Any]]:
         },
         503: {
             "description": f"The lock {info.template.template!r} was lost while the request "
-            "ran; its work was cancelled. Retry after Retry-After seconds.",
+            "ran (its work was cancelled), or the lock server is in its restart grace (it "
+            "lost its data a short while ago and grants no lock until the grace ends) or "
+            "cannot be reached. Retry after Retry-After seconds.",
             "headers": retry,
         },
     }

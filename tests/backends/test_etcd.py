@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import anyio
 import anyio.abc
@@ -21,7 +22,7 @@ import pytest
 
 import asynclock
 import asynclock.testing
-from asynclock.backends.etcd import EtcdDriver, granted_ttl, requested_ttl
+from asynclock.backends.etcd import EtcdDriver, driver_from_url, granted_ttl, requested_ttl
 from asynclock.backends.etcd import _gen as gen
 from tests.support.etcd_servers import (
     EtcdCluster,
@@ -159,6 +160,24 @@ def test_an_unquoted_password_is_never_echoed_by_a_url_error(password: str) -> N
         asynclock.connect(f"etcd://root:{password}@127.0.0.1:2379")
     for part in ("s3cr", "zq", "9871"):
         assert part not in str(caught.value)
+
+
+@pytest.mark.parametrize("password", ["Qv9[zq", "Qv9]zq", "Qv9[zq]", "[Qv9]", "zq[::1]Qv9"])
+def test_a_password_with_raw_brackets_is_told_to_percent_encode_and_never_echoed(
+    password: str,
+) -> None:
+    """'[' and ']' start an IPv6 address to a URL parser, whose own words were "Invalid IPv6
+    URL" or "'Qv9' does not appear to be an IPv4 or IPv6 address" (part of the password).
+    This is the etcd backend's answer to the URL (``asynclock.connect`` hands it over)."""
+    url = f"etcd://root:{password}@127.0.0.1:2379"
+    with pytest.raises(ValueError, match="percent-encode") as caught:
+        driver_from_url(url)
+    assert "'[' or ']'" in str(caught.value)
+    for part in ("Qv9", "zq", "::1"):
+        assert part not in str(caught.value)
+    # Percent-encoded, the same password is the password.
+    encoded = driver_from_url(f"etcd://root:{quote(password, safe='')}@127.0.0.1:2379")
+    assert encoded.client.endpoints.password == password
 
 
 # -- sessions ----------------------------------------------------------------------------
@@ -357,6 +376,45 @@ async def test_leader_killed_while_held_keeps_the_lease(
             assert not lease.lost
             assert await backend.validate(lock_name, lease.token)
         assert backend.stats().losses == 0
+
+
+async def test_a_waiter_whose_etcd_goes_down_says_why_without_a_task_group(
+    etcd_factory: EtcdFactory, lock_name: str
+) -> None:
+    """etcd dies under a waiter whose every attempt also sends its session a keep-alive (a
+    ttl just under a whole second leaves the session no headroom): the waiter fails with
+    BackendUnavailable naming the etcd call that failed, not a wrapped
+    ExceptionGroup('unhandled errors in a TaskGroup')."""
+    cluster = etcd_factory(1)
+    ttl = 2.95  # granted 3 s: every attempt needs a keep-alive of its own
+    async with (
+        asynclock.connect(cluster.url, release_timeout=2) as first,
+        asynclock.connect(cluster.url, release_timeout=2) as etcd,
+    ):
+        holder = await first.acquire(lock_name, ttl=ttl)
+        failed: list[BaseException] = []
+
+        async def waiter() -> None:
+            try:
+                async with etcd.lock(lock_name, ttl=ttl, timeout=30):
+                    pass  # pragma: no cover - the holder never releases
+            except Exception as exc:
+                failed.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            driver = etcd_driver(etcd)
+            await wait_until(lambda: _watched_key(driver, lock_name) is not None)
+            # Past the session's headroom, so the next attempt carries a keep-alive.
+            session = driver.slots[lock_name].session
+            assert session is not None and session.headroom < 0.1
+            await anyio.to_thread.run_sync(cluster.nodes[0].kill)
+        assert not holder.released  # held all along (a dropped lease would be released)
+    [error] = failed
+    assert isinstance(error, asynclock.BackendUnavailable)
+    text = f"{error} {error!r}"
+    assert "ExceptionGroup" not in text and "TaskGroup" not in text, text
+    assert "UNAVAILABLE" in text and cluster.nodes[0].address in text, text
 
 
 async def test_etcd_restart_keeps_tokens_rising(etcd_factory: EtcdFactory, lock_name: str) -> None:

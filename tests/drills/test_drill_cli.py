@@ -57,6 +57,25 @@ def test_cli_no_fence_exits_nonzero_and_says_what_was_lost() -> None:
     assert "NO FENCE" in result.stdout and "were lost" in result.stdout
 
 
+def test_the_reports_legend_names_only_the_faults_the_run_made(tmp_path: Path) -> None:
+    """Partitions are skipped on SQLite (no network): the legend must not offer a colour
+    for them (nor for kills or clock jumps, not asked for); the page says what was skipped."""
+    result = drill_cli(
+        "--spawn", "sqlite", "--workers", "2", "--duration", "2", "--ttl", "0.3",
+        "--faults", "pause,partition", "--seed", "3", "--report", str(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    elements = _Elements()
+    elements.feed((tmp_path / "report.html").read_text())
+    made = {f["data-fault"] for f in elements.having("g", "fault")}
+    assert made == {"pause"}
+    assert [k["data-fault"] for k in elements.having("span", "fault-key")] == ["pause"]
+    assert elements.having("p", "skipped")
+    assert (
+        "Not made here: partition: SQLite has no network" in (tmp_path / "report.html").read_text()
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

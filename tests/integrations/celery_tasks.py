@@ -123,6 +123,57 @@ def busy_retry(self: LockedTask, key: str) -> int:
     return int(self.request.retries)
 
 
+def _one_at_a_time(key: str) -> int:
+    """Hold the body 0.2 s; ``inside:<key>`` counts the runs in their body at once."""
+    client = redis.Redis.from_url(EVENTS)
+    inside = int(client.incr(f"inside:{key}"))
+    try:
+        time.sleep(0.2)  # the work the lock protects
+    finally:
+        client.decr(f"inside:{key}")
+    return inside
+
+
+@app.task(bind=True, base=LockedTask, lock="crowd:{key}", lock_ttl=6)
+def crowd(self: LockedTask, key: str, n: int) -> int:
+    """Issue 21 item 2: many runs of one key, every option but the ttl at its default."""
+    inside = _one_at_a_time(key)
+    emit(event="crowd", key=key, n=n, inside=inside, retries=self.request.retries)
+    return inside
+
+
+# Issue 21 item 1: runs against a lock server in its restart grace, one per on_busy policy
+# (``max_retries=0``: a grace must not use up the retries meant for contention). With no
+# restart_grace option the grace is the first ttl asked for: long enough that a worker
+# started on a fresh server meets it.
+GRACE_TTL = 10.0
+
+
+def _fresh_task(on_busy: str | None) -> Any:
+    options: dict[str, Any] = {} if on_busy is None else {"on_busy": on_busy, "max_retries": 0}
+
+    def fresh(self: LockedTask, key: str) -> list[int]:
+        return [int(self.lease.token), int(self.request.retries)]
+
+    name = f"{__name__}.fresh_{on_busy or 'default'}"
+    lock = {"lock": "fresh:{key}", "lock_ttl": GRACE_TTL}
+    return app.task(bind=True, base=LockedTask, name=name, **lock, **options)(fresh)
+
+
+fresh_default = _fresh_task(None)
+fresh_retry = _fresh_task("retry")
+fresh_skip = _fresh_task("skip")
+fresh_fail = _fresh_task("fail")
+
+
+@app.task(base=LockedTask, lock="survive:{key}", lock_ttl=TTL)
+def survivor(key: str, n: int) -> int:
+    """Runs of one key across a kill -9 and restart of the lock server, default options."""
+    inside = _one_at_a_time(key)
+    emit(event="survivor", key=key, n=n, inside=inside)
+    return inside
+
+
 @app.task(bind=True, base=LockedTask, lock="report:{customer_id}:{region}", lock_ttl=TTL)
 def report(self: LockedTask, customer_id: int, region: str = "eu") -> str:
     return str(self.lease.name)
@@ -168,6 +219,12 @@ def hold_long(self: LockedTask, key: str) -> int:
     emit(event="holding", key=key, token=self.lease.token)
     wait_for_go(key)
     return int(self.lease.token)
+
+
+@app.task(base=LockedTask, lock="long:{key}", lock_ttl=30.0, soft_time_limit=1.0)
+def wait_limited(key: str) -> None:
+    """Waits (on_busy="wait") behind hold_long until its soft time limit ends the wait."""
+    emit(event="ran", key=key)
 
 
 @app.task(bind=True, base=LockedTask, lock="spin:{key}", lock_ttl=TTL)

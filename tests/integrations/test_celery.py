@@ -52,12 +52,89 @@ def test_bad_options_are_refused_at_definition() -> None:
 
     def build(customer_id: int) -> None: ...
 
-    with pytest.raises(ValueError, match="on_busy must be one of 'retry', 'skip', 'fail'"):
-        app.task(base=LockedTask, lock="r:{customer_id}", on_busy="wait", lazy=False)(build)
+    with pytest.raises(ValueError, match="on_busy must be one of 'wait', 'retry', 'skip', 'fail'"):
+        app.task(base=LockedTask, lock="r:{customer_id}", on_busy="later", lazy=False)(build)
     with pytest.raises(ValueError, match="lock_ttl must be a finite number of seconds > 0"):
         app.task(base=LockedTask, lock="r:{customer_id}", lock_ttl=0, lazy=False)(build)
     with pytest.raises(TypeError, match="ttl must be a number of seconds, not str"):
         locked("r:{customer_id}", ttl="5")  # type: ignore[arg-type]
+
+
+TOO_LONG = 2 * asynclock.MAX_TTL
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"lock_ttl": 0.001}, ValueError, r"lock_ttl=0.001s leaves no time .* at least 0.011s"),
+        ({"lock_ttl": TOO_LONG}, ValueError, r"lock_ttl must be at most 604800 seconds"),
+        ({"lock_ttl": float("nan")}, ValueError, "lock_ttl must be a number of seconds, not NaN"),
+        ({"lock_ttl": True}, TypeError, "lock_ttl must be a number of seconds, not bool"),
+        ({"lock_timeout": -1}, ValueError, r"lock_timeout must be None \(wait as long as"),
+        ({"lock_timeout": "5"}, TypeError, "lock_timeout must be a number of seconds, not str"),
+        (
+            {"lock_timeout": 5, "on_busy": "retry"},
+            ValueError,
+            "lock_timeout bounds the wait of on_busy='wait'; with on_busy='retry' nothing waits",
+        ),
+        ({"lock_retry_backoff": 0}, ValueError, "lock_retry_backoff must be a finite number"),
+        (
+            {"lock_retry_backoff": 10, "lock_retry_backoff_max": 5},
+            ValueError,
+            r"lock_retry_backoff_max \(5s\) must be at least lock_retry_backoff \(10s\)",
+        ),
+    ],
+)
+def test_lease_options_are_checked_where_the_task_is_declared(
+    options: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    """Issue 21 item 6: what every run would refuse is refused when the task is made (before:
+    lock_ttl=0.001 or 2 * MAX_TTL were accepted and every run failed)."""
+    app = make_app(asynclock_url="memory://")
+
+    def build(customer_id: int) -> None: ...
+
+    with pytest.raises(error, match=message):
+        app.task(base=LockedTask, lock="r:{customer_id}", lazy=False, **options)(build)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"ttl": 0.001}, ValueError, r"ttl=0.001s leaves no time .* at least 0.011s"),
+        ({"ttl": TOO_LONG}, ValueError, r"ttl must be at most 604800 seconds \(7 days\)"),
+        ({"ttl": -1}, ValueError, "ttl must be a finite number of seconds > 0, got -1"),
+        ({"on_busy": "later"}, ValueError, "on_busy must be one of 'wait', 'retry'"),
+        ({"timeout": float("inf")}, ValueError, r"timeout must be None \(wait as long as"),
+        ({"timeout": 1, "on_busy": "skip"}, ValueError, "timeout bounds the wait of on_busy="),
+        ({"retry_backoff": "1"}, TypeError, "retry_backoff must be a number of seconds"),
+    ],
+)
+def test_locked_options_are_checked_at_decoration(
+    options: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        locked("r:{customer_id}", **options)
+
+
+def test_the_longest_and_shortest_allowed_ttls_run() -> None:
+    """The limits are the core's: a ttl the declaration accepts, every run accepts."""
+    app = make_app(asynclock_url="memory://")
+    for ttl in (0.011, asynclock.MAX_TTL):
+
+        @app.task(
+            bind=True, base=LockedTask, lock="edge:{n}", lock_ttl=ttl, name=f"edge{ttl}", lazy=False
+        )
+        def edge(self: LockedTask, n: int) -> float:
+            return float(self.lease.ttl)
+
+        @app.task(name=f"edge-fn{ttl}", lazy=False)
+        @locked("edge-fn:{n}", ttl=ttl)
+        def edge_fn(n: int) -> float:
+            return float(asynclock.current_lease().ttl)
+
+        assert edge.apply((1,), throw=True).get() == ttl
+        assert edge_fn.apply((1,), throw=True).get() == ttl
 
 
 def test_delay_with_wrong_arguments_is_rejected_before_sending() -> None:
@@ -283,3 +360,80 @@ def test_public_api_of_the_package() -> None:
     package = Path(asynclock_celery.__file__).parent
     for source in package.glob("*.py"):
         assert "asynclock._" not in source.read_text(), source.name
+
+
+def test_the_celery_extra_brings_what_the_docs_redis_setup_needs() -> None:
+    """Issue 21 item 8: the docs run the worker on a Redis broker and keep the locks in
+    Redis. kombu's Redis transport needs celery[redis] (without it the worker died at
+    start: No module named 'packaging'), the lock backend needs redis-py."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    root = Path(__file__).resolve().parents[2]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    celery_extra = [Requirement(r) for r in extras["celery"]]
+    assert any(r.name == "celery" and "redis" in r.extras for r in celery_extra), celery_extra
+    brings = {r.name for r in celery_extra} | {
+        Requirement(r).name
+        for e in (x for x in celery_extra if x.name == "asynclock")
+        for extra in e.extras
+        for r in extras[extra]
+    }
+    assert "redis" in brings, celery_extra
+    docs = (root / "docs" / "integrations" / "celery.md").read_text()
+    assert 'pip install "asynclock[celery]"' in docs
+    assert "redis://" in docs  # the story the extra is made for
+
+
+def test_wait_gives_up_after_lock_timeout_and_gets_the_lock_when_freed(tmp_path: Path) -> None:
+    """on_busy="wait" (the default): a run waits for a held lock, gets it as soon as it is
+    released, and fails with AcquireTimeout once lock_timeout has passed."""
+    url = f"sqlite:///{tmp_path / 'locks.db'}"
+    app = make_app(asynclock_url=url)
+
+    @app.task(bind=True, base=LockedTask, lock="w:{n}", lock_ttl=5, lock_timeout=0.3, lazy=False)
+    def bounded(self: LockedTask, n: int) -> int:
+        return int(self.lease.token)
+
+    @app.task(bind=True, base=LockedTask, lock="w:{n}", lock_ttl=5, lazy=False)
+    def patient(self: LockedTask, n: int) -> int:
+        return int(self.lease.token)
+
+    holding, free = threading.Event(), threading.Event()
+
+    async def hold() -> int:
+        async with asynclock.connect(url) as backend:
+            async with backend.lock("w:1", ttl=5) as lease:
+                holding.set()
+                await anyio.to_thread.run_sync(free.wait)
+        return lease.token
+
+    tokens: list[int] = []
+    holder = threading.Thread(target=lambda: tokens.append(anyio.run(hold)))
+    holder.start()
+    try:
+        assert holding.wait(30)
+        result = bounded.apply((1,))
+        assert result.state == "FAILURE"
+        assert isinstance(result.result, asynclock.AcquireTimeout), repr(result.result)
+        assert result.result.timeout == 0.3
+        threading.Timer(0.2, free.set).start()  # released while `patient` waits
+        token = patient.apply((1,), throw=True).get()
+    finally:
+        free.set()
+        holder.join(30)
+    assert token > tokens[0]
+
+
+def test_retry_countdown_is_exponential_backoff_with_jitter() -> None:
+    """on_busy="retry": retry n counts down between half and all of min(backoff * 2**n, max),
+    whatever the holder's ttl (before: the holder's remaining ttl, so retries bunched)."""
+    from asynclock_celery._task import Policy
+
+    policy = Policy(ttl=6.0, on_busy="retry", backoff=1.0, backoff_max=60.0)
+    for retries, step in [(0, 1.0), (1, 2.0), (3, 8.0), (6, 60.0), (10_000, 60.0)]:
+        countdowns = {policy.countdown(retries) for _ in range(200)}
+        assert all(step / 2 <= c <= step for c in countdowns), (retries, countdowns)
+        assert len(countdowns) > 100  # spread out, not one value for every run

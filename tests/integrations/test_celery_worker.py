@@ -108,6 +108,17 @@ def wait_until_expired(url: str, name: str) -> None:
     anyio.run(take)
 
 
+def assert_free(url: str, name: str) -> None:
+    """``name`` is free right now: a fresh client takes it at once (then gives it back)."""
+
+    async def take() -> None:
+        async with asynclock.connect(url) as backend:
+            async with backend.lock(name, ttl=5.0, blocking=False):
+                pass
+
+    anyio.run(take)
+
+
 def ledger_rows(fence_db: str) -> list[tuple[str, int]]:
     conn = sqlite3.connect(fence_db)
     try:
@@ -170,6 +181,7 @@ def test_swallowed_lease_lost_still_fails(prefork: tuple[CeleryWorker, str]) -> 
 def test_on_busy_fail_skip_and_retry(prefork: tuple[CeleryWorker, str]) -> None:
     worker, _ = prefork
     key = str(unique())
+    logged = worker.log.stat().st_size
     holder = send(tasks.hold, worker, key)
     holding = worker.expect("holding", key=key)
     try:
@@ -192,6 +204,31 @@ def test_on_busy_fail_skip_and_retry(prefork: tuple[CeleryWorker, str]) -> None:
     ran = worker.expect("ran", key=key)
     assert ran["token"] > holding["token"]
     assert not [e for e in worker.seen if e["event"] == "ran" and e.get("key") == key]
+    # A busy key is the policy at work, not a bug: no ERROR, no traceback.
+    with worker.log.open() as log:
+        log.seek(logged)
+        new = log.read()
+    assert "raised expected: LockHeld" in new, new
+    assert "ERROR" not in new and "Traceback" not in new, new
+
+
+def test_contention_with_the_defaults_all_succeed(prefork: tuple[CeleryWorker, str]) -> None:
+    """Issue 21 item 2: 20 runs of one key, each holding it 0.2 s, in 2 children, lock_ttl
+    6 and every other option at its default: all 20 succeed, one at a time, and nothing is
+    logged at ERROR or with a traceback (before: several ended FAILURE LockHeld)."""
+    worker, _ = prefork
+    key = str(unique())
+    logged = worker.log.stat().st_size
+    results = [send(tasks.crowd, worker, key, n) for n in range(20)]
+    deadline = time.monotonic() + 120
+    for result in results:
+        result.get(timeout=max(1.0, deadline - time.monotonic()), propagate=False)
+    assert [r.state for r in results] == ["SUCCESS"] * 20, [repr(r.result) for r in results]
+    assert [r.result for r in results] == [1] * 20  # never two runs in the body at once
+    with worker.log.open() as log:
+        log.seek(logged)
+        new = log.read()
+    assert "ERROR" not in new and "Traceback" not in new, new
 
 
 def test_templates_async_and_stacked_tasks(prefork: tuple[CeleryWorker, str]) -> None:
@@ -226,12 +263,27 @@ def test_soft_time_limit_releases_the_lock(prefork: tuple[CeleryWorker, str]) ->
     assert result.state == "FAILURE"
     assert type(result.result).__name__ == "SoftTimeLimitExceeded"
 
-    async def free_now() -> None:  # released, not expired: its ttl is 30 s
-        async with asynclock.connect(url) as backend:
-            async with backend.lock(f"limit:{key}", ttl=5.0, blocking=False):
-                pass
+    assert_free(url, f"limit:{key}")  # released, not expired: its ttl is 30 s
 
-    anyio.run(free_now)
+
+def test_soft_time_limit_ends_a_wait_for_the_lock(prefork: tuple[CeleryWorker, str]) -> None:
+    """on_busy="wait": a run waiting for the lock is ended by its soft time limit and leaves
+    the lock's queue (the holder's release frees the name for anyone at once)."""
+    worker, url = prefork
+    key = str(unique())
+    holder = send(tasks.hold_long, worker, key)
+    holding = worker.expect("holding", key=key)
+    try:
+        waiter = send(tasks.wait_limited, worker, key)
+        waiter.get(timeout=WAIT, propagate=False)
+        assert waiter.state == "FAILURE"
+        assert type(waiter.result).__name__ == "SoftTimeLimitExceeded"
+    finally:
+        worker.go(key)
+    assert holder.get(timeout=WAIT) == holding["token"]
+
+    assert_free(url, f"long:{key}")  # released; no waiter left behind holds the name
+    assert not [e for e in worker.seen if e["event"] == "ran" and e.get("key") == key]
 
 
 def test_hard_time_limit_leaves_the_lock_to_its_ttl(prefork: tuple[CeleryWorker, str]) -> None:
@@ -351,9 +403,4 @@ def test_warm_shutdown_finishes_the_run_and_releases(
         assert result.get(timeout=WAIT) == holding["token"]
         assert worker.process.wait(timeout=WAIT) == 0
 
-    async def free_now() -> None:  # released at the end of the run (its ttl is 30 s)
-        async with asynclock.connect(url) as backend:
-            async with backend.lock(f"long:{key}", ttl=5.0, blocking=False):
-                pass
-
-    anyio.run(free_now)
+    assert_free(url, f"long:{key}")  # released at the end of the run (its ttl is 30 s)

@@ -1,12 +1,19 @@
-"""examples/fastapi_app.py runs as a user would run it and shows both sides of the fence."""
+"""examples/fastapi_app.py and the docs' whole app run as a user would run them."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+import httpx
+
+from tests.support.asgi_servers import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+DOCS = ROOT / "docs" / "integrations" / "fastapi.md"
 
 
 def test_fastapi_app_example() -> None:
@@ -26,3 +33,42 @@ def test_fastapi_app_example() -> None:
     assert lines[4] == "write without a token: 428"
     assert lines[5] == "ledger: balance 42 = 7"
     assert "Traceback" not in done.stderr
+
+
+def docs_app() -> str:
+    """The ``python`` block the FastAPI page marks as tested (its whole app)."""
+    text = DOCS.read_text()
+    marker = "<!-- tested by tests/integrations/test_fastapi_example.py -->\n```python\n"
+    assert text.count(marker) == 1
+    return text.split(marker, 1)[1].split("```", 1)[0]
+
+
+def test_the_docs_app_runs_under_uvicorn_as_the_docs_say(tmp_path: Path) -> None:
+    source = docs_app()
+    assert source.startswith("# app.py; run it with: uvicorn app:app\n")
+    (tmp_path / "app.py").write_text(source)
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "app:app", "--port", str(port)],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/reports/2024-05-01"
+        give_up = time.monotonic() + 30
+        while True:  # polling for readiness: uvicorn offers no other signal to a parent
+            try:
+                first = httpx.post(url, timeout=10)
+                break
+            except httpx.ConnectError:
+                assert server.poll() is None, server.stderr.read() if server.stderr else ""
+                assert time.monotonic() < give_up, "uvicorn did not start in 30s"
+                time.sleep(0.05)
+        second = httpx.post(url, timeout=10)
+    finally:
+        server.terminate()
+        _, err = server.communicate(timeout=30)
+    assert first.status_code == 200 and first.json() == {"token": 1}
+    assert second.json() == {"token": 2} and second.headers["Fencing-Token"] == "2"
+    assert "Traceback" not in err.decode()

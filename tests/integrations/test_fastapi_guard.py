@@ -24,7 +24,7 @@ from pydantic import BaseModel
 import asynclock
 from asynclock_fastapi import Locks, current_lease, install
 from tests.support.asgi_servers import recording_logs, serving, wait_thread_event
-from tests.support.redis_servers import RedisServer, delete_lock_keys, wait_until
+from tests.support.redis_servers import RedisFactory, RedisServer, delete_lock_keys, wait_until
 
 pytestmark = pytest.mark.anyio
 Lease = asynclock.Lease
@@ -206,6 +206,99 @@ async def test_loss_mid_request_is_503_with_retry_after_and_no_traceback(
     assert logs.tracebacks() == []
     assert not [m for m in logs.messages("uvicorn") if "Exception" in m]
     assert any("stopped" in m for m in logs.messages("asynclock_fastapi"))
+
+
+async def test_restart_grace_of_a_fresh_redis_is_503_with_retry_after_not_409(
+    tmp_path: Path, lock_name: str
+) -> None:
+    """A new deployment on a freshly started Redis with the default options: the server
+    grants nothing during its restart grace. That is an outage with a known end (503 and
+    Retry-After), not a conflict (409 "held by another owner")."""
+    redis = RedisServer(tmp_path / "fresh").start(settle=False)  # as a user gets it
+    try:
+        app, locks = make_app(redis.url)
+
+        @app.post("/rebuild/{key}")
+        @locks.guard("grace:{key}", ttl=8)
+        async def rebuild(key: str, lease: Lease = Depends(current_lease)) -> int:
+            return lease.token
+
+        @app.post("/wait/{key}")
+        @locks.guard("grace-wait:{key}", ttl=8, timeout=0.2)
+        async def short_wait(key: str) -> str:
+            return "done"
+
+        @app.post("/own/{key}")
+        async def own(key: str) -> str:  # the endpoint's own lock, mapped by install()
+            async with locks.backend.lock(f"grace-own:{key}", ttl=8, blocking=False):
+                pass
+            return "done"
+
+        @app.post("/patient/{key}")
+        @locks.guard("grace-patient:{key}", ttl=8, timeout=30)
+        async def patient(key: str, lease: Lease = Depends(current_lease)) -> int:
+            return lease.token
+
+        with recording_logs() as logs, serving(app) as server:
+            async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+                for path in ("rebuild", "wait", "own"):
+                    answer = await client.post(f"/{path}/{lock_name}")
+                    assert answer.status_code == 503, (path, answer.text)
+                    assert 1 <= int(answer.headers["Retry-After"]) <= 8, path
+                    detail = answer.json()["detail"]
+                    assert "lock server is in its restart grace until 20" in detail, path
+                    assert str(redis.port) not in detail  # where it is: for the log only
+                # A request that may wait longer than the grace waits through it.
+                with anyio.fail_after(30):
+                    waited = await client.post(f"/patient/{lock_name}")
+                assert waited.status_code == 200 and waited.json() > 0
+                # And then it is over: the lock is granted at once.
+                assert (await client.post(f"/rebuild/{lock_name}")).status_code == 200
+                # kill -9 and a restart without persistence: a new grace, the same answers.
+                await anyio.to_thread.run_sync(lambda: redis.restart(keep_data=False))
+                again = await client.post(f"/rebuild/{lock_name}")
+                assert again.status_code == 503, again.text
+                assert 1 <= int(again.headers["Retry-After"]) <= 8
+                assert "restart grace" in again.json()["detail"]
+        assert logs.tracebacks() == []
+    finally:
+        redis.stop()
+
+
+async def test_an_unreachable_lock_server_is_503_with_retry_after_and_no_traceback(
+    redis_factory: RedisFactory, lock_name: str
+) -> None:
+    redis = redis_factory()
+    app, locks = make_app(redis.url)
+
+    @app.post("/at-once/{key}")
+    @locks.guard("down:{key}", ttl=5)
+    async def at_once(key: str) -> str:
+        return "done"
+
+    @app.post("/waiting/{key}")
+    @locks.guard("down:{key}", ttl=5, timeout=5, retry_after=7)
+    async def waiting(key: str) -> str:
+        return "done"
+
+    @app.post("/own/{key}")
+    async def own(key: str) -> bool:  # the endpoint's own call, mapped by install()
+        return await locks.backend.validate(f"down:{key}", 1)
+
+    with recording_logs() as logs, serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            assert (await client.post(f"/at-once/{lock_name}")).status_code == 200
+            redis.kill()
+            for path, retry in (("at-once", "1"), ("waiting", "7"), ("own", "1")):
+                answer = await client.post(f"/{path}/{lock_name}")
+                assert answer.status_code == 503, (path, answer.text)
+                assert answer.headers["Retry-After"] == retry, path
+                detail = answer.json()["detail"]
+                assert detail.startswith("the lock server is unavailable"), path
+                assert str(redis.port) not in detail  # where it is: for the log only
+    assert logs.tracebacks() == []
+    warnings = [m for m in logs.messages("asynclock_fastapi") if "lock server unavailable" in m]
+    assert len(warnings) == 3 and all(str(redis.port) in m for m in warnings)
 
 
 @pytest.mark.parametrize("release", ["response", "endpoint"])
@@ -592,6 +685,39 @@ def test_guard_refuses_at_decoration_time() -> None:
         Locks()
     with pytest.raises(RuntimeError, match="not open"):
         _ = locks.backend
+
+
+async def test_a_lease_ttl_the_backend_refuses_is_refused_where_the_guard_is_declared(
+    tmp_path: Path,
+) -> None:
+    """The backend refuses these ttls at every acquire, so each request would fail; the
+    guard says so when it is declared, in the backend's own words."""
+    url = f"sqlite:///{tmp_path / 'locks.db'}"
+    cases = [  # drift, margin, ttl, what the backend says
+        (0.01, 0.005, 0.001, r"ttl=0.001s leaves no time after drift \(1%\) and margin \(0.005s\)"),
+        (0.01, 0.005, 2 * asynclock.MAX_TTL, "ttl must be at most 604800 seconds"),
+        (0.01, 0.005, asynclock.MAX_TTL + 0.5, "ttl must be at most 604800 seconds"),
+        (0.01, 0.5, 0.5, r"margin \(0.5s\); use a ttl of at least 1.001s"),
+        (0.2, 0.005, 0.006, r"after drift \(20%\)"),
+    ]
+    for drift, margin, ttl, message in cases:
+        with pytest.raises(ValueError, match=message):
+            Locks(url, drift=drift, margin=margin).guard("k:{key}", ttl=ttl)
+        backend = asynclock.connect(url, drift=drift, margin=margin)
+        with pytest.raises(ValueError, match=message):
+            Locks(backend=backend).guard("k:{key}", ttl=ttl)
+        async with backend:  # what every request would have met
+            with pytest.raises(ValueError, match=message):
+                async with backend.lock("k", ttl=ttl):
+                    pass
+    # The defaults, and at the bounds: accepted, as the backend accepts them.
+    with pytest.raises(ValueError, match=r"ttl=0\.001s leaves no time"):
+        Locks(url).guard("k:{key}", ttl=0.001)
+    for margin, ttl in [(0.005, asynclock.MAX_TTL), (0.005, 0.011), (0.5, 1.001)]:
+        Locks(url, margin=margin).guard("k:{key}", ttl=ttl)
+        async with asynclock.connect(url, margin=margin) as backend:
+            async with backend.lock("k", ttl=ttl, blocking=False) as lease:
+                assert lease.ttl == ttl
 
 
 def test_the_integration_uses_only_the_public_asynclock_api() -> None:

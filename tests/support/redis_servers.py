@@ -75,19 +75,26 @@ class RedisFactory:
         self.servers: list[RedisServer] = []
 
     def __call__(
-        self, *, password: str | None = None, persist: bool = False, unixsocket: bool = False
+        self,
+        *,
+        password: str | None = None,
+        persist: bool = False,
+        unixsocket: bool = False,
+        fresh: bool = False,
     ) -> RedisServer:
+        """A started server; ``fresh``: exactly as a user's just-started server is (its
+        databases not settled, so the restart grace applies as documented)."""
         server = RedisServer(
             self.root / f"node{len(self.servers)}",
             password=password,
             persist=persist,
             unixsocket=unixsocket,
         )
-        self.servers.append(server.start())
+        self.servers.append(server.start(settle=not fresh))
         return server
 
-    def many(self, n: int) -> list[RedisServer]:
-        return [self() for _ in range(n)]
+    def many(self, n: int, *, fresh: bool = False) -> list[RedisServer]:
+        return [self(fresh=fresh) for _ in range(n)]
 
     def close(self) -> None:
         for server in self.servers:

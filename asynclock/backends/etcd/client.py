@@ -535,13 +535,15 @@ class EtcdClient:
                     tg.start_soon(watch_reset, tg, reset)
                     await read_loop()
                     tg.cancel_scope.cancel()
-            except grpc.aio.AioRpcError as exc:
-                error = self._error(path, exc)
             except (Exception, BaseExceptionGroup) as exc:  # any break
-                error = EtcdError(
-                    self.errors.scrub(f"{self.errors.display}: {path} stream broke: {exc!r}"),
-                    "UNAVAILABLE",
-                )
+                cause = _first_error(exc)  # what broke, not the task group around it
+                if isinstance(cause, grpc.aio.AioRpcError):
+                    error = self._error(path, cause)
+                else:
+                    error = EtcdError(
+                        self.errors.scrub(f"{self.errors.display}: {path} stream broke: {cause!r}"),
+                        "UNAVAILABLE",
+                    )
             finally:
                 with anyio.CancelScope(shield=True):
                     await _end_stream(call, reading)
@@ -552,6 +554,13 @@ class EtcdClient:
                 backoff = STREAM_BACKOFF[0]
             await anyio.sleep(backoff * (0.5 + random.random()))
             backoff = min(backoff * 2, STREAM_BACKOFF[1])
+
+
+def _first_error(exc: BaseException) -> BaseException:
+    """The first error inside (nested) exception groups, else ``exc`` itself."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _start(aw: Awaitable[T], inflight: set[asyncio.Future[Any]] | None = None) -> asyncio.Future[T]:

@@ -176,7 +176,13 @@ class EtcdDriver(Watching, Driver):
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(refresh)
-            result = await self._attempt(name, slot, session)
+            try:
+                result = await self._attempt(name, slot, session)
+            except Exception as exc:
+                # Raised below, as it is: out of the group's body, anyio would wrap it in an
+                # ExceptionGroup('unhandled errors in a TaskGroup') (the keep-alive runs on).
+                failed.insert(0, exc)
+                tg.cancel_scope.cancel()
         if failed:
             raise failed[0]
         if session.dead:

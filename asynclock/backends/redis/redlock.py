@@ -45,6 +45,7 @@ from ..._core.urls import parse_multi_host_url
 from ..._core.validation import check_seconds
 from .scripts import NO_EXPIRY, SCRIPTS
 from .shared import (
+    GraceReport,
     SubscribingDriver,
     check_prefix,
     check_redis_url,
@@ -100,6 +101,7 @@ class RedlockDriver(SubscribingDriver):
         self.node_timeout = node_timeout
         self.prefix = prefix
         self.display = display
+        self.grace = GraceReport(display)
         self.listeners = [
             Listener(n, self._on_message, self._on_reset, self._connected(n)) for n in self.nodes
         ]
@@ -317,7 +319,8 @@ class RedlockDriver(SubscribingDriver):
         )
         results = await self._fan("redlock_acquire", packed, timeout)
         tokens: dict[int, int] = {}
-        busy: list[float] = []
+        # (seconds until that node may grant, its restart grace's end in ms or 0)
+        busy: list[tuple[float, int]] = []
         for i, r in results.items():
             if isinstance(r, BaseException):
                 continue
@@ -325,7 +328,8 @@ class RedlockDriver(SubscribingDriver):
                 tokens[i] = int(r[0])
             else:
                 # -1: that node's key has no expiry (inf: it may never free).
-                busy.append(math.inf if int(r[1]) == -1 else int(r[1]) / 1000)
+                left = math.inf if int(r[1]) == -1 else int(r[1]) / 1000
+                busy.append((left, int(r[2]) if len(r) > 2 else 0))
         if len(tokens) >= self.quorum:
             token = max(tokens.values())
             if min(tokens.values()) != token:
@@ -367,11 +371,14 @@ class RedlockDriver(SubscribingDriver):
                 and self._subscribed(k.channel_name)
                 and self._heard.get(name, 0) == heard
             )
-            retry = busy[min(needed, len(busy)) - 1]
+            retry, grace_end = busy[min(needed, len(busy)) - 1]
             if retry == math.inf:
                 self._quiet = None
                 return NO_EXPIRY
-            return self._busy(name, retry, quiet=quiet)
+            self._quiet = name if quiet else None
+            if grace_end:  # the quorum waits for a node's restart grace, not a holder
+                return self.grace.busy(round(retry * 1000), grace_end)
+            return Busy(retry)
         raise self._no_quorum(f"acquire of {name!r}", len(tokens), self._failures(results))
 
     async def abandon(self, name: str, owner: str) -> None:
@@ -470,16 +477,19 @@ class RedlockDriver(SubscribingDriver):
     # -- who holds it, breaking a lock ------------------------------------------------------
 
     async def holder(self, name: str) -> Holder | None:
-        packed = pack_script("holder", (self.keys(name).lock,), ())
+        packed = pack_script("holder", (self.keys(name).lock, self.keys.epoch), ())
         results = await self._fan("holder", packed, self.node_timeout)
         answered = 0
         by_owner: dict[str | None, list[Holder]] = {}
+        graces: list[Holder] = []
         for r in results.values():
             if isinstance(r, BaseException):
                 continue
             answered += 1
             one = holder_from_reply(name, r)
-            if one is not None:
+            if one is not None and one.grace_until is not None:
+                graces.append(one)
+            elif one is not None:
                 by_owner.setdefault(one.owner, []).append(one)
         for owner, views in by_owner.items():
             if len(views) >= self.quorum:
@@ -489,6 +499,11 @@ class RedlockDriver(SubscribingDriver):
                 remaining = left[self.quorum - 1] if len(left) >= self.quorum else None
                 tokens = [v.token for v in views if v.token is not None]
                 return Holder(name, owner, max(tokens) if tokens else None, remaining)
+        free = answered - len(graces) - sum(len(views) for views in by_owner.values())
+        if graces and free < self.quorum <= free + len(graces):
+            # Free but for nodes in their restart grace: until enough of them end it.
+            graces.sort(key=lambda v: v.remaining or 0.0)
+            return graces[self.quorum - free - 1]
         if answered >= self.quorum:
             return None
         raise self._no_quorum(f"holder of {name!r}", answered, self._failures(results))

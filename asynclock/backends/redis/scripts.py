@@ -48,19 +48,23 @@ local function held_token(cur, owner)
   end
   return nil
 end
--- G1 across data loss: ms left of the restart grace (0: none). The epoch key lives as
--- long as the database's data; when it is missing (a fresh database, or a restart or
--- flush that lost the data) a lease granted before may still run in its holder, so none
--- is granted for grace ms from now. t: a TIME reply.
+-- G1 across data loss: the restart grace. The epoch key holds the Unix ms at which the
+-- database's grace ends, one end for every request, and lives as long as the database's
+-- data. When it is missing (a new database, a flush, a restart that lost the data) a lease
+-- granted before may still run in its holder, so nothing is granted until the server's
+-- start + grace ms: data cannot have been lost before the server started, so a server up
+-- for longer than the grace waits for nothing (an INFO that fails counts as just started).
+-- t: a TIME reply. Returns the ms left (0: none) and the end.
 local function grace_left(epoch, grace, t)
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  grace = tonumber(grace)
-  local since = tonumber(redis.call('GET', epoch) or '')
-  if since == nil then
-    since = now
-    redis.call('SET', epoch, string.format('%d', now))
+  local ends = tonumber(redis.call('GET', epoch) or '')
+  if ends == nil then
+    local info = redis.pcall('INFO', 'server')
+    local up = type(info) == 'string' and tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
+    ends = now - (up or 0) * 1000 + tonumber(grace)
+    redis.call('SET', epoch, string.format('%d', ends))
   end
-  return math.min(grace, math.max(0, since + grace - now))
+  return math.max(0, ends - now), ends
 end
 -- G5, for release: true if cur is owner's lease with token ('' = unknown: an interrupted
 -- acquire, any token of ours), false if it is only owner's reservation (token ''), nil if
@@ -142,8 +146,9 @@ end
 # probe; mode 0 = no queue (fair=False), 1 = respect the queue, 2 = respect it and wait in
 # it; grace_ms: the restart grace (see grace_left); probe: this backend's probe id, or ''
 # (not subscribed yet: a waiter that joined without one gets it added, keeping its place).
-# Returns {token} when granted, {0, retry_after_ms} when busy (or in the restart grace),
-# {0, -1} when the lock key has no expiry (not ours: another tool's or a legacy key).
+# Returns {token} when granted, {0, retry_after_ms} when busy, {0, ms_left, end_ms} in the
+# restart grace (nobody holds it; nothing is granted before end_ms), {0, -1} when the lock
+# key has no expiry (not ours: another tool's or a legacy key).
 # The fence counter is never deleted (see next_token).
 ACQUIRE = (
     _LEASE
@@ -179,12 +184,12 @@ end
 if cur == '~' .. owner then return grant() end
 local mine = held_token(cur, owner)
 if mine then return {mine} end
-local left
+local left, grace, ends = nil, 0, nil
 if cur == false then
-  left = grace_left(epoch, ARGV[5], t)
+  grace, ends = grace_left(epoch, ARGV[5], t)
 end
-if left and left > 0 then
-  -- In the restart grace: wait (and queue) as if the name were held.
+if grace > 0 then
+  left = grace  -- In the restart grace: wait (and queue) as if the name were held.
 elseif cur == false then
   if mode == '0' then return grant() end
   local first = head(q, qx, now, lock)
@@ -205,6 +210,7 @@ if mode == '2' then
   end
 end
 if no_expiry then return {0, -1} end
+if grace > 0 then return {0, left, ends} end
 return {0, left}
 """
 )
@@ -275,8 +281,9 @@ return 1
 # node spends less time per call (every node's time is on the path of every acquisition).
 # KEYS: lock, fence, epoch[, scope fence]. ARGV: owner, ttl_ms, grace_ms (the restart grace,
 # per node).
-# Returns {token} when granted, {0, retry_after_ms} when busy, {0, -1} when the lock key has
-# no expiry (as ACQUIRE). The counter is seeded from TIME exactly as in ACQUIRE (next_token).
+# Returns {token} when granted, {0, retry_after_ms} when busy, {0, ms_left, end_ms} in the
+# restart grace, {0, -1} when the lock key has no expiry (as ACQUIRE). The counter is seeded
+# from TIME exactly as in ACQUIRE (next_token).
 REDLOCK_ACQUIRE = (
     _LEASE
     + """
@@ -291,8 +298,8 @@ if cur and cur ~= '~' .. owner then
   return {0, left}
 end
 local t = redis.call('TIME')
-local left = grace_left(KEYS[3], ARGV[3], t)
-if left > 0 then return {0, left} end
+local left, ends = grace_left(KEYS[3], ARGV[3], t)
+if left > 0 then return {0, left, ends} end
 local token
 if KEYS[4] then token = scoped_token(fence, KEYS[4], t) else token = next_token(fence, t) end
 hold(lock, owner, token, ARGV[2])
@@ -336,11 +343,21 @@ redis.call('SET', KEYS[1], owner .. ':' .. ARGV[2], 'KEEPTTL')
 return 1
 """
 
-# HOLDER: who holds the lock, in one round trip. KEYS: lock. Returns {"owner:token",
-# pttl_ms} while a lease holds it, {} when it is free or only reserved for a waiter.
+# HOLDER: who holds the lock, in one round trip. KEYS: lock, epoch. Returns {"owner:token",
+# pttl_ms} while a lease holds it, {"", ms_left, end_ms} while the database's restart grace
+# runs (see grace_left; a grace starts with the first acquire that finds the epoch missing),
+# {} when it is free or only reserved for a waiter.
 HOLDER = """
 local cur = redis.call('GET', KEYS[1])
-if not cur or string.sub(cur, 1, 1) == '~' then return {} end
+if not cur or string.sub(cur, 1, 1) == '~' then
+  local ends = tonumber(redis.call('GET', KEYS[2]) or '')
+  if ends then
+    local t = redis.call('TIME')
+    local left = ends - (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+    if left > 0 then return {'', left, ends} end
+  end
+  return {}
+end
 return {cur, redis.call('PTTL', KEYS[1])}
 """
 

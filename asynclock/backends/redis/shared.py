@@ -4,7 +4,9 @@ waiting base class and the replies of the scripts both run."""
 from __future__ import annotations
 
 import inspect
+import logging
 import math
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -12,12 +14,14 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from ..._core.asyncio_only import require_asyncio
-from ..._core.driver import Driver, ExtendResult, LeaseRef, Refused
+from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
 from ..._core.holder import Holder
 from ..._core.urls import split_url
 from ..._core.validation import check_seconds
 from .scripts import MAX_IDLE_SUBSCRIPTIONS
 from .wire import ms
+
+logger = logging.getLogger("asynclock.redis")
 
 _DRIVER_OPTIONS = {"socket_timeout", "connect_timeout", "prefix", "fair", "restart_grace"}
 
@@ -125,7 +129,8 @@ def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, An
 
 
 def check_restart_grace(value: object) -> float | None:
-    """``restart_grace``: None (the ttl being asked for) or seconds >= 0 (0: none)."""
+    """``restart_grace``: None (the ttl of the first acquire that finds the database's epoch
+    missing) or seconds >= 0 (0: none)."""
     if value is None:
         return None
     if isinstance(value, str):
@@ -147,6 +152,39 @@ def grace_ms(restart_grace: float | None, ttl_ms: int) -> bytes:
     if restart_grace is None:
         return b"%d" % ttl_ms
     return b"%d" % math.ceil(restart_grace * 1000)
+
+
+class GraceReport:
+    """Busy answers for a database in its restart grace (see ``grace_left``), and one
+    WARNING per grace (per end time) for the driver's life."""
+
+    def __init__(self, display: str) -> None:
+        self.display = display
+        self._warned: OrderedDict[int, None] = OrderedDict()
+
+    def busy(self, left_ms: int, end_ms: int) -> Busy:
+        until = end_ms / 1000
+        if end_ms not in self._warned:
+            self._warned[end_ms] = None
+            if len(self._warned) > 64:  # a Redlock's nodes each have their own
+                self._warned.popitem(last=False)
+            logger.warning(
+                "%s: restart grace until %s UTC (%.1fs from now): the database lost its lock "
+                "data or never had any (a new database, a flush, or a restart without "
+                "persistence), so no lock is granted before then: a lease granted before the "
+                "loss may still be running. The option restart_grace (seconds; 0 turns it "
+                "off) sets how long it lasts after the server starts.",
+                self.display,
+                time.strftime("%H:%M:%S", time.gmtime(until)),
+                left_ms / 1000,
+            )
+        return Busy(
+            left_ms / 1000,
+            f"{self.display} lost its lock data or never had any (a new database, a flush, "
+            "or a restart without persistence), and a lease granted before may still be "
+            "running",
+            grace_until=until,
+        )
 
 
 def pop_query_options(url: str, names: set[str]) -> tuple[str, dict[str, str]]:
@@ -246,9 +284,12 @@ def extend_result(code: int) -> ExtendResult:
 
 
 def holder_from_reply(name: str, reply: Any) -> Holder | None:
-    """A HOLDER script reply (``[b"owner:token", pttl_ms]`` or ``[]``) as a Holder."""
+    """A HOLDER script reply (``[b"owner:token", pttl_ms]``, ``[b"", ms_left, end_ms]`` in
+    the restart grace, or ``[]``) as a Holder."""
     if not reply:
         return None
+    if len(reply) == 3:  # the restart grace: nobody known holds it, nothing is granted
+        return Holder(name, None, None, int(reply[1]) / 1000, int(reply[2]) / 1000)
     value, pttl = bytes(reply[0]), int(reply[1])
     token = token_of(value)
     # A value not in asynclock's "owner:token" form (another tool's key): no token, and

@@ -17,14 +17,15 @@ URL: ``redis://[[user]:password@]host[:port][/db]``, ``rediss://…`` for TLS,
 Driver options (keyword arguments to :func:`asynclock.connect`): ``socket_timeout`` (per
 call, seconds, default 1.0 — keep it small relative to your ttls), ``connect_timeout``
 (default 1.0), ``prefix`` (key prefix, default ``"asynclock:"``), ``fair`` (FIFO waiter
-queue, default True), ``restart_grace`` (seconds with no grant after the database lost its
-data, default the ttl asked for; also a URL query option); anything else goes to
+queue, default True), ``restart_grace`` (seconds after the server's start with no grant
+when the database lost its data, default the first ttl asked for; also a URL query option);
+anything else goes to
 ``redis.asyncio.ConnectionPool.from_url``.
 
 * A restart is noticed on the pub/sub connection (kept open while a lease is held): a new
   ``run_id`` loses every lease the server granted before, and any reconnect asks the core
   for a renewal round at once. A missing epoch key (fresh or lost data) starts the restart
-  grace (see ``grace_left``).
+  grace (see ``grace_left``): busy answers with ``Busy.grace_until``, one WARNING per grace.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from ..._core.driver import Busy, ExtendResult, LeaseRef
 from ..._core.holder import Holder
 from .scripts import JOIN_QUEUE, NO_EXPIRY, NO_QUEUE, RESPECT_QUEUE
 from .shared import (
+    GraceReport,
     SubscribingDriver,
     check_redis_url,
     check_restart_grace,
@@ -67,10 +69,13 @@ class _Wait:
     member: str
     #: Bumped when a message may concern this waiter (it was handed the name, or a broadcast).
     bumps: int = 0
+    #: An attempt was sent, so the server may have queued it: leaving must tell it.
     joined: bool = False
     #: A Busy answer stays true until this clock time, unless ``bumps`` moves.
     valid_until: float = -math.inf
     valid_bumps: int = -1
+    #: That answer's ``Busy.grace_until`` (and detail): a restart grace, not a holder.
+    valid_grace: Busy | None = None
 
 
 class RedisDriver(SubscribingDriver):
@@ -96,6 +101,7 @@ class RedisDriver(SubscribingDriver):
             options=redis_options,
         )
         self.display = self.node.display
+        self.grace = GraceReport(self.display)
         self.prefix = prefix
         self.fair = fair
         self.listener = Listener(self.node, self._on_message, self._on_reset, self._on_connect)
@@ -143,6 +149,9 @@ class RedisDriver(SubscribingDriver):
                 # Nothing that concerns us was published since the server said "busy"
                 # (and we were subscribed before asking): that answer still holds.
                 self._quiet = name
+                grace = wait.valid_grace
+                if grace is not None:
+                    return Busy(wait.valid_until - now, grace.detail, grace_until=grace.grace_until)
                 return Busy(wait.valid_until - now)
         listener = self.listener
         trusted = k.channel_name in listener.confirmed
@@ -150,7 +159,13 @@ class RedisDriver(SubscribingDriver):
         heard = self._heard.get(name, 0)
         bumps = wait.bumps if wait is not None else 0
         t_send = self.clock.now()
-        probe = self._probe.encode() if wait is not None and wait.member.count(":") == 2 else b""
+        probe = b""
+        if wait is not None:
+            # From the moment the script is sent the server may queue us, whether or not
+            # its answer arrives (a waiter cancelled meanwhile must still leave the queue).
+            wait.joined = True
+            if wait.member.count(":") == 2:
+                probe = self._probe.encode()
         keys: tuple[bytes, ...] = k.acquire_keys
         if scope is not None:
             keys = (*keys, scope_fence_key(scope, self.keys.prefix))
@@ -174,14 +189,13 @@ class RedisDriver(SubscribingDriver):
                 listener.wanted.add(self._probe_channel)  # subscribed when it connects
             listener.keep_connected()
             return int(reply[0])
-        if wait is not None:
-            wait.joined = True
         if int(reply[1]) == -1:
             # No expiry: when it frees is unknown. The core polls (and a release through
             # asynclock would still wake us); no valid_until, so no cached "busy" either.
             self._quiet = None
             return NO_EXPIRY
         retry = int(reply[1]) / 1000
+        busy = self.grace.busy(int(reply[1]), int(reply[2])) if len(reply) > 2 else None
         # Subscribed before we asked, still subscribed, and no wake-up for this name came
         # in while we asked: any release after our attempt will reach us as a message.
         quiet = (
@@ -193,8 +207,9 @@ class RedisDriver(SubscribingDriver):
         if wait is not None and quiet:
             wait.valid_until = t_send + retry
             wait.valid_bumps = bumps
+            wait.valid_grace = busy
         self._quiet = name if quiet else None
-        return Busy(retry)
+        return busy or Busy(retry)
 
     async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
         if not leases:
@@ -294,7 +309,8 @@ class RedisDriver(SubscribingDriver):
     # -- who holds it, breaking a lock ------------------------------------------------------
 
     async def holder(self, name: str) -> Holder | None:
-        reply = await self.node.run("holder", (self.keys(name).lock,), ())
+        k = self.keys(name)
+        reply = await self.node.run("holder", (k.lock, self.keys.epoch), ())
         return holder_from_reply(name, reply)
 
     async def break_lock(self, name: str) -> bool:

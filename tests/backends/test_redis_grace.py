@@ -1,0 +1,146 @@
+"""The restart grace of the Redis backends (issue 21 item 1), with the documented defaults
+on servers started just now: one end per database, bounded by the server's uptime, told
+apart from a holder everywhere (errors, ``holder()``, ``locked()``) and logged once."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import anyio
+import pytest
+import redis.asyncio
+
+import asynclock
+from asynclock.backends.redis import epoch_key
+from tests.support.redis_servers import RedisFactory, RedisServer, redlock_url, wait_until
+
+pytestmark = pytest.mark.anyio
+
+
+async def _uptime(server: RedisServer, client: redis.asyncio.Redis) -> int:
+    return int((await client.info("server"))["uptime_in_seconds"])
+
+
+def _grace_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and "restart grace until" in r.getMessage()
+    ]
+
+
+async def test_a_fresh_server_has_one_grace_end_told_everywhere_and_logged_once(
+    redis_factory: RedisFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Defaults, a server started just now. Before the fix: `LockHeld: ... held by
+    another owner; it frees in at most 0.98s` while holder() was None and locked() False,
+    and a second request with another ttl got another answer (each used its own ttl)."""
+    caplog.set_level(logging.WARNING, "asynclock")
+    server = redis_factory(fresh=True)
+    started = time.time()
+    async with asynclock.connect(server.url) as backend:
+        with pytest.raises(asynclock.RestartGrace) as first:
+            await backend.acquire("report", ttl=2.0, blocking=False)
+        grace = first.value
+        assert isinstance(grace, asynclock.LockHeld)  # code that treats busy as "later"
+        assert "restart grace" in str(grace) and "held by another owner" not in str(grace)
+        assert "restart without persistence" in str(grace)
+        # Ends 2 s (the first ttl asked for) after the server started, not after the ask.
+        assert started - 0.5 < grace.until - 2.0 <= time.time()
+        assert grace.retry_after is not None and 0 < grace.retry_after <= 2.0
+        # One end for the database: another name, another ttl, the same answer.
+        with pytest.raises(asynclock.RestartGrace) as second:
+            await backend.acquire("other", ttl=20.0, blocking=False)
+        assert second.value.until == grace.until
+        # holder() and locked() say the same, and why.
+        seen = await backend.holder("report")
+        assert seen is not None and seen.grace_until == grace.until
+        assert seen.owner is None and seen.token is None
+        assert seen.remaining is not None and 0 < seen.remaining <= 2.0
+        assert await backend.locked("report")
+        assert not await backend.validate("report", 1)
+        # A blocking acquire waits for the end, then is granted.
+        async with backend.lock("report", ttl=2.0, timeout=10) as lease:
+            assert time.time() >= grace.until - 0.01
+            assert lease.token > 0
+        assert await backend.holder("other") is None  # the grace is over for every name
+        assert not await backend.locked("other")
+    warnings = _grace_warnings(caplog)
+    assert len(warnings) == 1, warnings
+    assert server.url.split("//")[1].split("/")[0] in warnings[0]
+
+
+async def test_a_timeout_during_the_grace_says_so(redis_factory: RedisFactory) -> None:
+    server = redis_factory(fresh=True)
+    async with asynclock.connect(server.url) as backend:
+        with pytest.raises(asynclock.AcquireTimeout) as info:
+            await backend.acquire("t", ttl=5.0, timeout=0.2)
+    assert info.value.detail is not None and "restart grace" in info.value.detail
+    assert "restart grace" in str(info.value)
+
+
+async def test_a_server_up_longer_than_the_grace_waits_for_nothing(
+    redis_factory: RedisFactory,
+) -> None:
+    """Before the fix a database used for the first time on a server up for days still
+    waited its grace; so did every database after a FLUSHALL. Data cannot have been lost
+    before the server started, so a server up longer than the grace has nothing to wait
+    for (a FLUSHALL of live locks is an operator's act, like break_lock: see the docs)."""
+    server = redis_factory(fresh=True)
+    client = redis.asyncio.Redis.from_url(server.url)
+    try:
+        # INFO counts whole seconds: once it says 1, the server is up >= 1 s > the grace.
+        await wait_until(lambda: _up_at_least(server, client, 1), timeout=10)
+        url = server.url[: -len("/0")] + "/3"  # a database never used before
+        async with asynclock.connect(url, restart_grace=0.5) as backend:
+            async with backend.lock("first", ttl=5.0, blocking=False) as lease:
+                assert lease.token > 0
+        async with asynclock.connect(server.url, restart_grace=0.5) as backend:
+            await client.flushall()
+            async with backend.lock("after-flush", ttl=5.0, blocking=False):
+                pass
+            assert await client.get(epoch_key()) is not None
+    finally:
+        await client.aclose()
+
+
+async def _up_at_least(server: RedisServer, client: redis.asyncio.Redis, seconds: int) -> bool:
+    return await _uptime(server, client) >= seconds
+
+
+async def test_a_restart_without_persistence_starts_one_grace_from_the_restart(
+    redis_factory: RedisFactory,
+) -> None:
+    """kill -9 and a restart that lost the data: the grace ends the first ttl asked for
+    after the new server started (it is the only time data can have been lost)."""
+    server = redis_factory()
+    async with asynclock.connect(server.url) as backend:
+        async with backend.lock("r", ttl=1.5, blocking=False):
+            pass
+        server.restart(keep_data=False)
+        restarted = time.time()
+        with pytest.raises(asynclock.RestartGrace) as info:
+            await backend.acquire("r", ttl=1.5, blocking=False)
+        assert restarted - 1.0 < info.value.until - 1.5 <= time.time()
+        with anyio.fail_after(10):
+            async with backend.lock("r", ttl=1.5) as lease:
+                assert time.time() >= info.value.until - 0.01
+                assert lease.token > 0
+
+
+async def test_redlock_reports_its_nodes_grace(redis_factory: RedisFactory) -> None:
+    """Redlock on three nodes started just now: the quorum waits for their restart grace,
+    and says so (error, holder, locked), then grants."""
+    servers = redis_factory.many(3, fresh=True)
+    async with asynclock.connect(redlock_url(servers), node_timeout=1.0) as backend:
+        with pytest.raises(asynclock.RestartGrace) as info:
+            await backend.acquire("job", ttl=1.5, blocking=False)
+        seen = await backend.holder("job")
+        assert seen is not None and seen.grace_until is not None and seen.owner is None
+        assert abs(seen.grace_until - info.value.until) < 1.5
+        assert await backend.locked("job")
+        with anyio.fail_after(10):
+            async with backend.lock("job", ttl=1.5) as lease:
+                assert lease.token > 0
+        assert await backend.holder("job") is None
