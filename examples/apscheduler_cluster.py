@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from apscheduler.events import EVENT_JOB_MISSED, JobExecutionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 
 import asynclock
@@ -43,6 +44,10 @@ def report(ledger: Path, node: str) -> None:
         conn.close()
 
 
+def missed(node: str, event: JobExecutionEvent) -> None:
+    print(f"{node}: occurrence {event.scheduled_run_time} was missed", flush=True)
+
+
 def node(tmp: Path, name: str) -> None:
     scheduler = BackgroundScheduler(
         timezone="UTC",
@@ -57,6 +62,9 @@ def node(tmp: Path, name: str) -> None:
         args=[tmp / "ledger.db", name],
         misfire_grace_time=2,
     )
+    # An occurrence no node could claim in time (the lock server unreachable until the
+    # takeover window ended, or in its restart grace) is reported missed, never dropped.
+    scheduler.add_listener(lambda event: missed(name, event), EVENT_JOB_MISSED)
     scheduler.start()
     sys.stdin.readline()  # the parent closes our stdin to stop us
     scheduler.shutdown()

@@ -10,13 +10,19 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_EXECUTED
+from apscheduler.events import (
+    EVENT_JOB_ERROR,
+    EVENT_JOB_EXECUTED,
+    EVENT_JOB_MAX_INSTANCES,
+    EVENT_JOB_MISSED,
+)
 from apscheduler.executors.pool import ProcessPoolExecutor
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -32,6 +38,7 @@ from asynclock_apscheduler import (
     leader_only,
 )
 from tests.support.procs import EVENT_TIMEOUT
+from tests.support.redis_servers import RedisFactory, RedisServer
 from tests.support.spec import BackendSpec
 
 pytestmark = pytest.mark.anyio
@@ -98,12 +105,31 @@ def node_config(tmp_path: Path, **extra: Any) -> dict[str, Any]:
     }
 
 
-async def three_schedulers_exactly_once(
-    spec: BackendSpec, tmp_path: Path, kind: str, occurrences: int = 20
-) -> None:
-    """Three scheduler processes on one every-second cron schedule, ``occurrences`` of it."""
+@dataclass
+class Fleet:
+    """What a fleet run saw: every node's events, its config, the counted run times."""
+
+    events: Events
+    config: dict[str, Any]
+    began: datetime  # the first run time after the first node started
+    first: datetime  # the first run time after all three started
+    last: datetime
+
+
+async def run_fleet(
+    spec: BackendSpec,
+    tmp_path: Path,
+    kind: str,
+    occurrences: int = 20,
+    *,
+    fault: Callable[[], None] | None = None,
+    **extra: Any,
+) -> Fleet:
+    """Three scheduler processes on one every-second cron schedule, until ``occurrences``
+    of it have run (with ``fault``: run in a thread once 3 have run and a node runs the
+    next, then ``occurrences`` more), stopped gracefully."""
     await anyio.Path(tmp_path).mkdir()
-    config = node_config(tmp_path, kind=kind, work=0.3)
+    config = node_config(tmp_path, kind=kind, work=0.3, **extra)
     events = Events()
     # The group kills and reaps the nodes if this fleet fails or another fleet's failure
     # cancels it (on this event loop, so no process transport outlives it).
@@ -112,24 +138,32 @@ async def three_schedulers_exactly_once(
             nodes = [await start_node(spec, group, **config) for _ in range(3)]
             for i, node in enumerate(nodes):
                 await node.expect("started")
+                if not i:
+                    began = (datetime.now(UTC) + timedelta(seconds=1)).replace(microsecond=0)
                 tg.start_soon(events.pump, i, node)
             # Count occurrences from the first whole second after all three run.
             first = (datetime.now(UTC) + timedelta(seconds=2)).replace(microsecond=0)
+            since = first
 
             def counted() -> list[datetime]:
                 times = {datetime.fromisoformat(e["run_time"]) for e in events.of("ran")}
-                return sorted(t for t in times if t >= first)
+                return sorted(t for t in times if t >= since)
 
-            await events.until(lambda: len(counted()) >= occurrences)
-            last = counted()[occurrences - 1]
-
-            def running() -> list[int]:
-                # Nodes that began an occurrence after the counted ones (work: 0.3 s).
-                later = [e for e in events.of("job_started") if e["run_time"] > last.isoformat()]
+            def running(after: datetime) -> list[int]:
+                # Nodes that began an occurrence after ``after`` (work: 0.3 s).
+                later = [e for e in events.of("job_started") if e["run_time"] > after.isoformat()]
                 return [e["pid"] for e in later]
 
+            if fault is not None:
+                await events.until(lambda: len(counted()) >= 3)
+                before = counted()[2]
+                await events.until(lambda: bool(running(before)))  # a run is under way
+                await anyio.to_thread.run_sync(fault)
+                since = datetime.now(UTC)
+            await events.until(lambda: len(counted()) >= occurrences)
+            last = counted()[occurrences - 1]
             # Begin the stop while a node runs an occurrence: the drain must wait for it.
-            await events.until(lambda: bool(running()))
+            await events.until(lambda: bool(running(last)))
             # Stop gracefully: no node fires anything new, then every node finishes
             # what it claimed or waits for. A node stopped in mid-run has its
             # occurrence taken over by design (the takeover tests below); stopping
@@ -137,31 +171,52 @@ async def three_schedulers_exactly_once(
             for node in nodes:
                 await node.send("pause")
             await events.until(lambda: len(events.of("paused")) == len(nodes))
-            for node in nodes:
-                await node.send("drain")
-            await events.until(lambda: len(events.of("drained")) == len(nodes))
-            for node in nodes:
-                await node.send("stop")
+            await drain_and_stop(events, nodes)
         for node in nodes:
             await node.wait()
-    started = events.of("job_started")
-    ran = events.of("ran")
-    label = f"{spec.id} ({kind} scheduler)"
-    # Exactly once: no occurrence started twice, anywhere, ever; none missed in the window.
-    starts = [e["run_time"] for e in started]
+    return Fleet(events, config, began, first, last)
+
+
+async def drain_and_stop(events: Events, nodes: list[Worker]) -> None:
+    """Let every node finish what it claimed or waits for, then stop them all."""
+    for node in nodes:
+        await node.send("drain")
+    await events.until(lambda: len(events.of("drained")) == len(nodes))
+    for node in nodes:
+        await node.send("stop")
+
+
+def every_second(since: datetime, fleet: Fleet) -> set[str]:
+    """The run times of the fleet's schedule from ``since`` to its last counted one."""
+    span = int((fleet.last - since).total_seconds())
+    return {(since + timedelta(seconds=s)).isoformat() for s in range(span + 1)}
+
+
+def check_at_most_once(fleet: Fleet, label: str) -> None:
+    """No occurrence started twice, anywhere, ever; every run wrote through the job-wide
+    fence key (the job id), its token rising with the run time (the job's token scope)."""
+    events = fleet.events
+    starts = [e["run_time"] for e in events.of("job_started")]
     assert len(starts) == len(set(starts)), f"{label}: an occurrence ran twice: {sorted(starts)}"
-    window = {
-        (first + timedelta(seconds=s)).isoformat()
-        for s in range(int((last - first).total_seconds()) + 1)
-    }
-    missed = window - {e["run_time"] for e in ran}
-    assert not missed, f"{label}: occurrences missed: {sorted(missed)}"
+    ran = events.of("ran")
     assert all(e["result"] == "accepted" for e in ran), (label, ran)
-    # One job's claim tokens rise with its run times (token scope), across nodes.
     by_time = sorted((datetime.fromisoformat(e["run_time"]), e["token"]) for e in ran)
     tokens = [token for _, token in by_time]
     assert tokens == sorted(set(tokens)), (label, by_time)
-    assert len(ledger_rows(Path(config["ledger"]))) == len(ran), label
+    # A run whose claim was lost (the server restarted under it) writes once more when it
+    # is stopped; the fence accepts that write only if nothing newer was written.
+    late = [e for e in events.of("late_write") if e["result"] == "accepted"]
+    assert len(ledger_rows(Path(fleet.config["ledger"]))) == len(ran) + len(late), label
+
+
+async def three_schedulers_exactly_once(
+    spec: BackendSpec, tmp_path: Path, kind: str, occurrences: int = 20
+) -> None:
+    fleet = await run_fleet(spec, tmp_path, kind, occurrences)
+    label = f"{spec.id} ({kind} scheduler)"
+    check_at_most_once(fleet, label)
+    missed = every_second(fleet.first, fleet) - {e["run_time"] for e in fleet.events.of("ran")}
+    assert not missed, f"{label}: occurrences missed: {sorted(missed)}"
 
 
 @pytest.mark.timeout(120)
@@ -181,6 +236,156 @@ async def test_three_schedulers_run_every_occurrence_once_on_sqlite_redis_and_po
                 (spec_postgres_lease, "background"),
             ):
                 tg.start_soon(three_schedulers_exactly_once, spec, tmp_path / spec.id, kind)
+
+
+# -- a lock server that lost its data, or is briefly gone ------------------------------------
+
+
+def server_spec(server: RedisServer) -> BackendSpec:
+    async def no_sabotage(backend: asynclock.Backend, name: str) -> None:
+        raise AssertionError("not used here")
+
+    return BackendSpec("redis", server.url, no_sabotage)
+
+
+def check_reported(fleet: Fleet, label: str) -> None:
+    """Every occurrence since a node ran was started once, or reported missed (never
+    dropped)."""
+    started = {e["run_time"] for e in fleet.events.of("job_started")}
+    missed = {e["run_time"] for e in fleet.events.of("missed")}
+    dropped = every_second(fleet.began, fleet) - started - missed
+    assert not dropped, f"{label}: neither run nor reported missed: {sorted(dropped)}"
+
+
+@pytest.mark.timeout(120)
+async def test_three_schedulers_on_a_fresh_redis_run_each_occurrence_at_most_once(
+    redis_factory: RedisFactory, tmp_path: Path
+) -> None:
+    """A just-started redis-server, the documented defaults (no restart_grace option): the
+    database's restart grace (the first ttl asked for: a claim's, 10 s after the server
+    started) refuses the first claims. Before: several occurrences were claimed together
+    when it ended, out of run-time order, and the job-wide fence refused their writes
+    (with the grace of each request its own ttl, the done marker was refused too, read as
+    "already there", and every node ran every occurrence). Now each runs at most once, in
+    run-time order, and one the grace kept from starting in time is reported missed."""
+    server = redis_factory(fresh=True)
+    with anyio.fail_after(100):
+        fleet = await run_fleet(
+            server_spec(server), tmp_path / "fleet", "background", 4, claim_ttl=10.0
+        )
+    check_at_most_once(fleet, "fresh redis")
+    check_reported(fleet, "fresh redis")
+    assert fleet.events.of("missed"), "the restart grace held nothing up"
+
+
+@pytest.mark.timeout(150)
+async def test_three_schedulers_across_a_redis_restart_without_persistence(
+    redis_factory: RedisFactory, tmp_path: Path
+) -> None:
+    """kill -9 of the redis-server while a node runs an occurrence, restarted at once
+    without its data (the done markers and claims are gone; its grace begins): no
+    occurrence runs twice, each one not run is reported missed, and the fleet runs its
+    schedule again once the grace is over."""
+    server = redis_factory(fresh=True)
+
+    def restart() -> None:
+        server.restart(keep_data=False)
+
+    with anyio.fail_after(130):
+        fleet = await run_fleet(
+            server_spec(server), tmp_path / "fleet", "asyncio", 3, fault=restart
+        )
+    check_at_most_once(fleet, "restarted redis")
+    check_reported(fleet, "restarted redis")
+
+
+async def test_a_waiter_reports_missed_an_occurrence_whose_claim_a_redis_restart_lost(
+    redis_factory: RedisFactory,
+) -> None:
+    """Another node "runs" the occurrence (the test holds its claim) while this scheduler
+    waits for it; the redis-server is then killed and restarted without its data: claim
+    and done marker are gone, and nobody can tell whether the run finished. Before: the
+    waiter failed on the outage (EVENT_JOB_ERROR, the occurrence dropped) or waited
+    through the restart grace and ran it again. Now it reports the occurrence missed."""
+    server = redis_factory()
+    job_id = f"lost-{uuid.uuid4().hex[:6]}"
+    run_date = (datetime.now(UTC) + timedelta(seconds=1.5)).replace(microsecond=0)
+    ran: list[int] = []
+    errors: list[BaseException] = []
+    missed = threading.Event()
+    executor = ClaimingExecutor(server.url, claim_ttl=2.0, clock_skew=0.5)
+    scheduler = BackgroundScheduler(timezone="UTC")
+    scheduler.add_executor(executor, "default")
+    scheduler.add_job(
+        lambda: ran.append(current_occurrence().token),
+        "date",
+        run_date=run_date,
+        id=job_id,
+        misfire_grace_time=1,
+    )
+    scheduler.add_listener(lambda event: missed.set(), EVENT_JOB_MISSED)
+    scheduler.add_listener(lambda event: errors.append(event.exception), EVENT_JOB_ERROR)
+    with anyio.fail_after(30):
+        async with asynclock.connect(server.url) as other:
+            name = f"{job_id}@{run_date.isoformat()}"
+            claimant = await other.acquire(name, ttl=10.0, token_scope=job_id)
+            scheduler.start()
+            try:
+                # After the run time the scheduler waits for the claim (if it had not
+                # tried yet, its first attempt meets the grace: the same answer is due).
+                await anyio.sleep((run_date - datetime.now(UTC)).total_seconds() + 0.3)
+                await anyio.to_thread.run_sync(lambda: server.restart(keep_data=False))
+                reported = await anyio.to_thread.run_sync(missed.wait, 10)
+            finally:
+                scheduler.shutdown()
+    assert reported and not errors, errors
+    assert ran == [] and executor.claimed == 0
+    assert claimant.lost  # with the server's data
+
+
+async def test_a_claim_attempt_that_finds_redis_briefly_down_is_repeated(
+    redis_factory: RedisFactory, tmp_path: Path
+) -> None:
+    """The redis-server is frozen (SIGSTOP) from just before the run time until past the
+    client's socket timeout (1 s, the default): both nodes' first claim attempts fail with
+    BackendUnavailable. Before: both logged the failure and nobody ran the occurrence. Now
+    they try again, with backoff, and one runs it, once."""
+    server = redis_factory()
+    spec = server_spec(server)
+    config = node_config(tmp_path, kind="background", trigger="date", claim_ttl=2.0, grace=1.0)
+    with anyio.fail_after(40):
+        async with WorkerGroup() as group:
+            nodes = [await start_node(spec, group, **config) for _ in range(2)]
+            for node in nodes:
+                await node.expect("started")
+            run_date = (datetime.now(UTC) + timedelta(seconds=1.5)).replace(microsecond=0)
+            for node in nodes:
+                await node.send(f"at {run_date.isoformat()}")
+            # The fault is timed on the run time (checked below), not a guess at a state.
+            await anyio.sleep((run_date - datetime.now(UTC)).total_seconds() - 0.2)
+            server.freeze()
+            down = datetime.now(UTC)
+            try:
+                await anyio.sleep((run_date - down).total_seconds() + 1.4)
+            finally:
+                server.thaw()
+            back = datetime.now(UTC)
+            assert down < run_date and back - run_date > timedelta(seconds=1.2), "fault mistimed"
+            events = Events()
+            async with anyio.create_task_group() as tg:
+                for i, node in enumerate(nodes):
+                    tg.start_soon(events.pump, i, node)
+                await events.until(lambda: bool(events.of("ran")))
+                await drain_and_stop(events, nodes)  # each settles it: ran, or skipped it
+            for node in nodes:
+                await node.wait()
+    assert not events.of("job_error"), events.of("job_error")
+    assert not events.of("missed"), events.of("missed")
+    (started,) = events.of("job_started")
+    (ran,) = events.of("ran")
+    assert started["run_time"] == ran["run_time"] == run_date.isoformat()
+    assert ran["result"] == "accepted"
+    assert ledger_rows(Path(config["ledger"])) == [(run_date.isoformat(), started["token"])]
 
 
 async def start_pair(
@@ -467,6 +672,23 @@ def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> bool:
     return True
 
 
+def two_occurrences(
+    url: str, job: Callable[[], None], job_id: str, first: datetime, second: datetime
+) -> tuple[ClaimingExecutor, BackgroundScheduler]:
+    """A scheduler (not started) whose job runs at ``first`` and ``second``, one at a time."""
+    executor = ClaimingExecutor(url, claim_ttl=2.0, clock_skew=0.5)
+    scheduler = BackgroundScheduler(timezone="UTC")
+    scheduler.add_executor(executor, "default")
+    scheduler.add_job(
+        job,
+        CronTrigger(second="*", start_date=first, end_date=second, timezone="UTC"),
+        id=job_id,
+        misfire_grace_time=1,
+        max_instances=1,
+    )
+    return executor, scheduler
+
+
 def test_a_takeover_waits_for_a_free_instance_slot_holding_its_claim(
     spec_sqlite: BackendSpec,
 ) -> None:
@@ -495,16 +717,7 @@ def test_a_takeover_waits_for_a_free_instance_slot_holding_its_claim(
             return lease.token
 
     dead_token = anyio.run(dead_claimant)
-    executor = ClaimingExecutor(spec_sqlite.url, claim_ttl=2.0, clock_skew=0.5)
-    scheduler = BackgroundScheduler(timezone="UTC")
-    scheduler.add_executor(executor, "default")
-    scheduler.add_job(
-        job,
-        CronTrigger(second="*", start_date=first, end_date=second, timezone="UTC"),
-        id=job_id,
-        misfire_grace_time=1,
-        max_instances=1,
-    )
+    executor, scheduler = two_occurrences(spec_sqlite.url, job, job_id, first, second)
     scheduler.start()
     try:
         assert wait_for(lambda: executor.taken_over == 1), "occurrence 2 was not taken over"
@@ -517,6 +730,41 @@ def test_a_takeover_waits_for_a_free_instance_slot_holding_its_claim(
     assert [t for t, _ in runs] == [first, second]
     assert runs[1][1] > runs[0][1] > dead_token  # the takeover draws a new, larger token
     assert executor.skipped == 0
+
+
+def test_a_claim_given_up_at_max_instances_is_released(spec_sqlite: BackendSpec) -> None:
+    """A job runs longer than its interval (max_instances=1): the next occurrence's claim is
+    given up at once, and released. Before: the release was started from the executor's
+    own loop thread, which a portal refuses ("cannot be called from the event loop
+    thread"): the claim stayed held, and renewed, until shutdown."""
+    job_id = f"long-{uuid.uuid4().hex[:6]}"
+    first = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
+    second = first + timedelta(seconds=1)
+    release = threading.Event()
+    skipped = threading.Event()
+
+    def job() -> None:
+        release.wait(20)
+
+    def on_skipped(event: Any) -> None:
+        if event.scheduled_run_times == [second]:
+            skipped.set()
+
+    async def claimed(name: str) -> bool:
+        async with spec_sqlite.connect() as other:
+            return await other.locked(name)
+
+    _, scheduler = two_occurrences(spec_sqlite.url, job, job_id, first, second)
+    scheduler.add_listener(on_skipped, EVENT_JOB_MAX_INSTANCES)
+    scheduler.start()
+    try:
+        assert skipped.wait(20), "the second occurrence was not skipped at max_instances"
+        name = f"{job_id}@{second.isoformat()}"
+        # Past one claim ttl a leaked claim is still there: the executor renews it.
+        assert wait_for(lambda: not anyio.run(claimed, name), timeout=5), "claim not released"
+    finally:
+        release.set()
+        scheduler.shutdown()
 
 
 # -- misconfigurations ----------------------------------------------------------------------

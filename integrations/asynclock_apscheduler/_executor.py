@@ -8,7 +8,10 @@ knows an occurrence's scheduled run time (listeners fire after the run; a wrappe
    claims rise with its run times on every backend) on the executor's own event-loop
    thread. Busy means another scheduler has this occurrence: wait for the claim in the
    background (a blocking acquire, not the scheduler's thread) until the takeover window
-   ends, ``takeover_window`` seconds after the run time;
+   ends, ``takeover_window`` seconds after the run time. A lock server that does not
+   answer is asked again until then; one in its restart grace (it lost its data) is
+   waited for only while the occurrence can still start in time. An occurrence that
+   cannot be claimed in time is reported missed (``EVENT_JOB_MISSED``). See ``_claiming``;
 2. whoever gets the claim first asks for the occurrence's *done marker*
    (``"{claim name}#done"``, a lease nobody renews): there, the occurrence already
    finished elsewhere, so release the claim and skip it;
@@ -54,6 +57,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 import asynclock
 
+from ._claiming import Missed, Skipped, get_claim, monotonic_deadline, record_done
 from ._loop import LoopThread, check_target
 
 logger = logging.getLogger("asynclock.apscheduler")
@@ -126,6 +130,18 @@ def takeover_bounds(
     grace = _grace(job) or 0.0
     window = grace + clock_skew + 2 * claim_ttl if takeover_window is None else takeover_window
     return window, window + clock_skew + claim_ttl
+
+
+def start_by(job: Any, run_time: datetime, clock_skew: float) -> datetime:
+    """The latest an occurrence held up by a restart grace may start: within its misfire
+    grace time (an occurrence claimed before the lock server lost its data never gets
+    that far, see ``_claiming``), and ``clock_skew`` before the job's next run time, so
+    the two are not claimed together and one job's tokens keep rising with run times."""
+    latest = run_time + timedelta(seconds=_grace(job) or 0.0)
+    following = job.trigger.get_next_fire_time(run_time, run_time + timedelta(microseconds=1))
+    if following is not None:
+        latest = min(latest, following - timedelta(seconds=clock_skew))
+    return latest
 
 
 def _triggers(trigger: Any) -> list[Any]:
@@ -296,7 +312,15 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
             ``misfire_grace_time + clock_skew + 2 * claim_ttl``; it must exceed
             ``misfire_grace_time + clock_skew + claim_ttl`` (checked). A run lost later
             than ``takeover_window - claim_ttl`` after its run time is not taken over:
-            raise it for jobs that run long.
+            raise it for jobs that run long. A lock server that does not answer is
+            asked again, with backoff, until it ends; then the occurrence is reported
+            missed.
+
+    During a restart grace of the lock server (it lost its data: a new database, or a
+    restart without persistence) an occurrence waits for the grace's end only if it can
+    still start within its ``misfire_grace_time`` and before the job's next run time;
+    otherwise it is reported missed. The grace must last at least ``claim_ttl`` (Redis:
+    ``restart_grace``, by default the first ttl asked for after the server starts).
     """
 
     def __init__(
@@ -429,54 +453,37 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
     async def _claim(self, job: Any, run_time: datetime) -> _Claim | None:
         late = datetime.now(UTC) - run_time
         if job.misfire_grace_time is not None and late > timedelta(seconds=job.misfire_grace_time):
-            self._dispatch(
-                JobExecutionEvent(EVENT_JOB_MISSED, job.id, job._jobstore_alias, run_time)
-            )
-            self._logger.warning('Run time of job "%s" was missed by %s', job, late)
+            self._missed(job, run_time, f"it is {late} late")
             return None
-        backend = self._loop_thread.require()[1]
         window, done_ttl = takeover_bounds(
             job,
             claim_ttl=self.claim_ttl,
             clock_skew=self.clock_skew,
             takeover_window=self.takeover_window,
         )
-        name = occurrence_name(job.id, run_time)
-        waited = False
-        try:
-            lease = await backend.acquire(
-                name, ttl=self.claim_ttl, blocking=False, token_scope=job.id
-            )
-        except asynclock.LockHeld:
-            # Held elsewhere: running, just finished, or its claimant froze or died. Wait
-            # in the background until the claim comes free or the window ends.
-            left = (run_time + timedelta(seconds=window) - datetime.now(UTC)).total_seconds()
-            try:
-                if left <= 0:
-                    raise asynclock.AcquireTimeout(name, 0.0) from None
-                lease = await backend.acquire(
-                    name, ttl=self.claim_ttl, timeout=left, token_scope=job.id
-                )
-            except asynclock.AcquireTimeout:
-                self.skipped += 1
-                logger.debug("occurrence %s of %s stayed claimed elsewhere", run_time, job)
-                return None
-            waited = True
+        window_end = run_time + timedelta(seconds=window)
         done = done_name(job.id, run_time)
-        try:
-            finished = await backend.locked(done)
-        except BaseException:
-            await lease.release()
-            raise
-        if finished:
-            self.skipped += 1
-            logger.debug("occurrence %s of %s already ran elsewhere", run_time, job)
-            await lease.release()
-            return None
-        deadline = time.monotonic() + max(
-            0.0, (run_time + timedelta(seconds=window) - datetime.now(UTC)).total_seconds()
+        outcome = await get_claim(
+            self._loop_thread.require()[1],
+            occurrence_name(job.id, run_time),
+            ttl=self.claim_ttl,
+            scope=job.id,
+            done=done,
+            start_by=start_by(job, run_time, self.clock_skew),
+            window_end=window_end,
         )
-        return _Claim(lease, done, done_ttl, waited, deadline)
+        if isinstance(outcome, Missed):
+            self._missed(job, run_time, outcome.why)
+            return None
+        if isinstance(outcome, Skipped):
+            self.skipped += 1
+            logger.debug("skipping occurrence %s of %s: %s", run_time, job, outcome.why)
+            return None
+        return _Claim(outcome.lease, done, done_ttl, outcome.waited, monotonic_deadline(window_end))
+
+    def _missed(self, job: Any, run_time: datetime, why: str) -> None:
+        self._dispatch(JobExecutionEvent(EVENT_JOB_MISSED, job.id, job._jobstore_alias, run_time))
+        self._logger.warning('Run time of job "%s" was missed (%s): %s', job, run_time, why)
 
     def _claimed(self, job: Any, run_time: datetime, done: concurrent.futures.Future[Any]) -> None:
         """On the executor's loop thread, when a claim attempt has finished."""
@@ -538,7 +545,9 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
         if self._scheduler_loop is not None:
             self._scheduler_loop.call_soon_threadsafe(submit)
         else:
-            submit()
+            # Not on this loop thread: a refused hand-over gives the claim back through
+            # the portal, which its own thread cannot enter.
+            self._later(0.0, submit)
 
     def _later(self, delay: float, call: Callable[[], None]) -> None:
         """Call ``call`` in ``delay`` seconds where ``submit`` runs (the scheduler's loop,
@@ -569,7 +578,8 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
         portal = self._loop_thread.portal
         if portal is None or claim.lease.lost:
             return None
-        return portal.start_task_soon(_record_done, self._loop_thread.require()[1], claim)
+        backend = self._loop_thread.require()[1]
+        return portal.start_task_soon(record_done, backend, claim.lease, claim.done, claim.done_ttl)
 
     def _sync_runner(
         self, func: Callable[..., Any], occurrence: Occurrence, claim: _Claim
@@ -660,39 +670,6 @@ class _Claim:
     done_ttl: float
     waited: bool  # got only after waiting: a takeover
     deadline: float  # time.monotonic() when the takeover window ends
-
-
-async def _record_done(backend: asynclock.Backend, claim: _Claim) -> None:
-    """The run finished while its claim held: record the done marker, then release.
-
-    The marker is written only while the claim is still ours (checked on the clock right
-    before, as for any side effect); a waiter reads it right after it gets the claim, so
-    it never re-runs a finished occurrence. If the marker cannot be written, the claim
-    is kept one more ttl instead (it keeps waiters out as long as it can).
-    """
-    lease = claim.lease
-    try:
-        lease.check()
-    except asynclock.LeaseLost:
-        return
-    try:
-        marker = await backend.acquire(claim.done, ttl=claim.done_ttl, blocking=False)
-    except asynclock.LockHeld:
-        logger.error(
-            "occurrence %s finished here, but its done marker was already there: it "
-            "finished elsewhere too (a claim lost right before the marker was written)",
-            lease.name,
-        )
-    except Exception as exc:
-        logger.error("could not record occurrence %s as done: %r", lease.name, exc)
-        await lease.let_expire()
-        return
-    else:
-        await marker.let_expire()  # nobody renews it: it lasts done_ttl from now
-    try:
-        await lease.release()
-    except asynclock.BackendUnavailable as exc:  # it expires within its ttl anyway
-        logger.warning("releasing the claim of finished occurrence %s failed: %r", lease.name, exc)
 
 
 def _lost(lease: asynclock.Lease) -> asynclock.LeaseLost:

@@ -659,3 +659,35 @@ async def test_example_redis_fenced_write(redis_server: RedisServer) -> None:
     assert lines[1].startswith("second holder wrote total=200 with token ")
     assert "late write rejected: stale fencing token" in lines[2]
     assert lines[-1] == "invoice: total=200"
+
+
+async def test_a_lease_the_restarted_server_granted_survives_the_first_pubsub_connect(
+    redis_factory: RedisFactory,
+) -> None:
+    """Issue 21 (found by the APScheduler fleet tests): a backend opened before a restart
+    (with persistence: no grace) got a lease from the restarted server; its pub/sub
+    connection, opened for the first time after that, saw a run_id other than the one read
+    at open and dropped every lease as 'the Redis server restarted', the new one too. Now
+    the server is asked instead: a lease it granted is kept, one it lost is lost."""
+    server = redis_factory(persist=True)
+    async with asynclock.connect(server.url) as backend:
+        driver = backend.driver
+        assert isinstance(driver, RedisDriver)
+        on_connect = driver.listener.on_connect
+        assert on_connect is not None
+        connected = anyio.Event()
+
+        def seen(run_id: str | None, reconnected: bool) -> None:
+            on_connect(run_id, reconnected)
+            connected.set()
+
+        driver.listener.on_connect = seen
+        server.kill()
+        server.start(settle=False)  # the data was kept (AOF), so no restart grace
+        with anyio.fail_after(10):
+            lease = await backend.acquire("after-restart", ttl=5.0)  # opens pub/sub
+            await connected.wait()
+            await asynclock.testing.next_renewal_round(backend)
+        assert not lease.lost, lease.lost.reason
+        assert await backend.validate("after-restart", lease.token)
+        assert await lease.release()

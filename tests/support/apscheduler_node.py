@@ -11,6 +11,7 @@ so a "stop" after it interrupts no run); prints JSON events:
   ran          a job body finished its fenced write: run_time, token, result
   late_write   a job whose claim was lost replayed its write: result ("stale"/"accepted")
   job_error    APScheduler's EVENT_JOB_ERROR: exception type and reason
+  missed       APScheduler's EVENT_JOB_MISSED: run_time (the scheduler's or the executor's)
   status       claimed / skipped / taken_over counts of the executor
   stopped      after shutdown
 Config: url, options, kind ("background": sync job in a thread pool, "asyncio": async
@@ -33,7 +34,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from apscheduler.events import EVENT_JOB_ERROR
+from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MISSED
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.cron import CronTrigger
@@ -138,6 +139,10 @@ def on_error(event: Any) -> None:
     )
 
 
+def on_missed(event: Any) -> None:
+    emit(event="missed", run_time=event.scheduled_run_time.isoformat())
+
+
 def build(scheduler: Any, executor: ClaimingExecutor) -> None:
     scheduler.add_executor(executor, "default")
     if CFG["trigger"] == "cron":
@@ -145,6 +150,7 @@ def build(scheduler: Any, executor: ClaimingExecutor) -> None:
     elif CFG.get("run_date"):
         add_job(scheduler, DateTrigger(run_date=datetime.fromisoformat(CFG["run_date"])))
     scheduler.add_listener(on_error, EVENT_JOB_ERROR)
+    scheduler.add_listener(on_missed, EVENT_JOB_MISSED)
 
 
 def add_job(scheduler: Any, trigger: Any) -> None:

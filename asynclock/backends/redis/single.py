@@ -38,7 +38,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..._core.asyncio_only import require_asyncio
-from ..._core.driver import Busy, ExtendResult, LeaseRef
+from ..._core.driver import Busy, ExtendResult, LeaseRef, Refused
 from ..._core.holder import Holder
 from .scripts import JOIN_QUEUE, NO_EXPIRY, NO_QUEUE, RESPECT_QUEUE
 from .shared import (
@@ -109,6 +109,8 @@ class RedisDriver(SubscribingDriver):
         #: Leases granted here and not yet released: owner -> (name, drops seen at grant).
         self._leases: dict[str, tuple[str, int]] = {}
         self._drops = 0
+        #: Set when a restart was seen, until the next renewal round has said so.
+        self._restart_note: str | None = None
         #: This backend's probe channel (see the Lua notes): a queue entry naming it is
         #: skipped at once when this backend's connection is gone.
         self._probe = secrets.token_hex(8)
@@ -218,8 +220,12 @@ class RedisDriver(SubscribingDriver):
         tracked = self._leases
         self._leases = {r.owner: tracked[r.owner] for r in leases if r.owner in tracked}
         keys, args = extend_call(self.keys, leases)
+        note, self._restart_note = self._restart_note, None
         reply = await self.node.run("extend", keys, args)
-        return [extend_result(int(code)) for code in reply]
+        results = [extend_result(int(code)) for code in reply]
+        if note is None:
+            return results
+        return [Refused(f"{r.reason}: {note}") if isinstance(r, Refused) else r for r in results]
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         k = self.keys(name)
@@ -280,21 +286,26 @@ class RedisDriver(SubscribingDriver):
             self._heard_from(name)
 
     def _on_connect(self, run_id: str | None, reconnected: bool) -> None:
-        """Connected (again). A new ``run_id`` means the server restarted: every lease it
-        granted before is gone (loss within one round trip of the reconnect, not at the
-        next renewal). Any reconnect asks for a renewal round now."""
+        """Connected (again). A new ``run_id`` on a reconnect means the server restarted
+        while we were connected: every lease it granted before the drop is gone (loss
+        within one round trip of the reconnect, not at the next renewal). On a first
+        connection a new ``run_id`` says the server restarted since the backend opened, but
+        not which leases came from before: the renewal round asked for here tells, lease
+        by lease (a lease the restarted server granted is kept). Any reconnect, and any
+        new ``run_id``, asks for that round now."""
         before, self.node.run_id = self.node.run_id, run_id or self.node.run_id
-        if before is not None and run_id is not None and run_id != before:
-            why = (
-                f"the Redis server restarted (run_id {before} is now {run_id}); "
-                "the leases it granted are gone"
-            )
+        restarted = before is not None and run_id is not None and run_id != before
+        if restarted:
+            # Said with the refusals of the round below: why the keys are gone.
+            self._restart_note = f"the Redis server restarted (run_id {before} is now {run_id})"
+        if restarted and reconnected:
+            why = f"{self._restart_note}; the leases it granted are gone"
             drops = self._drops
             for owner, (name, seen) in list(self._leases.items()):
-                if seen < drops or not reconnected:
+                if seen < drops:
                     del self._leases[owner]
                     self._notify_lost(name, owner, why)
-        if reconnected:
+        if reconnected or restarted:
             self._renew_now()
 
     def _forget_wait(self, name: str, owner: str) -> _Wait | None:
