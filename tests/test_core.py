@@ -6,6 +6,7 @@ import functools
 import gc
 import logging
 import math
+import re
 from typing import Any
 
 import anyio
@@ -61,9 +62,11 @@ async def test_stats_and_hold_times() -> None:
         for _ in range(10):
             async with backend.lock("s", ttl=5.0):
                 pass
+        held = await backend.acquire("s", ttl=5.0)  # (a nested hold would be AlreadyHeld)
         with pytest.raises(asynclock.LockHeld):
-            async with backend.lock("s", ttl=5.0):
-                await backend.acquire("s", ttl=5.0, blocking=False)
+            async with backend.lock("s", ttl=5.0, blocking=False):
+                pass  # pragma: no cover
+        assert await held.release()
         stats = backend.stats()
         assert stats.acquired == 11 and stats.released == 11 and stats.held == 0
         assert stats.busy_attempts == 1
@@ -399,3 +402,47 @@ async def test_a_wake_while_a_retry_is_in_flight_is_not_missed() -> None:
             async with backend.lock("x", ttl=5.0) as lease:
                 assert lease.token > holder.token
         assert busy == 2
+
+
+async def test_a_long_run_of_short_terms_keeps_campaigning() -> None:
+    """Issue 21 item 5: the re-campaign backoff was ``BACKOFF_START * 2 ** losses`` capped
+    only afterwards, so the 1,025th short term lost in a row raised OverflowError out of
+    ``async for``. The clock never moves here (every term is "short": losses never reset)
+    and margin=0 lets a tiny ttl cap the (real) backoff sleep at 0.1 ms."""
+    clock = asynclock.testing.ManualClock(1000.0)
+    terms = 0
+    async with asynclock.Backend(MemoryDriver(), clock=clock, margin=0.0) as backend:
+        with anyio.fail_after(30):
+            async for term in backend.leadership("leader", ttl=1e-4, identity="flappy"):
+                terms += 1
+                async with term:
+                    asynclock.testing.force_loss(term.lease, "deposed")
+                    await anyio.sleep_forever()
+                if terms == 1_100:
+                    break
+        assert backend.held() == []
+    assert terms == 1_100
+
+
+async def test_sync_use_of_an_async_only_object_says_async_with() -> None:
+    """Issue 21 item 8: ``with backend.lock(...)`` (a forgotten ``async``) was Python's bare
+    "does not support the context manager protocol"."""
+    async with asynclock.testing.memory_backend() as backend:
+        managers: list[tuple[object, str]] = [
+            (backend.lock("x", ttl=1.0), "`async with backend.lock(...)`"),
+            (backend.leadership("x", ttl=1.0), "`async with backend.leadership(...)`"),
+            (asynclock.connect("memory://"), "`async with asynclock.connect(url)`"),
+            (backend, "`async with asynclock.connect(url)`"),
+        ]
+        async with backend.leadership("x", ttl=1.0) as term:
+            managers.append((term, "`async with term`"))
+        for manager, words in managers:
+            with pytest.raises(TypeError, match=re.escape(words) + r".* not `with`"):
+                with manager:  # type: ignore[attr-defined]
+                    pass  # pragma: no cover
+        with pytest.raises(
+            TypeError, match=r"write `async for term in backend.leadership\(...\)`.* not `for`"
+        ):
+            for _ in backend.leadership("x", ttl=1.0):  # type: ignore[attr-defined]
+                pass  # pragma: no cover
+        assert backend.held() == []

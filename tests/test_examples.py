@@ -48,6 +48,18 @@ def test_stuck_holder() -> None:
     assert "still locked: False" in out
 
 
+def test_leadership() -> None:
+    out = run("leadership.py")
+    assert out.splitlines() == [
+        "node-a leads with token 1",
+        "operator breaks the lock: True",
+        "node-a lost its term (token 1): renewal refused: lease row gone or taken over",
+        "node-a campaigns again",
+        "node-a leads with token 2",
+        "node-a leads again with token 2 (larger than 1)",
+    ]
+
+
 def test_apscheduler_cluster() -> None:
     out = run("apscheduler_cluster.py")
     summary = out.splitlines()[-1]

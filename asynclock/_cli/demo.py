@@ -6,7 +6,6 @@ import argparse
 import math
 import signal
 import sys
-from urllib.parse import urlsplit
 
 import asynclock
 
@@ -70,7 +69,7 @@ def add_arguments(demo: argparse.ArgumentParser) -> None:
 
 
 def _check_url(parser: argparse.ArgumentParser, url: str) -> None:
-    scheme = urlsplit(url).scheme.lower()
+    scheme = url.partition(":")[0].strip().lower()  # (urlsplit refuses some host lists)
     if scheme == "memory":
         parser.error(
             "--url memory:// keeps locks inside one process, but the demo's workers are "

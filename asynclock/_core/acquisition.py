@@ -26,6 +26,7 @@ import anyio.lowlevel
 
 from .bounds import ArmOnSuspend, CallBounds, cleanup, shielded_call
 from .clock import Clock
+from .context import HOLDS
 from .driver import Busy, Driver
 from .exceptions import (
     AcquireTimeout,
@@ -41,7 +42,7 @@ from .fastpath import (
     _describe_loop,
 )
 from .lease import Lease
-from .lock import _check_lock_args, _check_scope
+from .lock import _check_lock_args, _check_scope, _refuse_nested
 from .session import Session, deadline_reason
 from .stats import StatsRecorder
 
@@ -173,9 +174,13 @@ class Acquisition:
     ) -> Lease:
         """``backend.acquire()``: its arguments checked, then :meth:`acquire`."""
         args = _check_lock_args(name, ttl, timeout, blocking, max_hold)
-        if self.open and self.current_task() is None:
+        task = self.current_task()
+        if self.open and task is None:
             self.wrong_loop()
         scope = None if token_scope is None else _check_scope(token_scope)
+        holds = HOLDS.get()
+        if holds:  # inside this task's own `async with` for the name: it would wait for itself
+            _refuse_nested(self, args[0], holds, task)
         return await self.acquire(*args, token_scope=scope)
 
     async def acquire(

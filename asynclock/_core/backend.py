@@ -22,6 +22,7 @@ from .leadership import Leader, Leadership, find_leader
 from .lease import Lease
 from .lock import Lock as Lock
 from .lock import locked_function
+from .misuse import AsyncContextOnly
 from .session import Session
 from .stats import BackendStats, StatsRecorder
 from .validation import check_name, check_timing, check_token
@@ -31,11 +32,10 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 
-class Backend:
+class Backend(AsyncContextOnly):
     """A lock service: hand out leases on names, renew them, and stop holders that lose them.
-
-    Create one with :func:`asynclock.connect` (or pass a driver for tests) and use it as an
-    async context manager; it owns the background renewer of every lease it grants.
+    Create one with :func:`asynclock.connect` (or pass a driver) and use it as an async
+    context manager; it owns the background renewer of every lease it grants.
 
     Args:
         driver: the backend driver (see ``asynclock.backends``).
@@ -45,6 +45,8 @@ class Backend:
         heartbeat: renew every ``ttl * heartbeat`` seconds (default 1/3).
         release_timeout: bound on a release or on the clean-up of an interrupted acquire.
     """
+
+    _usage = "asynclock.connect(url)"
 
     def __init__(
         self,
@@ -128,13 +130,12 @@ class Backend:
     ) -> Lock:
         """An async context manager that holds ``name`` for the body and yields the Lease.
 
-        The body runs in a cancel scope that is cancelled when the lease is lost; the
-        ``async with`` then raises :class:`LeaseLost`. Busy with ``blocking=False`` raises
-        :class:`LockHeld`; not acquired within ``timeout`` raises :class:`AcquireTimeout`.
-
-        ``token_scope`` (validated like a name): the token is also greater than every
-        earlier token of that scope, whatever its name (G2 per scope), for one job that
-        locks a new name per occurrence (``"nightly@2026-12-01T03:00"``).
+        The body runs in a cancel scope cancelled when the lease is lost; the ``async with``
+        then raises :class:`LeaseLost`. Busy with ``blocking=False``: :class:`LockHeld`;
+        not acquired within ``timeout``: :class:`AcquireTimeout`; inside this task's own
+        hold of ``name`` (a lock or a term): :class:`AlreadyHeld` at once (not re-entrant).
+        ``token_scope`` (validated like a name): the token is also above every earlier
+        token of that scope (G2 per scope), for a job locking a name per occurrence.
         """
         return Lock(self._acq, name, ttl, timeout, blocking, max_hold, token_scope)
 
@@ -150,14 +151,17 @@ class Backend:
     ) -> Lease:
         """Acquire without a context manager. You must ``await lease.release()``.
 
-        No cancel scope guards your work here: watch ``lease.lost`` or call
-        ``lease.check()`` before side effects, and fence your writes with ``lease.token``.
-        ``token_scope``: as in :meth:`lock`.
+        No cancel scope guards your work: watch ``lease.lost`` or call ``lease.check()``
+        before side effects, and fence writes with ``lease.token``. Otherwise as :meth:`lock`.
         """
         return await self._acq.acquire_checked(name, ttl, timeout, blocking, max_hold, token_scope)
 
     async def validate(self, name: str, token: int) -> bool:
-        """True if ``token`` is the live holder's token for ``name`` right now (G9)."""
+        """True if ``token`` is the live holder's token for ``name`` right now (G9); False
+        for a token that was a holder's but is not the live one. A ``TypeError`` for a
+        token that is not an int, a ``ValueError`` for one no lease can have (not in
+        1 .. 2**63-1): check a token from outside (a header, a message) first, as fences do.
+        """
         acq = self._acq.ready()
         check_name(name)
         check_token(token)
@@ -172,11 +176,8 @@ class Backend:
         return self._session.live()
 
     async def holder(self, name: str) -> Holder | None:
-        """Who holds ``name`` right now, as the server sees it, or ``None`` if nobody does.
-
-        A snapshot for dashboards and operators, not for deciding who may write (fence
-        writes with your lease's token); see :class:`~asynclock.Holder`.
-        """
+        """Who holds ``name`` now, as the server sees it (a :class:`~asynclock.Holder`), or
+        ``None``: a snapshot for operators, not for deciding who may write."""
         acq = self._acq.ready()
         check_name(name)
         found = await acq.call("holder", self.driver.holder(name), (NotImplementedError,))
@@ -190,10 +191,8 @@ class Backend:
         """Remove whoever holds ``name`` (for operators); True if a live lease was removed.
 
         Logged at WARNING. The broken holder, in any process, loses its lease at its next
-        renewal at the latest (:class:`LeaseLost`); the next token is larger. Not
-        owner-checked: for a stuck holder, not to take a lock. PostgreSQL
-        ``mode=session`` ends the holder's session, with every lock it holds.
-        """
+        renewal (:class:`LeaseLost`); the next token is larger. Not owner-checked: for a
+        stuck holder. PostgreSQL ``mode=session`` ends the holder's session and its locks."""
         acq = self._acq.ready()
         check_name(name)
         logger.warning("break_lock(%r) on %s: removing whoever holds it", name, self.driver.display)
@@ -232,7 +231,9 @@ class Backend:
         ``async with backend.leadership(name, ttl=...) as term:`` waits until elected; the
         body is cancelled when the term is lost and the block raises :class:`LeaseLost`.
         ``async for term in ...:`` with ``async with term:`` inside campaigns again after
-        each loss (with backoff) until the loop is left.
+        each loss (with backoff) until the loop is left; ``term.lease.lost.reason`` then
+        says whether (and why) that term was lost. ``ttl`` is checked here, as by
+        :meth:`lock`; campaigning inside this task's own hold of ``name`` is AlreadyHeld.
         """
         return Leadership(self._acq, name, ttl, identity)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import importlib
 from typing import Any
-from urllib.parse import urlsplit
 
 from .backend import Backend
 from .clock import Clock
+from .urls import url_scheme
 
 #: scheme -> (module, extra that provides its driver, or None for the core)
 SCHEMES: dict[str, tuple[str, str | None]] = {
@@ -41,7 +41,7 @@ def connect(
     """
     if not isinstance(url, str):
         raise TypeError(f"url must be a str like 'sqlite:///locks.db', not {type(url).__name__}")
-    scheme = urlsplit(url).scheme.lower()
+    scheme = url_scheme(url)  # not urlsplit: some builds refuse a host list with [::1]
     if scheme not in SCHEMES:
         allowed = ", ".join(f"{s}://" for s in SCHEMES)
         shown = f"{scheme!r}" if scheme else "none"

@@ -60,25 +60,38 @@ class LockHeld(_FieldArgs):
 
 
 class AlreadyHeld(LockHeld):
-    """This task is already inside ``async with backend.lock(name)`` for the same name on
-    the same backend. Locks are not re-entrant: waiting would wait for itself forever.
+    """This task already holds ``name`` on the same backend, inside ``async with
+    backend.lock(name)`` or a leadership term of ``name`` (``async with
+    backend.leadership(name)``, ``async with term``), and asked for it again: a ``lock()``,
+    ``acquire()`` or ``leadership()`` of the same name. Holds are not re-entrant: waiting
+    would wait for itself forever.
 
-    ``token`` is the outer hold's fencing token.
+    ``token`` is the outer hold's fencing token; ``outer`` says what the outer hold is:
+    ``"lock"`` or ``"leadership"``.
     """
 
-    _fields = ("name", "token")
+    _fields = ("name", "token", "outer")
 
-    def __init__(self, name: str, token: int) -> None:
+    def __init__(self, name: str, token: int, outer: str = "lock") -> None:
+        if outer == "leadership":
+            where = (
+                f"a leadership term: outer `async with backend.leadership({name!r})` or "
+                "`async with term`"
+            )
+        else:
+            where = f"outer `async with backend.lock({name!r})`"
         _FieldArgs.__init__(
             self,
-            f"lock {name!r} is already held by this task (outer `async with "
-            f"backend.lock({name!r})`, token {token}); locks are not re-entrant: use the "
-            "outer lease (asynclock.current_lease()) instead of locking the name again",
+            f"lock {name!r} is already held by this task ({where}, token {token}); holds "
+            "are not re-entrant: use the outer lease (asynclock.current_lease()) instead of "
+            "locking or campaigning for the name again",
             name,
             token,
+            outer,
         )
         self.detail = None
         self.name = name
+        self.outer = outer
         self.retry_after = None
         self.token = token
 

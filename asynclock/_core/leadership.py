@@ -20,7 +20,9 @@ import anyio
 
 from .context import HOLDS, ExcInfo, pop_hold, push_hold
 from .exceptions import AsynclockError, BackendUnavailable, LeaseLost
-from .validation import check_name, check_ttl
+from .lock import _refuse_nested
+from .misuse import AsyncContextOnly, refuse_sync_iteration
+from .validation import MAX_TTL, check_lease_ttl, check_name
 
 if TYPE_CHECKING:
     from .acquisition import Acquisition
@@ -30,8 +32,13 @@ if TYPE_CHECKING:
 #: The separator between the owner id (hex) and the encoded identity.
 IDENTITY_MARK = "."
 MAX_IDENTITY_BYTES = 200
-#: First wait before re-campaigning after a lost term; doubles per loss in a row.
+#: First wait before re-campaigning after a lost term; doubles per loss in a row (up to
+#: the ttl).
 BACKOFF_START = 0.05
+#: Doublings after which the backoff is past any ttl (``BACKOFF_START * 2**25 > MAX_TTL``):
+#: the exponent stops there, so a long run of lost terms never overflows a float.
+MAX_DOUBLINGS = 25
+assert BACKOFF_START * 2**MAX_DOUBLINGS > MAX_TTL
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +86,7 @@ def identity_of(owner: str) -> str | None:
         return None
 
 
-class Term:
+class Term(AsyncContextOnly):
     """One term of leadership: elected until its lease is lost or released.
 
     ``lease`` is the term's lease (its ``token`` fences the leader's writes). In
@@ -89,6 +96,7 @@ class Term:
     """
 
     __slots__ = ("_quiet", "_scope", "identity", "lease")
+    _usage = "term"
 
     def __init__(self, lease: Lease, identity: str, *, quiet: bool) -> None:
         self.lease = lease
@@ -114,6 +122,7 @@ class Term:
         if lease.released:
             raise RuntimeError("this term has ended; campaign again for a new one")
         self._scope = scope = anyio.CancelScope()
+        lease._task = lease._holds.current_task()  # a hold of this task (AlreadyHeld)
         push_hold(self, lease, scope, HOLDS.get())
         return self
 
@@ -122,6 +131,7 @@ class Term:
         assert scope is not None, "Term.__aexit__ without __aenter__"
         pop_hold(self)
         lease._scope = None
+        lease._task = None
         self._scope = None
         try:
             swallowed = bool(scope.__exit__(*exc_info))
@@ -134,18 +144,19 @@ class Term:
         return swallowed
 
 
-class Leadership:
+class Leadership(AsyncContextOnly):
     """``async with backend.leadership(name, ttl=...) as term`` or ``async for term in ...``.
 
     See :meth:`Backend.leadership`.
     """
 
     __slots__ = ("_acq", "_identity", "_losses", "_name", "_term", "_ttl")
+    _usage = "backend.leadership(...)"
 
     def __init__(self, acq: Acquisition, name: str, ttl: float, identity: str | None) -> None:
         self._acq = acq
         self._name = check_name(name)
-        self._ttl = check_ttl(ttl)
+        self._ttl = check_lease_ttl(ttl)  # as lock() does: the term is a lease
         self._identity = check_identity(identity)
         self._term: Term | None = None
         self._losses = 0
@@ -163,6 +174,9 @@ class Leadership:
 
     async def _campaign(self, *, quiet: bool) -> Term:
         """Wait until elected (blocking acquire: the waiter sleeps until a release)."""
+        holds = HOLDS.get()
+        if holds:  # campaigning inside this task's own hold of the name would never win
+            _refuse_nested(self._acq, self._name, holds, self._acq.current_task())
         lease = await self._acq.acquire(
             self._name, self._ttl, None, True, None, owner_tag(self._identity)
         )
@@ -188,6 +202,11 @@ class Leadership:
     def __aiter__(self) -> Leadership:
         return self
 
+    if not TYPE_CHECKING:
+
+        def __iter__(self):
+            raise refuse_sync_iteration(self._usage)
+
     async def __anext__(self) -> Term:
         previous, self._term = self._term, None
         if previous is not None:
@@ -201,7 +220,8 @@ class Leadership:
                     self._losses = 1  # a long term: this loss starts a new series
                 # Back off before campaigning again, so a flapping leader (a loaded
                 # machine, a flaky network) does not hammer the server.
-                delay = min(self._ttl, BACKOFF_START * 2 ** (self._losses - 1))
+                doublings = min(self._losses - 1, MAX_DOUBLINGS)
+                delay = min(self._ttl, BACKOFF_START * 2**doublings)
                 await anyio.sleep(delay * (0.5 + random.random() / 2))
             else:
                 self._losses = 0

@@ -12,6 +12,7 @@ from .context import HOLDS as _HOLDS
 from .context import ExcInfo, pop_hold, push_hold
 from .exceptions import AlreadyHeld, LeaseLost
 from .lease import Lease
+from .misuse import AsyncContextOnly
 from .templates import NameTemplate
 from .validation import (
     MAX_NAME_BYTES,
@@ -65,12 +66,15 @@ def _check_lock_args(
 
 
 def _refuse_nested(acq: Acquisition, name: str, holds: tuple[Any, ...], task: object) -> None:
-    """Raise :class:`AlreadyHeld` if this task is inside ``async with backend.lock(name)``.
+    """Raise :class:`AlreadyHeld` if this task holds ``name`` on this backend already: it is
+    inside ``async with backend.lock(name)`` or a leadership term of ``name``. Every way to
+    ask for a name (``lock``, ``acquire``, ``leadership``) calls it first: asking again
+    would wait for itself forever.
 
     A child task starts with a copy of its parent's holds, so a hold counts only while
     its lease is live and only in the task that entered it.
     """
-    for _, lease, _ in holds:
+    for holder, lease, _ in holds:
         if (
             lease.name == name
             and lease._holds is acq
@@ -79,10 +83,13 @@ def _refuse_nested(acq: Acquisition, name: str, holds: tuple[Any, ...], task: ob
             and not lease._released
             and not lease.lost
         ):
-            raise AlreadyHeld(name, lease.token)
+            # The outermost entry of a lease is the Lock or the leadership Term that
+            # entered it (use_lease() markers come later, inside).
+            outer = "lock" if isinstance(holder, Lock) else "leadership"
+            raise AlreadyHeld(name, lease.token, outer)
 
 
-class Lock:
+class Lock(AsyncContextOnly):
     """``async with backend.lock(name, ttl=...) as lease:`` — see :meth:`Backend.lock`.
 
     Reusable and safe to share: each entering task gets its own lease (ownership lives on
@@ -90,6 +97,7 @@ class Lock:
     """
 
     __slots__ = ("_acq", "_args", "_token_scope")
+    _usage = "backend.lock(...)"
 
     def __init__(
         self,

@@ -118,7 +118,12 @@ def check_token(token: object) -> int:
     if isinstance(token, bool) or not isinstance(token, int):
         raise TypeError(f"fencing token must be an int, not {type(token).__name__}")
     if not (0 < token < 2**63):
-        raise ValueError(f"fencing token must be a positive 64-bit int, got {token}")
+        # (A huge int is not shown: printing one of over 4,300 digits raises ValueError.)
+        got = str(token) if token.bit_length() <= 64 else f"an int of {token.bit_length()} bits"
+        raise ValueError(
+            f"fencing token must be a positive 64-bit int (1 to 2**63 - 1, as every "
+            f"lease's token is), got {got}"
+        )
     return token
 
 

@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequenc
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import anyio
 
+from .._core.urls import Host, parse_multi_host_url, url_scheme
 from .pg_server import running_pg
 from .servers import EtcdMember, EtcdServers, RedisServer
 
@@ -34,25 +34,19 @@ _DEFAULT_PORTS = {
 
 
 def split_url(url: str) -> tuple[str, str, list[tuple[str, int]], str]:
-    """(scheme, auth@ or "", [(host, port)...], rest) of a network URL."""
-    scheme, _sep, tail = url.partition("://")
-    netloc, slash, rest = tail.partition("/")
-    auth, at, hosts = netloc.rpartition("@")
-    endpoints = []
-    for item in hosts.split(","):
-        host, colon, port = (
-            item.rpartition(":") if "]" not in item.rsplit(":", 1)[-1] else ("", "", "")
-        )
-        if not colon:
-            host, port = item, ""
-        endpoints.append(
-            (host.strip("[]") or "127.0.0.1", int(port) if port else _DEFAULT_PORTS.get(scheme, 0))
-        )
-    return scheme, auth + at, endpoints, slash + rest
+    """(scheme, auth@ or "", [(host, port)...], rest) of a network URL (hosts without
+    brackets; no host: the default port on 127.0.0.1)."""
+    parts = parse_multi_host_url(url)
+    default = _DEFAULT_PORTS.get(parts.scheme, 0)
+    endpoints = [(h.host, default if h.port is None else h.port) for h in parts.hosts]
+    rest = parts.path + (f"?{parts.query}" if parts.query else "")
+    rest += f"#{parts.fragment}" if parts.fragment else ""
+    auth = "" if parts.userinfo is None else f"{parts.userinfo}@"
+    return parts.scheme, auth, endpoints or [("127.0.0.1", default)], rest
 
 
 def join_url(scheme: str, auth: str, endpoints: Iterable[tuple[str, int]], rest: str) -> str:
-    return f"{scheme}://{auth}" + ",".join(f"{h}:{p}" for h, p in endpoints) + rest
+    return f"{scheme}://{auth}" + ",".join(Host(h, p).address() for h, p in endpoints) + rest
 
 
 def is_loopback(host: str) -> bool:
@@ -66,7 +60,7 @@ def is_loopback(host: str) -> bool:
 
 def check_url(url: str, faults: Sequence[str], allow_remote_faults: bool) -> str:
     """The backend kind of ``url``; ValueError if faults would reach a non-loopback host."""
-    scheme = urlsplit(url).scheme.lower()
+    scheme = url_scheme(url)
     kinds = {
         "sqlite": "sqlite",
         "redis": "redis",
@@ -181,7 +175,8 @@ def register_for(kind: str, url: str, tmp: Path, run_id: str) -> str:
         _scheme, auth, endpoints, rest = split_url(url)
         host, port = endpoints[0]
         db = rest if kind == "redis" else ""
-        return f"redis://{auth}{host}:{port}{db.partition('?')[0]}#asynclock-drill:{run_id}"
+        address = Host(host, port).address()
+        return f"redis://{auth}{address}{db.partition('?')[0]}#asynclock-drill:{run_id}"
     return f"{url}#drill-{run_id}"
 
 

@@ -38,8 +38,11 @@ async def test_lock_lifecycle_on_each_version(server: RedisServer) -> None:
         async with backend.lock("v", ttl=0.6) as lease:
             first = lease.token
             assert first > 1_000_000  # seeded from the server's TIME (ms x 1000)
-            with pytest.raises(asynclock.LockHeld):
-                await backend.acquire("v", ttl=5.0, blocking=False)
+            # Another owner, refused by the server (this task would get AlreadyHeld at once).
+            async with asynclock.connect(server.url) as other:
+                with pytest.raises(asynclock.LockHeld) as refused:
+                    await other.acquire("v", ttl=5.0, blocking=False)
+                assert not isinstance(refused.value, asynclock.AlreadyHeld)
             await asynclock.testing.next_renewal_round(backend)
             assert backend.stats().renewals >= 1 and not lease.lost
             assert await backend.validate("v", first)

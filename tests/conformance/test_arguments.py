@@ -85,6 +85,12 @@ async def test_huge_ttl_is_refused_before_any_io(backend: asynclock.Backend, ttl
         with pytest.raises(ValueError, match="ttl must be at most 604800 seconds"):
             await lease.extend(ttl)
         lease.check()
+    # A leadership term is a lease: refused at the call, as lock() is (it granted a term
+    # that never expired on memory/sqlite and hung on redis/redlock).
+    with pytest.raises(ValueError, match="ttl must be at most 604800 seconds"):
+        backend.leadership("x", ttl=ttl)
+    with pytest.raises(ValueError, match="ttl must be at most 604800 seconds"):
+        backend.leadership("x", ttl=ttl, identity="node-a")
 
 
 # Not postgres_lease here: the lease table durably keeps the longest ttl ever granted (the
@@ -156,11 +162,27 @@ async def test_ttl_too_short_for_margin(backend: asynclock.Backend) -> None:
 
 
 @pytest.mark.parametrize(
-    ("token", "error"), [(0, ValueError), (-3, ValueError), (2**63, ValueError), ("1", TypeError)]
+    ("token", "error", "words"),
+    [
+        (0, ValueError, r"positive 64-bit int \(1 to 2\*\*63 - 1, .*\), got 0$"),
+        (-3, ValueError, r"positive 64-bit int \(1 to 2\*\*63 - 1, .*\), got -3$"),
+        (2**63, ValueError, r"got 9223372036854775808$"),
+        (10**5000, ValueError, r"got an int of 16610 bits$"),  # not str(): over 4,300 digits
+        ("1", TypeError, "fencing token must be an int, not str"),
+        (True, TypeError, "fencing token must be an int, not bool"),
+    ],
+    ids=["0", "-3", "2**63", "10**5000", "str", "bool"],
 )
-async def test_bad_tokens(backend: asynclock.Backend, token: Any, error: type[Exception]) -> None:
-    with pytest.raises(error, match="fencing token"):
+async def test_bad_tokens(
+    backend: asynclock.Backend, token: Any, error: type[Exception], words: str
+) -> None:
+    """validate() refuses a value no lease can have (the docs say so: ValueError or
+    TypeError, as the fences do); False is the answer for a token that is just not the
+    live holder's."""
+    with pytest.raises(error, match=words):
         await backend.validate("x", token)
+    assert await backend.validate("x", 1) is False
+    assert await backend.validate("x", 2**63 - 1) is False
 
 
 def test_unknown_scheme_lists_allowed() -> None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import anyio
@@ -129,6 +130,73 @@ async def test_nested_hold_of_the_same_name_raises_at_once(
         outer.check()
     async with backend.lock(lock_name, ttl=5.0):  # and after the outer hold, it is free
         pass
+
+
+@asynccontextmanager
+async def outer_hold(backend: asynclock.Backend, kind: str, name: str) -> AsyncIterator[int]:
+    """Hold ``name`` in this task the way ``kind`` says; yield the hold's token."""
+    if kind == "lock":
+        async with backend.lock(name, ttl=5.0) as lease:
+            yield lease.token
+    elif kind == "leadership":
+        async with backend.leadership(name, ttl=5.0, identity="outer") as term:
+            yield term.token
+    else:  # a term of an `async for` loop, guarded by `async with term:` as the docs say
+        async for term in backend.leadership(name, ttl=5.0, identity="outer"):
+            async with term:
+                yield term.token
+            break
+
+
+async def _enter(manager: AbstractAsyncContextManager[object]) -> None:
+    async with manager:
+        pass  # pragma: no cover
+
+
+async def _campaign(backend: asynclock.Backend, name: str) -> None:
+    async for _ in backend.leadership(name, ttl=5.0, identity="inner"):
+        pass  # pragma: no cover
+
+
+#: Every way one task can ask for a name again, by what it calls.
+NESTED: dict[str, Callable[[asynclock.Backend, str], Awaitable[object]]] = {
+    "lock": lambda b, n: _enter(b.lock(n, ttl=5.0)),
+    "lock(timeout=30)": lambda b, n: _enter(b.lock(n, ttl=5.0, timeout=30)),
+    "lock(blocking=False)": lambda b, n: _enter(b.lock(n, ttl=5.0, blocking=False)),
+    "acquire": lambda b, n: b.acquire(n, ttl=5.0),
+    "acquire(timeout=30)": lambda b, n: b.acquire(n, ttl=5.0, timeout=30),
+    "acquire(blocking=False)": lambda b, n: b.acquire(n, ttl=5.0, blocking=False),
+    "async with leadership": lambda b, n: _enter(b.leadership(n, ttl=5.0)),
+    "async for leadership": _campaign,
+}
+
+
+@pytest.mark.parametrize("outer", ["lock", "leadership", "leadership loop"])
+async def test_every_nested_hold_of_the_same_name_raises_at_once(
+    backend: asynclock.Backend, lock_name: str, outer: str
+) -> None:
+    """Issue 21 item 5: a leadership term inside a lock, a lock or a term inside a term,
+    an acquire() inside either: each waited for itself (forever, or until its timeout)."""
+    kind = "lock" if outer == "lock" else "leadership"
+    named = "outer `async with backend.lock(" if kind == "lock" else "a leadership term"
+    async with outer_hold(backend, outer, lock_name) as token:
+        for what, ask in NESTED.items():
+            with anyio.fail_after(5), pytest.raises(asynclock.AlreadyHeld) as info:
+                await ask(backend, lock_name)
+            message = str(info.value)
+            assert "already held by this task" in message, what
+            assert named in message and f"token {token}" in message, (what, message)
+            assert (info.value.name, info.value.token, info.value.outer) == (
+                lock_name,
+                token,
+                kind,
+            ), what
+        [held] = backend.held()  # nothing else was granted or left behind
+        assert held.token == token and not held.lost
+        assert await backend.validate(lock_name, token)
+    with anyio.fail_after(10):
+        async with backend.lock(lock_name, ttl=5.0, blocking=False) as after:
+            assert after.token > token  # and once the outer hold ends, the name is free
 
 
 async def test_a_child_task_is_another_holder(backend: asynclock.Backend, lock_name: str) -> None:

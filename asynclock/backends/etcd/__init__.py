@@ -18,14 +18,14 @@ See docs/backends/etcd.md for how leases, ttls and partitions behave.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl
 
 from ..._core.asyncio_only import require_asyncio
 from ..._core.backend import Backend
 from ..._core.lease import Lease
+from ..._core.urls import parse_multi_host_url, password_spilled, spilled_message, split_url
 from ..._core.validation import check_seconds
 from ._session import requested_ttl
 from .client import TLS, Endpoints, EtcdClient
@@ -34,27 +34,6 @@ from .driver import EtcdDriver
 DEFAULT_PORT = 2379
 DEFAULT_TIMEOUT = 3.0
 _OPTIONS = ("prefix", "timeout", "tls", "ca", "cert", "key", "server_name", "user", "password")
-
-
-def parse_hosts(netloc: str) -> list[tuple[str, int]]:
-    hosts: list[tuple[str, int]] = []
-    for part in netloc.split(","):
-        part = part.strip()
-        if not part:
-            raise ValueError(f"etcd:// URL has an empty host in {netloc!r}; use host[:port],...")
-        if part.startswith("["):  # [ipv6]:port
-            host, _, rest = part[1:].partition("]")
-            port_text = rest[1:] if rest.startswith(":") else ""
-        else:
-            host, _, port_text = part.rpartition(":") if ":" in part else (part, "", "")
-        try:
-            port = int(port_text) if port_text else DEFAULT_PORT
-        except ValueError:
-            raise ValueError(f"etcd:// URL: port of {part!r} is not a number") from None
-        if not (0 < port < 65536):
-            raise ValueError(f"etcd:// URL: port of {part!r} must be 1 to 65535")
-        hosts.append((host, port))
-    return hosts
 
 
 def _flag(value: object, what: str) -> bool:
@@ -83,12 +62,8 @@ def driver_from_url(url: str, **options: Any) -> EtcdDriver:
     try:
         return _driver_from_url(url, options)
     except ValueError:
-        if _password_spilled(url):
-            raise ValueError(
-                "etcd:// URL is malformed; if the password has '/', '?' or '#', "
-                "percent-encode it (urllib.parse.quote(password, safe='')). The parser's "
-                "own words are withheld: they would show part of the password"
-            ) from None
+        if password_spilled(url):
+            raise ValueError(spilled_message("etcd://")) from None
         raise
 
 
@@ -96,8 +71,7 @@ def _refuse_raw_brackets_in_credentials(url: str) -> None:
     """A '[' or ']' in the user info, not percent-encoded: URL parsers read it as the
     start of an IPv6 address ("Invalid IPv6 URL", or "'Qv9' does not appear to be an IPv4
     or IPv6 address", quoting part of the password). Say what to do, quote nothing."""
-    authority = re.split(r"[/?#]", url.partition("://")[2], maxsplit=1)[0]
-    userinfo = authority.rpartition("@")[0]
+    userinfo = split_url(url).authority.rpartition("@")[0]
     if "[" in userinfo or "]" in userinfo:
         raise ValueError(
             "etcd:// URL: the user name or password has '[' or ']', which a URL allows only "
@@ -107,22 +81,14 @@ def _refuse_raw_brackets_in_credentials(url: str) -> None:
         )
 
 
-def _password_spilled(url: str) -> bool:
-    """Did a '/', '?' or '#' in the user info end the host part early (so the password
-    ended up in the path, query or fragment, where an error message would quote it)?"""
-    return "@" not in urlsplit(url).netloc and "@" in url.partition("://")[2]
-
-
 def _driver_from_url(url: str, options: dict[str, Any]) -> EtcdDriver:
-    parts = urlsplit(url)
-    netloc = parts.netloc
+    # Not urlsplit: builds with its bracketed-host check refuse "h1:2379,[::1]:2379".
+    parts = parse_multi_host_url(url)
     user: str | None = None
     password: str | None = None
-    if "@" in netloc:
-        userinfo, _, netloc = netloc.rpartition("@")
-        name, _, secret = userinfo.partition(":")
-        user, password = unquote(name), unquote(secret)
-    if not netloc:
+    if parts.userinfo is not None:
+        user, password = parts.username, parts.password or ""
+    if not parts.hosts:
         raise ValueError("etcd:// URL needs at least one host, like etcd://127.0.0.1:2379")
     if parts.path not in ("", "/"):
         raise ValueError(
@@ -159,8 +125,8 @@ def _driver_from_url(url: str, options: dict[str, Any]) -> EtcdDriver:
             key=_read(merged["key"], "key") if "key" in merged else None,
             server_name=merged.get("server_name") or None,
         )
-    hosts = parse_hosts(netloc)
-    shown = ",".join(f"{h}:{p}" for h, p in hosts)
+    hosts = [(h.host, DEFAULT_PORT if h.port is None else h.port) for h in parts.hosts]
+    shown = ",".join(h.address(DEFAULT_PORT) for h in parts.hosts)
     endpoints = Endpoints(hosts, tls=tls, user=user or None, password=password)
     display = f"etcd://{shown}"
     client = EtcdClient(endpoints, timeout=timeout, display=display)

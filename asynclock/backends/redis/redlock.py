@@ -41,6 +41,7 @@ from ..._core.asyncio_only import require_asyncio
 from ..._core.driver import Busy, ExtendResult, LeaseRef, Refused
 from ..._core.exceptions import BackendUnavailable, QuorumNotReached
 from ..._core.holder import Holder
+from ..._core.urls import parse_multi_host_url
 from ..._core.validation import check_seconds
 from .scripts import NO_EXPIRY, SCRIPTS
 from .shared import (
@@ -591,10 +592,9 @@ def _shown(url: str) -> str:
 def parse_url(url: str) -> tuple[list[str], str, dict[str, str]]:
     """``redlock://`` URL -> (one redis:// URL per node, display without password, the
     driver's own options found in the query)."""
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    userinfo, _, hosts = netloc.rpartition("@")
-    if not hosts:
+    # Not urlsplit: builds with its bracketed-host check refuse "h1:6379,[::1]:6380".
+    parts = parse_multi_host_url(url)
+    if not parts.hosts:
         raise ValueError(
             "redlock:// needs at least one host: redlock://host1:6379,host2:6379,host3:6379"
         )
@@ -607,16 +607,13 @@ def parse_url(url: str) -> tuple[list[str], str, dict[str, str]]:
     if not db.isdigit():
         raise ValueError(f"redlock:// database must be a number, got {db!r}")
     rest = f"?{urlencode(query)}" if query else ""
+    userinfo = parts.userinfo or ""
     urls = []
     shown = []
-    for host in hosts.split(","):
-        host = host.strip()
-        if not host:
-            raise ValueError(f"empty host in redlock URL host list {hosts!r}")
-        if ":" not in host.rsplit("]", 1)[-1]:
-            host += ":6379"
-        urls.append(f"{scheme}://{userinfo + '@' if userinfo else ''}{host}/{db}{rest}")
-        shown.append(host)
+    for host in parts.hosts:
+        address = host.address(6379)
+        urls.append(f"{scheme}://{userinfo + '@' if userinfo else ''}{address}/{db}{rest}")
+        shown.append(address)
     user = userinfo.split(":", 1)[0]
     display = f"redlock://{user + '@' if user else ''}{','.join(shown)}/{db}"
     return urls, display, ours

@@ -16,6 +16,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 from ..._core.asyncio_only import require_asyncio
 from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
 from ..._core.holder import Holder
+from ..._core.urls import split_url
 from ..._core.validation import check_seconds
 from .scripts import MAX_IDLE_SUBSCRIPTIONS
 from .wire import ms
@@ -337,8 +338,8 @@ def check_redis_url(
     ``keyword_options``: the driver's own keyword arguments (the rest go to redis-py)."""
     from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS
 
-    parts = urlsplit(url)
-    if parts.scheme.lower() in ("redis", "rediss", "redlock"):
+    parts = split_url(url)  # not urlsplit: it refuses some redlock:// host lists
+    if parts.scheme in ("redis", "rediss", "redlock"):
         db = unquote(parts.path).strip("/")
         if db and not db.isdigit():
             raise ValueError(
@@ -365,7 +366,7 @@ def check_redis_url(
                 check_seconds(value, key, text=True)
             except ValueError as exc:
                 raise ValueError(f"{scheme}:// URL option {exc}") from None
-    keywords = _redis_keywords(parts.scheme.lower()) | keyword_options
+    keywords = _redis_keywords(parts.scheme) | keyword_options
     for key in options:
         if key in _SET_BY_ASYNCLOCK:
             raise ValueError(
