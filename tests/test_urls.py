@@ -148,3 +148,22 @@ def test_the_drill_reads_host_lists_too() -> None:
     assert join_url(scheme, auth, endpoints, rest) == url
     with pytest.raises(ValueError, match=r"10\.1\.2\.3 is not a loopback address"):
         check_url("redlock://127.0.0.1:1,10.1.2.3:2,[::1]:3", ("pause",), False)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:Qv9[x]s3cr3t@127.0.0.1:6379/0",
+        "rediss://user:Qv9]s3cr3t@127.0.0.1:6379/0",
+        "redlock://:Qv9[s3cr3t@127.0.0.1:1,127.0.0.2:2",
+        "postgresql://locker:Qv9[x]s3cr3t@127.0.0.1:5432/db",
+        "etcd://root:Qv9[x]s3cr3t@127.0.0.1:2379",
+    ],
+)
+def test_a_raw_bracket_in_a_password_is_told_to_percent_encode_on_every_backend(url: str) -> None:
+    """Issue 21 item 6, on every URL backend: a raw '[' or ']' in the user info made the
+    URL parser quote part of the password ("'x]s3cr3t' does not appear to be an IPv4 or
+    IPv6 address") or say "Invalid IPv6 URL". Now: percent-encode, and nothing quoted."""
+    with pytest.raises(ValueError, match="percent-encode") as caught:
+        asynclock.connect(url)
+    assert "s3cr3t" not in str(caught.value) and "Qv9" not in str(caught.value)

@@ -176,3 +176,21 @@ def _port(text: str, item: str, label: str) -> int | None:
     if not 0 < port < 65536:
         raise ValueError(f"{label} URL: the port of {item!r} must be 1 to 65535")
     return port
+
+
+def refuse_raw_brackets(
+    url: str,
+    scheme: str,
+    instead: str = "pass user= and password= to asynclock.connect()",
+) -> None:
+    """A '[' or ']' in the user info, not percent-encoded: URL parsers read it as the start
+    of an IPv6 address ("Invalid IPv6 URL", or "'Qv9' does not appear to be an IPv4 or IPv6
+    address", quoting part of the password). Say what to do; quote nothing of it."""
+    userinfo = split_url(url).authority.rpartition("@")[0]
+    if "[" in userinfo or "]" in userinfo:
+        raise ValueError(
+            f"{scheme}:// URL: the user name or password has '[' or ']', which a URL allows "
+            "only percent-encoded ('%5B', '%5D'): percent-encode them "
+            f"(urllib.parse.quote(password, safe='')), or {instead} instead of putting them "
+            "in the URL"
+        )

@@ -25,7 +25,12 @@ from urllib.parse import parse_qsl
 from ..._core.asyncio_only import require_asyncio
 from ..._core.backend import Backend
 from ..._core.lease import Lease
-from ..._core.urls import parse_multi_host_url, password_spilled, spilled_message, split_url
+from ..._core.urls import (
+    parse_multi_host_url,
+    password_spilled,
+    refuse_raw_brackets,
+    spilled_message,
+)
 from ..._core.validation import check_seconds
 from ._session import requested_ttl
 from .client import TLS, Endpoints, EtcdClient
@@ -58,27 +63,13 @@ def _read(path: object, what: str) -> bytes:
 
 def driver_from_url(url: str, **options: Any) -> EtcdDriver:
     require_asyncio("the etcd backend (etcd://)", "grpc.aio")
-    _refuse_raw_brackets_in_credentials(url)
+    refuse_raw_brackets(url, "etcd")
     try:
         return _driver_from_url(url, options)
     except ValueError:
         if password_spilled(url):
             raise ValueError(spilled_message("etcd://")) from None
         raise
-
-
-def _refuse_raw_brackets_in_credentials(url: str) -> None:
-    """A '[' or ']' in the user info, not percent-encoded: URL parsers read it as the
-    start of an IPv6 address ("Invalid IPv6 URL", or "'Qv9' does not appear to be an IPv4
-    or IPv6 address", quoting part of the password). Say what to do, quote nothing."""
-    userinfo = split_url(url).authority.rpartition("@")[0]
-    if "[" in userinfo or "]" in userinfo:
-        raise ValueError(
-            "etcd:// URL: the user name or password has '[' or ']', which a URL allows only "
-            "percent-encoded ('%5B', '%5D'): percent-encode them "
-            "(urllib.parse.quote(password, safe='')), or pass user= and password= to "
-            "asynclock.connect() instead of putting them in the URL"
-        )
 
 
 def _driver_from_url(url: str, options: dict[str, Any]) -> EtcdDriver:

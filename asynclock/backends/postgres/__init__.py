@@ -65,6 +65,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
+from ..._core.urls import refuse_raw_brackets, url_scheme
 from ..._core.validation import check_seconds
 from .connection import MODES, PoolerDetected, PostgresDriver
 from .lease import LeaseDriver
@@ -159,6 +160,7 @@ def _check_query(query: list[tuple[str, str]], options: dict[str, Any]) -> None:
 
 
 def driver_from_url(url: str, **options: Any) -> PostgresDriver:
+    refuse_raw_brackets(url, url_scheme(url), "set the PGPASSWORD environment variable")
     parts = urlsplit(url)
     try:
         host, port = parts.hostname, parts.port

@@ -16,7 +16,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 from ..._core.asyncio_only import require_asyncio
 from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
 from ..._core.holder import Holder
-from ..._core.urls import split_url
+from ..._core.urls import refuse_raw_brackets, split_url
 from ..._core.validation import check_seconds
 from .scripts import MAX_IDLE_SUBSCRIPTIONS
 from .wire import ms
@@ -338,6 +338,7 @@ def check_redis_url(
     ``keyword_options``: the driver's own keyword arguments (the rest go to redis-py)."""
     from redis.asyncio.connection import URL_QUERY_ARGUMENT_PARSERS
 
+    refuse_raw_brackets(url, scheme, "pass password= (and username=) to asynclock.connect()")
     parts = split_url(url)  # not urlsplit: it refuses some redlock:// host lists
     if parts.scheme in ("redis", "rediss", "redlock"):
         db = unquote(parts.path).strip("/")

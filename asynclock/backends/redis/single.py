@@ -35,11 +35,11 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from ..._core.asyncio_only import require_asyncio
 from ..._core.driver import Busy, ExtendResult, LeaseRef, Refused
 from ..._core.holder import Holder
+from ..._core.urls import url_scheme
 from .scripts import JOIN_QUEUE, NO_EXPIRY, NO_QUEUE, RESPECT_QUEUE
 from .shared import (
     GraceReport,
@@ -330,7 +330,7 @@ class RedisDriver(SubscribingDriver):
 
 
 def driver_from_url(url: str, **options: Any) -> RedisDriver:
-    scheme = urlsplit(url).scheme.lower()
+    scheme = url_scheme(url).lower()  # not urlsplit: it may quote a password
     check_redis_url(url, options, ours=_URL_DRIVER_OPTIONS, scheme=scheme)
     url, from_query = pop_query_options(url, _URL_DRIVER_OPTIONS | {"socket_connect_timeout"})
     if "socket_connect_timeout" in from_query:  # redis-py's name for our connect_timeout
