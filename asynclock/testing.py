@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._core.backend import Backend, session_of
+from ._core.backend import Backend, parts_of
 from ._core.connect import connect
 from ._core.driver import Driver
 from ._core.lease import Lease
@@ -63,7 +63,7 @@ async def next_renewal_round(backend: Backend) -> None:
     ``ttl * heartbeat`` seconds of the backend's clock (with a :class:`ManualClock`, once
     ``advance`` has moved past that point).
     """
-    await session_of(backend).next_round()
+    await parts_of(backend)[0].next_round()
 
 
 class ManualClock:

@@ -63,6 +63,7 @@ import anyio
 
 import asynclock
 from asynclock._core.acquisition import logger
+from asynclock._core.backend import parts_of
 from asynclock._core.context import HOLDS
 from asynclock._core.lease import Lease
 from asynclock._core.lock import _refuse_nested
@@ -171,8 +172,9 @@ def row_cycles(backend: asynclock.Backend) -> dict[str, Cycle]:
     # and the dropped-lease weak reference, stats, DEBUG-log checks, the renewer and
     # watchdog wake checks, the hold stack, the holder scope, the release bound and the
     # release's checks.
-    a: Any = backend._acq  # the acquisition and session: the backend's own state
-    se: Any = backend._session
+    se: Any  # the backend's session and acquisition: its own state
+    a: Any
+    se, a = parts_of(backend)
     get_ident, debug = threading.get_ident, logging.DEBUG
     life = TTL * (1 - backend.drift) - backend.margin
 

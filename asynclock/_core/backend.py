@@ -244,6 +244,6 @@ class Backend(AsyncContextOnly):
         return await find_leader(self.driver, check_name(name))
 
 
-def session_of(backend: Backend) -> Session:
-    """The session of ``backend`` (for ``asynclock.testing`` and tools)."""
-    return backend._session
+def parts_of(backend: Backend) -> tuple[Session, Acquisition]:
+    """``backend``'s session and acquisition (for ``asynclock.testing`` and tools)."""
+    return backend._session, backend._acq
