@@ -16,7 +16,7 @@ SCHEMES: dict[str, tuple[str, str | None]] = {
     "redis": ("asynclock.backends.redis", "redis"),
     "rediss": ("asynclock.backends.redis", "redis"),
     "unix": ("asynclock.backends.redis", "redis"),
-    "redlock": ("asynclock.backends.redlock", "redis"),
+    "redlock": ("asynclock.backends.redis.redlock", "redis"),
     "postgresql": ("asynclock.backends.postgres", "postgres"),
     "postgres": ("asynclock.backends.postgres", "postgres"),
     "etcd": ("asynclock.backends.etcd", "etcd"),

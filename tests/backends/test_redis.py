@@ -17,7 +17,8 @@ from redis.crc import key_slot
 import asynclock
 import asynclock.testing
 from asynclock._core.acquisition import DEFAULT_POLL
-from asynclock.backends.redis import Deadlines, RedisDriver, display_url, keys_for
+from asynclock.backends.redis import RedisDriver, keys_for
+from asynclock.backends.redis.wire import Deadlines, display_url
 from tests.support.procs import start_worker
 from tests.support.redis_servers import RedisFactory, RedisServer, wait_until
 from tests.support.signals import BusyWatch

@@ -14,16 +14,15 @@ import redis.asyncio
 
 import asynclock
 import asynclock.testing
-from asynclock.backends.redis import (
+from asynclock.backends.redis import epoch_key, keys_for
+from asynclock.backends.redis.redlock import RedlockDriver, parse_url
+from asynclock.backends.redis.scripts import (
     ACQUIRE,
     NO_QUEUE,
     REDLOCK_ACQUIRE,
     REDLOCK_RELEASE,
     RELEASE,
-    epoch_key,
-    keys_for,
 )
-from asynclock.backends.redlock import RedlockDriver, parse_url
 from tests.support.redis_servers import RedisFactory, RedisServer, redlock_url
 from tests.support.signals import BusyWatch
 

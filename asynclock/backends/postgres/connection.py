@@ -41,7 +41,7 @@ class PostgresDriver(Driver):
     """What both modes share: the pinned connection, the LISTEN connection, pooler
     detection. :class:`~asynclock.backends.postgres.SessionDriver` (``mode="session"``)
     and :class:`~asynclock.backends.postgres.LeaseDriver` (``mode="lease"``) are the
-    drivers; ``PostgresDriver(dsn, mode=...)`` builds the one ``mode`` names."""
+    drivers (``asynclock.connect`` picks one from ``?mode=``); this base is not one."""
 
     remote = True  # every acquire and release is a server round trip
 
@@ -52,14 +52,6 @@ class PostgresDriver(Driver):
     mode = "session"
     #: Mode session's local owner of each name it holds (set by SessionDriver only).
     _holders: dict[str, str]
-
-    def __new__(cls, dsn: str, *, mode: str = "session", **options: Any) -> PostgresDriver:
-        if cls is PostgresDriver:
-            from .lease import LeaseDriver
-            from .session import SessionDriver
-
-            cls = LeaseDriver if mode == "lease" else SessionDriver
-        return super().__new__(cls)
 
     def __init__(
         self,
@@ -72,6 +64,11 @@ class PostgresDriver(Driver):
         display: str | None = None,
         password: str | None = None,
     ) -> None:
+        if type(self) is PostgresDriver:
+            raise TypeError(
+                "PostgresDriver is the base of SessionDriver and LeaseDriver, not a driver: "
+                "use asynclock.connect('postgresql://...?mode=session|lease') or one of them"
+            )
         super().__init__()
         require_asyncio("the postgresql:// backend", "asyncpg")
         if mode is not None and mode not in MODES:

@@ -2,44 +2,16 @@
 
 The package is laid out as ``scripts`` (the Lua), ``wire`` (the connection), ``shared``
 (what both drivers use), ``single`` (:class:`RedisDriver`) and ``redlock``
-(:class:`RedlockDriver`); the names below stay importable from here as before.
+(:class:`RedlockDriver`). Exported here: what users and operators call: the two drivers,
+``driver_from_url``, and the key names a lock uses (``keys_for``, ``epoch_key``).
 """
 
 import redis as _redis  # a missing driver library fails here, named, even when re-imported
 
-from .scripts import (
-    ACQUIRE,
-    JOIN_QUEUE,
-    NO_QUEUE,
-    REDLOCK_ACQUIRE,
-    REDLOCK_RELEASE,
-    RELEASE,
-    RESPECT_QUEUE,
-    SCRIPTS,
-    SHAS,
-)
-from .shared import epoch_key, keys_for, scope_fence_key
+from .redlock import RedlockDriver
+from .shared import epoch_key, keys_for
 from .single import RedisDriver, driver_from_url
-from .wire import Deadlines, display_url, pack
 
 del _redis
 
-__all__ = (
-    "ACQUIRE",
-    "JOIN_QUEUE",
-    "NO_QUEUE",
-    "REDLOCK_ACQUIRE",
-    "REDLOCK_RELEASE",
-    "RELEASE",
-    "RESPECT_QUEUE",
-    "SCRIPTS",
-    "SHAS",
-    "Deadlines",
-    "RedisDriver",
-    "display_url",
-    "driver_from_url",
-    "epoch_key",
-    "keys_for",
-    "pack",
-    "scope_fence_key",
-)
+__all__ = ("RedisDriver", "RedlockDriver", "driver_from_url", "epoch_key", "keys_for")
