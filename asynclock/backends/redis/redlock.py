@@ -43,6 +43,8 @@ from ..._core.exceptions import BackendUnavailable, QuorumNotReached
 from ..._core.holder import Holder
 from ..._core.urls import parse_multi_host_url
 from ..._core.validation import check_seconds
+from .deadlines import Deadlines
+from .pubsub import Listener
 from .scripts import NO_EXPIRY, SCRIPTS
 from .shared import (
     GraceReport,
@@ -55,7 +57,7 @@ from .shared import (
     holder_from_reply,
     scope_fence_key,
 )
-from .wire import Deadlines, Listener, Node, Spawned, Wire, drop_connection, ms, pack, pack_script
+from .wire import Node, Spawned, Wire, drop_connection, ms, pack, pack_script
 
 T = TypeVar("T")
 

@@ -40,6 +40,7 @@ from ..._core.asyncio_only import require_asyncio
 from ..._core.driver import Busy, ExtendResult, LeaseRef, Refused
 from ..._core.holder import Holder
 from ..._core.urls import url_scheme
+from .pubsub import Listener
 from .scripts import JOIN_QUEUE, NO_EXPIRY, NO_QUEUE, RESPECT_QUEUE
 from .shared import (
     GraceReport,
@@ -56,7 +57,7 @@ from .shared import (
     split_options,
     token_of,
 )
-from .wire import Listener, Node, ms
+from .wire import Node, ms
 
 #: Options of ours a redis:// URL query may carry (the wire client applies the timeouts).
 _URL_DRIVER_OPTIONS = {"restart_grace", "socket_timeout", "connect_timeout"}

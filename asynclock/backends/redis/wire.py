@@ -1,5 +1,5 @@
-"""The Redis connection: commands packed by hand, replies read under deadlines, one node's
-idle connections, and the pub/sub listener.
+"""The Redis connection: commands packed by hand, replies read under deadlines, and one
+node's idle connections (the pub/sub listener is :mod:`.pubsub`).
 
 redis-py's private API is used here only (see ``Wire``) and checked by
 ``tests/backends/test_redis_wire.py``."""
@@ -11,17 +11,17 @@ import contextlib
 import inspect
 import logging
 import math
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-import anyio
 import redis.asyncio
 import redis.exceptions
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 
 from ..._core.errors import map_errors
 from ..._core.exceptions import BackendUnavailable
+from .deadlines import Deadlines
 from .scripts import SCRIPTS, SHAS
 
 _hiredis: Any
@@ -80,96 +80,6 @@ def _no_client_info() -> dict[str, Any]:
 
 
 _NO_CLIENT_INFO = _no_client_info()
-
-
-class Deadlines:
-    """Deadlines for many short calls, kept by one timer.
-
-    ``with deadlines.at(when):`` behaves like ``asyncio.timeout_at(when)``: at ``when`` the
-    task is cancelled, and the block raises ``TimeoutError`` (a cancellation from anyone
-    else propagates unchanged, counted as asyncio counts it). ``asyncio.timeout_at``
-    schedules and cancels a timer per call, which at thousands of calls a second costs
-    more than the rest of a call's Python; here one timer waits for the earliest deadline
-    of the calls in progress and is moved only when a call with an earlier deadline
-    starts (the calls of one driver mostly share one timeout, so rarely).
-    """
-
-    __slots__ = ("_armed", "_calls", "_handle", "_loop")
-
-    def __init__(self) -> None:
-        self._calls: set[Deadline] = set()
-        self._handle: asyncio.TimerHandle | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._armed = math.inf  # when the timer fires (inf: no timer)
-
-    def at(self, when: float) -> Deadline:
-        return Deadline(self, when)
-
-    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-        self._loop = loop
-        self._armed = when
-        self._handle = loop.call_at(when, self._fire)
-
-    def _fire(self) -> None:
-        self._handle = None
-        self._armed = math.inf
-        loop = self._loop
-        assert loop is not None
-        now = loop.time()
-        later = math.inf
-        for call in self._calls:
-            if call.when <= now:
-                if not call.fired:
-                    call.fired = True
-                    call.task.cancel()
-            elif call.when < later:
-                later = call.when
-        if later < math.inf:
-            self._arm(loop, later)
-
-
-class Deadline:
-    """One call's deadline (see :class:`Deadlines`); a sync context manager."""
-
-    __slots__ = ("cancelling", "fired", "owner", "task", "when")
-
-    def __init__(self, owner: Deadlines, when: float) -> None:
-        self.owner = owner
-        self.when = when
-        self.fired = False
-
-    def __enter__(self) -> Deadline:
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task(loop)
-        assert task is not None
-        self.task = task
-        self.cancelling = task.cancelling()
-        owner = self.owner
-        if owner._loop is not loop:  # a new event loop: the old timer is gone with it
-            owner._calls.clear()
-            owner._handle = None
-            owner._armed = math.inf
-        owner._calls.add(self)
-        if self.when < owner._armed:
-            owner._arm(loop, self.when)
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: object,
-    ) -> None:
-        self.owner._calls.discard(self)
-        if (
-            self.fired
-            and self.task.uncancel() <= self.cancelling
-            and exc_type is not None
-            and issubclass(exc_type, asyncio.CancelledError)
-        ):
-            raise TimeoutError from exc
 
 
 def _reply_error(message: str) -> redis.exceptions.ResponseError:
@@ -521,124 +431,3 @@ def parse_run_id(info: object) -> str | None:
 
 def pack_script(script: str, keys: Sequence[bytes], args: Sequence[bytes]) -> bytes:
     return pack(b"EVALSHA", SHAS[script], b"%d" % len(keys), *keys, *args)
-
-
-class Listener:
-    """One pub/sub connection to a node, carrying every channel its driver watches.
-
-    ``on_message(channel, payload)`` runs for each message; ``on_reset()`` after the
-    connection drops (messages may have been missed); ``on_connect(run_id, reconnected)``
-    after each connect, with the server's ``run_id`` (None if ``INFO`` is denied).
-    :meth:`run` is the reader; the driver runs it from :meth:`Driver.background`. It
-    connects on the first subscription or :meth:`keep_connected`, and reconnects with
-    backoff: while a lease is held, this connection is how a server restart is noticed
-    (the socket closes at once), not the next renewal.
-    """
-
-    #: Longest pause between reconnect attempts.
-    MAX_BACKOFF = 0.25
-
-    def __init__(
-        self,
-        node: Node,
-        on_message: Callable[[str, bytes], None],
-        on_reset: Callable[[], None],
-        on_connect: Callable[[str | None, bool], None] | None = None,
-    ) -> None:
-        self.node = node
-        self.on_message = on_message
-        self.on_reset = on_reset
-        self.on_connect = on_connect
-        self.wanted: set[str] = set()
-        self.confirmed: set[str] = set()
-        #: Bumped on every (re)connect: a subscription confirmed in an older epoch is void.
-        self.epoch = 0
-        self._conn: AbstractConnection | None = None
-        self._confirm_events: dict[str, anyio.Event] = {}
-        self._write = anyio.Lock()
-        self._needed = anyio.Event()
-
-    def keep_connected(self) -> None:
-        """Connect now (if not yet) and stay connected: a lease is held on this node."""
-        self._needed.set()
-
-    async def subscribe(self, channel: str, wait: float) -> None:
-        """Subscribe; wait up to ``wait`` seconds for the server to confirm. Never raises."""
-        self.wanted.add(channel)
-        if channel in self.confirmed:
-            return
-        self._needed.set()
-        event = self._confirm_events.setdefault(channel, anyio.Event())
-        await self._send("SUBSCRIBE", channel)
-        with anyio.move_on_after(wait):
-            await event.wait()
-
-    async def unsubscribe(self, channel: str) -> None:
-        self.wanted.discard(channel)
-        self.confirmed.discard(channel)
-        await self._send("UNSUBSCRIBE", channel)
-
-    async def _send(self, *args: str) -> None:
-        conn = self._conn
-        if conn is None:
-            return  # the reader subscribes to everything wanted when it connects
-        try:
-            async with self._write:
-                await conn.send_command(*args, check_health=False)
-        except Exception as exc:
-            logger.debug("pub/sub %s on %s failed: %r", args[0], self.node.display, exc)
-
-    async def run(self) -> None:
-        """Read messages until cancelled (the backend closing)."""
-        await self._needed.wait()
-        backoff = 0.02
-        connected = False
-        while True:
-            conn = self.node.make_connection()
-            try:
-                await conn.connect()  # type: ignore[no-untyped-call]
-                run_id = await self._run_id(conn) if self.on_connect is not None else None
-                self._conn = conn
-                if self.wanted:
-                    async with self._write:
-                        await conn.send_command("SUBSCRIBE", *self.wanted, check_health=False)
-                backoff = 0.02
-                if self.on_connect is not None:
-                    self.on_connect(run_id, connected)
-                connected = True
-                while True:
-                    reply = await conn.read_response(timeout=math.inf)
-                    self._handle(reply)
-            except Exception as exc:
-                logger.debug("pub/sub connection to %s dropped: %r", self.node.display, exc)
-            finally:
-                self._conn = None
-                self.confirmed.clear()
-                self.epoch += 1
-                await drop_connection(conn)
-            self.on_reset()
-            await anyio.sleep(backoff)
-            backoff = min(backoff * 2, self.MAX_BACKOFF)
-
-    async def _run_id(self, conn: AbstractConnection) -> str | None:
-        """The server's ``run_id``, read before subscribing (None if INFO is denied)."""
-        await conn.send_command("INFO", "server", check_health=False)
-        try:
-            reply = await conn.read_response(timeout=self.node.connect_timeout)
-        except redis.exceptions.ResponseError:
-            return None
-        return parse_run_id(reply)
-
-    def _handle(self, reply: Any) -> None:
-        if not isinstance(reply, list) or len(reply) < 3:
-            return
-        kind = reply[0]
-        channel = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
-        if kind == b"message":
-            self.on_message(channel, reply[2] if isinstance(reply[2], bytes) else b"")
-        elif kind == b"subscribe":
-            if channel in self.wanted:
-                self.confirmed.add(channel)
-            event = self._confirm_events.pop(channel, None)
-            if event is not None:
-                event.set()
