@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused, leave_queue
 from .._core.holder import Holder
+from .._core.options import Options
 
 
 @dataclass(slots=True)
@@ -116,6 +117,5 @@ def driver_from_url(url: str, **options: Any) -> MemoryDriver:
         raise ValueError(
             f"memory:// takes no host, path or query options: use exactly 'memory://', got {url!r}"
         )
-    if options:
-        raise TypeError(f"memory:// takes no options, got {', '.join(sorted(options))}")
+    Options("memory", (), ()).check((), options)
     return MemoryDriver()

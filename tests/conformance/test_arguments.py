@@ -260,7 +260,7 @@ async def test_backend_must_be_open(backend: asynclock.Backend) -> None:
         ("redlock://a,b,c?decode_responses=1", "clashes with an option asynclock sets"),
         ("postgresql://u@h/db?foo=bar", "unknown postgresql:// URL option 'foo'; allowed: .*mode"),
         ("postgres://u@h/db?idle_session_timeout=5", "clashes with a setting asynclock manages"),
-        ("etcd://h:2379?foo=bar", "unknown URL option.*'foo'; allowed: .*prefix"),
+        ("etcd://h:2379?foo=bar", "unknown etcd:// URL option 'foo'; allowed: .*prefix"),
     ],
 )
 def test_bad_urls_are_value_errors_at_connect(url: str, words: str) -> None:
@@ -275,12 +275,12 @@ def test_bad_urls_are_value_errors_at_connect(url: str, words: str) -> None:
     [
         ("redis://localhost", {"decode_responses": True}, ValueError, "asynclock sets itself"),
         ("redlock://a,b,c", {"decode_responses": True}, ValueError, "asynclock sets itself"),
-        ("sqlite:///x.db", {"journal": "off"}, ValueError, "unknown sqlite:// option.*'journal'"),
+        ("sqlite:///x.db", {"journal": "off"}, TypeError, "unknown sqlite:// option 'journal'"),
         ("postgresql://u@h/db", {"pool": 3}, TypeError, "unknown postgresql:// option.*'pool'"),
         ("memory://", {"x": 1}, TypeError, "memory:// takes no options"),
         ("redis://localhost", {"foo": 1}, TypeError, "unknown redis:// option 'foo'; allowed"),
         ("redlock://a,b,c", {"foo": 1}, TypeError, "unknown redlock:// option 'foo'.*node_time"),
-        ("etcd://h:2379", {"foo": 1}, TypeError, "unknown option.*'foo'; allowed: .*prefix"),
+        ("etcd://h:2379", {"foo": 1}, TypeError, "unknown etcd:// option 'foo'; allowed: .*prefix"),
     ],
 )
 def test_bad_options_are_errors_at_connect(

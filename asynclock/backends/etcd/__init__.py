@@ -25,6 +25,7 @@ from urllib.parse import parse_qsl
 from ..._core.asyncio_only import require_asyncio
 from ..._core.backend import Backend
 from ..._core.lease import Lease
+from ..._core.options import Options
 from ..._core.urls import (
     parse_multi_host_url,
     password_spilled,
@@ -39,6 +40,8 @@ from .driver import EtcdDriver
 DEFAULT_PORT = 2379
 DEFAULT_TIMEOUT = 3.0
 _OPTIONS = ("prefix", "timeout", "tls", "ca", "cert", "key", "server_name", "user", "password")
+#: The options of etcd:// (URL query and keywords alike).
+OPTIONS = Options("etcd", _OPTIONS, _OPTIONS)
 
 
 def _flag(value: object, what: str) -> bool:
@@ -85,16 +88,9 @@ def _driver_from_url(url: str, options: dict[str, Any]) -> EtcdDriver:
         raise ValueError(
             f"etcd:// URL takes no path (got {parts.path!r}); use ?prefix=... to namespace locks"
         )
-    merged: dict[str, Any] = dict(parse_qsl(parts.query, keep_blank_values=True))
-    # A URL query is configuration text (ValueError); a keyword is a call argument (TypeError).
-    for where, names, error in (("URL option", merged, ValueError), ("option", options, TypeError)):
-        unknown = sorted(set(names) - set(_OPTIONS))
-        if unknown:
-            raise error(
-                f"etcd:// got unknown {where}(s) {', '.join(map(repr, unknown))}; "
-                f"allowed: {', '.join(_OPTIONS)}"
-            )
-    merged.update(options)
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    OPTIONS.check(pairs, options)
+    merged: dict[str, Any] = {**dict(pairs), **options}
     prefix = merged.get("prefix", "")
     if not isinstance(prefix, str):
         raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")

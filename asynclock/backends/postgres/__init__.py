@@ -65,6 +65,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
+from ..._core.options import Options
 from ..._core.urls import refuse_raw_brackets, url_scheme
 from ..._core.validation import check_seconds
 from .connection import MODES, PoolerDetected, PostgresDriver
@@ -136,27 +137,17 @@ _SET_BY_ASYNCLOCK = {
 }
 
 
-def _check_query(query: list[tuple[str, str]], options: dict[str, Any]) -> None:
-    """A configuration error is a ValueError at connect(), never "connect failed" at open."""
-    allowed = _OPTIONS | _ASYNCPG_OPTIONS | _SERVER_SETTINGS
-    for key, value in query:
-        if key in _SET_BY_ASYNCLOCK:
-            raise ValueError(
-                f"postgresql:// URL option {key}={value} clashes with a setting asynclock "
-                f"manages itself: {_SET_BY_ASYNCLOCK[key]}; remove it from the URL"
-            )
-        if key not in allowed and "." not in key.strip("."):
-            raise ValueError(
-                f"unknown postgresql:// URL option {key!r}; allowed: "
-                f"{', '.join(sorted(allowed, key=str.lower))}, or a custom setting "
-                "'prefix.name'"
-            )
-    unknown = sorted(set(options) - _OPTIONS)
-    if unknown:
-        raise TypeError(
-            f"unknown postgresql:// option(s) {', '.join(map(repr, unknown))}; allowed: "
-            f"{', '.join(sorted(_OPTIONS))}"
-        )
+#: The options of postgresql:// (keywords: only asynclock's own).
+OPTIONS = Options(
+    "postgresql",
+    _OPTIONS | _ASYNCPG_OPTIONS | _SERVER_SETTINGS,
+    _OPTIONS,
+    managed={
+        key: f"a setting asynclock manages itself: {why}" for key, why in _SET_BY_ASYNCLOCK.items()
+    },
+    custom=lambda key: "." in key.strip("."),
+    custom_text="or a custom setting 'prefix.name'",
+)
 
 
 def driver_from_url(url: str, **options: Any) -> PostgresDriver:
@@ -173,7 +164,7 @@ def driver_from_url(url: str, **options: Any) -> PostgresDriver:
         raise ValueError(f"not a postgresql:// URL (scheme {parts.scheme!r})")
     password = unquote(parts.password) if parts.password else None
     query = parse_qsl(parts.query, keep_blank_values=True)
-    _check_query(query, options)
+    OPTIONS.check(query, options)
     ours: dict[str, Any] = {k: v for k, v in query if k in _OPTIONS}
     rest = [(k, v) for k, v in query if k not in _OPTIONS]
     for key in ("poll", "connect_timeout"):

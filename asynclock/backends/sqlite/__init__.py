@@ -39,6 +39,7 @@ from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
 from ..._core.errors import map_errors
 from ..._core.exceptions import BackendUnavailable
 from ..._core.holder import Holder
+from ..._core.options import Options
 from ..._core.validation import check_seconds
 from .host import boot_id, wake_socket
 from .sql import (
@@ -463,6 +464,10 @@ class SQLiteDriver(Driver):
         return True
 
 
+#: The options of sqlite:// (URL query and keywords alike).
+OPTIONS = Options("sqlite", ("synchronous", "busy_timeout"), ("synchronous", "busy_timeout"))
+
+
 def driver_from_url(url: str, **options: Any) -> SQLiteDriver:
     parts = urlsplit(url)
     if parts.netloc:
@@ -476,13 +481,7 @@ def driver_from_url(url: str, **options: Any) -> SQLiteDriver:
             "sqlite URL needs a file path (sqlite:///locks.db or sqlite:////abs/locks.db); "
             "for in-process locks use memory://"
         )
-    query: dict[str, Any] = dict(parse_qsl(parts.query, keep_blank_values=True))
-    for where, keys in (("URL option", query), ("option", options)):
-        unknown = sorted(set(keys) - {"synchronous", "busy_timeout"})
-        if unknown:
-            raise ValueError(
-                f"unknown sqlite:// {where}(s) {', '.join(map(repr, unknown))}; "
-                "allowed: synchronous, busy_timeout"
-            )
-    query.update(options)
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    OPTIONS.check(pairs, options)
+    query: dict[str, Any] = {**dict(pairs), **options}
     return SQLiteDriver(os.fspath(path), **query)
