@@ -59,7 +59,7 @@ def _install_counter() -> None:
 
         cls.pack_command = pack  # type: ignore[method-assign]
     # asynclock's drivers pack their commands themselves (one function, used by both).
-    from asynclock.backends.redis import redlock, shared, single, wire
+    from asynclock.backends.redis import redlock, single, wire
 
     original_pack = wire.pack
 
@@ -67,7 +67,7 @@ def _install_counter() -> None:
         COUNT[0] += 1
         return original_pack(*args)
 
-    for module in (wire, shared, single, redlock):  # each module's own name for it
+    for module in (wire, single, redlock):  # each module's own name for it
         if hasattr(module, "pack"):
             module.pack = pack_counted  # type: ignore[attr-defined]
 

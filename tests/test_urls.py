@@ -16,7 +16,8 @@ from asynclock._core.urls import Host, parse_multi_host_url, split_url, url_sche
 from asynclock._harness.deployment import check_url, join_url
 from asynclock._harness.deployment import split_url as split_endpoints
 from asynclock.backends.etcd.driver import EtcdDriver
-from asynclock.backends.redis.redlock import RedlockDriver, parse_url
+from asynclock.backends.redis.options import parse_url
+from asynclock.backends.redis.redlock import RedlockDriver
 
 
 @pytest.mark.parametrize(
@@ -119,8 +120,8 @@ def test_connect_builds_multi_host_drivers() -> None:
     redlock = asynclock.connect("redlock://127.0.0.1:1,[::1]:2?node_timeout=0.5").driver
     assert isinstance(redlock, RedlockDriver)
     assert redlock.display == "redlock://127.0.0.1:1,[::1]:2/0"
-    urls, display, ours = parse_url("redlock://u:p@h1,[::1]:2/3?tls=yes&node_timeout=1")
-    assert urls == ["rediss://u:p@h1:6379/3", "rediss://u:p@[::1]:2/3"]
+    nodes, display, ours = parse_url("redlock://u:p@h1,[::1]:2/3?tls=yes&node_timeout=1")
+    assert [node.url for node in nodes] == ["rediss://u:p@h1:6379/3", "rediss://u:p@[::1]:2/3"]
     assert (display, ours) == ("redlock://u@h1:6379,[::1]:2/3", {"node_timeout": "1"})
     with pytest.raises(ValueError, match="needs at least one host"):
         parse_url("redlock:///0")

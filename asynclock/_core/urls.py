@@ -97,7 +97,7 @@ class MultiHostURL:
         return unquote(self.userinfo.partition(":")[2])
 
 
-def parse_multi_host_url(url: str) -> MultiHostURL:
+def parse_multi_host_url(url: str | URLParts) -> MultiHostURL:
     """Split a URL whose authority is a comma-separated host list.
 
     Each host is ``name``, ``name:port``, ``1.2.3.4[:port]`` or ``[IPv6][:port]``; a port
@@ -107,13 +107,13 @@ def parse_multi_host_url(url: str) -> MultiHostURL:
     ``?`` or ``#`` in a password ended the authority early (so part of the password would
     be in a message), the error says to percent-encode it instead.
     """
-    parts = split_url(url)
+    parts = url if isinstance(url, URLParts) else split_url(url)
     label = f"{parts.scheme}://" if parts.scheme else "the"
     userinfo, at, hosts = parts.authority.rpartition("@")
     try:
         parsed = tuple(_host(item.strip(), label) for item in hosts.split(",")) if hosts else ()
     except ValueError:
-        if password_spilled(url):
+        if password_spilled(parts):
             raise ValueError(spilled_message(label)) from None
         raise
     return MultiHostURL(
@@ -121,11 +121,11 @@ def parse_multi_host_url(url: str) -> MultiHostURL:
     )
 
 
-def password_spilled(url: str) -> bool:
+def password_spilled(url: str | URLParts) -> bool:
     """Did a ``/``, ``?`` or ``#`` in the userinfo end the authority early (so the rest
     of the password is in the path, query or fragment, where a message would quote it)?"""
-    parts = split_url(url)
-    return "@" not in parts.authority and "@" in url.partition("://")[2]
+    parts = url if isinstance(url, URLParts) else split_url(url)
+    return "@" not in parts.authority and "@" in parts.path + parts.query + parts.fragment
 
 
 def spilled_message(label: str) -> str:
@@ -179,14 +179,15 @@ def _port(text: str, item: str, label: str) -> int | None:
 
 
 def refuse_raw_brackets(
-    url: str,
+    url: str | URLParts,
     scheme: str,
     instead: str = "pass user= and password= to asynclock.connect()",
 ) -> None:
     """A '[' or ']' in the user info, not percent-encoded: URL parsers read it as the start
     of an IPv6 address ("Invalid IPv6 URL", or "'Qv9' does not appear to be an IPv4 or IPv6
     address", quoting part of the password). Say what to do; quote nothing of it."""
-    userinfo = split_url(url).authority.rpartition("@")[0]
+    parts = url if isinstance(url, URLParts) else split_url(url)
+    userinfo = parts.authority.rpartition("@")[0]
     if "[" in userinfo or "]" in userinfo:
         raise ValueError(
             f"{scheme}:// URL: the user name or password has '[' or ']', which a URL allows "

@@ -19,7 +19,7 @@ import asynclock.testing
 from asynclock._core.acquisition import DEFAULT_POLL
 from asynclock.backends.redis import RedisDriver, keys_for
 from asynclock.backends.redis.deadlines import Deadlines
-from asynclock.backends.redis.wire import display_url
+from asynclock.backends.redis.options import display_url
 from tests.support.procs import start_worker
 from tests.support.redis_servers import RedisFactory, RedisServer, wait_until
 from tests.support.signals import BusyWatch

@@ -15,7 +15,8 @@ import redis.asyncio
 import asynclock
 import asynclock.testing
 from asynclock.backends.redis import epoch_key, keys_for
-from asynclock.backends.redis.redlock import RedlockDriver, parse_url
+from asynclock.backends.redis.options import parse_url
+from asynclock.backends.redis.redlock import RedlockDriver
 from asynclock.backends.redis.scripts import (
     ACQUIRE,
     NO_QUEUE,
@@ -43,8 +44,12 @@ async def info_calls(server: RedisServer, command: str) -> int:
 
 
 def test_url_parsing_hides_the_password() -> None:
-    urls, display, _ = parse_url("redlock://bob:pw@a:1,b,c:3/2?tls=1")
-    assert urls == ["rediss://bob:pw@a:1/2", "rediss://bob:pw@b:6379/2", "rediss://bob:pw@c:3/2"]
+    nodes, display, _ = parse_url("redlock://bob:pw@a:1,b,c:3/2?tls=1")
+    assert [node.url for node in nodes] == [
+        "rediss://bob:pw@a:1/2",
+        "rediss://bob:pw@b:6379/2",
+        "rediss://bob:pw@c:3/2",
+    ]
     assert display == "redlock://bob@a:1,b:6379,c:3/2"
     with pytest.raises(ValueError, match="at least one host"):
         parse_url("redlock://")

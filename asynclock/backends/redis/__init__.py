@@ -8,8 +8,8 @@ The package is laid out as ``scripts`` (the Lua), ``wire`` (the connection), ``s
 
 import redis as _redis  # a missing driver library fails here, named, even when re-imported
 
+from .keys import epoch_key, keys_for
 from .redlock import RedlockDriver
-from .shared import epoch_key, keys_for
 from .single import RedisDriver, driver_from_url
 
 del _redis

@@ -27,12 +27,9 @@ address is refused at connect, two addresses of one server (same ``run_id``) at 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import math
-import os.path
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import anyio
 import redis.exceptions
@@ -41,27 +38,16 @@ from ..._core.asyncio_only import require_asyncio
 from ..._core.driver import Busy, ExtendResult, LeaseRef, Refused
 from ..._core.exceptions import BackendUnavailable, QuorumNotReached
 from ..._core.holder import Holder
-from ..._core.urls import parse_multi_host_url
-from ..._core.validation import check_seconds
+from .base import LOUD, NO_EXPIRY, QUIET, GraceReport, SubscribingDriver
 from .deadlines import Deadlines
+from .keys import scope_fence_key
+from .options import NodeURL, check_distinct, check_restart_grace, parse_url, read_redlock_options
 from .pubsub import Listener
-from .scripts import NO_EXPIRY, SCRIPTS
-from .shared import (
-    GraceReport,
-    SubscribingDriver,
-    check_prefix,
-    check_redis_url,
-    check_restart_grace,
-    extend_call,
-    grace_ms,
-    holder_from_reply,
-    scope_fence_key,
-)
+from .replies import extend_call, grace_ms, holder_from_reply
+from .scripts import SCRIPTS
 from .wire import Node, Spawned, Wire, drop_connection, ms, pack, pack_script
 
 T = TypeVar("T")
-
-_OPTIONS = {"node_timeout", "connect_timeout", "prefix", "restart_grace"}
 
 #: An acquisition that took longer than this fraction of its ttl is given back: the
 #: lease would be lost before its first renewal.
@@ -76,7 +62,7 @@ class RedlockDriver(SubscribingDriver):
 
     def __init__(
         self,
-        urls: Sequence[str],
+        urls: Sequence[str | NodeURL],
         *,
         display: str,
         node_timeout: float = 0.25,
@@ -89,7 +75,8 @@ class RedlockDriver(SubscribingDriver):
         self.restart_grace = check_restart_grace(restart_grace)
         if len(urls) < 1:
             raise ValueError("redlock:// needs at least one node (use 3 or 5)")
-        check_distinct(urls)
+        nodes = [url if isinstance(url, NodeURL) else NodeURL.of(url) for url in urls]
+        check_distinct(nodes)
         self.nodes = [
             Node(
                 url,
@@ -97,7 +84,7 @@ class RedlockDriver(SubscribingDriver):
                 connect_timeout=min(connect_timeout, node_timeout),
                 options=dict(redis_options),
             )
-            for url in urls
+            for url in nodes
         ]
         self.quorum = len(self.nodes) // 2 + 1
         self.node_timeout = node_timeout
@@ -344,7 +331,7 @@ class RedlockDriver(SubscribingDriver):
                     failures = {**self._failures(results), **self._failures(acks)}
                     if len(failures) > len(self.nodes) - self.quorum:
                         raise self._no_quorum(f"phase 2 of acquire of {name!r}", ok, failures)
-                    return self._busy(name, timeout, quiet=False)
+                    return Busy(timeout, cursor=LOUD)
             self._attempting.discard(owner)
             for listener in self.listeners:
                 listener.keep_connected()  # to notice a node's restart at once
@@ -375,20 +362,15 @@ class RedlockDriver(SubscribingDriver):
             )
             retry, grace_end = busy[min(needed, len(busy)) - 1]
             if retry == math.inf:
-                self._quiet = None
                 return NO_EXPIRY
-            self._quiet = name if quiet else None
+            cursor = QUIET if quiet else LOUD
             if grace_end:  # the quorum waits for a node's restart grace, not a holder
-                return self.grace.busy(round(retry * 1000), grace_end)
-            return Busy(retry)
+                return self.grace.busy(round(retry * 1000), grace_end, cursor)
+            return Busy(retry, cursor=cursor)
         raise self._no_quorum(f"acquire of {name!r}", len(tokens), self._failures(results))
 
     async def abandon(self, name: str, owner: str) -> None:
         self._attempting.discard(owner)
-
-    def _busy(self, name: str, retry_after: float, *, quiet: bool) -> Busy:
-        self._quiet = name if quiet else None
-        return Busy(retry_after)
 
     def _subscribed(self, channel: str) -> bool:
         return all(channel in listener.confirmed for listener in self.listeners)
@@ -538,98 +520,10 @@ def _tally(results: dict[int, Any]) -> tuple[int, int]:
     return len(answered), sum(r == 1 for r in answered)
 
 
-#: Spellings of this host's loopback address that reach the same server (one socket can
-#: listen on all of them, and ``localhost`` resolves to one of them).
-_LOOPBACK = {"localhost", "localhost.localdomain", "ip6-localhost", "127.0.0.1", "::1"}
-
-
-def node_identity(url: str) -> str:
-    """The server a node URL reaches, as far as the URL alone tells: ``host:port`` with
-    the loopback spellings folded into one and IP addresses in canonical form, or the
-    normalised path of a Unix socket. The database number is left out: two databases of
-    one server are one node."""
-    parts = urlsplit(url)
-    if parts.scheme == "unix":
-        return "unix:" + os.path.normpath(os.path.abspath(unquote(parts.path)))
-    host = (parts.hostname or "localhost").lower().rstrip(".")
-    try:
-        port = parts.port or 6379
-    except ValueError:
-        return url  # not a valid port: connecting reports it
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        pass
-    else:
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
-        host = ip.compressed
-    if host in _LOOPBACK:
-        host = "loopback"
-    return f"{host}:{port}"
-
-
-def check_distinct(urls: Sequence[str]) -> None:
-    """Refuse a node given twice (before any I/O): it would count twice toward the quorum,
-    so two clients could both reach "a quorum" at once (G1)."""
-    seen: dict[str, int] = {}
-    for i, url in enumerate(urls):
-        identity = node_identity(url)
-        first = seen.setdefault(identity, i)
-        if first != i:
-            raise ValueError(
-                f"redlock:// nodes {first + 1} and {i + 1} ({_shown(urls[first])} and "
-                f"{_shown(url)}) are the same Redis server; every node must be a distinct "
-                "server, or one server's vote counts twice toward the quorum"
-            )
-
-
-def _shown(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme == "unix":
-        return f"unix://{parts.path}"
-    return parts.netloc.rpartition("@")[2]
-
-
-def parse_url(url: str) -> tuple[list[str], str, dict[str, str]]:
-    """``redlock://`` URL -> (one redis:// URL per node, display without password, the
-    driver's own options found in the query)."""
-    # Not urlsplit: builds with its bracketed-host check refuse "h1:6379,[::1]:6380".
-    parts = parse_multi_host_url(url)
-    if not parts.hosts:
-        raise ValueError(
-            "redlock:// needs at least one host: redlock://host1:6379,host2:6379,host3:6379"
-        )
-    check_redis_url(url, {}, ours=_OPTIONS | {"tls"}, scheme="redlock")
-    query = dict(parse_qsl(parts.query))
-    tls = query.pop("tls", "").lower() in ("1", "true", "yes", "on")
-    ours = {k: query.pop(k) for k in list(query) if k in _OPTIONS}  # not for redis-py
-    scheme = "rediss" if tls else "redis"
-    db = parts.path.strip("/") or "0"
-    if not db.isdigit():
-        raise ValueError(f"redlock:// database must be a number, got {db!r}")
-    rest = f"?{urlencode(query)}" if query else ""
-    userinfo = parts.userinfo or ""
-    urls = []
-    shown = []
-    for host in parts.hosts:
-        address = host.address(6379)
-        urls.append(f"{scheme}://{userinfo + '@' if userinfo else ''}{address}/{db}{rest}")
-        shown.append(address)
-    user = userinfo.split(":", 1)[0]
-    display = f"redlock://{user + '@' if user else ''}{','.join(shown)}/{db}"
-    return urls, display, ours
-
-
 def driver_from_url(url: str, **options: Any) -> RedlockDriver:
-    check_redis_url("redlock://", options, ours=set(), scheme="redlock", keyword_options=_OPTIONS)
-    urls, display, from_url = parse_url(url)
-    options = {**from_url, **options}
-    for key in ("node_timeout", "connect_timeout"):
-        if key in options:
-            options[key] = check_seconds(options[key], key, text=True)
-    check_prefix(options.get("prefix", "asynclock:"))
-    return RedlockDriver(urls, display=display, **options)
+    nodes, display, from_url = parse_url(url)
+    options = read_redlock_options({**from_url, **options})
+    return RedlockDriver(nodes, display=display, **options)
 
 
-__all__ = ("RedlockDriver", "driver_from_url", "parse_url")
+__all__ = ("RedlockDriver", "driver_from_url")

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import hashlib
 
-from ..._core.driver import Busy
-
 # -- Lua ----------------------------------------------------------------------------------
 #
 # Values: the lock key holds "owner:token" while held, or "~owner" while a release has
@@ -393,13 +391,6 @@ SHAS = {key: hashlib.sha1(text.encode()).hexdigest().encode() for key, text in S
 
 # Modes of ACQUIRE.
 NO_QUEUE, RESPECT_QUEUE, JOIN_QUEUE = b"0", b"1", b"2"
-
-#: The answer for a lock key without an expiry (PTTL -1): asynclock's keys always have one.
-NO_EXPIRY = Busy(
-    None,
-    "its Redis key has no expiry (PTTL -1: set by another tool, or a legacy lock), so when "
-    "it frees is unknown; waiters poll for it",
-)
 
 #: Idle pub/sub subscriptions kept open (so a name locked again soon costs no SUBSCRIBE).
 MAX_IDLE_SUBSCRIPTIONS = 256

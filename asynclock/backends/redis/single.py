@@ -39,28 +39,13 @@ from typing import Any
 from ..._core.asyncio_only import require_asyncio
 from ..._core.driver import Busy, ExtendResult, LeaseRef, Refused
 from ..._core.holder import Holder
-from ..._core.urls import url_scheme
+from .base import LOUD, NO_EXPIRY, QUIET, GraceReport, SubscribingDriver
+from .keys import scope_fence_key
+from .options import NodeURL, check_restart_grace, read_redis_url
 from .pubsub import Listener
-from .scripts import JOIN_QUEUE, NO_EXPIRY, NO_QUEUE, RESPECT_QUEUE
-from .shared import (
-    GraceReport,
-    SubscribingDriver,
-    check_redis_url,
-    check_restart_grace,
-    extend_call,
-    extend_result,
-    grace_ms,
-    holder_from_reply,
-    keys_for,
-    pop_query_options,
-    scope_fence_key,
-    split_options,
-    token_of,
-)
+from .replies import extend_call, extend_result, grace_ms, holder_from_reply, token_of
+from .scripts import JOIN_QUEUE, NO_QUEUE, RESPECT_QUEUE
 from .wire import Node, ms
-
-#: Options of ours a redis:// URL query may carry (the wire client applies the timeouts).
-_URL_DRIVER_OPTIONS = {"restart_grace", "socket_timeout", "connect_timeout"}
 
 
 @dataclass(slots=True, eq=False)
@@ -84,7 +69,7 @@ class RedisDriver(SubscribingDriver):
 
     def __init__(
         self,
-        url: str,
+        url: str | NodeURL,
         *,
         socket_timeout: float = 1.0,
         connect_timeout: float = 1.0,
@@ -96,7 +81,7 @@ class RedisDriver(SubscribingDriver):
         super().__init__(prefix)
         self.restart_grace = check_restart_grace(restart_grace)
         self.node = Node(
-            url,
+            url if isinstance(url, NodeURL) else NodeURL.of(url),
             socket_timeout=socket_timeout,
             connect_timeout=connect_timeout,
             options=redis_options,
@@ -151,11 +136,15 @@ class RedisDriver(SubscribingDriver):
             if wait.valid_bumps == wait.bumps and now < wait.valid_until:
                 # Nothing that concerns us was published since the server said "busy"
                 # (and we were subscribed before asking): that answer still holds.
-                self._quiet = name
                 grace = wait.valid_grace
                 if grace is not None:
-                    return Busy(wait.valid_until - now, grace.detail, grace_until=grace.grace_until)
-                return Busy(wait.valid_until - now)
+                    return Busy(
+                        wait.valid_until - now,
+                        grace.detail,
+                        cursor=QUIET,
+                        grace_until=grace.grace_until,
+                    )
+                return Busy(wait.valid_until - now, cursor=QUIET)
         listener = self.listener
         trusted = k.channel_name in listener.confirmed
         epoch = listener.epoch
@@ -195,10 +184,8 @@ class RedisDriver(SubscribingDriver):
         if int(reply[1]) == -1:
             # No expiry: when it frees is unknown. The core polls (and a release through
             # asynclock would still wake us); no valid_until, so no cached "busy" either.
-            self._quiet = None
             return NO_EXPIRY
         retry = int(reply[1]) / 1000
-        busy = self.grace.busy(int(reply[1]), int(reply[2])) if len(reply) > 2 else None
         # Subscribed before we asked, still subscribed, and no wake-up for this name came
         # in while we asked: any release after our attempt will reach us as a message.
         quiet = (
@@ -207,12 +194,13 @@ class RedisDriver(SubscribingDriver):
             and k.channel_name in listener.confirmed
             and self._heard.get(name, 0) == heard
         )
+        cursor = QUIET if quiet else LOUD
+        busy = self.grace.busy(int(reply[1]), int(reply[2]), cursor) if len(reply) > 2 else None
         if wait is not None and quiet:
             wait.valid_until = t_send + retry
             wait.valid_bumps = bumps
             wait.valid_grace = busy
-        self._quiet = name if quiet else None
-        return busy or Busy(retry)
+        return busy or Busy(retry, cursor=cursor)
 
     async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
         if not leases:
@@ -331,13 +319,8 @@ class RedisDriver(SubscribingDriver):
 
 
 def driver_from_url(url: str, **options: Any) -> RedisDriver:
-    scheme = url_scheme(url).lower()  # not urlsplit: it may quote a password
-    check_redis_url(url, options, ours=_URL_DRIVER_OPTIONS, scheme=scheme)
-    url, from_query = pop_query_options(url, _URL_DRIVER_OPTIONS | {"socket_connect_timeout"})
-    if "socket_connect_timeout" in from_query:  # redis-py's name for our connect_timeout
-        from_query.setdefault("connect_timeout", from_query.pop("socket_connect_timeout"))
-    ours, rest = split_options({**from_query, **options})
-    return RedisDriver(url, **ours, **rest)
+    node, ours = read_redis_url(url, options)
+    return RedisDriver(node, **ours)
 
 
-__all__ = ("RedisDriver", "driver_from_url", "keys_for")
+__all__ = ("RedisDriver", "driver_from_url")

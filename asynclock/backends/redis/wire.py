@@ -13,7 +13,6 @@ import logging
 import math
 from collections.abc import Coroutine, Sequence
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import redis.asyncio
 import redis.exceptions
@@ -22,6 +21,7 @@ from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from ..._core.errors import map_errors
 from ..._core.exceptions import BackendUnavailable
 from .deadlines import Deadlines
+from .options import NodeURL
 from .scripts import SCRIPTS, SHAS
 
 _hiredis: Any
@@ -39,20 +39,6 @@ def ms(seconds: float) -> int:
 
 
 # -- one server -----------------------------------------------------------------------------
-
-
-def display_url(url: str) -> str:
-    """``url`` without its password (and without the query string)."""
-    parts = urlsplit(url)
-    if parts.scheme == "unix":
-        return f"unix://{parts.path}"
-    host = parts.hostname or "localhost"
-    if ":" in host:
-        host = f"[{host}]"
-    port = f":{parts.port}" if parts.port else ""
-    user = f"{unquote(parts.username)}@" if parts.username else ""
-    path = parts.path if parts.path not in ("", "/") else "/0"
-    return f"{parts.scheme}://{user}{host}{port}{path}"
 
 
 def pack(*args: bytes) -> bytes:
@@ -196,21 +182,21 @@ class Node:
 
     def __init__(
         self,
-        url: str,
+        url: NodeURL,
         *,
         socket_timeout: float,
         connect_timeout: float,
         options: dict[str, Any],
     ) -> None:
-        self.url = url
-        self.display = display_url(url)
+        self.url = url.url
+        self.display = url.display
         self.socket_timeout = socket_timeout
         self.connect_timeout = connect_timeout
-        secret = unquote(urlsplit(url).password or "") or str(options.get("password") or "")
+        secret = url.password or str(options.get("password") or "")
         self.errors = map_errors(self.display, secret, explain=self._explain)
         try:
             self.pool: ConnectionPool = ConnectionPool.from_url(
-                url,
+                url.url,
                 socket_timeout=socket_timeout,
                 socket_connect_timeout=connect_timeout,
                 decode_responses=False,

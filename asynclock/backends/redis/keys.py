@@ -1,0 +1,93 @@
+"""Key names: a lock name's keys and channel (all under one Redis Cluster hash tag), the
+database's epoch key, and the key prefix they start with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """The keys and channel of one lock name; all share the hash tag ``{name}``."""
+
+    lock: str
+    fence: str
+    queue: str
+    queue_exp: str
+    channel: str
+
+
+def hash_tag(name: str) -> str:
+    """``name`` escaped so it is a valid, complete Redis Cluster hash tag (no braces)."""
+    return name.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+def scope_fence_key(scope: str, prefix: str = "asynclock:") -> bytes:
+    """The fence counter of a token scope. Its own hash tag: on Redis Cluster a scoped
+    acquire would touch two slots, so token scopes need a single node (or Redlock)."""
+    return f"{prefix}scope:{{{hash_tag(scope)}}}:fence".encode()
+
+
+def keys_for(name: str, prefix: str = "asynclock:") -> Keys:
+    base = f"{prefix}{{{hash_tag(name)}}}"
+    return Keys(base, base + ":fence", base + ":q", base + ":qx", base + ":released")
+
+
+def epoch_key(prefix: str = "asynclock:") -> str:
+    """The database's epoch key (see ``grace_left``): no braces, so no lock name's key."""
+    return f"{prefix}epoch"
+
+
+@dataclass(frozen=True, slots=True)
+class WireKeys:
+    """The keys of one name as the scripts take them (bytes), and its channel's name."""
+
+    lock: bytes
+    fence: bytes
+    queue: bytes
+    queue_exp: bytes
+    channel: bytes
+    channel_name: str
+    acquire_keys: tuple[bytes, bytes, bytes, bytes, bytes]
+    release_keys: tuple[bytes, bytes, bytes]
+    #: The keys of REDLOCK_ACQUIRE: lock, fence, epoch.
+    redlock_keys: tuple[bytes, bytes, bytes]
+
+
+class KeyCache:
+    """``keys_for`` per name, encoded once (bounded; hot names stay cached)."""
+
+    LIMIT = 4096
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.epoch = epoch_key(prefix).encode()
+        self._cache: dict[str, WireKeys] = {}
+
+    def __call__(self, name: str) -> WireKeys:
+        k = self._cache.get(name)
+        if k is None:
+            if len(self._cache) >= self.LIMIT:
+                self._cache.clear()
+            s = keys_for(name, self.prefix)
+            lock, fence, q, qx = (x.encode() for x in (s.lock, s.fence, s.queue, s.queue_exp))
+            k = self._cache[name] = WireKeys(
+                lock,
+                fence,
+                q,
+                qx,
+                s.channel.encode(),
+                s.channel,
+                (lock, fence, q, qx, self.epoch),
+                (lock, q, qx),
+                (lock, fence, self.epoch),
+            )
+        return k
+
+
+def check_prefix(prefix: object) -> str:
+    """The key prefix: braces would break the ``{name}`` hash tag that keeps a lock's keys
+    in one cluster slot."""
+    if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
+        raise ValueError(f"prefix must be a str without braces, got {prefix!r}")
+    return prefix
