@@ -26,28 +26,23 @@ address is refused at connect, two addresses of one server (same ``run_id``) at 
 
 from __future__ import annotations
 
-import asyncio
 import math
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import anyio
-import redis.exceptions
 
 from ..._core.asyncio_only import require_asyncio
 from ..._core.driver import Busy, ExtendResult, LeaseRef, Refused
-from ..._core.exceptions import BackendUnavailable, QuorumNotReached
+from ..._core.exceptions import QuorumNotReached
 from ..._core.holder import Holder
 from .base import LOUD, NO_EXPIRY, QUIET, GraceReport, SubscribingDriver
-from .deadlines import Deadlines
+from .fanout import Fanout, tally
 from .keys import scope_fence_key
 from .options import NodeURL, check_distinct, check_restart_grace, parse_url, read_redlock_options
 from .pubsub import Listener
 from .replies import extend_call, grace_ms, holder_from_reply
-from .scripts import SCRIPTS
-from .wire import Node, Spawned, Wire, drop_connection, ms, pack, pack_script
-
-T = TypeVar("T")
+from .wire import Node, ms, pack, pack_script
 
 #: An acquisition that took longer than this fraction of its ttl is given back: the
 #: lease would be lost before its first renewal.
@@ -94,140 +89,13 @@ class RedlockDriver(SubscribingDriver):
         self.listeners = [
             Listener(n, self._on_message, self._on_reset, self._connected(n)) for n in self.nodes
         ]
-        self._deadlines = Deadlines()
+        self.fan = Fanout(self.nodes)
         #: Owners whose acquisition is in progress here (they gave back partial grants):
         #: the release message of such a give-back must not wake their own waiter.
         self._attempting: set[str] = set()
 
     def _timeout(self, ttl: float) -> float:
         return max(0.001, min(self.node_timeout, ttl / 3))
-
-    # -- fan-out ---------------------------------------------------------------------------
-
-    async def _each(
-        self,
-        call: Callable[[Node], Awaitable[T]],
-        timeout: float,
-        nodes: Sequence[int] | None = None,
-    ) -> dict[int, T | BaseException]:
-        """Run ``call`` on every node in parallel tasks (rare paths: open)."""
-        indexes = range(len(self.nodes)) if nodes is None else nodes
-        results: dict[int, T | BaseException] = {}
-
-        async def one(i: int) -> None:
-            node = self.nodes[i]
-            with anyio.move_on_after(timeout):
-                try:
-                    results[i] = await call(node)
-                except Exception as exc:
-                    results[i] = exc
-                return
-            results[i] = BackendUnavailable(f"no answer within {timeout:g}s")
-
-        async with anyio.create_task_group() as tg:
-            for i in indexes:
-                tg.start_soon(one, i)
-        return results
-
-    async def _fan(
-        self,
-        script: str,
-        packed: bytes,
-        timeout: float,
-        nodes: Sequence[int] | None = None,
-    ) -> dict[int, Any]:
-        """Send one command to every node at once; each node's reply, or its exception
-        (:class:`BackendUnavailable`) when it failed or gave no answer within ``timeout``.
-
-        Returns only when every node has answered or timed out. The command is written to
-        each node's idle connection in turn (a write does not wait), then the replies are
-        read under one shared deadline; replies that arrive meanwhile wait in their socket
-        buffers. A node without an idle connection connects in a task of its own.
-        """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        indexes = range(len(self.nodes)) if nodes is None else nodes
-        sent: list[tuple[int, Wire]] = []
-        spawned = Spawned()
-        results: dict[int, Any] = {}
-        done = 0  # sent[:done] are answered, or being answered now
-        reading: Wire | None = None  # a reply is being read from it: drop it if interrupted
-        try:
-            for i in indexes:
-                wire = self.nodes[i].send(packed)
-                if wire is None:
-                    one = self._one(i, None, script, packed, deadline, timeout)
-                    spawned.start(i, one)
-                else:
-                    sent.append((i, wire))
-            try:
-                # One timer for all of them (every node's timeout ends at the same moment).
-                with self._deadlines.at(deadline):
-                    for i, wire in sent:
-                        done += 1
-                        reading = wire
-                        try:
-                            reply = await wire.read()
-                        except Exception:
-                            reading = None
-                            await drop_connection(wire.conn)
-                            # Stale connection, NOSCRIPT, an error reply: the careful path.
-                            results[i] = await self._one(i, None, script, packed, None, timeout)
-                            continue
-                        reading = None
-                        results[i] = reply
-                        if not self.nodes[i].keep(wire):
-                            await drop_connection(wire.conn)
-            except TimeoutError:
-                # The node we were waiting for (its reply, or its careful path) is too late.
-                results[sent[done - 1][0]] = BackendUnavailable(f"no answer within {timeout:g}s")
-                if reading is not None:
-                    await drop_connection(reading.conn)  # cut off mid-reply
-                    reading = None
-                for i, wire in sent[done:]:  # past the deadline: only replies already here
-                    done += 1
-                    results[i] = await self._one(i, wire, script, packed, deadline, timeout)
-            await spawned.collect(results)
-        finally:
-            spawned.cancel()
-            if reading is not None:
-                await drop_connection(reading.conn)
-            for _, wire in sent[done:]:
-                await drop_connection(wire.conn)  # a reply we will never read
-        return results
-
-    async def _one(
-        self,
-        i: int,
-        wire: Wire | None,
-        script: str,
-        packed: bytes,
-        deadline: float | None,
-        timeout: float,
-    ) -> Any:
-        """One node's reply (``deadline`` None: the caller's timer bounds the wait)."""
-        node = self.nodes[i]
-        try:
-            try:
-                return await node.receive(wire, packed, deadline)
-            except redis.exceptions.NoScriptError:
-                text = SCRIPTS[script].encode()
-                until = (
-                    asyncio.get_running_loop().time() + timeout if deadline is None else deadline
-                )
-                await node.call(pack(b"SCRIPT", b"LOAD", text), until)
-                return await node.call(packed, until)
-        except TimeoutError:
-            return BackendUnavailable(f"no answer within {timeout:g}s")
-        except Exception as exc:
-            return node.error(script, exc)
-
-    def _failures(self, results: dict[int, Any]) -> dict[str, str]:
-        return {
-            self.nodes[i].display: self.nodes[i].reason(r)
-            for i, r in results.items()
-            if isinstance(r, BaseException)
-        }
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -237,7 +105,7 @@ class RedlockDriver(SubscribingDriver):
         async def load(node: Node) -> None:
             await node.load()
 
-        results = await self._each(load, max(self.node_timeout, 1.0))
+        results = await self.fan.each(load, max(self.node_timeout, 1.0))
         try:
             self._check_run_ids()
         except ValueError:
@@ -248,7 +116,7 @@ class RedlockDriver(SubscribingDriver):
             raise QuorumNotReached(
                 f"{self.display}: only {ok} of {len(self.nodes)} nodes reachable, "
                 f"a quorum is {self.quorum}",
-                self._failures(results),
+                self.fan.failures(results),
             )
         self._open = True
 
@@ -306,7 +174,7 @@ class RedlockDriver(SubscribingDriver):
             phase1,
             (ownerb, b"%d" % ttl_ms, grace_ms(self.restart_grace, ttl_ms)),
         )
-        results = await self._fan("redlock_acquire", packed, timeout)
+        results = await self.fan.send("redlock_acquire", packed, timeout)
         tokens: dict[int, int] = {}
         # (seconds until that node may grant, its restart grace's end in ms or 0)
         busy: list[tuple[float, int]] = []
@@ -324,11 +192,11 @@ class RedlockDriver(SubscribingDriver):
             if min(tokens.values()) != token:
                 # Phase 2: the quorum disagrees; raise every granting node to t.
                 packed = pack_script("raise_fence", (k.lock, *fences), (ownerb, b"%d" % token))
-                acks = await self._fan("raise_fence", packed, timeout, list(tokens))
+                acks = await self.fan.send("raise_fence", packed, timeout, list(tokens))
                 ok = sum(1 for r in acks.values() if r == 1)
                 if ok < self.quorum:
                     await self.release(name, owner, None)
-                    failures = {**self._failures(results), **self._failures(acks)}
+                    failures = {**self.fan.failures(results), **self.fan.failures(acks)}
                     if len(failures) > len(self.nodes) - self.quorum:
                         raise self._no_quorum(f"phase 2 of acquire of {name!r}", ok, failures)
                     return Busy(timeout, cursor=LOUD)
@@ -342,7 +210,7 @@ class RedlockDriver(SubscribingDriver):
                     f"{self.display}: acquire of {name!r} took {elapsed:.3f}s, more than "
                     f"{MAX_ACQUIRE_FRACTION:.0%} of its ttl {ttl:g}s; the lease would be "
                     "lost at once (nodes too slow; raise ttl or lower node_timeout)",
-                    self._failures(results),
+                    self.fan.failures(results),
                 )
             return token
         # No quorum: give back what we got (and whatever a node we did not hear from may
@@ -367,7 +235,7 @@ class RedlockDriver(SubscribingDriver):
             if grace_end:  # the quorum waits for a node's restart grace, not a holder
                 return self.grace.busy(round(retry * 1000), grace_end, cursor)
             return Busy(retry, cursor=cursor)
-        raise self._no_quorum(f"acquire of {name!r}", len(tokens), self._failures(results))
+        raise self._no_quorum(f"acquire of {name!r}", len(tokens), self.fan.failures(results))
 
     async def abandon(self, name: str, owner: str) -> None:
         self._attempting.discard(owner)
@@ -386,10 +254,10 @@ class RedlockDriver(SubscribingDriver):
         if not leases:
             return []
         packed = pack_script("extend", *extend_call(self.keys, leases))
-        results = await self._fan("extend", packed, self._timeout(min(r.ttl for r in leases)))
+        results = await self.fan.send("extend", packed, self._timeout(min(r.ttl for r in leases)))
         n = len(self.nodes)
         out: list[ExtendResult] = []
-        failures = self._failures(results)
+        failures = self.fan.failures(results)
         for j in range(len(leases)):
             ok = refused = 0
             for r in results.values():
@@ -411,16 +279,16 @@ class RedlockDriver(SubscribingDriver):
         k = self.keys(name)
         args = (owner.encode(), b"" if token is None else b"%d" % token, k.channel)
         packed = pack_script("redlock_release", (k.lock,), args)
-        results = await self._fan("redlock_release", packed, self.node_timeout)
-        answered, removed = _tally(results)
+        results = await self.fan.send("redlock_release", packed, self.node_timeout)
+        answered, removed = tally(results)
         if removed >= self.quorum:
             return True
         if answered >= self.quorum or token is None:
             return False
-        raise self._no_quorum(f"release of {name!r}", answered, self._failures(results))
+        raise self._no_quorum(f"release of {name!r}", answered, self.fan.failures(results))
 
     async def validate(self, name: str, token: int) -> bool:
-        results = await self._fan("get", pack(b"GET", self.keys(name).lock), self.node_timeout)
+        results = await self.fan.send("get", pack(b"GET", self.keys(name).lock), self.node_timeout)
         suffix = b":%d" % token
         agree = sum(
             1
@@ -432,7 +300,7 @@ class RedlockDriver(SubscribingDriver):
         answered = sum(1 for r in results.values() if not isinstance(r, BaseException))
         if answered >= self.quorum:
             return False
-        raise self._no_quorum(f"validate of {name!r}", answered, self._failures(results))
+        raise self._no_quorum(f"validate of {name!r}", answered, self.fan.failures(results))
 
     # -- waking ----------------------------------------------------------------------------
 
@@ -462,7 +330,7 @@ class RedlockDriver(SubscribingDriver):
 
     async def holder(self, name: str) -> Holder | None:
         packed = pack_script("holder", (self.keys(name).lock, self.keys.epoch), ())
-        results = await self._fan("holder", packed, self.node_timeout)
+        results = await self.fan.send("holder", packed, self.node_timeout)
         answered = 0
         by_owner: dict[str | None, list[Holder]] = {}
         graces: list[Holder] = []
@@ -490,16 +358,16 @@ class RedlockDriver(SubscribingDriver):
             return graces[self.quorum - free - 1]
         if answered >= self.quorum:
             return None
-        raise self._no_quorum(f"holder of {name!r}", answered, self._failures(results))
+        raise self._no_quorum(f"holder of {name!r}", answered, self.fan.failures(results))
 
     async def break_lock(self, name: str) -> bool:
         k = self.keys(name)
         packed = pack_script("break", k.release_keys, (k.channel,))
-        results = await self._fan("break", packed, self.node_timeout)
-        answered, removed = _tally(results)
+        results = await self.fan.send("break", packed, self.node_timeout)
+        answered, removed = tally(results)
         if answered < self.quorum:
             # Some nodes may still carry the lease: the holder could keep a quorum.
-            raise self._no_quorum(f"break_lock of {name!r}", answered, self._failures(results))
+            raise self._no_quorum(f"break_lock of {name!r}", answered, self.fan.failures(results))
         return removed > 0
 
     def _connected(self, node: Node) -> Callable[[str | None, bool], None]:
@@ -512,12 +380,6 @@ class RedlockDriver(SubscribingDriver):
                 self._renew_now()
 
         return on_connect
-
-
-def _tally(results: dict[int, Any]) -> tuple[int, int]:
-    """How many nodes answered, and how many of them answered 1 (removed a key)."""
-    answered = [r for r in results.values() if not isinstance(r, BaseException)]
-    return len(answered), sum(r == 1 for r in answered)
 
 
 def driver_from_url(url: str, **options: Any) -> RedlockDriver:
