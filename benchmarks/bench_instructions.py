@@ -20,6 +20,12 @@ one core, rows run in parallel on every CPU. A comparison table, not a pass/fail
 Usage::
 
     uv run python -m benchmarks.bench_instructions [--holds N] [--ablate]
+        [--backend memory|redis] [--against REV]
+
+``--backend redis`` counts the rows against a redis-server started here (the client
+process only: the server runs outside callgrind). ``--against REV`` adds the rows that use
+only the public API (driver alone, asynclock) on the package as it was at git revision
+``REV``, in the same run: the old and new core side by side.
 """
 
 from __future__ import annotations
@@ -100,15 +106,20 @@ ABLATIONS: dict[str, list[tuple[str, str, str]]] = {
 ABLATIONS["every piece above"] = [stub for stubs in ABLATIONS.values() for stub in stubs]
 
 
-def child(row: str, holds: int) -> None:
-    """Run ``holds`` holds of ``row`` (in the child, under callgrind)."""
+#: Rows whose code uses only the public API: they run on any version of the package, so
+#: ``--against`` can count them on an older one too.
+PUBLIC_ROWS = ("driver alone", "asynclock")
+
+
+def child(row: str, holds: int, url: str = "memory://") -> None:
+    """Run ``holds`` holds of ``row`` (in the child, under callgrind) on ``url``'s backend
+    (``memory://``: the memory driver marked remote, see the module docstring)."""
     from asyncio import sleep
 
     import anyio
 
     import asynclock
     from asynclock.backends.memory import MemoryDriver
-    from benchmarks.bench_overhead import row_cycles
 
     class RemoteMemory(MemoryDriver):
         remote = True  # take the suspending backends' path through the core
@@ -121,22 +132,46 @@ def child(row: str, holds: int) -> None:
             await sleep(0)
             return await super().release(*args, **kwargs)
 
-    async def main() -> None:
-        async with asynclock.Backend(RemoteMemory()) as backend:
-            cycle = row_cycles(backend)[row]
+    def public_cycle(backend: asynclock.Backend) -> Any:
+        driver, name = backend.driver, f"ir:{row}"
+        owners = (f"driver-alone-{i}" for i in range(10**9))
+        lock = backend.lock(name, ttl=60.0)
+
+        async def bare() -> None:
+            owner = next(owners)
+            token = await driver.acquire(name, owner, 60.0, queue=True)
+            await driver.release(name, owner, token)  # type: ignore[arg-type]
+
+        async def ours() -> None:
+            async with lock:
+                pass
+
+        return bare if row == "driver alone" else ours
+
+    async def run() -> None:
+        backend = (
+            asynclock.Backend(RemoteMemory()) if url == "memory://" else asynclock.connect(url)
+        )
+        async with backend:
+            if row in PUBLIC_ROWS:
+                cycle = public_cycle(backend)
+            else:
+                from benchmarks.bench_overhead import row_cycles
+
+                cycle = row_cycles(backend)[row]
             for _ in range(holds):
                 await cycle()
 
-    anyio.run(main)
+    anyio.run(run)
 
 
-def count(row: str, holds: int, package: Path | None) -> int:
+def count(row: str, holds: int, package: Path | None, url: str = "memory://") -> int:
     """Instructions callgrind counts for a whole child run of ``holds`` holds."""
     # The project root is importable (editable install); PYTHONPATH puts a copy of the
     # package in front of it.
     # A fixed hash seed: dict and set probes then repeat from run to run.
     env = {**os.environ, "PYTHONPATH": str(package) if package else "", "PYTHONHASHSEED": "0"}
-    code = f"from benchmarks.bench_instructions import child; child({row!r}, {holds})"
+    code = f"from benchmarks.bench_instructions import child; child({row!r}, {holds}, {url!r})"
     with tempfile.TemporaryDirectory(prefix="asynclock-ir-") as tmp:
         valgrind = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out"]
         out = subprocess.run(
@@ -154,8 +189,21 @@ def count(row: str, holds: int, package: Path | None) -> int:
     return int(found.group(1))
 
 
-def per_hold(row: str, holds: int, package: Path | None = None) -> float:
-    return (count(row, 2 * holds, package) - count(row, holds, package)) / holds
+def per_hold(row: str, holds: int, package: Path | None = None, url: str = "memory://") -> float:
+    return (count(row, 2 * holds, package, url) - count(row, holds, package, url)) / holds
+
+
+def checked_out(root: Path, rev: str) -> Path:
+    """The package as it was at git revision ``rev`` (under ``root``)."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", rev, "asynclock"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    copy = root / f"at-{rev}"
+    copy.mkdir()
+    subprocess.run(["tar", "-x", "-C", str(copy)], input=archive, check=True)
+    return copy
 
 
 def ablated(root: Path, name: str) -> Path:
@@ -175,27 +223,48 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--holds", type=int, default=2000)
     parser.add_argument("--ablate", action="store_true", help="also cost pieces of the core")
+    parser.add_argument(
+        "--backend",
+        choices=("memory", "redis"),
+        default="memory",
+        help="memory: the memory driver on the remote path; redis: a redis-server started here",
+    )
+    parser.add_argument(
+        "--against",
+        metavar="REV",
+        help="also count the public rows on the package as it was at git revision REV",
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("needs valgrind on PATH (Debian: apt-get install valgrind)")
-    from benchmarks.bench_overhead import ROWS
+    from benchmarks.bench_overhead import ROWS, servers
 
-    with tempfile.TemporaryDirectory(prefix="asynclock-ablate-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="asynclock-ablate-") as tmp,
+        servers({args.backend}) as urls,
+    ):
+        url = urls[args.backend]
         jobs: dict[str, tuple[str, Path | None]] = {row: (row, None) for row in ROWS}
         if args.ablate:
             for name in ABLATIONS:
                 jobs[f"asynclock without {name}"] = ("asynclock", ablated(Path(tmp), name))
+        if args.against:
+            old = checked_out(Path(tmp), args.against)
+            for row in PUBLIC_ROWS:
+                jobs[f"{row} at {args.against}"] = (row, old)
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
             futures = {
-                label: pool.submit(per_hold, row, args.holds, package)
+                label: pool.submit(per_hold, row, args.holds, package, url)
                 for label, (row, package) in jobs.items()
             }
             result = {label: future.result() for label, future in futures.items()}
     bare, ours = result["driver alone"], result["asynclock"]
-    print(f"instructions per hold, memory driver on the remote path, {args.holds} holds")
+    where = "memory driver on the remote path" if args.backend == "memory" else "redis-server"
+    print(f"instructions per hold, {where}, {args.holds} holds")
     print(f"{'row':<46} {'per hold':>9} {'over driver alone':>18} {'vs asynclock':>13}")
     for label, value in result.items():
-        over = "" if label == "driver alone" else f"{value - bare:>18,.0f}"
+        alone = result.get(f"driver alone at {args.against}", bare) if " at " in label else bare
+        over = "" if label.startswith("driver alone") else f"{value - alone:>18,.0f}"
         versus = f"{value - ours:>+13,.0f}" if label != "asynclock" else ""
         print(f"{label:<46} {value:>9,.0f} {over:>18} {versus}")
 
