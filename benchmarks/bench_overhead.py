@@ -33,6 +33,11 @@ the servers on the last CPU and the benchmark on the others.
 Usage::
 
     uv run python -m benchmarks.bench_overhead [--cycles N] [--reps R] [--only memory,sqlite]
+        [--against REV]
+
+``--against REV`` adds the public rows (driver alone, asynclock) of the package as it was
+at git revision ``REV``, imported next to today's under another name and run in the same
+reps against the same server: the old and new core side by side, wall clock and CPU.
 
 This is a comparison table, not a pass/fail test.
 """
@@ -257,10 +262,36 @@ def row_cycles(backend: asynclock.Backend) -> dict[str, Cycle]:
     return dict(zip(ROWS, (bare, floor, guaranteed, inline, ours), strict=True))
 
 
-async def measure(url: str, cycles: int, reps: int) -> dict[str, list[Run]]:
-    runs: dict[str, list[Run]] = {row: [] for row in ROWS}
-    async with asynclock.connect(url) as backend:
+def public_cycles(backend: Any, label: str) -> dict[str, Cycle]:
+    """The rows that use only the public API (driver alone, asynclock), on ``backend`` of
+    any version of the package, named ``<row> at <label>``."""
+    driver, name = backend.driver, f"overhead:{uuid.uuid4()}"
+    owners = (f"driver-alone-{i}" for i in range(10**9))
+    lock = backend.lock(name, ttl=TTL)
+
+    async def bare() -> None:
+        owner = next(owners)
+        token = await driver.acquire(name, owner, TTL, queue=True)
+        await driver.release(name, owner, token)
+
+    async def ours() -> None:
+        async with lock:
+            pass
+
+    return {f"driver alone at {label}": bare, f"asynclock at {label}": ours}
+
+
+async def measure(
+    url: str, cycles: int, reps: int, against: tuple[str, Any] | None = None
+) -> dict[str, list[Run]]:
+    async with contextlib.AsyncExitStack() as stack:
+        backend = await stack.enter_async_context(asynclock.connect(url))
         cycles_of = row_cycles(backend)
+        if against is not None:  # the same rows on the package at another revision
+            label, package = against
+            old = await stack.enter_async_context(package.connect(url))
+            cycles_of.update(public_cycles(old, label))
+        runs: dict[str, list[Run]] = {row: [] for row in cycles_of}
         for cycle in cycles_of.values():  # warm: prepared statements, scripts, caches
             await timed(max(cycles // 10, 10), cycle)
         order = list(cycles_of)
@@ -270,6 +301,30 @@ async def measure(url: str, cycles: int, reps: int) -> dict[str, list[Run]]:
             for row in order[rep % len(order) :] + order[: rep % len(order)]:
                 runs[row].append(await timed(cycles, cycles_of[row]))
     return runs
+
+
+def package_at(rev: str, root: Path) -> Any:
+    """The package as it was at git revision ``rev``, importable next to today's under
+    another name (its absolute imports and backend module names rewritten)."""
+    import importlib
+    import re
+    import subprocess
+
+    name = "asynclock_at_" + re.sub(r"\W", "_", rev)
+    archive = subprocess.run(
+        ["git", "-C", str(Path(__file__).resolve().parent.parent), "archive", rev, "asynclock"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
+    (root / "asynclock").rename(root / name)
+    for file in (root / name).rglob("*.py"):
+        text = file.read_text()
+        text = re.sub(r"^(\s*)(from|import) asynclock\b", rf"\1\2 {name}", text, flags=re.M)
+        text = text.replace('"asynclock.backends', f'"{name}.backends')
+        file.write_text(text)
+    sys.path.insert(0, str(root))
+    return importlib.import_module(name)
 
 
 @contextlib.contextmanager
@@ -324,38 +379,49 @@ def report(results: dict[str, dict[str, list[Run]]]) -> None:
     medians (wall and CPU), and the median of the per-rep paired differences with its 95 %
     interval (rows of one rep ran back to back, so slow drift cancels out of a pair)."""
     print(
-        f"{'backend':<15} {'row':<16} {'cycles/s':>9} {'overhead µs: wall':>18} {'CPU':>6} "
+        f"{'backend':<15} {'row':<24} {'cycles/s':>9} {'overhead µs: wall':>18} {'CPU':>6} "
         f"{'(user':>6} {'kernel)':>7} {'paired wall':>12} {'95 % interval':>15} "
         f"{'paired CPU':>11}  target ≤ {TARGET_US:g} µs"
     )
     for backend, runs in results.items():
-        base = runs["driver alone"]
 
         def median(row: str, i: int, runs: dict[str, list[Run]] = runs) -> float:
             return statistics.median(r[i] for r in runs[row])
 
-        print(f"{backend:<15} {'driver alone':<16} {median('driver alone', 0):>9,.0f}")
-        for row in ROWS[1:]:
-            wall = 1e6 * (1 / median(row, 0) - 1 / median("driver alone", 0))
-            user = 1e6 * (median(row, 1) - median("driver alone", 1))
-            kernel = 1e6 * (median(row, 2) - median("driver alone", 2))
+        print(f"{backend:<15} {'driver alone':<24} {median('driver alone', 0):>9,.0f}")
+        for row in list(runs)[1:]:
+            at = row.partition(" at ")[2]
+            alone = f"driver alone at {at}" if at else "driver alone"
+            if row == alone:
+                print(f"{'':<15} {row:<24} {median(row, 0):>9,.0f}")
+                continue
+            base = runs[alone]
+            wall = 1e6 * (1 / median(row, 0) - 1 / median(alone, 0))
+            user = 1e6 * (median(row, 1) - median(alone, 1))
+            kernel = 1e6 * (median(row, 2) - median(alone, 2))
             pairs = list(zip(runs[row], base, strict=True))
             wall_d = [1e6 * (1 / r[0] - 1 / b[0]) for r, b in pairs]
             cpu_d = [1e6 * (r[1] + r[2] - b[1] - b[2]) for r, b in pairs]
             low, high = _paired_ci(wall_d)
             pair_wall, pair_cpu = statistics.median(wall_d), statistics.median(cpu_d)
             verdict = ""
-            if row == "asynclock":
+            if row.startswith("asynclock"):
                 verdict = "met" if pair_wall <= TARGET_US else "MISSED"
             print(
-                f"{'':<15} {row:<16} {median(row, 0):>9,.0f} {wall:>18.1f} {user + kernel:>6.1f} "
+                f"{'':<15} {row:<24} {median(row, 0):>9,.0f} {wall:>18.1f} {user + kernel:>6.1f} "
                 f"{user:>6.1f} {kernel:>7.1f} {pair_wall:>12.1f} {f'{low:.1f} .. {high:.1f}':>15} "
                 f"{pair_cpu:>11.1f}  {verdict}"
             )
 
 
-async def run(urls: dict[str, str], which: list[str], cycles: int, reps: int) -> None:
-    results = {b: await measure(urls[b], cycles, reps) for b in which}
+async def run(
+    urls: dict[str, str],
+    which: list[str],
+    cycles: int,
+    reps: int,
+    against: tuple[str, Any] | None = None,
+) -> None:
+    results = {b: await measure(urls[b], cycles, reps, against) for b in which}
     print(f"{cycles} cycles x {reps} reps per row, medians; Python {sys.version.split()[0]}")
     report(results)
 
@@ -368,14 +434,20 @@ def main() -> None:
         "--pin", action="store_true", help="servers on the last CPU, this process on the others"
     )
     parser.add_argument("--only", default=",".join(ALL), help=f"comma-separated: {','.join(ALL)}")
+    parser.add_argument(
+        "--against",
+        metavar="REV",
+        help="also run the public rows on the package as it was at git revision REV",
+    )
     args = parser.parse_args()
     which = [b for b in args.only.split(",") if b]
     unknown = sorted(set(which) - set(ALL))
     if unknown:
         parser.error(f"unknown backend(s) {', '.join(unknown)}; allowed: {', '.join(ALL)}")
     # Servers start outside the event loop (they use asyncio.run).
-    with servers(set(which), args.pin) as urls:
-        anyio.run(run, urls, which, args.cycles, args.reps)
+    with servers(set(which), args.pin) as urls, tempfile.TemporaryDirectory() as tmp:
+        against = (args.against, package_at(args.against, Path(tmp))) if args.against else None
+        anyio.run(run, urls, which, args.cycles, args.reps, against)
 
 
 if __name__ == "__main__":
