@@ -59,19 +59,19 @@ ABLATIONS: dict[str, list[tuple[str, str, str]]] = {
             'owner = "o"',
         ),
     ],
-    "hold stack (current_lease)": [
+    "lease stack (current_lease)": [
         (
             "_core/context.py",
-            "    HOLDS.set((*holds, (holder, lease, scope)))",
-            "    _LAST[:] = [(holder, lease, scope)]",
+            "    LEASES.set((*stack, (pusher, lease, scope)))",
+            "    _LAST[:] = [(pusher, lease, scope)]",
         ),
         (
             "_core/context.py",
-            "    holds = HOLDS.get()\n    if holds and holds[-1][0] is holder:",
+            "    stack = LEASES.get()\n    if stack and stack[-1][0] is pusher:",
             "    return _LAST[0]\n"
-            "    holds = HOLDS.get()\n    if holds and holds[-1][0] is holder:",
+            "    stack = LEASES.get()\n    if stack and stack[-1][0] is pusher:",
         ),
-        ("_core/context.py", "def push_hold(", "_LAST: list[Hold] = []\n\n\ndef push_hold("),
+        ("_core/context.py", "def push_lease(", "_LAST: list[Entry] = []\n\n\ndef push_lease("),
     ],
     "release bound": [
         ("_core/acquisition.py", "bound = self.bounds.arm(scope)", "bound = _NO_BOUND"),

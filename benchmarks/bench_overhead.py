@@ -69,7 +69,7 @@ import anyio
 import asynclock
 from asynclock._core.acquisition import logger
 from asynclock._core.backend import parts_of
-from asynclock._core.context import HOLDS
+from asynclock._core.context import LEASES
 from asynclock._core.lease import Lease
 from asynclock._core.lock import _refuse_nested
 from asynclock.backends import Busy
@@ -80,9 +80,9 @@ ALL = ("memory", "sqlite", "redis", "redlock", "postgres", "postgres_lease", "et
 
 ROWS = ("driver alone", "scope floor", "guarantee floor", "core inline", "asynclock")
 
-#: The guarantee floor's hold stack (what ``current_lease()`` reads).
-_FLOOR_HOLDS: contextvars.ContextVar[tuple[object, ...]] = contextvars.ContextVar(
-    "floor_holds", default=()
+#: The guarantee floor's lease stack (what ``current_lease()`` reads).
+_FLOOR_LEASES: contextvars.ContextVar[tuple[object, ...]] = contextvars.ContextVar(
+    "floor_leases", default=()
 )
 
 
@@ -155,12 +155,12 @@ def row_cycles(backend: asynclock.Backend) -> dict[str, Cycle]:
         assert not isinstance(token, Busy), "uncontended acquire found the name busy"
         lease = _FloorLease(name, owner, token, t_send + TTL * 0.99 - 0.005)
         leases[owner] = lease
-        holds = _FLOOR_HOLDS.get()
+        stack = _FLOOR_LEASES.get()
         with scope_type() as scope:
             lease.scope = scope
-            _FLOOR_HOLDS.set((*holds, lease))
+            _FLOOR_LEASES.set((*stack, lease))
             # (the body)
-            _FLOOR_HOLDS.set(holds)
+            _FLOOR_LEASES.set(stack)
             del leases[owner]
             lease.scope = None
             scope.shield = True
@@ -175,7 +175,7 @@ def row_cycles(backend: asynclock.Backend) -> dict[str, Cycle]:
     # with no layers would run): the wrong-loop and AlreadyHeld checks, the pending count
     # close waits on, a real Lease (and its LossSignal) found by the renewer, the watchdog
     # and the dropped-lease weak reference, stats, DEBUG-log checks, the renewer and
-    # watchdog wake checks, the hold stack, the holder scope, the release bound and the
+    # watchdog wake checks, the lease stack, the holder scope, the release bound and the
     # release's checks.
     se: Any  # the backend's session and acquisition: its own state
     a: Any
@@ -187,9 +187,9 @@ def row_cycles(backend: asynclock.Backend) -> dict[str, Cycle]:
         task = a.current_task()
         if task is None and a.open:
             a.wrong_loop()
-        holds = HOLDS.get()
-        if holds:
-            _refuse_nested(a, name, holds, task)
+        stack = LEASES.get()
+        if stack:
+            _refuse_nested(a, name, stack, task)
         if not a.open:
             a.require_open()
         if get_ident() != a._thread:
@@ -221,11 +221,11 @@ def row_cycles(backend: asynclock.Backend) -> dict[str, Cycle]:
             lease._scope = scope
             if lease.lost.reason is not None:
                 scope.cancel()
-            HOLDS.set((*holds, (lock, lease, scope)))
+            LEASES.set((*stack, (lock, lease, scope)))
             # (the body)
-            now_holds = HOLDS.get()
-            if now_holds[-1][0] is lock:
-                HOLDS.set(now_holds[:-1])
+            now_stack = LEASES.get()
+            if now_stack[-1][0] is lock:
+                LEASES.set(now_stack[:-1])
             lease._scope = lease._task = None
             if scope.cancel_called:
                 raise AssertionError("cancelled")

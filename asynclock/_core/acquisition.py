@@ -26,7 +26,7 @@ import anyio.lowlevel
 
 from .bounds import ArmOnSuspend, CallBounds, cleanup, shielded_call
 from .clock import Clock
-from .context import HOLDS
+from .context import LEASES
 from .driver import Busy, Driver
 from .exceptions import (
     AcquireTimeout,
@@ -178,9 +178,9 @@ class Acquisition:
         if self.open and task is None:
             self.wrong_loop()
         scope = None if token_scope is None else _check_scope(token_scope)
-        holds = HOLDS.get()
-        if holds:  # inside this task's own `async with` for the name: it would wait for itself
-            _refuse_nested(self, args[0], holds, task)
+        stack = LEASES.get()
+        if stack:  # inside this task's own `async with` for the name: it would wait for itself
+            _refuse_nested(self, args[0], stack, task)
         return await self.acquire(*args, token_scope=scope)
 
     async def acquire(

@@ -1,7 +1,7 @@
 """The current lease: which lease the running task (or thread) works under.
 
-One context variable holds the stack of holds of the current context, innermost last.
-``backend.lock()`` pushes onto it for its body, and integrations push the lease a task
+One context variable keeps the stack of leases of the current context, innermost last.
+``backend.lock()`` pushes its lease onto it for its body, and integrations push the lease a task
 run, request or job works under with :func:`use_lease` (e.g. in the thread a sync Celery
 task body runs on), so user code finds its token the same way everywhere.
 A context variable is per task (child tasks get a copy) and per thread, never shared.
@@ -20,37 +20,39 @@ import anyio
 if TYPE_CHECKING:
     from .lease import Lease
 
-#: (who pushed it, the lease, the holder's cancel scope or None), innermost last. The
-#: first item is the ``Lock`` that entered (it pops its own entry) or a marker object.
-Hold = tuple[object, "Lease", "anyio.CancelScope | None"]
-HOLDS: ContextVar[tuple[Hold, ...]] = ContextVar("asynclock_holds", default=())
+#: One entry of the lease stack: (who pushed it, the lease, the holder's cancel scope or
+#: None). The pusher is the ``Lock`` or leadership ``Term`` that entered (it pops its own
+#: entry) or a ``use_lease()`` marker object.
+Entry = tuple[object, "Lease", "anyio.CancelScope | None"]
+#: The lease stack of this context, innermost last.
+LEASES: ContextVar[tuple[Entry, ...]] = ContextVar("asynclock_leases", default=())
 #: What ``__aexit__`` is called with: ``async def __aexit__(self, *exc_info: *ExcInfo)``.
 ExcInfo = tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
 
 
-def push_hold(
-    holder: object, lease: Lease, scope: anyio.CancelScope, holds: tuple[Hold, ...]
+def push_lease(
+    pusher: object, lease: Lease, scope: anyio.CancelScope, stack: tuple[Entry, ...]
 ) -> None:
     """Enter ``scope`` as ``lease``'s holder scope (cancelled at once if the lease is
-    already lost) and push the hold onto ``holds``, this context's stack."""
+    already lost) and push ``pusher``'s entry onto ``stack``, this context's lease stack."""
     scope.__enter__()
     lease._scope = scope
     if lease.lost.reason is not None:
         scope.cancel()
-    HOLDS.set((*holds, (holder, lease, scope)))
+    LEASES.set((*stack, (pusher, lease, scope)))
 
 
-def pop_hold(holder: object) -> Hold | None:
-    """Take ``holder``'s innermost hold off this context's stack (usually the top one:
-    holds end in the order they began) and return it; None if it has none."""
-    holds = HOLDS.get()
-    if holds and holds[-1][0] is holder:
-        HOLDS.set(holds[:-1])
-        return holds[-1]
-    for index in range(len(holds) - 2, -1, -1):
-        if holds[index][0] is holder:
-            HOLDS.set(holds[:index] + holds[index + 1 :])
-            return holds[index]
+def pop_lease(pusher: object) -> Entry | None:
+    """Take ``pusher``'s innermost entry off this context's lease stack (usually the top
+    one: holds end in the order they began) and return it; None if it has none."""
+    stack = LEASES.get()
+    if stack and stack[-1][0] is pusher:
+        LEASES.set(stack[:-1])
+        return stack[-1]
+    for index in range(len(stack) - 2, -1, -1):
+        if stack[index][0] is pusher:
+            LEASES.set(stack[:index] + stack[index + 1 :])
+            return stack[index]
     return None
 
 
@@ -63,13 +65,13 @@ def current_lease() -> Lease:
     Raises:
         LookupError: no lease is held here.
     """
-    holds = HOLDS.get()
-    if not holds:
+    stack = LEASES.get()
+    if not stack:
         raise LookupError(
             "no asynclock lease is held in this context: call current_lease() inside "
             "`async with backend.lock(...)`, a guarded task/request/job, or use_lease()"
         )
-    return holds[-1][1]
+    return stack[-1][1]
 
 
 @contextmanager
@@ -84,8 +86,8 @@ def use_lease(lease: Lease) -> Iterator[Lease]:
     if not isinstance(lease, Lease):
         raise TypeError(f"use_lease() takes an asynclock Lease, not {type(lease).__name__}")
     marker = object()
-    HOLDS.set((*HOLDS.get(), (marker, lease, None)))
+    LEASES.set((*LEASES.get(), (marker, lease, None)))
     try:
         yield lease
     finally:
-        pop_hold(marker)
+        pop_lease(marker)

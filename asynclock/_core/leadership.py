@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from .context import HOLDS, ExcInfo, pop_hold, push_hold
+from .context import LEASES, ExcInfo, pop_lease, push_lease
 from .exceptions import AsynclockError, BackendUnavailable, LeaseLost
 from .lock import _refuse_nested
 from .misuse import AsyncContextOnly, refuse_sync_iteration
@@ -123,13 +123,13 @@ class Term(AsyncContextOnly):
             raise RuntimeError("this term has ended; campaign again for a new one")
         self._scope = scope = anyio.CancelScope()
         lease._task = lease._holds.current_task()  # a hold of this task (AlreadyHeld)
-        push_hold(self, lease, scope, HOLDS.get())
+        push_lease(self, lease, scope, LEASES.get())
         return self
 
     async def __aexit__(self, *exc_info: *ExcInfo) -> bool:
         lease, scope = self.lease, self._scope
         assert scope is not None, "Term.__aexit__ without __aenter__"
-        pop_hold(self)
+        pop_lease(self)
         lease._scope = None
         lease._task = None
         self._scope = None
@@ -174,9 +174,9 @@ class Leadership(AsyncContextOnly):
 
     async def _campaign(self, *, quiet: bool) -> Term:
         """Wait until elected (blocking acquire: the waiter sleeps until a release)."""
-        holds = HOLDS.get()
-        if holds:  # campaigning inside this task's own hold of the name would never win
-            _refuse_nested(self._acq, self._name, holds, self._acq.current_task())
+        stack = LEASES.get()
+        if stack:  # campaigning inside this task's own hold of the name would never win
+            _refuse_nested(self._acq, self._name, stack, self._acq.current_task())
         lease = await self._acq.acquire(
             self._name, self._ttl, None, True, None, owner_tag(self._identity)
         )

@@ -1,4 +1,4 @@
-"""Lock: ``async with backend.lock(name, ttl=...)``, the per-task hold stack (context.py)
+"""Lock: ``async with backend.lock(name, ttl=...)``, the per-task lease stack (context.py)
 and the argument checks every hold makes."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import inspect
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from .context import HOLDS as _HOLDS
-from .context import ExcInfo, pop_hold, push_hold
+from .context import LEASES as _LEASES
+from .context import ExcInfo, pop_lease, push_lease
 from .exceptions import AlreadyHeld, LeaseLost
 from .lease import Lease
 from .misuse import AsyncContextOnly
@@ -65,16 +65,17 @@ def _check_lock_args(
     return name, ttl_f, timeout_f, blocking, hold
 
 
-def _refuse_nested(acq: Acquisition, name: str, holds: tuple[Any, ...], task: object) -> None:
+def _refuse_nested(acq: Acquisition, name: str, stack: tuple[Any, ...], task: object) -> None:
     """Raise :class:`AlreadyHeld` if this task holds ``name`` on this backend already: it is
     inside ``async with backend.lock(name)`` or a leadership term of ``name``. Every way to
     ask for a name (``lock``, ``acquire``, ``leadership``) calls it first: asking again
     would wait for itself forever.
 
-    A child task starts with a copy of its parent's holds, so a hold counts only while
-    its lease is live and only in the task that entered it.
+    ``stack`` is this context's lease stack. A child task starts with a copy of its
+    parent's, so an entry counts only while its lease is live and only in the task that
+    entered it.
     """
-    for holder, lease, _ in holds:
+    for pusher, lease, _ in stack:
         if (
             lease.name == name
             and lease._holds is acq
@@ -85,7 +86,7 @@ def _refuse_nested(acq: Acquisition, name: str, holds: tuple[Any, ...], task: ob
         ):
             # The outermost entry of a lease is the Lock or the leadership Term that
             # entered it (use_lease() markers come later, inside).
-            outer = "lock" if isinstance(holder, Lock) else "leadership"
+            outer = "lock" if isinstance(pusher, Lock) else "leadership"
             raise AlreadyHeld(name, lease.token, outer)
 
 
@@ -125,21 +126,21 @@ class Lock(AsyncContextOnly):
         task = acq.current_task()  # None: not on the loop that opened the backend
         if task is None and acq.open:
             acq.wrong_loop()
-        holds = _HOLDS.get()
-        if holds:
-            _refuse_nested(acq, self._args[0], holds, task)
+        stack = _LEASES.get()
+        if stack:
+            _refuse_nested(acq, self._args[0], stack, task)
         if self._token_scope is None:
             lease = await acq.acquire(*self._args)
         else:
             lease = await acq.acquire(*self._args, token_scope=self._token_scope)
         lease._task = task
-        push_hold(self, lease, acq.scope_type(), holds)
+        push_lease(self, lease, acq.scope_type(), stack)
         return lease
 
     async def __aexit__(self, *exc_info: *ExcInfo) -> bool:
-        hold = pop_hold(self)
-        assert hold is not None, "Lock.__aexit__ without __aenter__"
-        _, lease, scope = hold
+        entry = pop_lease(self)
+        assert entry is not None, "Lock.__aexit__ without __aenter__"
+        _, lease, scope = entry
         lease._scope = None
         lease._task = None  # the hold is over (and a kept lease must not keep its task)
         assert scope is not None  # a Lock's own entry always carries its scope
