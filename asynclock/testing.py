@@ -51,7 +51,7 @@ def force_loss(lease: Lease, reason: str = "forced by asynclock.testing") -> Non
     The holder's ``async with`` body is cancelled and the block raises ``LeaseLost`` with
     ``reason``. The server-side lease is left to be released on exit (owner-checked).
     """
-    lease._holds.session.lose(lease, reason)
+    lease._grantor.session.lose(lease, reason)
 
 
 async def next_renewal_round(backend: Backend) -> None:

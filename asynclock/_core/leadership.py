@@ -122,7 +122,7 @@ class Term(AsyncContextOnly):
         if lease.released:
             raise RuntimeError("this term has ended; campaign again for a new one")
         self._scope = scope = anyio.CancelScope()
-        lease._task = lease._holds.current_task()  # a hold of this task (AlreadyHeld)
+        lease._task = lease._grantor.current_task()  # a hold of this task (AlreadyHeld)
         push_lease(self, lease, scope, LEASES.get())
         return self
 
@@ -136,7 +136,7 @@ class Term(AsyncContextOnly):
         try:
             swallowed = bool(scope.__exit__(*exc_info))
         finally:
-            await lease._holds.release(lease, quiet=True)
+            await lease._grantor.release(lease, quiet=True)
         if lease.lost.reason is not None and (swallowed or exc_info[0] is None):
             if self._quiet:
                 return True  # the loop campaigns again; the loss was logged by the backend

@@ -1,4 +1,4 @@
-"""A granted hold: name, owner, token, ttl, local deadline and a loss signal."""
+"""A lease, the server's grant of a lock name: owner, token, ttl, local deadline, loss signal."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ if TYPE_CHECKING:
     from .session import Session
 
 
-class Holds(Protocol):
-    """What a lease needs of the backend that granted it (``acquisition.Acquisition``)."""
+class Grantor(Protocol):
+    """What a lease needs of the acquisition that granted it (``acquisition.Acquisition``)."""
 
     @property
     def session(self) -> Session: ...
@@ -62,7 +62,7 @@ class LossSignal:
 
 
 class Lease:
-    """One granted hold of a lock.
+    """One grant of a lock name, live until released or lost.
 
     Use ``token`` as the fencing token for every write the lock protects. ``lost`` is set
     (and the holder's ``async with`` body cancelled) as soon as the lease may have ended.
@@ -72,7 +72,7 @@ class Lease:
         "__weakref__",
         "_clock",
         "_deadline",
-        "_holds",
+        "_grantor",
         "_released",
         "_scope",
         "_task",
@@ -95,7 +95,7 @@ class Lease:
         acquired_at: float,
         deadline: float,
         hard_deadline: float | None,
-        holds: Holds,
+        grantor: Grantor,
     ) -> None:
         self.name = name
         self.owner = owner
@@ -108,7 +108,7 @@ class Lease:
         self._clock = clock
         self._deadline = deadline
         #: The acquisition that granted it: release, extend and let_expire go through it.
-        self._holds = holds
+        self._grantor = grantor
         #: The holder's cancel scope while inside ``async with backend.lock(...)``.
         self._scope: anyio.CancelScope | None = None
         #: The task that entered ``async with backend.lock(...)`` (None for acquire()).
@@ -160,9 +160,9 @@ class Lease:
         not confirm the release; the lease is unchanged, so you may call it again (renewal
         has stopped either way, so the server expires it within its ttl).
         """
-        holds = self._holds
-        holds.check_loop()
-        return await holds.release(self)
+        grantor = self._grantor
+        grantor.check_loop()
+        return await grantor.release(self)
 
     async def let_expire(self) -> bool:
         """Stop renewing without releasing: the server keeps the lease one more full ttl.
@@ -174,8 +174,8 @@ class Lease:
         confirmed; False if the lease was already lost or released, or the server did not
         answer (it then expires within its ttl from the last renewal).
         """
-        self._holds.check_loop()
-        return await self._holds.session.let_expire(self)
+        self._grantor.check_loop()
+        return await self._grantor.session.let_expire(self)
 
     async def extend(self, ttl: float) -> None:
         """Change this lease's ttl now; the heartbeat carries on with the new one.
@@ -192,5 +192,5 @@ class Lease:
             BackendUnavailable: the server did not answer; the lease keeps its old ttl
                 (and, for a shorter ttl, a deadline as if the server had taken it).
         """
-        self._holds.check_loop()
-        await self._holds.session.extend(self, ttl)
+        self._grantor.check_loop()
+        await self._grantor.session.extend(self, ttl)

@@ -78,7 +78,7 @@ def _refuse_nested(acq: Acquisition, name: str, stack: tuple[Any, ...], task: ob
     for pusher, lease, _ in stack:
         if (
             lease.name == name
-            and lease._holds is acq
+            and lease._grantor is acq
             and lease._task == task  # tasks compare by identity; a fallback id by value
             and task is not None
             and not lease._released

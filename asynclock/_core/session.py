@@ -35,7 +35,7 @@ from .stats import StatsRecorder
 from .validation import check_lease_ttl, no_time_left
 
 if TYPE_CHECKING:
-    from .lease import Holds
+    from .lease import Grantor
 
 logger = logging.getLogger("asynclock")
 
@@ -44,7 +44,7 @@ IDLE_NAP = 1.0
 
 #: What the session keeps per held lease: a weak reference (the holder keeps the Lease
 #: alive), and the name and token to release it with once it is collected.
-Held = tuple["weakref.ref[Lease]", str, int]
+HeldRecord = tuple["weakref.ref[Lease]", str, int]
 
 
 class Session:
@@ -74,7 +74,7 @@ class Session:
         #: may try again); the acquisition sets it.
         self.wake: Callable[[str], None] = lambda name: None
         #: owner -> (weak reference to the Lease, name, token), for every lease renewed.
-        self.held: dict[str, Held] = {}
+        self.held: dict[str, HeldRecord] = {}
         self._dropped: list[weakref.ref[Lease]] = []  # appended by the weakref callback
         self._on_collected = self._dropped.append
         #: ``lease.extend(ttl)`` requests for the renewer's next round, by owner.
@@ -105,12 +105,12 @@ class Session:
         ttl: float,
         t_send: float,
         max_hold: float | None,
-        holds: Holds,
+        grantor: Grantor,
     ) -> Lease:
         """The lease the server granted to a request sent at ``t_send``, renewed from now on."""
         deadline = self.deadline(t_send, ttl)
         hard = None if max_hold is None else t_send + max_hold
-        lease = Lease(name, owner, token, ttl, self.clock, t_send, deadline, hard, holds)
+        lease = Lease(name, owner, token, ttl, self.clock, t_send, deadline, hard, grantor)
         self.held[owner] = (weakref.ref(lease, self._on_collected), name, token)
         self.stats.acquired += 1
         if logger.isEnabledFor(logging.DEBUG):
