@@ -1,4 +1,4 @@
-"""What the guard's parts share: names in the ASGI scope, the hold, the 503 answers."""
+"""What the guard's parts share: names in the ASGI scope, a request's state, the 503 answers."""
 
 from __future__ import annotations
 
@@ -26,13 +26,15 @@ Lifespan = Callable[[Any], AbstractAsyncContextManager[Any]]
 
 #: The request header (and response header) that carries a fencing token.
 DEFAULT_HEADER = "Fencing-Token"
-#: Where a guarded request keeps its hold in the ASGI scope (read by ``guard_lease``).
-HOLD_KEY = "asynclock_fastapi.hold"
+#: Where a guarded request keeps its :class:`_GuardState` in the ASGI scope (read by
+#: ``guard_lease``).
+STATE_KEY = "asynclock_fastapi.state"
 #: Set in the ASGI scope by the middleware ``install`` adds.
 INSTALLED_KEY = "asynclock_fastapi.installed"
 #: Attribute on a guarded endpoint: its :class:`GuardInfo` (read by ``install`` for OpenAPI).
 GUARD_ATTR = "__asynclock_guard__"
-_HOLD_PARAM = "asynclock_fastapi_hold_"
+#: The lock dependency's parameter, put first in a guarded endpoint's signature.
+_LOCK_PARAM = "asynclock_fastapi_lock_"
 _REQUEST_PARAM = "asynclock_fastapi_request_"
 _RESPONSE_PARAM = "asynclock_fastapi_response_"
 
@@ -40,9 +42,9 @@ _RESPONSE_PARAM = "asynclock_fastapi_response_"
 class LostDuringResponse(Exception):
     """The guard's lease was lost after the endpoint returned (the response phase).
 
-    Raised by the hold; the middleware that :func:`asynclock_fastapi.install` adds answers
-    503 if nothing was sent yet, else ends the response without completing it (the client
-    sees a truncated body, never a complete-looking one) and logs one warning.
+    Raised by the lock dependency; the middleware that :func:`asynclock_fastapi.install`
+    adds answers 503 if nothing was sent yet, else ends the response without completing it
+    (the client sees a truncated body, never a complete-looking one) and logs one warning.
     """
 
     def __init__(self, lost: LeaseLost, retry_after: int) -> None:
@@ -51,8 +53,9 @@ class LostDuringResponse(Exception):
         self.retry_after = retry_after
 
 
-class _Hold:
-    """One guarded request's state, shared by the hold, the endpoint wrapper and guard_lease."""
+class _GuardState:
+    """One guarded request's state, shared by the lock dependency, the endpoint wrapper and
+    guard_lease."""
 
     __slots__ = ("lease", "returned")
 

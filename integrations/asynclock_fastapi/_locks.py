@@ -3,14 +3,14 @@
 How a guarded request runs (the timing the docs promise, each point tested):
 
 1. FastAPI resolves the endpoint's dependencies in parameter order. The guard puts its own
-   *hold* dependency (a dependency with ``yield``) first, so the lease is acquired before
+   *lock dependency* (a dependency with ``yield``) first, so the lease is acquired before
    any other dependency of the endpoint's own parameters, ``guard_lease`` included.
-2. The hold enters ``async with backend.lock(...)``: the rest of the request runs inside
-   the lock's cancel scope. A lost lease cancels whatever runs then (the endpoint, a
-   dependency, the streaming body, a background task), the ``async with`` raises
-   ``LeaseLost``, and the hold turns it into a 503 with ``Retry-After`` (or, once the
-   response has started, ends it quietly; see ``_handlers``).
-3. The lease is released when FastAPI exits the hold: with the default scope
+2. The lock dependency enters ``async with backend.lock(...)``: the rest of the request
+   runs inside the lock's cancel scope. A lost lease cancels whatever runs then (the
+   endpoint, a dependency, the streaming body, a background task), the ``async with``
+   raises ``LeaseLost``, and the lock dependency turns it into a 503 with ``Retry-After``
+   (or, once the response has started, ends it quietly; see ``_handlers``).
+3. The lease is released when FastAPI exits the lock dependency: with the default scope
    (``release="response"``) after the response is sent *and* its background tasks ran;
    with ``release="endpoint"`` (FastAPI's ``Depends(scope="function")``) as soon as the
    endpoint returns, before the response is sent.
@@ -35,17 +35,17 @@ from asynclock import (
 )
 
 from ._common import (
-    _HOLD_PARAM,
+    _LOCK_PARAM,
     DEFAULT_HEADER,
     GUARD_ATTR,
     F,
     GuardInfo,
     Lifespan,
-    _Hold,
+    _GuardState,
     _retry_after,
     check_header_name,
 )
-from ._plumbing import _depend_on, _is_guard_lease, _make_hold, _typed_signature
+from ._plumbing import _depend_on, _is_guard_lease, _make_lock_dependency, _typed_signature
 
 logger = logging.getLogger("asynclock_fastapi")
 
@@ -223,8 +223,8 @@ class Locks:
             name_template.check_parameters(
                 signature.parameters, what=f"the endpoint {endpoint.__qualname__}()"
             )
-            if _HOLD_PARAM in signature.parameters:
-                raise TypeError(f"an endpoint parameter may not be named {_HOLD_PARAM!r}")
+            if _LOCK_PARAM in signature.parameters:
+                raise TypeError(f"an endpoint parameter may not be named {_LOCK_PARAM!r}")
             fields = [signature.parameters[f] for f in name_template.fields]
             for param in fields:
                 if _is_guard_lease(param):
@@ -232,7 +232,7 @@ class Locks:
                         f"lock name template {template!r} uses {param.name}, the guard's own "
                         "lease: name the lock after the request's parameters instead"
                     )
-            hold = _make_hold(
+            lock_dependency = _make_lock_dependency(
                 locks,
                 name_template,
                 fields,
@@ -246,7 +246,7 @@ class Locks:
 
             @functools.wraps(endpoint)
             async def guarded(*args: Any, **kwargs: Any) -> Any:
-                state: _Hold = kwargs.pop(_HOLD_PARAM)
+                state: _GuardState = kwargs.pop(_LOCK_PARAM)
                 result = await endpoint(*args, **kwargs)
                 if state.lease is not None:
                     # Lost while the endpoint ran but it reached no checkpoint after the
@@ -258,19 +258,19 @@ class Locks:
                     result.headers[header] = str(state.lease.token)
                 return result
 
-            hold_depends = Depends(hold, scope=scope)
+            lock_depends = Depends(lock_dependency, scope=scope)
             hidden = [
                 inspect.Parameter(
-                    _HOLD_PARAM, inspect.Parameter.KEYWORD_ONLY, default=hold_depends
+                    _LOCK_PARAM, inspect.Parameter.KEYWORD_ONLY, default=lock_depends
                 ),
             ]
 
-            async def lease_of(state: _Hold = hold_depends) -> Lease:
+            async def lease_of(state: _GuardState = lock_depends) -> Lease:
                 assert state.lease is not None
                 return state.lease
 
-            # The endpoint's own `Depends(guard_lease)` parameters depend on the hold
-            # itself, so FastAPI skips them (and answers 422) when the hold's parameters
+            # The endpoint's own `Depends(guard_lease)` parameters depend on the lock
+            # dependency itself, so FastAPI skips them (and answers 422) when its parameters
             # fail validation, instead of asking for a lease that was never taken.
             params = [_depend_on(p, lease_of) for p in signature.parameters.values()]
             if any(p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL, p.POSITIONAL_ONLY) for p in params):
@@ -278,9 +278,10 @@ class Locks:
                     f"{endpoint.__qualname__}: a guarded endpoint takes named parameters "
                     "only (FastAPI passes every value by name), not *args, **kwargs or /"
                 )
-            # The hold goes first: FastAPI resolves dependencies in parameter order, so the
-            # lease exists before guard_lease (or anything using it) is resolved. All
-            # keyword-only, so defaults need no ordering (FastAPI passes values by name).
+            # The lock dependency goes first: FastAPI resolves dependencies in parameter
+            # order, so the lease exists before guard_lease (or anything using it) is
+            # resolved. All keyword-only, so defaults need no ordering (FastAPI passes
+            # values by name).
             keyword = [p.replace(kind=p.KEYWORD_ONLY) for p in params]
             guarded.__signature__ = signature.replace(  # type: ignore[attr-defined]
                 parameters=[*hidden, *keyword]

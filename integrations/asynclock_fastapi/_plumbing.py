@@ -1,5 +1,5 @@
-"""The guard's plumbing: the hold dependency put first in an endpoint's signature, and the
-``guard_lease`` dependency that reads the hold."""
+"""The guard's plumbing: the lock dependency put first in an endpoint's signature, and the
+``guard_lease`` dependency that reads the request's state it keeps."""
 
 from __future__ import annotations
 
@@ -25,12 +25,12 @@ from ._common import (
     _REQUEST_PARAM,
     _RESPONSE_PARAM,
     GUARD_ATTR,
-    HOLD_KEY,
     INSTALLED_KEY,
+    STATE_KEY,
     GuardInfo,
     LostDuringResponse,
     _grace_of,
-    _Hold,
+    _GuardState,
     _retry_after,
     grace_unavailable,
     lock_service_unavailable,
@@ -82,13 +82,13 @@ def _is_guard_lease(param: inspect.Parameter) -> bool:
 def _is_plain(param: inspect.Parameter) -> bool:
     """A required ``name: str`` parameter: FastAPI takes it from the path, else the query.
 
-    Declaring it again on the hold would make FastAPI validate it a second time, which
+    Declaring it again on the lock dependency would make FastAPI validate it a second time, which
     cost ~60 Python calls a request (cProfile), about 7 % of a guarded request.
     """
     return param.annotation is str and param.default is inspect.Parameter.empty
 
 
-def _make_hold(
+def _make_lock_dependency(
     locks: Locks,
     template: NameTemplate,
     fields: list[inspect.Parameter],
@@ -98,14 +98,14 @@ def _make_hold(
     lost_retry: str | None,
     outage_retry: str,
     scope: Literal["request", "function"],
-) -> Callable[..., AsyncIterator[_Hold]]:
+) -> Callable[..., AsyncIterator[_GuardState]]:
     """The guard's dependency with ``yield``: acquire, run the request inside, release."""
     ttl, busy_status, header = info.ttl, info.busy_status, info.header
     blocking = timeout is not None
     plain = [p.name for p in fields if _is_plain(p)]
-    in_response = scope == "request"  # the hold outlives the endpoint: it spans the response
+    in_response = scope == "request"  # the lock outlives the endpoint: it spans the response
 
-    async def hold(**values: Any) -> AsyncIterator[_Hold]:
+    async def lock_dependency(**values: Any) -> AsyncIterator[_GuardState]:
         request: Request = values.pop(_REQUEST_PARAM)
         response: Response = values.pop(_RESPONSE_PARAM)
         for field in plain:
@@ -126,7 +126,7 @@ def _make_hold(
         lock = locks.backend.lock(
             name, ttl=ttl, timeout=timeout, blocking=blocking, max_hold=max_hold
         )
-        state = request.scope[HOLD_KEY] = _Hold()
+        state = request.scope[STATE_KEY] = _GuardState()
         try:
             async with lock as lease:
                 state.lease = lease
@@ -190,8 +190,8 @@ def _make_hold(
         inspect.Parameter(_RESPONSE_PARAM, inspect.Parameter.KEYWORD_ONLY, annotation=Response),
         *(p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in fields if not _is_plain(p)),
     ]
-    hold.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    return hold
+    lock_dependency.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    return lock_dependency
 
 
 async def guard_lease(request: Request) -> Lease:
@@ -202,11 +202,11 @@ async def guard_lease(request: Request) -> Lease:
     get an error here; outside a guarded route, ``asynclock.current_lease()`` still gives
     the innermost ``backend.lock()`` of the task.
     """
-    state = request.scope.get(HOLD_KEY)
-    if isinstance(state, _Hold) and state.lease is not None:
+    state = request.scope.get(STATE_KEY)
+    if isinstance(state, _GuardState) and state.lease is not None:
         return state.lease
     if guard_info(request.scope.get("endpoint")) is not None:
-        # A guarded route, and the hold has not run: it was skipped because the lock
+        # A guarded route, and the lock dependency has not run: it was skipped because the lock
         # name's parameters failed validation (FastAPI is collecting those errors), or
         # this is a route-level dependency, which runs before the guard.
         raise HTTPException(
