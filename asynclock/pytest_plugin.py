@@ -78,27 +78,27 @@ if _pytest_asyncio is not None:
     ) -> AsyncIterator[Backend]:
         # pytest-asyncio sets a fixture up and tears it down in two different tasks, but a
         # backend's task group must be left in the task that entered it: one task of the
-        # test's loop holds the backend open from setup to teardown.
+        # test's loop keeps the backend open from setup to teardown.
         import asyncio
 
         opened: asyncio.Future[Backend] = asyncio.get_running_loop().create_future()
         stop = asyncio.Event()
 
-        async def hold() -> None:
+        async def keep_open() -> None:
             async with connect(backend_url(request.config)) as backend:
                 opened.set_result(backend)
                 await stop.wait()
 
-        holder = asyncio.ensure_future(hold())
-        waits: list[asyncio.Future[Any]] = [holder, opened]
+        keeper = asyncio.ensure_future(keep_open())
+        waits: list[asyncio.Future[Any]] = [keeper, opened]
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         if not opened.done():
-            await holder  # it failed to open: raise its error
+            await keeper  # it failed to open: raise its error
         try:
             yield opened.result()
         finally:
             stop.set()
-            await holder
+            await keeper
 
 
 @pytest.fixture

@@ -124,7 +124,7 @@ def floor(i: int) -> int:
 
 
 _hop: list[tuple[asyncio.AbstractEventLoop, asynclock.Backend]] = []
-_holder: list[concurrent.futures.Future[None]] = []
+_keeper: list[concurrent.futures.Future[None]] = []
 
 
 def _hop_backend() -> tuple[asyncio.AbstractEventLoop, asynclock.Backend]:
@@ -134,12 +134,12 @@ def _hop_backend() -> tuple[asyncio.AbstractEventLoop, asynclock.Backend]:
         threading.Thread(target=loop.run_forever, name="bench-hop", daemon=True).start()
         opened: concurrent.futures.Future[asynclock.Backend] = concurrent.futures.Future()
 
-        async def hold() -> None:
+        async def keep_open() -> None:
             async with asynclock.connect(os.environ["BENCH_LOCKS"]) as backend:
                 opened.set_result(backend)
                 await asyncio.Event().wait()  # open for the child's life
 
-        _holder.append(asyncio.run_coroutine_threadsafe(hold(), loop))
+        _keeper.append(asyncio.run_coroutine_threadsafe(keep_open(), loop))
         _hop.append((loop, opened.result()))
     return _hop[0]
 

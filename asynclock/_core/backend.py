@@ -1,4 +1,4 @@
-"""Backend: the facade users hold. It composes a driver, a :class:`Session` (every held
+"""Backend: the facade users open and call. It composes a driver, a :class:`Session` (every held
 lease's life) and an :class:`Acquisition` (acquire, wait, release), opens and closes them,
 and offers the public API. ``Lock``, ``Lease`` and ``Leadership`` use the acquisition's
 small internal protocol, never a private member of the backend."""

@@ -196,8 +196,10 @@ def locked_function(
         @functools.wraps(func)
         async def locked_call(*args: P.args, **kwargs: P.kwargs) -> T:
             lock_name = template.format_call(func, args, kwargs)
-            held = lock(lock_name, ttl=ttl, timeout=timeout, blocking=blocking, max_hold=max_hold)
-            async with held as lease:
+            call_lock = lock(
+                lock_name, ttl=ttl, timeout=timeout, blocking=blocking, max_hold=max_hold
+            )
+            async with call_lock as lease:
                 return await func(*args, **kwargs)
             # Only a lost lease's cancellation is swallowed, and then __aexit__ raises.
             raise LeaseLost(lease.name, lease.token, lease.lost.reason or "lost")

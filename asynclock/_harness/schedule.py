@@ -171,8 +171,8 @@ class Drill:
 
     def _pick(self, holders_first: bool = True) -> Slot:
         live = [s for s in self.slots if s.worker is not None and not s.paused]
-        holding = [s for s in live if s.label in self.recorder.open]
-        return self.rng.choice(holding if holders_first and holding else live)
+        holders = [s for s in live if s.label in self.recorder.open]
+        return self.rng.choice(holders if holders_first and holders else live)
 
     def _fault(self, kind: str, target: str, start: float, detail: str) -> None:
         self.report.faults.append(Fault(kind, target, start, time.monotonic(), detail))

@@ -32,9 +32,9 @@ class LoopThread:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
         self._backends: dict[object, Backend] = {}
-        #: Per key: (the task holding its backend open, the event that ends it).
-        self._holders: dict[object, tuple[concurrent.futures.Future[None], asyncio.Event]] = {}
-        self._keepers: set[asyncio.Task[Any]] = set()  # the tasks holding backends open
+        #: Per key: (the keep_open() run keeping its backend open, the event that ends it).
+        self._keeping: dict[object, tuple[concurrent.futures.Future[None], asyncio.Event]] = {}
+        self._keepers: set[asyncio.Task[Any]] = set()  # the tasks keeping backends open
         self._lock = threading.Lock()
 
     def __enter__(self) -> LoopThread:
@@ -70,12 +70,12 @@ class LoopThread:
         task failed)."""
         key = target if isinstance(target, str) else id(target)
         backend = self._backends.get(key)
-        if backend is not None and not self._holders[key][0].done():
+        if backend is not None and not self._keeping[key][0].done():
             return backend
         with self._lock:
             backend = self._backends.get(key)
-            if backend is None or self._holders[key][0].done():
-                backend, self._holders[key] = self._open(target)
+            if backend is None or self._keeping[key][0].done():
+                backend, self._keeping[key] = self._open(target)
                 self._backends[key] = backend
         return backend
 
@@ -103,15 +103,15 @@ class LoopThread:
             finally:
                 self._keepers.discard(task)
 
-        holder = self.submit(keep_open())
+        run = self.submit(keep_open())
         backend, stop = opened.result()
-        return backend, (holder, stop)
+        return backend, (run, stop)
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
         """Cancel the tasks still running on the loop (and wait for them, bounded), close
         every backend (releasing what it holds), then end the thread. Idempotent."""
         with self._lock:
-            holders, self._holders = list(self._holders.values()), {}
+            keeping, self._keeping = list(self._keeping.values()), {}
             self._backends.clear()
         if self.loop.is_closed() or not self._thread.is_alive():
             return
@@ -119,11 +119,11 @@ class LoopThread:
             self.submit(self._cancel_tasks(timeout)).result(timeout + 1)
         except Exception:
             logger.exception("cancelling the tasks left on the asynclock loop failed")
-        for _, stop in holders:
+        for _, stop in keeping:
             self.loop.call_soon_threadsafe(stop.set)
-        for holder, _ in holders:
+        for run, _ in keeping:
             try:
-                holder.result(timeout=timeout)
+                run.result(timeout=timeout)
             except Exception:
                 logger.exception("closing an asynclock backend failed")
         self.loop.call_soon_threadsafe(self.loop.stop)
