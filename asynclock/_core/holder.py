@@ -14,10 +14,10 @@ class Holder:
 
     Attributes:
         name: the lock name.
-        owner: the holding lease's owner id (:attr:`asynclock.Lease.owner`), or ``None``
+        owner: the live lease's owner id (:attr:`asynclock.Lease.owner`), or ``None``
             where the backend cannot know it (PostgreSQL ``mode=session``, a lock held by
             another session).
-        token: the holding lease's fencing token, or ``None`` where the backend cannot
+        token: the live lease's fencing token, or ``None`` where the backend cannot
             know it (as for ``owner``).
         remaining: seconds the lease has left on the server's clock if it is not
             renewed, or ``None`` where the server keeps no expiry (PostgreSQL
