@@ -306,7 +306,7 @@ async def measure(
 def package_at(rev: str, root: Path) -> Any:
     """The package as it was at git revision ``rev``, importable next to today's under
     another name (its absolute imports and backend module names rewritten)."""
-    import importlib
+    import importlib.util
     import re
     import subprocess
 
@@ -323,8 +323,16 @@ def package_at(rev: str, root: Path) -> Any:
         text = re.sub(r"^(\s*)(from|import) asynclock\b", rf"\1\2 {name}", text, flags=re.M)
         text = text.replace('"asynclock.backends', f'"{name}.backends')
         file.write_text(text)
-    sys.path.insert(0, str(root))
-    return importlib.import_module(name)
+    # Imported from its folder by location (a package's submodules are found through its
+    # __path__): nothing is added to the import path.
+    spec = importlib.util.spec_from_file_location(
+        name, root / name / "__init__.py", submodule_search_locations=[str(root / name)]
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 @contextlib.contextmanager
