@@ -5,14 +5,7 @@ deadline, nothing is retried behind our back (a retried acquire could land twice
 keep-alives of every lease share one long-lived stream, and the state of a lease is what
 the server last acknowledged — never a flag a library keeps.
 
-grpc.aio and anyio cancellation (grpc/grpc#43502): when an anyio cancel scope cancels a
-task that awaits a grpc.aio call, grpc swallows the cancellation and raises a fresh, bare
-``CancelledError`` that anyio cannot match to its scope, so it escapes ``move_on_after``.
-No grpc.aio awaitable is ever awaited directly here: a unary call is waited for through an
-``anyio.Event`` set by the call's done-callback (cancelling the wait cancels the RPC; the
-result is read once the call is done, without a suspension), and stream reads and writes
-run in their own asyncio tasks whose completion is waited for the same way. This is the
-one module that touches grpc or asyncio directly.
+No grpc.aio awaitable is awaited directly (grpc/grpc#43502): see ``_grpc.py``.
 """
 
 from __future__ import annotations
@@ -25,9 +18,9 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -37,9 +30,9 @@ import grpc.aio
 from ..._core.errors import map_errors
 from ..._core.exceptions import BackendUnavailable
 from . import _proto as pb
+from ._grpc import end_stream, serialize, settle, start, wait_call, wait_done
 
 logger = logging.getLogger("asynclock.etcd")
-T = TypeVar("T")
 
 #: etcd's server-side interceptor cancels a stream carrying this when its member has no
 #: leader, so an isolated member cannot keep a lease alive by silence.
@@ -86,24 +79,6 @@ class _Waiter:
         self.event = anyio.Event()
         self.ttl: int | None = None
         self.error: BaseException | None = None
-
-
-async def _settle(
-    aw: Awaitable[T], *, cancel: bool = True, inflight: set[asyncio.Future[Any]] | None = None
-) -> T:
-    """Await a grpc.aio awaitable in its own task (see the module docstring). If we are
-    cancelled, the task is cancelled too unless ``cancel`` is false (it then runs on, and
-    closing the client waits for it)."""
-    task = _start(aw, inflight)
-    done = anyio.Event()
-    task.add_done_callback(lambda _t: done.set())
-    try:
-        await done.wait()
-    except BaseException:
-        if cancel:
-            task.cancel()
-        raise
-    return task.result()
 
 
 class EtcdClient:
@@ -190,7 +165,7 @@ class EtcdClient:
         for at, channel in self._retired:
             if at <= older_than:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
-                    await _settle(channel.close(grace=None))
+                    await settle(channel.close(grace=None))
             else:
                 keep.append((at, channel))
         self._retired = keep
@@ -204,15 +179,15 @@ class EtcdClient:
                 # Every stream read and write ends before the channel does: grpc delivers
                 # late completions to the loop they came from, even a closed one.
                 for task in list(self._inflight):
-                    await _wait_done(task)
+                    await wait_done(task)
                 for call in list(self._streams):
-                    await _wait_call(call)
+                    await wait_call(call)
             # Closed even when those waits ran out of time: an open channel keeps grpc's
             # poller bound to this loop, and the next loop's callbacks then fail with
             # "Event loop is closed" (seen once on a loaded machine).
             if channel is not None:
                 with anyio.move_on_after(2.0):
-                    await _settle(channel.close(grace=None))
+                    await settle(channel.close(grace=None))
 
     async def _target(self) -> tuple[list[str], list[tuple[str, Any]]]:
         hosts = self.endpoints.hosts
@@ -270,7 +245,7 @@ class EtcdClient:
                 raise BackendUnavailable(f"{self.errors.display}: the client is closed")
             method = self._channel.unary_unary(
                 path,
-                request_serializer=_serialize,
+                request_serializer=serialize,
                 response_deserializer=response.FromString,
             )
             self._unary[path] = method
@@ -486,7 +461,7 @@ class EtcdClient:
             if self._channel is None:
                 return
             method = self._channel.stream_stream(
-                path, request_serializer=_serialize, response_deserializer=response.FromString
+                path, request_serializer=serialize, response_deserializer=response.FromString
             )
             call = method(metadata=self._metadata(REQUIRE_LEADER))
             what = path.rsplit("/", 1)[-1]
@@ -506,7 +481,7 @@ class EtcdClient:
                 while True:
                     while outbox:
                         message = outbox.popleft()
-                        await _settle(call.write(message), cancel=False, inflight=self._inflight)
+                        await settle(call.write(message), cancel=False, inflight=self._inflight)
                     event = anyio.Event()
                     setattr(self, wake_slot, event)
                     if not outbox:
@@ -515,8 +490,8 @@ class EtcdClient:
             async def read_loop(call: Any = call) -> None:
                 nonlocal got_reply, reading
                 while True:
-                    reading = _start(call.read(), self._inflight)
-                    await _wait_done(reading)
+                    reading = start(call.read(), self._inflight)
+                    await wait_done(reading)
                     reply, reading = reading.result(), None
                     if reply is grpc.aio.EOF:
                         return
@@ -546,7 +521,7 @@ class EtcdClient:
                     )
             finally:
                 with anyio.CancelScope(shield=True):
-                    await _end_stream(call, reading)
+                    await end_stream(call, reading)
             logger.debug("etcd %s stream restarts: %s", path, error)
             on_broken(error)
             await self._close_retired(time.monotonic() - 2 * self.timeout)
@@ -561,46 +536,6 @@ def _first_error(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     return exc
-
-
-def _start(aw: Awaitable[T], inflight: set[asyncio.Future[Any]] | None = None) -> asyncio.Future[T]:
-    task = asyncio.ensure_future(aw)
-    if inflight is not None:
-        inflight.add(task)
-        task.add_done_callback(inflight.discard)
-    return task
-
-
-async def _end_stream(call: Any, reading: asyncio.Future[Any] | None) -> None:
-    """Cancel ``call`` and wait until grpc has finished with it (bounded): a completion
-    that arrives after its event loop closed breaks the next loop grpc serves."""
-    if not call.done():
-        call.cancel()
-    with anyio.move_on_after(1.0):
-        if reading is not None:
-            await _wait_done(reading)
-        await _wait_call(call)
-
-
-async def _wait_done(task: asyncio.Future[Any]) -> None:
-    if not task.done():
-        done = anyio.Event()
-        task.add_done_callback(lambda _t: done.set())
-        await done.wait()
-    if not task.cancelled():
-        task.exception()  # retrieved: never "exception was never retrieved"
-
-
-async def _wait_call(call: Any) -> None:
-    if not call.done():
-        done = anyio.Event()
-        call.add_done_callback(lambda _c: done.set())
-        await done.wait()
-
-
-def _serialize(message: Any) -> bytes:
-    data: bytes = message.SerializeToString()
-    return data
 
 
 def _explain(exc: BaseException) -> str | None:
