@@ -15,7 +15,6 @@ import ipaddress
 import itertools
 import logging
 import math
-import random
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -30,15 +29,14 @@ import grpc.aio
 from ..._core.errors import map_errors
 from ..._core.exceptions import BackendUnavailable
 from . import _proto as pb
-from ._grpc import end_stream, serialize, settle, start, wait_call, wait_done
+from ._grpc import serialize, settle, wait_call, wait_done
+from ._stream import Stream
 
 logger = logging.getLogger("asynclock.etcd")
 
 #: etcd's server-side interceptor cancels a stream carrying this when its member has no
 #: leader, so an isolated member cannot keep a lease alive by silence.
 REQUIRE_LEADER = ("hasleader", "true")
-#: How long a broken stream waits before it reconnects (doubling, with jitter).
-STREAM_BACKOFF = (0.05, 1.0)
 
 
 @dataclass(frozen=True)
@@ -92,29 +90,31 @@ class EtcdClient:
         self._channel: grpc.aio.Channel | None = None
         self._token: str | None = None
         self._unary: dict[str, Callable[..., Any]] = {}
-        # keep-alive stream
-        self._ka_out: deque[Any] = deque()
-        self._ka_wake = anyio.Event()
+        self._ka_stream = Stream(
+            self,
+            "/etcdserverpb.Lease/LeaseKeepAlive",
+            pb.LeaseKeepAliveResponse,
+            self._on_keepalive,
+            self._fail_keepalives,
+        )
         self._ka_pending: dict[int, deque[_Waiter]] = {}
-        self._ka_reset = anyio.Event()
-        # watch stream
-        self._w_out: deque[Any] = deque()
-        self._w_wake = anyio.Event()
-        self._w_ids = itertools.count(1)
+        self._watch_stream = Stream(
+            self, "/etcdserverpb.Watch/Watch", pb.WatchResponse, self._on_watch, self._fail_watches
+        )
+        self._watch_ids = itertools.count(1)
         self._watches: dict[int, Callable[[str, int], None]] = {}
         self.on_watch_reset: Callable[[], None] = lambda: None
         self._streams: set[Any] = set()
         #: Stream reads and writes in flight (tasks): closing waits for them, since a
         #: completion that arrives after its event loop closed breaks the next loop grpc
         #: serves.
-        self._inflight: set[asyncio.Future[Any]] = set()
+        self.inflight: set[asyncio.Future[Any]] = set()
         #: How often each stream was opened (by method name): 1 unless one broke.
         self.streams_opened: dict[str, int] = {"LeaseKeepAlive": 0, "Watch": 0}
         self._addresses: list[str] = []
         self._options: list[tuple[str, Any]] = []
         self._retired: list[tuple[float, grpc.aio.Channel]] = []
         self._rotated_at = -math.inf
-        self._w_reset = anyio.Event()
         #: How often the client moved to the next member (see _failed_over).
         self.failovers = 0
 
@@ -157,10 +157,10 @@ class EtcdClient:
         self._unary.clear()
         self.failovers += 1
         logger.info("%s: failing over to %s", self.errors.display, self._addresses[0])
-        self._ka_reset.set()  # the streams reopen on the new channel
-        self._w_reset.set()
+        self._ka_stream.reset()  # the streams reopen on the new channel
+        self._watch_stream.reset()
 
-    async def _close_retired(self, older_than: float) -> None:
+    async def close_retired(self, older_than: float) -> None:
         keep: list[tuple[float, grpc.aio.Channel]] = []
         for at, channel in self._retired:
             if at <= older_than:
@@ -173,12 +173,12 @@ class EtcdClient:
     async def aclose(self) -> None:
         channel, self._channel = self._channel, None
         self._unary.clear()
-        await self._close_retired(math.inf)
+        await self.close_retired(math.inf)
         with anyio.CancelScope(shield=True):
             with anyio.move_on_after(2.0):
                 # Every stream read and write ends before the channel does: grpc delivers
                 # late completions to the loop they came from, even a closed one.
-                for task in list(self._inflight):
+                for task in list(self.inflight):
                     await wait_done(task)
                 for call in list(self._streams):
                     await wait_call(call)
@@ -341,9 +341,8 @@ class EtcdClient:
         for lease_id in lease_ids:
             waiter = _Waiter()
             self._ka_pending.setdefault(lease_id, deque()).append(waiter)
-            self._ka_out.append(pb.LeaseKeepAliveRequest(ID=lease_id))
+            self._ka_stream.send(pb.LeaseKeepAliveRequest(ID=lease_id))
             waiters.append((lease_id, waiter))
-        self._ka_wake.set()
         result: dict[int, int] = {}
         try:
             with anyio.fail_after(self.timeout):
@@ -356,7 +355,7 @@ class EtcdClient:
         except TimeoutError:
             # No answer within the deadline: the stream may be dead without knowing it
             # (a blackholed connection); open a fresh one for the next round.
-            self._ka_reset.set()
+            self._ka_stream.reset()
             self._failed_over("DEADLINE_EXCEEDED")
             raise EtcdError(
                 f"{self.errors.display}: keep-alive not acknowledged in time", "DEADLINE_EXCEEDED"
@@ -367,15 +366,7 @@ class EtcdClient:
         return result
 
     async def run_keepalive_stream(self) -> None:
-        await self._run_stream(
-            "/etcdserverpb.Lease/LeaseKeepAlive",
-            pb.LeaseKeepAliveResponse,
-            self._ka_out,
-            "_ka_wake",
-            self._on_keepalive,
-            self._fail_keepalives,
-            reset_slot="_ka_reset",
-        )
+        await self._ka_stream.run()
 
     def _on_keepalive(self, reply: Any) -> None:
         pending = self._ka_pending.get(reply.ID)
@@ -388,7 +379,6 @@ class EtcdClient:
 
     def _fail_keepalives(self, error: BaseException) -> None:
         pending, self._ka_pending = self._ka_pending, {}
-        self._ka_out.clear()
         for waiters in pending.values():
             for waiter in waiters:
                 waiter.error = error
@@ -400,31 +390,21 @@ class EtcdClient:
         """Watch ``key`` for deletion from ``start_revision``: ``callback("deleted", rev)``,
         ``callback("canceled", compact_revision)`` when the server drops the watch (e.g.
         compacted history). Returns the watch id for :meth:`cancel_watch`."""
-        watch_id = next(self._w_ids)
+        watch_id = next(self._watch_ids)
         self._watches[watch_id] = callback
         create = pb.WatchCreateRequest(
             key=key, start_revision=start_revision, watch_id=watch_id, filters=[0]
         )
-        self._w_out.append(pb.WatchRequest(create_request=create))
-        self._w_wake.set()
+        self._watch_stream.send(pb.WatchRequest(create_request=create))
         return watch_id
 
     def cancel_watch(self, watch_id: int) -> None:
         if self._watches.pop(watch_id, None) is not None:
             cancel = pb.WatchCancelRequest(watch_id=watch_id)
-            self._w_out.append(pb.WatchRequest(cancel_request=cancel))
-            self._w_wake.set()
+            self._watch_stream.send(pb.WatchRequest(cancel_request=cancel))
 
     async def run_watch_stream(self) -> None:
-        await self._run_stream(
-            "/etcdserverpb.Watch/Watch",
-            pb.WatchResponse,
-            self._w_out,
-            "_w_wake",
-            self._on_watch,
-            self._fail_watches,
-            reset_slot="_w_reset",
-        )
+        await self._watch_stream.run()
 
     def _on_watch(self, reply: Any) -> None:
         callback = self._watches.get(reply.watch_id)
@@ -441,101 +421,35 @@ class EtcdClient:
         # The server forgets every watch of a broken stream: the owners start again from
         # a fresh look at the keys (the driver retries its attempts).
         self._watches.clear()
-        self._w_out.clear()
         self.on_watch_reset()
 
-    # -- one bidirectional stream, reconnected when it breaks ------------------------------
+    # -- the streams' calls (see _stream.py) ----------------------------------------------
 
-    async def _run_stream(
-        self,
-        path: str,
-        response: Any,
-        outbox: deque[Any],
-        wake_slot: str,
-        on_reply: Callable[[Any], None],
-        on_broken: Callable[[BaseException], None],
-        reset_slot: str,
-    ) -> None:
-        backoff = STREAM_BACKOFF[0]
-        while True:
-            if self._channel is None:
-                return
-            method = self._channel.stream_stream(
-                path, request_serializer=serialize, response_deserializer=response.FromString
-            )
-            call = method(metadata=self._metadata(REQUIRE_LEADER))
-            what = path.rsplit("/", 1)[-1]
-            self.streams_opened[what] = self.streams_opened.get(what, 0) + 1
-            self._streams.add(call)
-            call.add_done_callback(self._streams.discard)
-            got_reply = False
-            error: BaseException = EtcdError(
-                f"{self.errors.display}: {path} stream ended", "UNAVAILABLE"
-            )
-            # One read is always outstanding and is never cancelled (cancelling a read
-            # cancels the whole call, and its completions would outlive the event loop);
-            # the stream ends by half-closing it and reading to the end.
-            reading: asyncio.Future[Any] | None = None
+    def open_stream(self, path: str, response: Any) -> Any:
+        """A new call of the stream ``path`` on the channel in use (None: the client is
+        closed); closing the client waits for it to end."""
+        if self._channel is None:
+            return None
+        method = self._channel.stream_stream(
+            path, request_serializer=serialize, response_deserializer=response.FromString
+        )
+        call = method(metadata=self._metadata(REQUIRE_LEADER))
+        what = path.rsplit("/", 1)[-1]
+        self.streams_opened[what] = self.streams_opened.get(what, 0) + 1
+        self._streams.add(call)
+        call.add_done_callback(self._streams.discard)
+        return call
 
-            async def write_loop(call: Any = call) -> None:
-                while True:
-                    while outbox:
-                        message = outbox.popleft()
-                        await settle(call.write(message), cancel=False, inflight=self._inflight)
-                    event = anyio.Event()
-                    setattr(self, wake_slot, event)
-                    if not outbox:
-                        await event.wait()
-
-            async def read_loop(call: Any = call) -> None:
-                nonlocal got_reply, reading
-                while True:
-                    reading = start(call.read(), self._inflight)
-                    await wait_done(reading)
-                    reply, reading = reading.result(), None
-                    if reply is grpc.aio.EOF:
-                        return
-                    got_reply = True
-                    on_reply(reply)
-
-            async def watch_reset(tg: anyio.abc.TaskGroup, reset: anyio.Event) -> None:
-                await reset.wait()  # a dead-looking stream, or a fail-over: reconnect
-                tg.cancel_scope.cancel()
-
-            try:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(write_loop)
-                    reset = anyio.Event()
-                    setattr(self, reset_slot, reset)
-                    tg.start_soon(watch_reset, tg, reset)
-                    await read_loop()
-                    tg.cancel_scope.cancel()
-            except (Exception, BaseExceptionGroup) as exc:  # any break
-                cause = _first_error(exc)  # what broke, not the task group around it
-                if isinstance(cause, grpc.aio.AioRpcError):
-                    error = self._error(path, cause)
-                else:
-                    error = EtcdError(
-                        self.errors.scrub(f"{self.errors.display}: {path} stream broke: {cause!r}"),
-                        "UNAVAILABLE",
-                    )
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await end_stream(call, reading)
-            logger.debug("etcd %s stream restarts: %s", path, error)
-            on_broken(error)
-            await self._close_retired(time.monotonic() - 2 * self.timeout)
-            if got_reply:
-                backoff = STREAM_BACKOFF[0]
-            await anyio.sleep(backoff * (0.5 + random.random()))
-            backoff = min(backoff * 2, STREAM_BACKOFF[1])
-
-
-def _first_error(exc: BaseException) -> BaseException:
-    """The first error inside (nested) exception groups, else ``exc`` itself."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc
+    def stream_error(self, path: str, cause: BaseException | None) -> EtcdError:
+        """Why the stream ``path`` broke: ``cause`` (None: the server ended it)."""
+        if cause is None:
+            return EtcdError(f"{self.errors.display}: {path} stream ended", "UNAVAILABLE")
+        if isinstance(cause, grpc.aio.AioRpcError):
+            return self._error(path, cause)
+        return EtcdError(
+            self.errors.scrub(f"{self.errors.display}: {path} stream broke: {cause!r}"),
+            "UNAVAILABLE",
+        )
 
 
 def _explain(exc: BaseException) -> str | None:
