@@ -16,7 +16,6 @@ import itertools
 import logging
 import math
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +29,7 @@ from ..._core.errors import map_errors
 from ..._core.exceptions import BackendUnavailable
 from . import _proto as pb
 from ._grpc import serialize, settle, wait_call, wait_done
+from ._keepalive import KeepAlives
 from ._stream import Stream
 
 logger = logging.getLogger("asynclock.etcd")
@@ -68,17 +68,6 @@ class EtcdError(BackendUnavailable):
         self.code = code
 
 
-class _Waiter:
-    """One pending keep-alive acknowledgement."""
-
-    __slots__ = ("error", "event", "ttl")
-
-    def __init__(self) -> None:
-        self.event = anyio.Event()
-        self.ttl: int | None = None
-        self.error: BaseException | None = None
-
-
 class EtcdClient:
     """One channel to the cluster (grpc fails over between the endpoints), two streams."""
 
@@ -90,14 +79,7 @@ class EtcdClient:
         self._channel: grpc.aio.Channel | None = None
         self._token: str | None = None
         self._unary: dict[str, Callable[..., Any]] = {}
-        self._ka_stream = Stream(
-            self,
-            "/etcdserverpb.Lease/LeaseKeepAlive",
-            pb.LeaseKeepAliveResponse,
-            self._on_keepalive,
-            self._fail_keepalives,
-        )
-        self._ka_pending: dict[int, deque[_Waiter]] = {}
+        self._keepalives = KeepAlives(self)
         self._watch_stream = Stream(
             self, "/etcdserverpb.Watch/Watch", pb.WatchResponse, self._on_watch, self._fail_watches
         )
@@ -157,7 +139,7 @@ class EtcdClient:
         self._unary.clear()
         self.failovers += 1
         logger.info("%s: failing over to %s", self.errors.display, self._addresses[0])
-        self._ka_stream.reset()  # the streams reopen on the new channel
+        self._keepalives.stream.reset()  # the streams reopen on the new channel
         self._watch_stream.reset()
 
     async def close_retired(self, older_than: float) -> None:
@@ -337,52 +319,21 @@ class EtcdClient:
     async def keep_alive(self, lease_ids: Sequence[int]) -> dict[int, int]:
         """One keep-alive per lease on the shared stream; the TTL each ack carries (<= 0:
         the lease is gone). Raises if an ack does not come within the call timeout."""
-        waiters: list[tuple[int, _Waiter]] = []
-        for lease_id in lease_ids:
-            waiter = _Waiter()
-            self._ka_pending.setdefault(lease_id, deque()).append(waiter)
-            self._ka_stream.send(pb.LeaseKeepAliveRequest(ID=lease_id))
-            waiters.append((lease_id, waiter))
-        result: dict[int, int] = {}
+        waiters = self._keepalives.send(lease_ids)
         try:
             with anyio.fail_after(self.timeout):
-                for lease_id, waiter in waiters:
-                    await waiter.event.wait()
-                    if waiter.error is not None:
-                        raise waiter.error
-                    assert waiter.ttl is not None
-                    result[lease_id] = waiter.ttl
+                return await self._keepalives.acks(waiters)
         except TimeoutError:
             # No answer within the deadline: the stream may be dead without knowing it
             # (a blackholed connection); open a fresh one for the next round.
-            self._ka_stream.reset()
+            self._keepalives.stream.reset()
             self._failed_over("DEADLINE_EXCEEDED")
             raise EtcdError(
                 f"{self.errors.display}: keep-alive not acknowledged in time", "DEADLINE_EXCEEDED"
             ) from None
-        # An unanswered waiter stays in line (until its ack, or the stream breaks): acks come
-        # back in order, so a late ack must answer its own request, never a later one —
-        # that would date the lease from the later send, after the server refreshed it.
-        return result
 
     async def run_keepalive_stream(self) -> None:
-        await self._ka_stream.run()
-
-    def _on_keepalive(self, reply: Any) -> None:
-        pending = self._ka_pending.get(reply.ID)
-        if pending:
-            waiter = pending.popleft()
-            if not pending:
-                del self._ka_pending[reply.ID]
-            waiter.ttl = reply.TTL
-            waiter.event.set()
-
-    def _fail_keepalives(self, error: BaseException) -> None:
-        pending, self._ka_pending = self._ka_pending, {}
-        for waiters in pending.values():
-            for waiter in waiters:
-                waiter.error = error
-                waiter.event.set()
+        await self._keepalives.stream.run()
 
     # -- watch stream ----------------------------------------------------------------------
 
