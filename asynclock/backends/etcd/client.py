@@ -11,7 +11,6 @@ No grpc.aio awaitable is awaited directly (grpc/grpc#43502): see ``_grpc.py``.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import itertools
 import logging
 import math
@@ -21,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import anyio.abc
 import grpc
 import grpc.aio
 
@@ -31,6 +29,7 @@ from . import _proto as pb
 from ._grpc import serialize, settle, wait_call, wait_done
 from ._keepalive import KeepAlives
 from ._stream import Stream
+from ._target import new_channel, resolve
 
 logger = logging.getLogger("asynclock.etcd")
 
@@ -103,8 +102,10 @@ class EtcdClient:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def open(self) -> None:
-        self._addresses, self._options = await self._target()
-        self._channel = self._new_channel()
+        self._addresses, self._options = await resolve(
+            self.endpoints, self.timeout, self.errors.display
+        )
+        self._channel = new_channel(self._addresses, self._options, self.endpoints.tls)
         try:
             if self.endpoints.user is not None:
                 await self._authenticate()
@@ -112,16 +113,6 @@ class EtcdClient:
         except BaseException:
             await self.aclose()  # the backend never opened: nobody else will close it
             raise
-
-    def _new_channel(self) -> grpc.aio.Channel:
-        # pick_first over the list: grpc moves on when the member in use goes away.
-        scheme = "ipv6:" if self._addresses[0].startswith("[") else "ipv4:"
-        target = scheme + ",".join(self._addresses)
-        tls = self.endpoints.tls
-        if tls is None:
-            return grpc.aio.insecure_channel(target, options=self._options)
-        creds = grpc.ssl_channel_credentials(tls.ca, tls.key, tls.cert)
-        return grpc.aio.secure_channel(target, creds, options=self._options)
 
     def _failed_over(self, code: str) -> None:
         """A call through the member in use timed out or found it unavailable: a member
@@ -135,7 +126,7 @@ class EtcdClient:
         self._rotated_at = now
         self._addresses = self._addresses[1:] + self._addresses[:1]
         self._retired.append((now, self._channel))
-        self._channel = self._new_channel()
+        self._channel = new_channel(self._addresses, self._options, self.endpoints.tls)
         self._unary.clear()
         self.failovers += 1
         logger.info("%s: failing over to %s", self.errors.display, self._addresses[0])
@@ -170,46 +161,6 @@ class EtcdClient:
             if channel is not None:
                 with anyio.move_on_after(2.0):
                     await settle(channel.close(grace=None))
-
-    async def _target(self) -> tuple[list[str], list[tuple[str, Any]]]:
-        hosts = self.endpoints.hosts
-        options: list[tuple[str, Any]] = [
-            ("grpc.keepalive_time_ms", 10_000),
-            ("grpc.keepalive_timeout_ms", 5_000),
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.max_pings_without_data", 0),
-            ("grpc.initial_reconnect_backoff_ms", 50),
-            ("grpc.max_reconnect_backoff_ms", 1_000),
-            ("grpc.enable_retries", 0),  # never resend a call behind our back
-        ]
-        tls = self.endpoints.tls
-        names = [h for h, _ in hosts if not _is_ip(h)]
-        server_name = (tls.server_name if tls else None) or (names[0] if names else None)
-        if tls is not None and server_name:
-            options.append(("grpc.ssl_target_name_override", server_name))
-            options.append(("grpc.default_authority", server_name))
-        # One channel over every endpoint (pick_first fails over when one goes away):
-        # grpc's ipv4:/ipv6: targets take a list, so names are resolved here.
-        v4: list[str] = []
-        v6: list[str] = []
-        for host, port in hosts:
-            if _is_ip(host):
-                addrs = [host]
-            else:
-                try:
-                    with anyio.fail_after(self.timeout):
-                        infos = await anyio.getaddrinfo(host, port, type=0)
-                except (OSError, TimeoutError) as exc:
-                    raise BackendUnavailable(
-                        f"{self.errors.display}: cannot resolve {host!r}: {exc}"
-                    ) from exc
-                addrs = list(dict.fromkeys(str(info[4][0]) for info in infos))
-            for addr in addrs:
-                if ipaddress.ip_address(addr).version == 4:
-                    v4.append(f"{addr}:{port}")
-                else:
-                    v6.append(f"[{addr}]:{port}")
-        return list(dict.fromkeys(v4 or v6)), options
 
     def _error(self, path: str, exc: grpc.aio.AioRpcError) -> EtcdError:
         """``exc`` through the one error mapper, keeping grpc's status code name."""
@@ -408,14 +359,6 @@ def _explain(exc: BaseException) -> str | None:
         code = exc.code()
         return f"{code.name if code is not None else 'UNKNOWN'}: {exc.details()}"
     return None
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return False
-    return True
 
 
 def prefix_end(prefix: bytes) -> bytes:
