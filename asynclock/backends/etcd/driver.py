@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
 
 import anyio
 
@@ -38,6 +37,7 @@ from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused, leave
 from ..._core.exceptions import BackendUnavailable
 from ..._core.holder import Holder
 from . import _proto as pb
+from ._kv import by_creation, created_at, delete_key, first_key
 from ._session import SERVER_DRIFT, Predecessor, Session, _Slot, requested_ttl
 from ._watch import Watching
 from .client import EtcdClient, EtcdError, prefix_end
@@ -277,10 +277,10 @@ class EtcdDriver(Watching, Driver):
         prefix = self.lock_prefix(name)
         end = prefix_end(prefix)
         key = slot.key
-        first = _by_creation(prefix, end, pb.SORT_ASCEND, limit=1)
+        first = by_creation(prefix, end, pb.SORT_ASCEND, limit=1)
         if slot.rev is None:
             # Create our key; the last two keys by creation are ours and our predecessor.
-            newest = _by_creation(prefix, end, pb.SORT_DESCEND, limit=2)
+            newest = by_creation(prefix, end, pb.SORT_DESCEND, limit=2)
             put = pb.RequestOp(
                 request_put=pb.PutRequest(
                     key=key, value=slot.owner.encode(), lease=session.lease_id
@@ -288,7 +288,7 @@ class EtcdDriver(Watching, Driver):
             )
             get = pb.RequestOp(request_range=pb.RangeRequest(key=key, keys_only=True))
             request = pb.TxnRequest(
-                compare=[_created_at(key, 0)], success=[put, first, newest], failure=[get]
+                compare=[created_at(key, 0)], success=[put, first, newest], failure=[get]
             )
             try:
                 reply = await self.client.txn(request)
@@ -302,7 +302,7 @@ class EtcdDriver(Watching, Driver):
                 # its revision is an old token, never reuse it (G2). Delete, start over.
                 kvs = reply.responses[0].response_range.kvs
                 stale = kvs[0].create_revision if kvs else None
-                await self._delete_key(key, stale, None)
+                await delete_key(self.client, key, stale, None)
                 self._orphans.pop(key, None)
                 return None
             slot.rev = reply.header.revision
@@ -313,8 +313,8 @@ class EtcdDriver(Watching, Driver):
             pred = newest_kvs[1].key if len(newest_kvs) > 1 else holder[0].key
             slot.holder_lease = holder[0].lease
             return self._behind(slot, pred, reply.header.revision)
-        before = _by_creation(prefix, end, pb.SORT_DESCEND, limit=1, below=slot.rev)
-        request = pb.TxnRequest(compare=[_created_at(key, slot.rev)], success=[first, before])
+        before = by_creation(prefix, end, pb.SORT_DESCEND, limit=1, below=slot.rev)
+        request = pb.TxnRequest(compare=[created_at(key, slot.rev)], success=[first, before])
         reply = await self.client.txn(request)
         if not reply.succeeded:
             slot.rev = None
@@ -411,7 +411,7 @@ class EtcdDriver(Watching, Driver):
         )
         assert slot.rev is not None
         reply = await self.client.txn(
-            pb.TxnRequest(compare=[_created_at(slot.key, slot.rev)], success=[put])
+            pb.TxnRequest(compare=[created_at(slot.key, slot.rev)], success=[put])
         )
         if not reply.succeeded:
             return Refused("lock key deleted at the server")
@@ -468,26 +468,11 @@ class EtcdDriver(Watching, Driver):
             await self._drop(slot)
 
     async def validate(self, name: str, token: int) -> bool:
-        kv = await self._first(name, keys_only=True)
+        kv = await first_key(self.client, self.lock_prefix(name), keys_only=True)
         return kv is not None and kv.create_revision == token
 
-    async def _first(self, name: str, *, keys_only: bool = False) -> Any:
-        """The key with the lowest create revision under the lock's prefix (the holder)."""
-        prefix = self.lock_prefix(name)
-        reply = await self.client.range(
-            pb.RangeRequest(
-                key=prefix,
-                range_end=prefix_end(prefix),
-                sort_order=pb.SORT_ASCEND,
-                sort_target=pb.SORT_TARGET_CREATE,
-                limit=1,
-                keys_only=keys_only,
-            )
-        )
-        return reply.kvs[0] if reply.kvs else None
-
     async def holder(self, name: str) -> Holder | None:
-        kv = await self._first(name)
+        kv = await first_key(self.client, self.lock_prefix(name))
         if kv is None:
             return None
         remaining: float | None = None
@@ -501,12 +486,12 @@ class EtcdDriver(Watching, Driver):
         return Holder(name, owner, kv.create_revision, remaining)
 
     async def break_lock(self, name: str) -> bool:
-        kv = await self._first(name)
+        kv = await first_key(self.client, self.lock_prefix(name))
         if kv is None:
             return False
         # G2: the next key anyone creates gets a larger revision; the broken holder's next
         # renewal finds its key gone (refused).
-        broken = await self._delete_key(kv.key, kv.create_revision, None)
+        broken = await delete_key(self.client, kv.key, kv.create_revision, None)
         slot = self.slots.get(name)
         if broken and slot is not None and slot.key == kv.key:
             self._free(name, slot)  # a holder here: the name is free for the next task now
@@ -522,22 +507,7 @@ class EtcdDriver(Watching, Driver):
         """Delete our key (owner-checked by its create revision when we know it)."""
         if slot.session is None:
             return False
-        return await self._delete_key(slot.key, slot.rev, slot.owner.encode())
-
-    async def _delete_key(self, key: bytes, rev: int | None, owner: bytes | None) -> bool:
-        """Delete ``key`` if it is still the one we wrote: same create revision, or (the
-        revision unknown: the reply to our put was lost) the same owner in its value."""
-        if rev is not None:
-            guard = _created_at(key, rev)
-        elif owner is not None:
-            guard = pb.Compare(
-                result=pb.CMP_EQUAL, target=pb.CMP_TARGET_VALUE, key=key, value=owner
-            )
-        else:
-            raise ValueError("a delete needs the key's create revision or its owner")
-        delete = pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=key))
-        reply = await self.client.txn(pb.TxnRequest(compare=[guard], success=[delete]))
-        return bool(reply.succeeded)
+        return await delete_key(self.client, slot.key, slot.rev, slot.owner.encode())
 
     def _free(self, name: str, slot: _Slot) -> None:
         if self.slots.get(name) is not slot:
@@ -580,7 +550,7 @@ class EtcdDriver(Watching, Driver):
                     due = min(due, slot.expires_at)
             for key, (rev, owner) in list(self._orphans.items()):
                 try:
-                    await self._delete_key(key, rev, owner)
+                    await delete_key(self.client, key, rev, owner)
                 except Exception as exc:
                     logger.debug("delete of %r failed, will retry: %r", key, exc)
                     due = min(due, self.clock.now() + 0.2)
@@ -600,27 +570,3 @@ class EtcdDriver(Watching, Driver):
             self._poke = anyio.Event()
             with anyio.move_on_after(max(0.0, due - self.clock.now())):
                 await self._poke.wait()
-
-
-def _by_creation(
-    prefix: bytes, end: bytes, order: Any, *, limit: int, below: int | None = None
-) -> Any:
-    """A txn op reading the keys under ``prefix`` in creation order (``order``: first or
-    newest first), ``limit`` of them, keys only; ``below``: created before that revision."""
-    return pb.RequestOp(
-        request_range=pb.RangeRequest(
-            key=prefix,
-            range_end=end,
-            sort_order=order,
-            sort_target=pb.SORT_TARGET_CREATE,
-            max_create_revision=0 if below is None else below - 1,
-            limit=limit,
-            keys_only=True,
-        )
-    )
-
-
-def _created_at(key: bytes, revision: int) -> Any:
-    return pb.Compare(
-        result=pb.CMP_EQUAL, target=pb.CMP_TARGET_CREATE, key=key, create_revision=revision
-    )
