@@ -38,7 +38,7 @@ from ..._core.exceptions import BackendUnavailable
 from ..._core.holder import Holder
 from . import _proto as pb
 from ._kv import by_creation, created_at, delete_key, first_key
-from ._session import SERVER_DRIFT, Predecessor, Session, _Slot, requested_ttl
+from ._session import Predecessor, Session, Sessions, _Slot
 from ._watch import Watching
 from .client import EtcdClient, EtcdError, prefix_end
 
@@ -64,8 +64,13 @@ class EtcdDriver(Watching, Driver):
         self.client = client
         self.prefix = prefix
         self.display = display
-        self.sessions: dict[float, Session] = {}
-        self._granting: dict[float, anyio.Event] = {}
+        self.sessions = Sessions(
+            client,
+            display=display,
+            now=lambda: self.clock.now(),  # the backend binds its clock after construction
+            on_granted=lambda: self._poke.set(),  # its keep-alives need scheduling
+            on_lost=self._session_lost,
+        )
         self.slots: dict[str, _Slot] = {}
         self._queues: dict[str, deque[str]] = {}
         #: Keys of ours whose delete failed: key -> (create revision, owner), retried.
@@ -91,12 +96,7 @@ class EtcdDriver(Watching, Driver):
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
             with anyio.move_on_after(self.client.timeout):
-                for session in list(self.sessions.values()):
-                    try:
-                        await self.client.revoke(session.lease_id)
-                    except Exception as exc:
-                        logger.debug("revoke of lease %x failed: %r", session.lease_id, exc)
-            self.sessions.clear()
+                await self.sessions.revoke_all()
             try:
                 await self.client.aclose()
             except Exception as exc:  # pragma: no cover - must not raise
@@ -110,39 +110,9 @@ class EtcdDriver(Watching, Driver):
 
     # -- sessions --------------------------------------------------------------------------
 
-    async def _session(self, ttl: float) -> Session:
-        while True:
-            session = self.sessions.get(ttl)
-            if session is not None and not session.dead:
-                return session
-            granting = self._granting.get(ttl)
-            if granting is not None:
-                await granting.wait()
-                continue
-            granting = self._granting[ttl] = anyio.Event()
-            try:
-                # Shielded (the call has its deadline): a grant another task is waiting for
-                # must not be abandoned half way because the first asker was cancelled.
-                with anyio.CancelScope(shield=True):
-                    t_send = self.clock.now()
-                    reply = await self.client.grant(requested_ttl(ttl))
-                if reply.error or reply.TTL <= 0:
-                    raise BackendUnavailable(f"{self.display}: lease grant refused: {reply.error}")
-                session = Session(ttl, reply.ID, reply.TTL, t_send)
-                self.sessions[ttl] = session
-                self._poke.set()
-                return session
-            finally:
-                del self._granting[ttl]
-                granting.set()
-
     def _session_lost(self, session: Session, why: str) -> None:
-        """The server says the lease is gone: every lock on it is lost at once (G4)."""
-        if session.dead:
-            return
-        session.dead = True
-        if self.sessions.get(session.ttl) is session:
-            del self.sessions[session.ttl]
+        """``session`` is gone at the server: its holders lose their locks at once (G4),
+        its waiters queue again."""
         for name, slot in list(self.slots.items()):
             if slot.session is not session:
                 continue
@@ -154,23 +124,19 @@ class EtcdDriver(Watching, Driver):
                 slot.session, slot.key, slot.rev = None, b"", None
                 self._wake(name)
 
-    def _fits(self, session: Session, ttl: float) -> bool:
-        """Does the session outlive a lock of ``ttl`` taken now, on its last keep-alive?"""
-        return session.acked_at + session.granted * (1 - SERVER_DRIFT) >= self.clock.now() + ttl
-
     async def _fresh_attempt(
         self, name: str, slot: _Slot, session: Session, ttl: float
     ) -> int | Busy | None:
         """G3: the attempt, plus a keep-alive sent alongside it when the session's last one
         is too old for a lock of ``ttl`` (both are sent after the core read its t_send, so
         the server keeps the key at least ``granted >= ttl`` past it)."""
-        if self._fits(session, ttl):
+        if self.sessions.fits(session, ttl):
             return await self._attempt(name, slot, session)
         failed: list[Exception] = []
 
         async def refresh() -> None:
             try:
-                await self._keep_alive([session])
+                await self.sessions.keep_alive([session])
             except Exception as exc:
                 failed.append(exc)
 
@@ -190,18 +156,6 @@ class EtcdDriver(Watching, Driver):
                 f"{self.display}: lease {session.lease_id:x} expired at the server"
             )
         return result
-
-    async def _keep_alive(self, sessions: Sequence[Session]) -> None:
-        t_send = self.clock.now()
-        ttls = await self.client.keep_alive([s.lease_id for s in sessions])
-        for session in sessions:
-            ttl = ttls.get(session.lease_id)
-            if ttl is None:
-                continue
-            if ttl <= 0:
-                self._session_lost(session, f"etcd lease {session.lease_id:x} expired")
-            elif t_send > session.acked_at:
-                session.acked_at = t_send
 
     # -- acquire ---------------------------------------------------------------------------
 
@@ -239,7 +193,7 @@ class EtcdDriver(Watching, Driver):
         slot = claimed
         for _ in range(3):
             if slot.session is None or slot.session.dead:
-                session = await self._session(ttl)
+                session = await self.sessions.live(ttl)
                 if self.slots.get(name) is not slot:
                     return Busy(retry_after=LOCAL_POLL)  # freed while we waited
                 if slot.session is not session:
@@ -294,7 +248,7 @@ class EtcdDriver(Watching, Driver):
                 reply = await self.client.txn(request)
             except EtcdError as exc:
                 if exc.code == "NOT_FOUND":  # "requested lease not found"
-                    self._session_lost(session, f"etcd lease {session.lease_id:x} expired")
+                    self.sessions.lost(session, f"etcd lease {session.lease_id:x} expired")
                     return None
                 raise
             if not reply.succeeded:
@@ -377,7 +331,7 @@ class EtcdDriver(Watching, Driver):
 
         # One keep-alive per session on the stream, and one look at the keys each carries.
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._keep_alive, list(sessions.values()))
+            tg.start_soon(self.sessions.keep_alive, list(sessions.values()))
             for session in sessions.values():
                 tg.start_soon(keys_of, session)
         out: list[ExtendResult] = []
@@ -403,7 +357,7 @@ class EtcdDriver(Watching, Driver):
     async def _move(self, slot: _Slot, ref: LeaseRef, t_send: float) -> ExtendResult:
         """Attach a held key to the session of a new ttl (``lease.extend(ttl)``): a put on
         the existing key keeps its create revision, so the token is unchanged (G7)."""
-        session = await self._session(ref.ttl)
+        session = await self.sessions.live(ref.ttl)
         put = pb.RequestOp(
             request_put=pb.PutRequest(
                 key=slot.key, value=slot.owner.encode(), lease=session.lease_id
@@ -415,8 +369,8 @@ class EtcdDriver(Watching, Driver):
         )
         if not reply.succeeded:
             return Refused("lock key deleted at the server")
-        if not self._fits(session, ref.ttl):
-            await self._keep_alive([session])  # sent after t_send: G3 for the new ttl
+        if not self.sessions.fits(session, ref.ttl):
+            await self.sessions.keep_alive([session])  # sent after t_send: G3 for the new ttl
         if session.dead:
             return Refused(f"etcd lease {session.lease_id:x} expired")
         if self.slots.get(slot.name) is not slot or not slot.held:
@@ -527,17 +481,7 @@ class EtcdDriver(Watching, Driver):
         deletes, revoke sessions nobody used for a while."""
         while True:
             now = self.clock.now()
-            due = now + 1.0
-            alive = [s for s in self.sessions.values() if not s.dead and s.users > 0]
-            stale = [s for s in alive if now >= s.acked_at + s.interval]
-            if stale:
-                try:
-                    await self._keep_alive(stale)
-                except Exception as exc:
-                    logger.debug("keep-alive failed, will retry: %r", exc)
-                    due = min(due, self.clock.now() + 0.05)
-            for session in alive:
-                due = min(due, session.acked_at + session.interval)
+            due = min(now + 1.0, await self.sessions.renew_due(now))
             now = self.clock.now()
             for name, slot in list(self.slots.items()):
                 if slot.held and now >= slot.expires_at:
@@ -556,17 +500,7 @@ class EtcdDriver(Watching, Driver):
                     due = min(due, self.clock.now() + 0.2)
                 else:
                     self._orphans.pop(key, None)
-            for session in list(self.sessions.values()):
-                idle = session.idle_since
-                if session.users <= 0 and idle is not None and now - idle >= session.granted:
-                    del self.sessions[session.ttl]
-                    session.dead = True
-                    try:
-                        await self.client.revoke(session.lease_id)
-                    except Exception as exc:
-                        logger.debug("revoke of lease %x failed: %r", session.lease_id, exc)
-                elif session.users <= 0 and idle is not None:
-                    due = min(due, idle + session.granted)
+            due = min(due, await self.sessions.revoke_idle(now))
             self._poke = anyio.Event()
             with anyio.move_on_after(max(0.0, due - self.clock.now())):
                 await self._poke.wait()
