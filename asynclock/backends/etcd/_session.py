@@ -51,7 +51,7 @@ class Session:
     @property
     def interval(self) -> float:
         """Keep-alive period: often enough that a new lock of ``ttl`` usually fits without
-        a keep-alive of its own (see :meth:`EtcdDriver._fresh`)."""
+        a keep-alive of its own (see :meth:`Acquiring._fresh_attempt`)."""
         if self.headroom < 0.1:
             return self.granted / 3
         return max(0.05, min(self.granted / 3, self.headroom / 2))
