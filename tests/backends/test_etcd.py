@@ -684,7 +684,7 @@ async def test_a_waiters_watch_is_reopened_when_the_watch_stream_breaks(
     """etcd restarts while a waiter watches its predecessor: the new watch stream opens
     the watch again from where it started, so the holder's release still wakes the waiter
     at once (no attempt in between would hand the core a new cursor)."""
-    import asynclock.backends.etcd.driver as module
+    import asynclock.backends.etcd._acquire as module
 
     # No fallback poll: an attempt while etcd is down would fail the waiter, and only the
     # reopened watch can wake it.

@@ -1,9 +1,22 @@
-"""An etcd driver's sessions (one etcd lease per ttl in use) and its per-name slots."""
+"""An etcd driver's sessions (one etcd lease per ttl in use: granted, kept alive, revoked)
+and its per-name slots."""
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import anyio
+
+from ..._core.exceptions import BackendUnavailable
+
+if TYPE_CHECKING:
+    from .client import EtcdClient
+
+logger = logging.getLogger("asynclock.etcd")
 
 #: Server and client clocks may run at slightly different rates.
 SERVER_DRIFT = 0.01
@@ -38,10 +51,142 @@ class Session:
     @property
     def interval(self) -> float:
         """Keep-alive period: often enough that a new lock of ``ttl`` usually fits without
-        a keep-alive of its own (see :meth:`EtcdDriver._fresh`)."""
+        a keep-alive of its own (see :meth:`Acquiring._fresh_attempt`)."""
         if self.headroom < 0.1:
             return self.granted / 3
         return max(0.05, min(self.granted / 3, self.headroom / 2))
+
+
+class Sessions(Mapping[float, Session]):
+    """A driver's sessions by ttl: granted on first use (:meth:`live`), kept alive
+    (:meth:`keep_alive`, :meth:`renew_due`), dropped when the server says the lease is gone
+    (:meth:`lost`), revoked once nobody used them for a while (:meth:`revoke_idle`).
+
+    ``now()`` reads the driver's clock (bound after construction); ``on_granted()`` runs
+    when a session is new (its keep-alives need scheduling); ``on_lost(session, why)`` once
+    a session is gone, so the locks on it can be lost (G4)."""
+
+    def __init__(
+        self,
+        client: EtcdClient,
+        *,
+        display: str,
+        now: Callable[[], float],
+        on_granted: Callable[[], None],
+        on_lost: Callable[[Session, str], None],
+    ) -> None:
+        self._client = client
+        self._display = display
+        self._now = now
+        self._on_granted = on_granted
+        self._on_lost = on_lost
+        self._by_ttl: dict[float, Session] = {}
+        self._granting: dict[float, anyio.Event] = {}
+
+    def __getitem__(self, ttl: float) -> Session:
+        return self._by_ttl[ttl]
+
+    def __iter__(self) -> Iterator[float]:
+        return iter(self._by_ttl)
+
+    def __len__(self) -> int:
+        return len(self._by_ttl)
+
+    async def live(self, ttl: float) -> Session:
+        """The live session of ``ttl``, granted now if there is none."""
+        while True:
+            session = self._by_ttl.get(ttl)
+            if session is not None and not session.dead:
+                return session
+            granting = self._granting.get(ttl)
+            if granting is not None:
+                await granting.wait()
+                continue
+            granting = self._granting[ttl] = anyio.Event()
+            try:
+                # Shielded (the call has its deadline): a grant another task is waiting for
+                # must not be abandoned half way because the first asker was cancelled.
+                with anyio.CancelScope(shield=True):
+                    t_send = self._now()
+                    reply = await self._client.grant(requested_ttl(ttl))
+                if reply.error or reply.TTL <= 0:
+                    raise BackendUnavailable(f"{self._display}: lease grant refused: {reply.error}")
+                session = Session(ttl, reply.ID, reply.TTL, t_send)
+                self._by_ttl[ttl] = session
+                self._on_granted()
+                return session
+            finally:
+                del self._granting[ttl]
+                granting.set()
+
+    def lost(self, session: Session, why: str) -> None:
+        """The server says the lease is gone: every lock on it is lost at once (G4)."""
+        if session.dead:
+            return
+        session.dead = True
+        if self._by_ttl.get(session.ttl) is session:
+            del self._by_ttl[session.ttl]
+        self._on_lost(session, why)
+
+    def fits(self, session: Session, ttl: float) -> bool:
+        """Does the session outlive a lock of ``ttl`` taken now, on its last keep-alive?"""
+        return session.acked_at + session.granted * (1 - SERVER_DRIFT) >= self._now() + ttl
+
+    async def keep_alive(self, sessions: Sequence[Session]) -> None:
+        t_send = self._now()
+        ttls = await self._client.keep_alive([s.lease_id for s in sessions])
+        for session in sessions:
+            ttl = ttls.get(session.lease_id)
+            if ttl is None:
+                continue
+            if ttl <= 0:
+                self.lost(session, f"etcd lease {session.lease_id:x} expired")
+            elif t_send > session.acked_at:
+                session.acked_at = t_send
+
+    async def renew_due(self, now: float) -> float:
+        """A keep-alive for each session in use whose last one is ``interval`` old at
+        ``now``; returns when the next one is due."""
+        due = math.inf
+        alive = [s for s in self._by_ttl.values() if not s.dead and s.users > 0]
+        stale = [s for s in alive if now >= s.acked_at + s.interval]
+        if stale:
+            try:
+                await self.keep_alive(stale)
+            except Exception as exc:
+                logger.debug("keep-alive failed, will retry: %r", exc)
+                due = self._now() + 0.05
+        for session in alive:
+            due = min(due, session.acked_at + session.interval)
+        return due
+
+    async def revoke_idle(self, now: float) -> float:
+        """Revoke each session nobody has used for ``granted`` seconds at ``now``; returns
+        when the next idle one is due."""
+        due = math.inf
+        for session in list(self._by_ttl.values()):
+            idle = session.idle_since
+            if session.users <= 0 and idle is not None and now - idle >= session.granted:
+                del self._by_ttl[session.ttl]
+                session.dead = True
+                try:
+                    await self._client.revoke(session.lease_id)
+                except Exception as exc:
+                    logger.debug("revoke of lease %x failed: %r", session.lease_id, exc)
+            elif session.users <= 0 and idle is not None:
+                due = min(due, idle + session.granted)
+        return due
+
+    async def revoke_all(self) -> None:
+        """Revoke every session (closing); forgotten even if that is cut short."""
+        try:
+            for session in list(self._by_ttl.values()):
+                try:
+                    await self._client.revoke(session.lease_id)
+                except Exception as exc:
+                    logger.debug("revoke of lease %x failed: %r", session.lease_id, exc)
+        finally:
+            self._by_ttl.clear()
 
 
 @dataclass(frozen=True, slots=True)

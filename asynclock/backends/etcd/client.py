@@ -5,47 +5,37 @@ deadline, nothing is retried behind our back (a retried acquire could land twice
 keep-alives of every lease share one long-lived stream, and the state of a lease is what
 the server last acknowledged — never a flag a library keeps.
 
-grpc.aio and anyio cancellation (grpc/grpc#43502): when an anyio cancel scope cancels a
-task that awaits a grpc.aio call, grpc swallows the cancellation and raises a fresh, bare
-``CancelledError`` that anyio cannot match to its scope, so it escapes ``move_on_after``.
-No grpc.aio awaitable is ever awaited directly here: a unary call is waited for through an
-``anyio.Event`` set by the call's done-callback (cancelling the wait cancels the RPC; the
-result is read once the call is done, without a suspension), and stream reads and writes
-run in their own asyncio tasks whose completion is waited for the same way. This is the
-one module that touches grpc or asyncio directly.
+No grpc.aio awaitable is awaited directly (grpc/grpc#43502): see ``_grpc.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import itertools
 import logging
 import math
-import random
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
-import anyio.abc
 import grpc
 import grpc.aio
 
 from ..._core.errors import map_errors
 from ..._core.exceptions import BackendUnavailable
 from . import _proto as pb
+from ._grpc import serialize, settle, wait_call, wait_done
+from ._keepalive import KeepAlives
+from ._stream import Stream
+from ._target import new_channel, resolve
 
 logger = logging.getLogger("asynclock.etcd")
-T = TypeVar("T")
 
 #: etcd's server-side interceptor cancels a stream carrying this when its member has no
 #: leader, so an isolated member cannot keep a lease alive by silence.
 REQUIRE_LEADER = ("hasleader", "true")
-#: How long a broken stream waits before it reconnects (doubling, with jitter).
-STREAM_BACKOFF = (0.05, 1.0)
 
 
 @dataclass(frozen=True)
@@ -77,35 +67,6 @@ class EtcdError(BackendUnavailable):
         self.code = code
 
 
-class _Waiter:
-    """One pending keep-alive acknowledgement."""
-
-    __slots__ = ("error", "event", "ttl")
-
-    def __init__(self) -> None:
-        self.event = anyio.Event()
-        self.ttl: int | None = None
-        self.error: BaseException | None = None
-
-
-async def _settle(
-    aw: Awaitable[T], *, cancel: bool = True, inflight: set[asyncio.Future[Any]] | None = None
-) -> T:
-    """Await a grpc.aio awaitable in its own task (see the module docstring). If we are
-    cancelled, the task is cancelled too unless ``cancel`` is false (it then runs on, and
-    closing the client waits for it)."""
-    task = _start(aw, inflight)
-    done = anyio.Event()
-    task.add_done_callback(lambda _t: done.set())
-    try:
-        await done.wait()
-    except BaseException:
-        if cancel:
-            task.cancel()
-        raise
-    return task.result()
-
-
 class EtcdClient:
     """One channel to the cluster (grpc fails over between the endpoints), two streams."""
 
@@ -117,37 +78,34 @@ class EtcdClient:
         self._channel: grpc.aio.Channel | None = None
         self._token: str | None = None
         self._unary: dict[str, Callable[..., Any]] = {}
-        # keep-alive stream
-        self._ka_out: deque[Any] = deque()
-        self._ka_wake = anyio.Event()
-        self._ka_pending: dict[int, deque[_Waiter]] = {}
-        self._ka_reset = anyio.Event()
-        # watch stream
-        self._w_out: deque[Any] = deque()
-        self._w_wake = anyio.Event()
-        self._w_ids = itertools.count(1)
+        self._keepalives = KeepAlives(self)
+        self._watch_stream = Stream(
+            self, "/etcdserverpb.Watch/Watch", pb.WatchResponse, self._on_watch, self._fail_watches
+        )
+        self._watch_ids = itertools.count(1)
         self._watches: dict[int, Callable[[str, int], None]] = {}
         self.on_watch_reset: Callable[[], None] = lambda: None
         self._streams: set[Any] = set()
         #: Stream reads and writes in flight (tasks): closing waits for them, since a
         #: completion that arrives after its event loop closed breaks the next loop grpc
         #: serves.
-        self._inflight: set[asyncio.Future[Any]] = set()
+        self.inflight: set[asyncio.Future[Any]] = set()
         #: How often each stream was opened (by method name): 1 unless one broke.
         self.streams_opened: dict[str, int] = {"LeaseKeepAlive": 0, "Watch": 0}
         self._addresses: list[str] = []
         self._options: list[tuple[str, Any]] = []
         self._retired: list[tuple[float, grpc.aio.Channel]] = []
         self._rotated_at = -math.inf
-        self._w_reset = anyio.Event()
         #: How often the client moved to the next member (see _failed_over).
         self.failovers = 0
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def open(self) -> None:
-        self._addresses, self._options = await self._target()
-        self._channel = self._new_channel()
+        self._addresses, self._options = await resolve(
+            self.endpoints, self.timeout, self.errors.display
+        )
+        self._channel = new_channel(self._addresses, self._options, self.endpoints.tls)
         try:
             if self.endpoints.user is not None:
                 await self._authenticate()
@@ -155,16 +113,6 @@ class EtcdClient:
         except BaseException:
             await self.aclose()  # the backend never opened: nobody else will close it
             raise
-
-    def _new_channel(self) -> grpc.aio.Channel:
-        # pick_first over the list: grpc moves on when the member in use goes away.
-        scheme = "ipv6:" if self._addresses[0].startswith("[") else "ipv4:"
-        target = scheme + ",".join(self._addresses)
-        tls = self.endpoints.tls
-        if tls is None:
-            return grpc.aio.insecure_channel(target, options=self._options)
-        creds = grpc.ssl_channel_credentials(tls.ca, tls.key, tls.cert)
-        return grpc.aio.secure_channel(target, creds, options=self._options)
 
     def _failed_over(self, code: str) -> None:
         """A call through the member in use timed out or found it unavailable: a member
@@ -178,19 +126,19 @@ class EtcdClient:
         self._rotated_at = now
         self._addresses = self._addresses[1:] + self._addresses[:1]
         self._retired.append((now, self._channel))
-        self._channel = self._new_channel()
+        self._channel = new_channel(self._addresses, self._options, self.endpoints.tls)
         self._unary.clear()
         self.failovers += 1
         logger.info("%s: failing over to %s", self.errors.display, self._addresses[0])
-        self._ka_reset.set()  # the streams reopen on the new channel
-        self._w_reset.set()
+        self._keepalives.stream.reset()  # the streams reopen on the new channel
+        self._watch_stream.reset()
 
-    async def _close_retired(self, older_than: float) -> None:
+    async def close_retired(self, older_than: float) -> None:
         keep: list[tuple[float, grpc.aio.Channel]] = []
         for at, channel in self._retired:
             if at <= older_than:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
-                    await _settle(channel.close(grace=None))
+                    await settle(channel.close(grace=None))
             else:
                 keep.append((at, channel))
         self._retired = keep
@@ -198,61 +146,21 @@ class EtcdClient:
     async def aclose(self) -> None:
         channel, self._channel = self._channel, None
         self._unary.clear()
-        await self._close_retired(math.inf)
+        await self.close_retired(math.inf)
         with anyio.CancelScope(shield=True):
             with anyio.move_on_after(2.0):
                 # Every stream read and write ends before the channel does: grpc delivers
                 # late completions to the loop they came from, even a closed one.
-                for task in list(self._inflight):
-                    await _wait_done(task)
+                for task in list(self.inflight):
+                    await wait_done(task)
                 for call in list(self._streams):
-                    await _wait_call(call)
+                    await wait_call(call)
             # Closed even when those waits ran out of time: an open channel keeps grpc's
             # poller bound to this loop, and the next loop's callbacks then fail with
             # "Event loop is closed" (seen once on a loaded machine).
             if channel is not None:
                 with anyio.move_on_after(2.0):
-                    await _settle(channel.close(grace=None))
-
-    async def _target(self) -> tuple[list[str], list[tuple[str, Any]]]:
-        hosts = self.endpoints.hosts
-        options: list[tuple[str, Any]] = [
-            ("grpc.keepalive_time_ms", 10_000),
-            ("grpc.keepalive_timeout_ms", 5_000),
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.max_pings_without_data", 0),
-            ("grpc.initial_reconnect_backoff_ms", 50),
-            ("grpc.max_reconnect_backoff_ms", 1_000),
-            ("grpc.enable_retries", 0),  # never resend a call behind our back
-        ]
-        tls = self.endpoints.tls
-        names = [h for h, _ in hosts if not _is_ip(h)]
-        server_name = (tls.server_name if tls else None) or (names[0] if names else None)
-        if tls is not None and server_name:
-            options.append(("grpc.ssl_target_name_override", server_name))
-            options.append(("grpc.default_authority", server_name))
-        # One channel over every endpoint (pick_first fails over when one goes away):
-        # grpc's ipv4:/ipv6: targets take a list, so names are resolved here.
-        v4: list[str] = []
-        v6: list[str] = []
-        for host, port in hosts:
-            if _is_ip(host):
-                addrs = [host]
-            else:
-                try:
-                    with anyio.fail_after(self.timeout):
-                        infos = await anyio.getaddrinfo(host, port, type=0)
-                except (OSError, TimeoutError) as exc:
-                    raise BackendUnavailable(
-                        f"{self.errors.display}: cannot resolve {host!r}: {exc}"
-                    ) from exc
-                addrs = list(dict.fromkeys(str(info[4][0]) for info in infos))
-            for addr in addrs:
-                if ipaddress.ip_address(addr).version == 4:
-                    v4.append(f"{addr}:{port}")
-                else:
-                    v6.append(f"[{addr}]:{port}")
-        return list(dict.fromkeys(v4 or v6)), options
+                    await settle(channel.close(grace=None))
 
     def _error(self, path: str, exc: grpc.aio.AioRpcError) -> EtcdError:
         """``exc`` through the one error mapper, keeping grpc's status code name."""
@@ -270,7 +178,7 @@ class EtcdClient:
                 raise BackendUnavailable(f"{self.errors.display}: the client is closed")
             method = self._channel.unary_unary(
                 path,
-                request_serializer=_serialize,
+                request_serializer=serialize,
                 response_deserializer=response.FromString,
             )
             self._unary[path] = method
@@ -362,62 +270,21 @@ class EtcdClient:
     async def keep_alive(self, lease_ids: Sequence[int]) -> dict[int, int]:
         """One keep-alive per lease on the shared stream; the TTL each ack carries (<= 0:
         the lease is gone). Raises if an ack does not come within the call timeout."""
-        waiters: list[tuple[int, _Waiter]] = []
-        for lease_id in lease_ids:
-            waiter = _Waiter()
-            self._ka_pending.setdefault(lease_id, deque()).append(waiter)
-            self._ka_out.append(pb.LeaseKeepAliveRequest(ID=lease_id))
-            waiters.append((lease_id, waiter))
-        self._ka_wake.set()
-        result: dict[int, int] = {}
+        waiters = self._keepalives.send(lease_ids)
         try:
             with anyio.fail_after(self.timeout):
-                for lease_id, waiter in waiters:
-                    await waiter.event.wait()
-                    if waiter.error is not None:
-                        raise waiter.error
-                    assert waiter.ttl is not None
-                    result[lease_id] = waiter.ttl
+                return await self._keepalives.acks(waiters)
         except TimeoutError:
             # No answer within the deadline: the stream may be dead without knowing it
             # (a blackholed connection); open a fresh one for the next round.
-            self._ka_reset.set()
+            self._keepalives.stream.reset()
             self._failed_over("DEADLINE_EXCEEDED")
             raise EtcdError(
                 f"{self.errors.display}: keep-alive not acknowledged in time", "DEADLINE_EXCEEDED"
             ) from None
-        # An unanswered waiter stays in line (until its ack, or the stream breaks): acks come
-        # back in order, so a late ack must answer its own request, never a later one —
-        # that would date the lease from the later send, after the server refreshed it.
-        return result
 
     async def run_keepalive_stream(self) -> None:
-        await self._run_stream(
-            "/etcdserverpb.Lease/LeaseKeepAlive",
-            pb.LeaseKeepAliveResponse,
-            self._ka_out,
-            "_ka_wake",
-            self._on_keepalive,
-            self._fail_keepalives,
-            reset_slot="_ka_reset",
-        )
-
-    def _on_keepalive(self, reply: Any) -> None:
-        pending = self._ka_pending.get(reply.ID)
-        if pending:
-            waiter = pending.popleft()
-            if not pending:
-                del self._ka_pending[reply.ID]
-            waiter.ttl = reply.TTL
-            waiter.event.set()
-
-    def _fail_keepalives(self, error: BaseException) -> None:
-        pending, self._ka_pending = self._ka_pending, {}
-        self._ka_out.clear()
-        for waiters in pending.values():
-            for waiter in waiters:
-                waiter.error = error
-                waiter.event.set()
+        await self._keepalives.stream.run()
 
     # -- watch stream ----------------------------------------------------------------------
 
@@ -425,31 +292,21 @@ class EtcdClient:
         """Watch ``key`` for deletion from ``start_revision``: ``callback("deleted", rev)``,
         ``callback("canceled", compact_revision)`` when the server drops the watch (e.g.
         compacted history). Returns the watch id for :meth:`cancel_watch`."""
-        watch_id = next(self._w_ids)
+        watch_id = next(self._watch_ids)
         self._watches[watch_id] = callback
         create = pb.WatchCreateRequest(
             key=key, start_revision=start_revision, watch_id=watch_id, filters=[0]
         )
-        self._w_out.append(pb.WatchRequest(create_request=create))
-        self._w_wake.set()
+        self._watch_stream.send(pb.WatchRequest(create_request=create))
         return watch_id
 
     def cancel_watch(self, watch_id: int) -> None:
         if self._watches.pop(watch_id, None) is not None:
             cancel = pb.WatchCancelRequest(watch_id=watch_id)
-            self._w_out.append(pb.WatchRequest(cancel_request=cancel))
-            self._w_wake.set()
+            self._watch_stream.send(pb.WatchRequest(cancel_request=cancel))
 
     async def run_watch_stream(self) -> None:
-        await self._run_stream(
-            "/etcdserverpb.Watch/Watch",
-            pb.WatchResponse,
-            self._w_out,
-            "_w_wake",
-            self._on_watch,
-            self._fail_watches,
-            reset_slot="_w_reset",
-        )
+        await self._watch_stream.run()
 
     def _on_watch(self, reply: Any) -> None:
         callback = self._watches.get(reply.watch_id)
@@ -466,141 +323,35 @@ class EtcdClient:
         # The server forgets every watch of a broken stream: the owners start again from
         # a fresh look at the keys (the driver retries its attempts).
         self._watches.clear()
-        self._w_out.clear()
         self.on_watch_reset()
 
-    # -- one bidirectional stream, reconnected when it breaks ------------------------------
+    # -- the streams' calls (see _stream.py) ----------------------------------------------
 
-    async def _run_stream(
-        self,
-        path: str,
-        response: Any,
-        outbox: deque[Any],
-        wake_slot: str,
-        on_reply: Callable[[Any], None],
-        on_broken: Callable[[BaseException], None],
-        reset_slot: str,
-    ) -> None:
-        backoff = STREAM_BACKOFF[0]
-        while True:
-            if self._channel is None:
-                return
-            method = self._channel.stream_stream(
-                path, request_serializer=_serialize, response_deserializer=response.FromString
-            )
-            call = method(metadata=self._metadata(REQUIRE_LEADER))
-            what = path.rsplit("/", 1)[-1]
-            self.streams_opened[what] = self.streams_opened.get(what, 0) + 1
-            self._streams.add(call)
-            call.add_done_callback(self._streams.discard)
-            got_reply = False
-            error: BaseException = EtcdError(
-                f"{self.errors.display}: {path} stream ended", "UNAVAILABLE"
-            )
-            # One read is always outstanding and is never cancelled (cancelling a read
-            # cancels the whole call, and its completions would outlive the event loop);
-            # the stream ends by half-closing it and reading to the end.
-            reading: asyncio.Future[Any] | None = None
+    def open_stream(self, path: str, response: Any) -> Any:
+        """A new call of the stream ``path`` on the channel in use (None: the client is
+        closed); closing the client waits for it to end."""
+        if self._channel is None:
+            return None
+        method = self._channel.stream_stream(
+            path, request_serializer=serialize, response_deserializer=response.FromString
+        )
+        call = method(metadata=self._metadata(REQUIRE_LEADER))
+        what = path.rsplit("/", 1)[-1]
+        self.streams_opened[what] = self.streams_opened.get(what, 0) + 1
+        self._streams.add(call)
+        call.add_done_callback(self._streams.discard)
+        return call
 
-            async def write_loop(call: Any = call) -> None:
-                while True:
-                    while outbox:
-                        message = outbox.popleft()
-                        await _settle(call.write(message), cancel=False, inflight=self._inflight)
-                    event = anyio.Event()
-                    setattr(self, wake_slot, event)
-                    if not outbox:
-                        await event.wait()
-
-            async def read_loop(call: Any = call) -> None:
-                nonlocal got_reply, reading
-                while True:
-                    reading = _start(call.read(), self._inflight)
-                    await _wait_done(reading)
-                    reply, reading = reading.result(), None
-                    if reply is grpc.aio.EOF:
-                        return
-                    got_reply = True
-                    on_reply(reply)
-
-            async def watch_reset(tg: anyio.abc.TaskGroup, reset: anyio.Event) -> None:
-                await reset.wait()  # a dead-looking stream, or a fail-over: reconnect
-                tg.cancel_scope.cancel()
-
-            try:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(write_loop)
-                    reset = anyio.Event()
-                    setattr(self, reset_slot, reset)
-                    tg.start_soon(watch_reset, tg, reset)
-                    await read_loop()
-                    tg.cancel_scope.cancel()
-            except (Exception, BaseExceptionGroup) as exc:  # any break
-                cause = _first_error(exc)  # what broke, not the task group around it
-                if isinstance(cause, grpc.aio.AioRpcError):
-                    error = self._error(path, cause)
-                else:
-                    error = EtcdError(
-                        self.errors.scrub(f"{self.errors.display}: {path} stream broke: {cause!r}"),
-                        "UNAVAILABLE",
-                    )
-            finally:
-                with anyio.CancelScope(shield=True):
-                    await _end_stream(call, reading)
-            logger.debug("etcd %s stream restarts: %s", path, error)
-            on_broken(error)
-            await self._close_retired(time.monotonic() - 2 * self.timeout)
-            if got_reply:
-                backoff = STREAM_BACKOFF[0]
-            await anyio.sleep(backoff * (0.5 + random.random()))
-            backoff = min(backoff * 2, STREAM_BACKOFF[1])
-
-
-def _first_error(exc: BaseException) -> BaseException:
-    """The first error inside (nested) exception groups, else ``exc`` itself."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc
-
-
-def _start(aw: Awaitable[T], inflight: set[asyncio.Future[Any]] | None = None) -> asyncio.Future[T]:
-    task = asyncio.ensure_future(aw)
-    if inflight is not None:
-        inflight.add(task)
-        task.add_done_callback(inflight.discard)
-    return task
-
-
-async def _end_stream(call: Any, reading: asyncio.Future[Any] | None) -> None:
-    """Cancel ``call`` and wait until grpc has finished with it (bounded): a completion
-    that arrives after its event loop closed breaks the next loop grpc serves."""
-    if not call.done():
-        call.cancel()
-    with anyio.move_on_after(1.0):
-        if reading is not None:
-            await _wait_done(reading)
-        await _wait_call(call)
-
-
-async def _wait_done(task: asyncio.Future[Any]) -> None:
-    if not task.done():
-        done = anyio.Event()
-        task.add_done_callback(lambda _t: done.set())
-        await done.wait()
-    if not task.cancelled():
-        task.exception()  # retrieved: never "exception was never retrieved"
-
-
-async def _wait_call(call: Any) -> None:
-    if not call.done():
-        done = anyio.Event()
-        call.add_done_callback(lambda _c: done.set())
-        await done.wait()
-
-
-def _serialize(message: Any) -> bytes:
-    data: bytes = message.SerializeToString()
-    return data
+    def stream_error(self, path: str, cause: BaseException | None) -> EtcdError:
+        """Why the stream ``path`` broke: ``cause`` (None: the server ended it)."""
+        if cause is None:
+            return EtcdError(f"{self.errors.display}: {path} stream ended", "UNAVAILABLE")
+        if isinstance(cause, grpc.aio.AioRpcError):
+            return self._error(path, cause)
+        return EtcdError(
+            self.errors.scrub(f"{self.errors.display}: {path} stream broke: {cause!r}"),
+            "UNAVAILABLE",
+        )
 
 
 def _explain(exc: BaseException) -> str | None:
@@ -608,14 +359,6 @@ def _explain(exc: BaseException) -> str | None:
         code = exc.code()
         return f"{code.name if code is not None else 'UNKNOWN'}: {exc.details()}"
     return None
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return False
-    return True
 
 
 def prefix_end(prefix: bytes) -> bytes:

@@ -29,32 +29,26 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
 
 import anyio
 
 from ..._core.asyncio_only import require_asyncio
-from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused, leave_queue
-from ..._core.exceptions import BackendUnavailable
+from ..._core.driver import Driver, ExtendResult, LeaseRef, Refused, leave_queue
 from ..._core.holder import Holder
 from . import _proto as pb
-from ._session import SERVER_DRIFT, Predecessor, Session, _Slot, requested_ttl
+from ._acquire import Acquiring
+from ._kv import created_at, delete_key, first_key
+from ._session import Session, Sessions, _Slot
 from ._watch import Watching
-from .client import EtcdClient, EtcdError, prefix_end
+from .client import EtcdClient
 
 logger = logging.getLogger("asynclock.etcd")
 
-#: A waiter's fallback poll: the predecessor watch is the real signal, this only bounds
-#: the damage of a notification that never comes.
-WAIT_POLL = 1.0
-#: A task queued behind another task of this process polls this often (it is woken when
-#: the slot is freed).
-LOCAL_POLL = 1.0
 #: etcd rejects transactions with more operations than --max-txn-ops (default 128).
 MAX_TXN_OPS = 128
 
 
-class EtcdDriver(Watching, Driver):
+class EtcdDriver(Acquiring, Watching, Driver):
     """Locks in an etcd cluster. See the module docstring and docs/backends/etcd.md."""
 
     remote = True  # every acquire and release is a server round trip
@@ -64,8 +58,13 @@ class EtcdDriver(Watching, Driver):
         self.client = client
         self.prefix = prefix
         self.display = display
-        self.sessions: dict[float, Session] = {}
-        self._granting: dict[float, anyio.Event] = {}
+        self.sessions = Sessions(
+            client,
+            display=display,
+            now=lambda: self.clock.now(),  # the backend binds its clock after construction
+            on_granted=lambda: self._poke.set(),  # its keep-alives need scheduling
+            on_lost=self._session_lost,
+        )
         self.slots: dict[str, _Slot] = {}
         self._queues: dict[str, deque[str]] = {}
         #: Keys of ours whose delete failed: key -> (create revision, owner), retried.
@@ -79,9 +78,6 @@ class EtcdDriver(Watching, Driver):
     def lock_prefix(self, name: str) -> bytes:
         return f"{self.prefix}{name}/".encode("utf-8", "surrogatepass")
 
-    def _key(self, name: str, session: Session) -> bytes:
-        return self.lock_prefix(name) + f"{session.lease_id:x}".encode()
-
     # -- lifecycle -------------------------------------------------------------------------
 
     async def open(self) -> None:
@@ -91,12 +87,7 @@ class EtcdDriver(Watching, Driver):
     async def aclose(self) -> None:
         with anyio.CancelScope(shield=True):
             with anyio.move_on_after(self.client.timeout):
-                for session in list(self.sessions.values()):
-                    try:
-                        await self.client.revoke(session.lease_id)
-                    except Exception as exc:
-                        logger.debug("revoke of lease %x failed: %r", session.lease_id, exc)
-            self.sessions.clear()
+                await self.sessions.revoke_all()
             try:
                 await self.client.aclose()
             except Exception as exc:  # pragma: no cover - must not raise
@@ -110,39 +101,9 @@ class EtcdDriver(Watching, Driver):
 
     # -- sessions --------------------------------------------------------------------------
 
-    async def _session(self, ttl: float) -> Session:
-        while True:
-            session = self.sessions.get(ttl)
-            if session is not None and not session.dead:
-                return session
-            granting = self._granting.get(ttl)
-            if granting is not None:
-                await granting.wait()
-                continue
-            granting = self._granting[ttl] = anyio.Event()
-            try:
-                # Shielded (the call has its deadline): a grant another task is waiting for
-                # must not be abandoned half way because the first asker was cancelled.
-                with anyio.CancelScope(shield=True):
-                    t_send = self.clock.now()
-                    reply = await self.client.grant(requested_ttl(ttl))
-                if reply.error or reply.TTL <= 0:
-                    raise BackendUnavailable(f"{self.display}: lease grant refused: {reply.error}")
-                session = Session(ttl, reply.ID, reply.TTL, t_send)
-                self.sessions[ttl] = session
-                self._poke.set()
-                return session
-            finally:
-                del self._granting[ttl]
-                granting.set()
-
     def _session_lost(self, session: Session, why: str) -> None:
-        """The server says the lease is gone: every lock on it is lost at once (G4)."""
-        if session.dead:
-            return
-        session.dead = True
-        if self.sessions.get(session.ttl) is session:
-            del self.sessions[session.ttl]
+        """``session`` is gone at the server: its holders lose their locks at once (G4),
+        its waiters queue again."""
         for name, slot in list(self.slots.items()):
             if slot.session is not session:
                 continue
@@ -153,198 +114,6 @@ class EtcdDriver(Watching, Driver):
                 self._unwatch_slot(slot)
                 slot.session, slot.key, slot.rev = None, b"", None
                 self._wake(name)
-
-    def _fits(self, session: Session, ttl: float) -> bool:
-        """Does the session outlive a lock of ``ttl`` taken now, on its last keep-alive?"""
-        return session.acked_at + session.granted * (1 - SERVER_DRIFT) >= self.clock.now() + ttl
-
-    async def _fresh_attempt(
-        self, name: str, slot: _Slot, session: Session, ttl: float
-    ) -> int | Busy | None:
-        """G3: the attempt, plus a keep-alive sent alongside it when the session's last one
-        is too old for a lock of ``ttl`` (both are sent after the core read its t_send, so
-        the server keeps the key at least ``granted >= ttl`` past it)."""
-        if self._fits(session, ttl):
-            return await self._attempt(name, slot, session)
-        failed: list[Exception] = []
-
-        async def refresh() -> None:
-            try:
-                await self._keep_alive([session])
-            except Exception as exc:
-                failed.append(exc)
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(refresh)
-            try:
-                result = await self._attempt(name, slot, session)
-            except Exception as exc:
-                # Raised below, as it is: out of the group's body, anyio would wrap it in an
-                # ExceptionGroup('unhandled errors in a TaskGroup') (the keep-alive runs on).
-                failed.insert(0, exc)
-                tg.cancel_scope.cancel()
-        if failed:
-            raise failed[0]
-        if session.dead:
-            raise BackendUnavailable(
-                f"{self.display}: lease {session.lease_id:x} expired at the server"
-            )
-        return result
-
-    async def _keep_alive(self, sessions: Sequence[Session]) -> None:
-        t_send = self.clock.now()
-        ttls = await self.client.keep_alive([s.lease_id for s in sessions])
-        for session in sessions:
-            ttl = ttls.get(session.lease_id)
-            if ttl is None:
-                continue
-            if ttl <= 0:
-                self._session_lost(session, f"etcd lease {session.lease_id:x} expired")
-            elif t_send > session.acked_at:
-                session.acked_at = t_send
-
-    # -- acquire ---------------------------------------------------------------------------
-
-    def _claim(self, name: str, owner: str, ttl: float, queue: bool) -> _Slot | Busy:
-        slot = self.slots.get(name)
-        if slot is not None:
-            if slot.owner == owner:
-                return slot
-            if not queue:
-                return Busy(retry_after=None)
-            line = self._queues.setdefault(name, deque())
-            if owner not in line:
-                line.append(owner)
-            return Busy(retry_after=LOCAL_POLL)
-        waiting = self._queues.get(name)
-        if waiting and waiting[0] != owner:
-            if queue and owner not in waiting:
-                waiting.append(owner)
-            return Busy(retry_after=LOCAL_POLL)
-        if waiting:
-            waiting.popleft()
-            if not waiting:
-                del self._queues[name]
-        slot = self.slots[name] = _Slot(name, owner, ttl)
-        return slot
-
-    async def acquire(
-        self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
-    ) -> int | Busy:
-        # ``scope`` needs nothing here: a token is a create revision, which rises across
-        # the whole cluster, so it is above every token ever handed out, in any scope (G2).
-        claimed = self._claim(name, owner, ttl, queue)
-        if isinstance(claimed, Busy):
-            return claimed
-        slot = claimed
-        for _ in range(3):
-            if slot.session is None or slot.session.dead:
-                session = await self._session(ttl)
-                if self.slots.get(name) is not slot:
-                    return Busy(retry_after=LOCAL_POLL)  # freed while we waited
-                if slot.session is not session:
-                    if slot.session is not None:
-                        slot.session.users -= 1
-                    slot.session, slot.rev = session, None
-                    slot.key = self._key(name, session)
-                    session.users += 1
-                    session.idle_since = None
-            session = slot.session
-            assert session is not None
-            result = await self._fresh_attempt(name, slot, session, ttl)
-            if result is None:
-                continue  # our key vanished or was a stale one: queue again
-            if isinstance(result, int):
-                slot.held = True
-                slot.expires_at = self.clock.now() + ttl
-                self._unwatch_slot(slot)
-                self._granted_ttls[owner] = session.granted
-                return result
-            if not queue:
-                await self._drop(slot)
-                return await self._holder_left(slot.holder_lease)
-            return result  # its cursor says what to watch: see watch()
-        raise BackendUnavailable(
-            f"{self.display}: could not queue for {name!r}: our key kept vanishing"
-        )
-
-    async def _attempt(self, name: str, slot: _Slot, session: Session) -> int | Busy | None:
-        """One txn: create our key (or look at it again) and see who holds the name.
-
-        Returns our create revision if we hold it, Busy (its cursor the predecessor),
-        or None if our key is gone or was a stale one of ours (deleted; try again).
-        """
-        prefix = self.lock_prefix(name)
-        end = prefix_end(prefix)
-        key = slot.key
-        first = _by_creation(prefix, end, pb.SORT_ASCEND, limit=1)
-        if slot.rev is None:
-            # Create our key; the last two keys by creation are ours and our predecessor.
-            newest = _by_creation(prefix, end, pb.SORT_DESCEND, limit=2)
-            put = pb.RequestOp(
-                request_put=pb.PutRequest(
-                    key=key, value=slot.owner.encode(), lease=session.lease_id
-                )
-            )
-            get = pb.RequestOp(request_range=pb.RangeRequest(key=key, keys_only=True))
-            request = pb.TxnRequest(
-                compare=[_created_at(key, 0)], success=[put, first, newest], failure=[get]
-            )
-            try:
-                reply = await self.client.txn(request)
-            except EtcdError as exc:
-                if exc.code == "NOT_FOUND":  # "requested lease not found"
-                    self._session_lost(session, f"etcd lease {session.lease_id:x} expired")
-                    return None
-                raise
-            if not reply.succeeded:
-                # A key of ours left from an earlier hold (its release never confirmed):
-                # its revision is an old token, never reuse it (G2). Delete, start over.
-                kvs = reply.responses[0].response_range.kvs
-                stale = kvs[0].create_revision if kvs else None
-                await self._delete_key(key, stale, None)
-                self._orphans.pop(key, None)
-                return None
-            slot.rev = reply.header.revision
-            holder = reply.responses[1].response_range.kvs
-            newest_kvs = reply.responses[2].response_range.kvs
-            if not holder or holder[0].create_revision == slot.rev:
-                return slot.rev
-            pred = newest_kvs[1].key if len(newest_kvs) > 1 else holder[0].key
-            slot.holder_lease = holder[0].lease
-            return self._behind(slot, pred, reply.header.revision)
-        before = _by_creation(prefix, end, pb.SORT_DESCEND, limit=1, below=slot.rev)
-        request = pb.TxnRequest(compare=[_created_at(key, slot.rev)], success=[first, before])
-        reply = await self.client.txn(request)
-        if not reply.succeeded:
-            slot.rev = None
-            self._unwatch_slot(slot)
-            return None
-        holder = reply.responses[0].response_range.kvs
-        earlier = reply.responses[1].response_range.kvs
-        if not earlier or (holder and holder[0].create_revision == slot.rev):
-            return slot.rev
-        slot.holder_lease = holder[0].lease if holder else 0
-        return self._behind(slot, earlier[0].key, reply.header.revision)
-
-    @staticmethod
-    def _behind(slot: _Slot, pred: bytes, revision: int) -> Busy:
-        """Busy behind ``pred``, seen at ``revision``: the core hands the cursor to
-        :meth:`watch` (again whenever it changes)."""
-        return Busy(retry_after=WAIT_POLL, cursor=Predecessor(slot.owner, pred, revision))
-
-    async def _holder_left(self, lease_id: int) -> Busy:
-        """For LockHeld: how long the holder's etcd lease has left (it may be etcdctl's
-        10 s session by default), from the server; unknown if the lookup fails."""
-        if not lease_id:
-            return Busy(retry_after=None)
-        try:
-            reply = await self.client.time_to_live(lease_id, keys=False)
-        except EtcdError:
-            return Busy(retry_after=None)
-        # Whole seconds, rounded down: the lease lives at least this long from now (and
-        # etcd's expiry sweep adds up to half a second), never less.
-        return Busy(retry_after=float(max(reply.TTL, 0)))
 
     # -- renew, release, validate ----------------------------------------------------------
 
@@ -377,7 +146,7 @@ class EtcdDriver(Watching, Driver):
 
         # One keep-alive per session on the stream, and one look at the keys each carries.
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._keep_alive, list(sessions.values()))
+            tg.start_soon(self.sessions.keep_alive, list(sessions.values()))
             for session in sessions.values():
                 tg.start_soon(keys_of, session)
         out: list[ExtendResult] = []
@@ -403,7 +172,7 @@ class EtcdDriver(Watching, Driver):
     async def _move(self, slot: _Slot, ref: LeaseRef, t_send: float) -> ExtendResult:
         """Attach a held key to the session of a new ttl (``lease.extend(ttl)``): a put on
         the existing key keeps its create revision, so the token is unchanged (G7)."""
-        session = await self._session(ref.ttl)
+        session = await self.sessions.live(ref.ttl)
         put = pb.RequestOp(
             request_put=pb.PutRequest(
                 key=slot.key, value=slot.owner.encode(), lease=session.lease_id
@@ -411,12 +180,12 @@ class EtcdDriver(Watching, Driver):
         )
         assert slot.rev is not None
         reply = await self.client.txn(
-            pb.TxnRequest(compare=[_created_at(slot.key, slot.rev)], success=[put])
+            pb.TxnRequest(compare=[created_at(slot.key, slot.rev)], success=[put])
         )
         if not reply.succeeded:
             return Refused("lock key deleted at the server")
-        if not self._fits(session, ref.ttl):
-            await self._keep_alive([session])  # sent after t_send: G3 for the new ttl
+        if not self.sessions.fits(session, ref.ttl):
+            await self.sessions.keep_alive([session])  # sent after t_send: G3 for the new ttl
         if session.dead:
             return Refused(f"etcd lease {session.lease_id:x} expired")
         if self.slots.get(slot.name) is not slot or not slot.held:
@@ -468,26 +237,11 @@ class EtcdDriver(Watching, Driver):
             await self._drop(slot)
 
     async def validate(self, name: str, token: int) -> bool:
-        kv = await self._first(name, keys_only=True)
+        kv = await first_key(self.client, self.lock_prefix(name), keys_only=True)
         return kv is not None and kv.create_revision == token
 
-    async def _first(self, name: str, *, keys_only: bool = False) -> Any:
-        """The key with the lowest create revision under the lock's prefix (the holder)."""
-        prefix = self.lock_prefix(name)
-        reply = await self.client.range(
-            pb.RangeRequest(
-                key=prefix,
-                range_end=prefix_end(prefix),
-                sort_order=pb.SORT_ASCEND,
-                sort_target=pb.SORT_TARGET_CREATE,
-                limit=1,
-                keys_only=keys_only,
-            )
-        )
-        return reply.kvs[0] if reply.kvs else None
-
     async def holder(self, name: str) -> Holder | None:
-        kv = await self._first(name)
+        kv = await first_key(self.client, self.lock_prefix(name))
         if kv is None:
             return None
         remaining: float | None = None
@@ -501,12 +255,12 @@ class EtcdDriver(Watching, Driver):
         return Holder(name, owner, kv.create_revision, remaining)
 
     async def break_lock(self, name: str) -> bool:
-        kv = await self._first(name)
+        kv = await first_key(self.client, self.lock_prefix(name))
         if kv is None:
             return False
         # G2: the next key anyone creates gets a larger revision; the broken holder's next
         # renewal finds its key gone (refused).
-        broken = await self._delete_key(kv.key, kv.create_revision, None)
+        broken = await delete_key(self.client, kv.key, kv.create_revision, None)
         slot = self.slots.get(name)
         if broken and slot is not None and slot.key == kv.key:
             self._free(name, slot)  # a holder here: the name is free for the next task now
@@ -522,22 +276,7 @@ class EtcdDriver(Watching, Driver):
         """Delete our key (owner-checked by its create revision when we know it)."""
         if slot.session is None:
             return False
-        return await self._delete_key(slot.key, slot.rev, slot.owner.encode())
-
-    async def _delete_key(self, key: bytes, rev: int | None, owner: bytes | None) -> bool:
-        """Delete ``key`` if it is still the one we wrote: same create revision, or (the
-        revision unknown: the reply to our put was lost) the same owner in its value."""
-        if rev is not None:
-            guard = _created_at(key, rev)
-        elif owner is not None:
-            guard = pb.Compare(
-                result=pb.CMP_EQUAL, target=pb.CMP_TARGET_VALUE, key=key, value=owner
-            )
-        else:
-            raise ValueError("a delete needs the key's create revision or its owner")
-        delete = pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=key))
-        reply = await self.client.txn(pb.TxnRequest(compare=[guard], success=[delete]))
-        return bool(reply.succeeded)
+        return await delete_key(self.client, slot.key, slot.rev, slot.owner.encode())
 
     def _free(self, name: str, slot: _Slot) -> None:
         if self.slots.get(name) is not slot:
@@ -557,17 +296,7 @@ class EtcdDriver(Watching, Driver):
         deletes, revoke sessions nobody used for a while."""
         while True:
             now = self.clock.now()
-            due = now + 1.0
-            alive = [s for s in self.sessions.values() if not s.dead and s.users > 0]
-            stale = [s for s in alive if now >= s.acked_at + s.interval]
-            if stale:
-                try:
-                    await self._keep_alive(stale)
-                except Exception as exc:
-                    logger.debug("keep-alive failed, will retry: %r", exc)
-                    due = min(due, self.clock.now() + 0.05)
-            for session in alive:
-                due = min(due, session.acked_at + session.interval)
+            due = min(now + 1.0, await self.sessions.renew_due(now))
             now = self.clock.now()
             for name, slot in list(self.slots.items()):
                 if slot.held and now >= slot.expires_at:
@@ -580,47 +309,13 @@ class EtcdDriver(Watching, Driver):
                     due = min(due, slot.expires_at)
             for key, (rev, owner) in list(self._orphans.items()):
                 try:
-                    await self._delete_key(key, rev, owner)
+                    await delete_key(self.client, key, rev, owner)
                 except Exception as exc:
                     logger.debug("delete of %r failed, will retry: %r", key, exc)
                     due = min(due, self.clock.now() + 0.2)
                 else:
                     self._orphans.pop(key, None)
-            for session in list(self.sessions.values()):
-                idle = session.idle_since
-                if session.users <= 0 and idle is not None and now - idle >= session.granted:
-                    del self.sessions[session.ttl]
-                    session.dead = True
-                    try:
-                        await self.client.revoke(session.lease_id)
-                    except Exception as exc:
-                        logger.debug("revoke of lease %x failed: %r", session.lease_id, exc)
-                elif session.users <= 0 and idle is not None:
-                    due = min(due, idle + session.granted)
+            due = min(due, await self.sessions.revoke_idle(now))
             self._poke = anyio.Event()
             with anyio.move_on_after(max(0.0, due - self.clock.now())):
                 await self._poke.wait()
-
-
-def _by_creation(
-    prefix: bytes, end: bytes, order: Any, *, limit: int, below: int | None = None
-) -> Any:
-    """A txn op reading the keys under ``prefix`` in creation order (``order``: first or
-    newest first), ``limit`` of them, keys only; ``below``: created before that revision."""
-    return pb.RequestOp(
-        request_range=pb.RangeRequest(
-            key=prefix,
-            range_end=end,
-            sort_order=order,
-            sort_target=pb.SORT_TARGET_CREATE,
-            max_create_revision=0 if below is None else below - 1,
-            limit=limit,
-            keys_only=True,
-        )
-    )
-
-
-def _created_at(key: bytes, revision: int) -> Any:
-    return pb.Compare(
-        result=pb.CMP_EQUAL, target=pb.CMP_TARGET_CREATE, key=key, create_revision=revision
-    )

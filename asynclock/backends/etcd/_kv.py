@@ -1,0 +1,64 @@
+"""etcd requests on a lock's keys: reads in creation order, revision guards, guarded deletes."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from . import _proto as pb
+from .client import prefix_end
+
+if TYPE_CHECKING:
+    from .client import EtcdClient
+
+
+def by_creation(
+    prefix: bytes, end: bytes, order: Any, *, limit: int, below: int | None = None
+) -> Any:
+    """A txn op reading the keys under ``prefix`` in creation order (``order``: first or
+    newest first), ``limit`` of them, keys only; ``below``: created before that revision."""
+    return pb.RequestOp(
+        request_range=pb.RangeRequest(
+            key=prefix,
+            range_end=end,
+            sort_order=order,
+            sort_target=pb.SORT_TARGET_CREATE,
+            max_create_revision=0 if below is None else below - 1,
+            limit=limit,
+            keys_only=True,
+        )
+    )
+
+
+def created_at(key: bytes, revision: int) -> Any:
+    return pb.Compare(
+        result=pb.CMP_EQUAL, target=pb.CMP_TARGET_CREATE, key=key, create_revision=revision
+    )
+
+
+async def first_key(client: EtcdClient, prefix: bytes, *, keys_only: bool = False) -> Any:
+    """The key with the lowest create revision under the lock's prefix (the holder)."""
+    reply = await client.range(
+        pb.RangeRequest(
+            key=prefix,
+            range_end=prefix_end(prefix),
+            sort_order=pb.SORT_ASCEND,
+            sort_target=pb.SORT_TARGET_CREATE,
+            limit=1,
+            keys_only=keys_only,
+        )
+    )
+    return reply.kvs[0] if reply.kvs else None
+
+
+async def delete_key(client: EtcdClient, key: bytes, rev: int | None, owner: bytes | None) -> bool:
+    """Delete ``key`` if it is still the one we wrote: same create revision, or (the
+    revision unknown: the reply to our put was lost) the same owner in its value."""
+    if rev is not None:
+        guard = created_at(key, rev)
+    elif owner is not None:
+        guard = pb.Compare(result=pb.CMP_EQUAL, target=pb.CMP_TARGET_VALUE, key=key, value=owner)
+    else:
+        raise ValueError("a delete needs the key's create revision or its owner")
+    delete = pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=key))
+    reply = await client.txn(pb.TxnRequest(compare=[guard], success=[delete]))
+    return bool(reply.succeeded)
