@@ -13,6 +13,7 @@ import redis.asyncio
 
 import asynclock
 from asynclock.backends.redis import epoch_key
+from asynclock.backends.redis.pubsub import Listener
 from tests.support.redis_servers import RedisFactory, RedisServer, redlock_url, wait_until
 
 pytestmark = pytest.mark.anyio
@@ -144,3 +145,74 @@ async def test_redlock_reports_its_nodes_grace(redis_factory: RedisFactory) -> N
             async with backend.lock("job", ttl=1.5) as lease:
                 assert lease.token > 0
         assert await backend.holder("job") is None
+
+
+@pytest.mark.parametrize("nodes", [1, 3], ids=["redis", "redlock"])
+async def test_a_waiter_rides_out_a_restart_without_persistence(
+    redis_factory: RedisFactory, nodes: int
+) -> None:
+    """A holder on one backend, a blocking waiter (``timeout=30``) on another, both with
+    the defaults; the server is killed (kill -9, nothing persisted) and started again while
+    the event loop runs. Before the fix the waiter failed at once with
+    ``BackendUnavailable(... acquire failed: ConnectionError ...)``: the dropped pub/sub
+    connection woke it and its retry met the server that was down. Now the holder loses
+    its lease (the data is gone), the waiter is woken when the connection is back, waits
+    the restart grace, and gets the lock."""
+    servers = redis_factory.many(nodes)
+    url = servers[0].url if nodes == 1 else redlock_url(servers)
+    async with asynclock.connect(url) as holder_side, asynclock.connect(url) as waiter_side:
+        listeners = _listeners(waiter_side)
+        held = anyio.Event()
+        outcome: dict[str, object] = {}
+
+        async def hold() -> None:
+            try:
+                async with holder_side.lock("job", ttl=3.0, blocking=False):
+                    held.set()
+                    await anyio.sleep_forever()
+            except asynclock.LeaseLost as exc:
+                outcome["holder"] = exc
+
+        async def wait() -> None:
+            async with waiter_side.lock("job", ttl=3.0, timeout=30) as lease:
+                outcome["waiter"] = lease.token
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(hold)
+                await held.wait()
+                tg.start_soon(wait)
+                # The waiter was told no twice (the second time subscribed: a release
+                # would reach it), so it sleeps until a wake-up, with no attempt in flight.
+                await wait_until(
+                    lambda: _busy_answers(waiter_side) >= 2 and all(n.confirmed for n in listeners),
+                    timeout=10,
+                )
+                epochs = [listener.epoch for listener in listeners]
+                for server in servers:
+                    server.kill()
+                # Every pub/sub connection saw its server go and failed to connect again
+                # (two epochs: the drop, then a refused reconnect), while it was down.
+                await wait_until(
+                    lambda: all(n.epoch >= e + 2 for n, e in zip(listeners, epochs, strict=True)),
+                    timeout=10,
+                )
+                restarted = time.time()
+                for server in servers:
+                    await anyio.to_thread.run_sync(lambda s=server: s.start(settle=False))
+        assert isinstance(outcome.get("holder"), asynclock.LeaseLost), outcome
+        token = outcome.get("waiter")
+        assert isinstance(token, int) and token > 0, outcome
+        # It was granted after the grace (3 s, the first ttl asked for) from the restart.
+        assert time.time() >= restarted + 3.0 - 1.0
+
+
+def _busy_answers(backend: asynclock.Backend) -> int:
+    return int(backend._acq.stats.busy_attempts)  # type: ignore[attr-defined]
+
+
+def _listeners(backend: asynclock.Backend) -> list[Listener]:
+    """The backend's pub/sub listeners (one per node): a peek at the internals, to know
+    that the drop was seen before the servers come back."""
+    driver = backend._acq.driver  # type: ignore[attr-defined]
+    return list(getattr(driver, "listeners", None) or [driver.listener])

@@ -22,8 +22,11 @@ class Listener:
     """One pub/sub connection to a node, carrying every channel its driver watches.
 
     ``on_message(channel, payload)`` runs for each message; ``on_reset()`` after the
-    connection drops (messages may have been missed); ``on_connect(run_id, reconnected)``
-    after each connect, with the server's ``run_id`` (None if ``INFO`` is denied).
+    connection drops (messages may have been missed); ``on_resumed()`` once a connection
+    made after a drop has its subscriptions confirmed again (the time to wake waiters:
+    waking them at the drop sends their retry to a server that is likely down, a restart
+    turned into a failure); ``on_connect(run_id, reconnected)`` after each connect, with
+    the server's ``run_id`` (None if ``INFO`` is denied).
     :meth:`run` is the reader; the driver runs it from :meth:`Driver.background`. It
     connects on the first subscription or :meth:`keep_connected`, and reconnects with
     backoff: while a lease is held, this connection is how a server restart is noticed
@@ -38,11 +41,13 @@ class Listener:
         node: Node,
         on_message: Callable[[str, bytes], None],
         on_reset: Callable[[], None],
+        on_resumed: Callable[[], None],
         on_connect: Callable[[str | None, bool], None] | None = None,
     ) -> None:
         self.node = node
         self.on_message = on_message
         self.on_reset = on_reset
+        self.on_resumed = on_resumed
         self.on_connect = on_connect
         self.wanted: set[str] = set()
         self.confirmed: set[str] = set()
@@ -87,21 +92,25 @@ class Listener:
         """Read messages until cancelled (the backend closing)."""
         await self._needed.wait()
         backoff = 0.02
-        connected = False
+        connected = dropped = False  # dropped: on_resumed is due at the next connection
         while True:
             conn = self.node.make_connection()
             try:
                 await conn.connect()  # type: ignore[no-untyped-call]
                 run_id = await self._run_id(conn) if self.on_connect is not None else None
                 self._conn = conn
-                if self.wanted:
+                resubscribing = set(self.wanted)
+                if resubscribing:
                     async with self._write:
-                        await conn.send_command("SUBSCRIBE", *self.wanted, check_health=False)
+                        await conn.send_command("SUBSCRIBE", *resubscribing, check_health=False)
                 backoff = 0.02
                 if self.on_connect is not None:
                     self.on_connect(run_id, connected)
                 connected = True
                 while True:
+                    if dropped and not (resubscribing & self.wanted) - self.confirmed:
+                        dropped = False
+                        self.on_resumed()
                     reply = await conn.read_response(timeout=math.inf)
                     self._handle(reply)
             except Exception as exc:
@@ -111,6 +120,7 @@ class Listener:
                 self.confirmed.clear()
                 self.epoch += 1
                 await drop_connection(conn)
+            dropped = True
             self.on_reset()
             await anyio.sleep(backoff)
             backoff = min(backoff * 2, self.MAX_BACKOFF)

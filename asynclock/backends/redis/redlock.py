@@ -87,7 +87,8 @@ class RedlockDriver(SubscribingDriver):
         self.display = display
         self.grace = GraceReport(display)
         self.listeners = [
-            Listener(n, self._on_message, self._on_reset, self._connected(n)) for n in self.nodes
+            Listener(n, self._on_message, self._on_reset, self._on_resumed, self._connected(n))
+            for n in self.nodes
         ]
         self.fan = Fanout(self.nodes)
         #: Owners whose acquisition is in progress here (they gave back partial grants):
@@ -323,6 +324,11 @@ class RedlockDriver(SubscribingDriver):
         self._heard_from(name)
 
     def _on_reset(self) -> None:
+        """A node's pub/sub connection dropped: its waiters are woken when it is back."""
+
+    def _on_resumed(self) -> None:
+        """A node is subscribed again after a drop: a release it published meanwhile was
+        missed, so every waiter tries again now."""
         for name in list(self._watchers):
             self._heard_from(name)
 

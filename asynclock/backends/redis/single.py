@@ -90,7 +90,9 @@ class RedisDriver(SubscribingDriver):
         self.grace = GraceReport(self.display)
         self.prefix = prefix
         self.fair = fair
-        self.listener = Listener(self.node, self._on_message, self._on_reset, self._on_connect)
+        self.listener = Listener(
+            self.node, self._on_message, self._on_reset, self._on_resumed, self._on_connect
+        )
         self._waits: dict[str, dict[str, _Wait]] = {}
         #: Leases granted here and not yet released: owner -> (name, drops seen at grant).
         self._leases: dict[str, tuple[str, int]] = {}
@@ -267,12 +269,22 @@ class RedisDriver(SubscribingDriver):
         self._heard_from(name)
 
     def _on_reset(self) -> None:
+        """The pub/sub connection dropped: a release may go unheard, so no cached busy
+        answer stands (the waiters are woken when the connection is back)."""
         self._drops += 1
+        self._bump_waits()
+
+    def _on_resumed(self) -> None:
+        """Subscribed again after a drop: a release published meanwhile was missed, so
+        every waiter asks the server again now."""
+        self._bump_waits()
+        for name in {*self._waits, *self._watchers}:
+            self._heard_from(name)
+
+    def _bump_waits(self) -> None:
         for waits in self._waits.values():
             for wait in waits.values():
                 wait.bumps += 1
-        for name in {*self._waits, *self._watchers}:
-            self._heard_from(name)
 
     def _on_connect(self, run_id: str | None, reconnected: bool) -> None:
         """Connected (again). A new ``run_id`` on a reconnect means the server restarted
