@@ -44,9 +44,6 @@ from .client import EtcdClient
 
 logger = logging.getLogger("asynclock.etcd")
 
-#: etcd rejects transactions with more operations than --max-txn-ops (default 128).
-MAX_TXN_OPS = 128
-
 
 class EtcdDriver(Acquiring, Watching, Driver):
     """Locks in an etcd cluster. See the module docstring and docs/backends/etcd.md."""
