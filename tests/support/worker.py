@@ -93,4 +93,6 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    anyio.run(main)
+    # "loop": "uvloop" runs the worker on uvloop (tests/test_uvloop.py), else plain asyncio.
+    uvloop = json.loads(sys.argv[1]).get("loop") == "uvloop"
+    anyio.run(main, backend_options={"use_uvloop": True} if uvloop else None)
