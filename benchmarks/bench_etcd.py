@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +34,7 @@ import asynclock
 from asynclock.backends.etcd import EtcdDriver
 from asynclock.backends.etcd import _proto as pb
 from asynclock.backends.etcd.client import Endpoints, EtcdClient, prefix_end
+from benchmarks import _loops as loops
 from tests.support.etcd_servers import EtcdCluster, etcd_binary
 from tests.support.redis_servers import wait_until
 
@@ -291,17 +293,23 @@ async def renewals(cluster: EtcdCluster, n: int, seconds: float) -> None:
     )
 
 
-async def main(args: argparse.Namespace) -> None:
+async def tables(cluster: EtcdCluster, args: argparse.Namespace) -> None:
+    await uncontended(cluster, args.cycles, args.reps)
+    await handoff(cluster, args.rounds)
+    await renewals(cluster, 1000, args.seconds)
+
+
+def main(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cluster = EtcdCluster(Path(tmp), 1, fsync=args.fsync)
         cluster.start()
         try:
-            out = (await anyio.run_process([etcd_binary(), "--version"])).stdout
-            version = out.decode().split("\n")[0]
+            out = subprocess.run([etcd_binary(), "--version"], capture_output=True, check=True)
+            version = out.stdout.decode().split("\n")[0]
             print(f"{version}, fsync {'on' if args.fsync else 'off (--unsafe-no-fsync)'}")
-            await uncontended(cluster, args.cycles, args.reps)
-            await handoff(cluster, args.rounds)
-            await renewals(cluster, 1000, args.seconds)
+            for loop in loops.chosen(args):
+                loops.heading(loop)
+                loops.run(loop, tables, cluster, args)
         finally:
             cluster.stop()
 
@@ -333,4 +341,5 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--fsync", action="store_true", help="run etcd with fsync (default off)")
-    anyio.run(main, parser.parse_args())
+    loops.add_option(parser)
+    main(parser.parse_args())

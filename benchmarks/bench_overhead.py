@@ -73,6 +73,7 @@ from asynclock._core.context import LEASES
 from asynclock._core.lease import Lease
 from asynclock._core.lock import _refuse_nested
 from asynclock.backends import Busy
+from benchmarks import _loops as loops
 
 TTL = 10.0
 TARGET_US = 25.0
@@ -447,6 +448,7 @@ def main() -> None:
         metavar="REV",
         help="also run the public rows on the package as it was at git revision REV",
     )
+    loops.add_option(parser)
     args = parser.parse_args()
     which = [b for b in args.only.split(",") if b]
     unknown = sorted(set(which) - set(ALL))
@@ -455,7 +457,9 @@ def main() -> None:
     # Servers start outside the event loop (they use asyncio.run).
     with servers(set(which), args.pin) as urls, tempfile.TemporaryDirectory() as tmp:
         against = (args.against, package_at(args.against, Path(tmp))) if args.against else None
-        anyio.run(run, urls, which, args.cycles, args.reps, against)
+        for loop in loops.chosen(args):
+            loops.heading(loop)
+            loops.run(loop, run, urls, which, args.cycles, args.reps, against)
 
 
 if __name__ == "__main__":

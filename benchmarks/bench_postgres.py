@@ -47,6 +47,7 @@ import asyncpg  # type: ignore[import-untyped]
 import asynclock
 from asynclock._core.driver import Busy
 from asynclock.backends.postgres import lock_key
+from benchmarks import _loops as loops
 
 TTL = 10.0
 TARGETS = {"asynclock mode=session": 0.85, "asynclock mode=lease": 0.7}
@@ -177,14 +178,17 @@ def main() -> None:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--url", help="use this server instead of starting one")
     group.add_argument("--fast", action="store_true", help="throwaway server with fsync off")
+    loops.add_option(parser)
     args = parser.parse_args()
     print(f"Python {platform.python_version()}, asyncpg {asyncpg.__version__}")
-    if args.url:
-        anyio.run(bench, args.url, args.cycles, args.reps)
-        return
-    with throwaway_server(durable=not args.fast) as url:
-        print(f"throwaway server, durable={not args.fast}")
-        anyio.run(bench, url, args.cycles, args.reps)
+    with contextlib.ExitStack() as stack:
+        url = args.url
+        if not url:
+            url = stack.enter_context(throwaway_server(durable=not args.fast))
+            print(f"throwaway server, durable={not args.fast}")
+        for loop in loops.chosen(args):
+            loops.heading(loop)
+            loops.run(loop, bench, url, args.cycles, args.reps)
 
 
 if __name__ == "__main__":

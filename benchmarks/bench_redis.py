@@ -20,7 +20,6 @@ prints three tables:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import math
 import os
@@ -42,6 +41,7 @@ import redis.connection
 import asynclock
 import asynclock.testing
 from asynclock._harness import Hold, overlaps
+from benchmarks import _loops as loops
 from tests.support.redis_servers import RedisFactory, RedisServer, redlock_url
 
 # -- command counting at the client ---------------------------------------------------------
@@ -426,7 +426,51 @@ async def many_leases(
 # -- main ---------------------------------------------------------------------------------------
 
 
-async def main() -> None:
+async def run_tables(
+    args: argparse.Namespace,
+    one: list[RedisServer],
+    five: list[RedisServer],
+    skip: set[str],
+    words: list[str],
+) -> None:
+    if "uncontended" not in skip:
+        await uncontended(one, five, args.reps, args.seconds, words)
+    if "contention" not in skip:
+        print("\n## 8 workers, one name, 1 ms hold (median of", args.reps, "runs)\n")
+        print(
+            "| library | acquisitions | gap p50 ms | gap p99 ms | handoffs | max wait ms "
+            "| commands/acq | after warm-up | overlap |"
+        )
+        print("|---|---|---|---|---|---|---|---|---|")
+        for label, run in (
+            ("asynclock redis://", contention),
+            ("redis-py asyncio Lock", contention_redis_py),
+        ):
+            samples = [await run(one[0], 2.0) for _ in range(args.reps)]
+            med = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
+            print(
+                f"| {label} | {med['acquisitions']:.0f} | {med['gap_p50_ms']:.2f} | "
+                f"{med['gap_p99_ms']:.2f} | {med['handoffs']:.1%} | "
+                f"{med['max_wait_ms']:.1f} | {med['commands_per_acq']:.2f} | "
+                f"{_num(med['steady_commands_per_acq'])} | "
+                f"{max(s['overlap'] for s in samples):.0f} |"
+            )
+    if "leases" not in skip:
+        print(f"\n## 1,000 leases held {args.hold:g} s at ttl 2 s\n")
+        print("| backend | nodes | commands per node per interval | CPU % of a core | lost |")
+        print("|---|---|---|---|---|")
+        for label, servers, url in (
+            ("asynclock redis://", one, one[0].url),
+            ("asynclock redlock://", five, redlock_url(five)),
+        ):
+            r = await many_leases(servers, url, args.hold)
+            print(
+                f"| {label} | {len(servers)} | {r['commands_per_node_per_interval']:.2f} | "
+                f"{r['cpu_percent']:.1f} | {r['lost']:.0f} |"
+            )
+
+
+def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=1.0, help="per uncontended run")
@@ -436,6 +480,7 @@ async def main() -> None:
     parser.add_argument(
         "--rows", default="", help="uncontended rows whose label contains one of these words"
     )
+    loops.add_option(parser)
     args = parser.parse_args()
     tables = {"uncontended", "contention", "leases"}
     only = {t for t in args.only.split(",") if t}
@@ -453,46 +498,12 @@ async def main() -> None:
                 f"redis-server: {redis.Redis.from_url(one[0].url).info()['redis_version']}, "
                 f"{os.cpu_count()} cores, Python {sys.version.split()[0]}"
             )
-            if "uncontended" not in skip:
-                await uncontended(one, five, args.reps, args.seconds, words)
-            if "contention" not in skip:
-                print("\n## 8 workers, one name, 1 ms hold (median of", args.reps, "runs)\n")
-                print(
-                    "| library | acquisitions | gap p50 ms | gap p99 ms | handoffs | max wait ms "
-                    "| commands/acq | after warm-up | overlap |"
-                )
-                print("|---|---|---|---|---|---|---|---|---|")
-                for label, run in (
-                    ("asynclock redis://", contention),
-                    ("redis-py asyncio Lock", contention_redis_py),
-                ):
-                    samples = [await run(one[0], 2.0) for _ in range(args.reps)]
-                    med = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
-                    print(
-                        f"| {label} | {med['acquisitions']:.0f} | {med['gap_p50_ms']:.2f} | "
-                        f"{med['gap_p99_ms']:.2f} | {med['handoffs']:.1%} | "
-                        f"{med['max_wait_ms']:.1f} | {med['commands_per_acq']:.2f} | "
-                        f"{_num(med['steady_commands_per_acq'])} | "
-                        f"{max(s['overlap'] for s in samples):.0f} |"
-                    )
-            if "leases" not in skip:
-                print(f"\n## 1,000 leases held {args.hold:g} s at ttl 2 s\n")
-                print(
-                    "| backend | nodes | commands per node per interval | CPU % of a core | lost |"
-                )
-                print("|---|---|---|---|---|")
-                for label, servers, url in (
-                    ("asynclock redis://", one, one[0].url),
-                    ("asynclock redlock://", five, redlock_url(five)),
-                ):
-                    r = await many_leases(servers, url, args.hold)
-                    print(
-                        f"| {label} | {len(servers)} | {r['commands_per_node_per_interval']:.2f} | "
-                        f"{r['cpu_percent']:.1f} | {r['lost']:.0f} |"
-                    )
+            for loop in loops.chosen(args):
+                loops.heading(loop)
+                loops.run(loop, run_tables, args, one, five, skip, words)
         finally:
             factory.close()
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

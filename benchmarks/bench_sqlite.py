@@ -39,16 +39,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
 
 import asynclock
 from asynclock._harness import Hold, WorkerGroup, emit, overlaps, tokens_out_of_order
+from benchmarks import _loops as loops
 
 LOCK_NAME = "bench"
 TTL = 5.0
@@ -211,7 +212,7 @@ def run_floor_to_thread(path: Path, n: int) -> RepResult:
         finally:
             db.close()
 
-    return anyio.run(main)
+    return on_loop(main)
 
 
 def make_aiosqlite_runner(module: Any) -> Callable[[Path, int], RepResult]:
@@ -238,7 +239,7 @@ def make_aiosqlite_runner(module: Any) -> Callable[[Path, int], RepResult]:
             return RepResult((clock() - begin) / 1e9, lat)
 
     def run(path: Path, n: int) -> RepResult:
-        return anyio.run(main, path, n)
+        return on_loop(main, path, n)
 
     return run
 
@@ -263,7 +264,17 @@ def run_asynclock(path: Path, n: int) -> RepResult:
                 raise RuntimeError(f"uncontended run saw losses/busy attempts: {stats}")
             return RepResult(seconds, lat)
 
-    return anyio.run(main)
+    return on_loop(main)
+
+
+T = TypeVar("T")
+
+#: The event loop the runs of this process use (``--loop``; the workers get it in argv).
+LOOP = "asyncio"
+
+
+def on_loop(func: Callable[..., Awaitable[T]], *args: Any) -> T:
+    return loops.run(LOOP, func, *args)
 
 
 def part_a(cycles: int, reps: int, tmp: Path) -> None:
@@ -476,7 +487,7 @@ def worker_naive(db_path: str, seconds: float, hold: float) -> WorkerResult:
 
 def worker_main(mode: str, db_path: str, seconds: float, hold: float) -> None:
     if mode == "asynclock":
-        result = anyio.run(worker_asynclock, db_path, seconds, hold)
+        result = on_loop(worker_asynclock, db_path, seconds, hold)
     elif mode == "naive":
         result = worker_naive(db_path, seconds, hold)
     else:
@@ -495,6 +506,7 @@ async def run_contention(
             "--worker",
             mode,
             *map(str, (db_path, seconds, hold)),
+            LOOP,
         ]
         workers = [await group.start(argv, label=f"{mode} worker {i}") for i in range(processes)]
         for worker in workers:
@@ -558,10 +570,10 @@ def part_b(seconds: float, hold: float, tmp: Path) -> None:
                 async with asynclock.connect(f"sqlite:///{path}"):
                     pass
 
-            anyio.run(init)
+            on_loop(init)
         else:
             open_plain(db_path).close()
-        results = anyio.run(run_contention, mode, db_path, seconds, hold, PROCESSES)
+        results = on_loop(run_contention, mode, db_path, seconds, hold, PROCESSES)
         counts = [len(r.waits) for r in results]
         for i, r in enumerate(results):
             waits = sorted(r.waits)
@@ -673,6 +685,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny run for smoke tests")
     parser.add_argument("--skip-a", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--skip-b", action="store_true", help=argparse.SUPPRESS)
+    loops.add_option(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.cycles, args.reps, args.seconds = 300, 3, 1.0
@@ -682,8 +695,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str]) -> None:
+    global LOOP
     if argv[:1] == ["--worker"]:
-        mode, db_path, seconds, hold = argv[1:5]
+        mode, db_path, seconds, hold, LOOP = argv[1:6]
         worker_main(mode, db_path, float(seconds), float(hold))
         return
     args = parse_args(argv)
@@ -691,11 +705,13 @@ def main(argv: Sequence[str]) -> None:
         f"asynclock {asynclock.__version__} ({asynclock_revision()}) SQLite benchmark\n"
         f"{machine_note()}"
     )
-    with tempfile.TemporaryDirectory(prefix="asynclock-bench-") as tmp:
-        if not args.skip_a:
-            part_a(args.cycles, args.reps, Path(tmp))
-        if not args.skip_b:
-            part_b(args.seconds, HOLD, Path(tmp))
+    for LOOP in loops.chosen(args):
+        loops.heading(LOOP)
+        with tempfile.TemporaryDirectory(prefix="asynclock-bench-") as tmp:
+            if not args.skip_a:
+                part_a(args.cycles, args.reps, Path(tmp))
+            if not args.skip_b:
+                part_b(args.seconds, HOLD, Path(tmp))
 
 
 if __name__ == "__main__":
