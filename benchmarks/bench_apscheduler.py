@@ -30,6 +30,7 @@ This is a comparison table, not a pass/fail test.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -48,6 +49,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import uvloop
 from apscheduler.events import EVENT_JOB_EXECUTED
 from apscheduler.executors.base import BaseExecutor
 from apscheduler.executors.pool import ThreadPoolExecutor
@@ -55,6 +57,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from asynclock._harness import worker_env
 from asynclock_apscheduler import ClaimingExecutor
+from benchmarks import _loops as loops
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -297,6 +300,10 @@ def main() -> None:
     parser.add_argument(
         "--quick", action="store_true", help="sqlite only, 50 cycles, 10 occurrences"
     )
+    # Part A's: the executor's loop thread makes its loop with asyncio.new_event_loop(), so
+    # uvloop is had through the event-loop policy. Part B's schedulers are processes of
+    # their own, on asyncio.
+    loops.add_option(parser)
     args = parser.parse_args()
     names = [b for b in args.backends.split(",") if b]
     if args.quick:
@@ -304,7 +311,14 @@ def main() -> None:
     print(f"Python {sys.version.split()[0]}, {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory() as tmp_name, servers(names, Path(tmp_name)) as urls:
         tmp = Path(tmp_name)
-        part_a(urls, args.cycles)
+        for loop in loops.chosen(args):
+            loops.heading(loop)
+            policy = uvloop.EventLoopPolicy() if loop == "uvloop" else None
+            asyncio.set_event_loop_policy(policy)
+            try:
+                part_a(urls, args.cycles)
+            finally:
+                asyncio.set_event_loop_policy(None)
         print(
             f"\nPart B: {args.occurrences} one-second occurrences, 3 schedulers, faults: "
             "SIGSTOP one past its claim, SIGKILL + restart one, a late node joins"

@@ -34,6 +34,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import itertools
 import os
 import random
 import statistics
@@ -53,6 +54,7 @@ from asynclock._harness.pg_server import running_pg
 from asynclock._harness.register import open_register
 from asynclock._harness.report import judge
 from asynclock._harness.servers import EtcdServers, RedisServer
+from benchmarks import _loops as loops
 
 
 def part_drill(workers: int, duration: float) -> None:
@@ -262,18 +264,20 @@ async def _load(url: str, options: dict[str, Any], seconds: float) -> dict[str, 
     }
 
 
-def part_load(seconds: float, kinds: Sequence[str]) -> None:
+def part_load(seconds: float, kinds: Sequence[str], on: Sequence[str]) -> None:
+    """The one part that runs asynclock in this process, so the one ``--loop`` changes (the
+    drill's and the recorder's workers are processes of their own, on asyncio)."""
     print(f"\n## load: 200 tasks x 50 names for {seconds:g} s per backend, one process each")
     print(
-        "  backend          holds/s  errors  held after  lost  tasks left after close  "
+        "  backend, loop    holds/s  errors  held after  lost  tasks left after close  "
         "RSS start / peak / end (MB)"
     )
-    for kind in kinds:
+    for kind, loop in itertools.product(kinds, on):
         with tempfile.TemporaryDirectory() as tmp, _load_target(kind, Path(tmp)) as target:
-            r = anyio.run(_load, target[0], target[1], seconds)
+            r = loops.run(loop, _load, target[0], target[1], seconds)
         start, peak, end = r["rss"]
         print(
-            f"  {kind:<15} {r['holds/s']:8.1f} {r['errors']:7d} {r['held after']:11d} "
+            f"  {kind + ' ' + loop:<15} {r['holds/s']:8.1f} {r['errors']:7d} {r['held after']:11d} "
             f"{r['lost']:5d} {r['tasks left']:23d}  {start:6.1f} / {peak:6.1f} / {end:6.1f}"
             + (f"  ({r['kinds']})" if r["kinds"] else ""),
             flush=True,
@@ -295,6 +299,7 @@ def main() -> None:
         default=",".join(LOAD_BACKENDS),
         help=f"comma-separated, from {','.join(LOAD_BACKENDS)} (default: all)",
     )
+    loops.add_option(parser)  # the load part's (the others run their workers in processes)
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     print(
@@ -308,7 +313,7 @@ def main() -> None:
     if "checker" in parts:
         part_checker()
     if args.load:
-        part_load(args.load_seconds, args.load_backends.split(","))
+        part_load(args.load_seconds, args.load_backends.split(","), loops.chosen(args))
 
 
 if __name__ == "__main__":
