@@ -4,6 +4,7 @@ apart from a holder everywhere (errors, ``holder()``, ``locked()``) and logged o
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
@@ -12,7 +13,7 @@ import pytest
 import redis.asyncio
 
 import asynclock
-from asynclock.backends.redis import epoch_key
+from asynclock.backends.redis import RedisDriver, RedlockDriver, epoch_key
 from asynclock.backends.redis.pubsub import Listener
 from tests.support.redis_servers import RedisFactory, RedisServer, redlock_url, wait_until
 
@@ -199,7 +200,7 @@ async def test_a_waiter_rides_out_a_restart_without_persistence(
                 )
                 restarted = time.time()
                 for server in servers:
-                    await anyio.to_thread.run_sync(lambda s=server: s.start(settle=False))
+                    await anyio.to_thread.run_sync(functools.partial(server.start, settle=False))
         assert isinstance(outcome.get("holder"), asynclock.LeaseLost), outcome
         token = outcome.get("waiter")
         assert isinstance(token, int) and token > 0, outcome
@@ -208,11 +209,14 @@ async def test_a_waiter_rides_out_a_restart_without_persistence(
 
 
 def _busy_answers(backend: asynclock.Backend) -> int:
-    return int(backend._acq.stats.busy_attempts)  # type: ignore[attr-defined]
+    return int(backend._acq.stats.busy_attempts)
 
 
 def _listeners(backend: asynclock.Backend) -> list[Listener]:
     """The backend's pub/sub listeners (one per node): a peek at the internals, to know
     that the drop was seen before the servers come back."""
-    driver = backend._acq.driver  # type: ignore[attr-defined]
-    return list(getattr(driver, "listeners", None) or [driver.listener])
+    driver = backend._acq.driver
+    if isinstance(driver, RedlockDriver):
+        return list(driver.listeners)
+    assert isinstance(driver, RedisDriver)
+    return [driver.listener]
