@@ -10,9 +10,6 @@ subset only: the whole suite on a second loop would add minutes for little."""
 from __future__ import annotations
 
 import asyncio
-import signal
-import sqlite3
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -24,9 +21,7 @@ import asynclock
 from tests.conformance import test_cancellation as cancellation
 from tests.conformance import test_exclusion as exclusion
 from tests.conformance import test_loss as loss
-from tests.support.procs import start_worker
 from tests.support.spec import BackendSpec
-from tests.support.worker import fenced_write
 
 pytestmark = pytest.mark.anyio
 
@@ -116,27 +111,6 @@ async def test_sigstop_holder_on_uvloop_is_cancelled_and_fenced(
 ) -> None:
     """tests/conformance/test_loss.py's frozen holder, the holder process on uvloop."""
     shared_spec: BackendSpec = request.getfixturevalue(f"spec_{backend_id}")
-    fence_db = str(tmp_path / "resource.db")
-    holder = await start_worker(
-        shared_spec, mode="hold", name=lock_name, ttl=0.6, fence_db=fence_db, loop="uvloop"
+    await loss.test_gc_pause_sigstop_holder_is_cancelled_and_fenced(
+        shared_spec, lock_name, tmp_path, loop="uvloop"
     )
-    first = await holder.expect("acquired")
-    holder.signal(signal.SIGSTOP)
-    try:
-        async with shared_spec.connect() as backend:
-            async with backend.lock(lock_name, ttl=5.0, timeout=15) as lease:
-                assert lease.token > first["token"]
-                assert fenced_write(fence_db, lock_name, lease.token, "successor") == "accepted"
-                resumed_at = time.monotonic()
-                holder.signal(signal.SIGCONT)
-                lost = await holder.expect("lost")
-                late = await holder.expect("late_write")
-    finally:
-        holder.signal(signal.SIGCONT)
-    assert lost["token"] == first["token"]
-    assert lost["reason"]
-    assert lost["at"] - resumed_at < 2.0, "holder was not cancelled promptly after waking"
-    assert late["result"] == "stale"
-    assert await holder.wait() == 0
-    rows = sqlite3.connect(fence_db).execute("SELECT writer, token FROM ledger").fetchall()
-    assert rows == [("holder-before-pause", first["token"]), ("successor", lease.token)]

@@ -21,13 +21,14 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_gc_pause_sigstop_holder_is_cancelled_and_fenced(
-    shared_spec: BackendSpec, lock_name: str, tmp_path: Path
+    shared_spec: BackendSpec, lock_name: str, tmp_path: Path, loop: str = "asyncio"
 ) -> None:
-    """The failure fencing exists for, with real processes: freeze the holder past its ttl."""
+    """The failure fencing exists for, with real processes: freeze the holder past its ttl.
+    ``loop``: the holder process's event loop (tests/test_uvloop.py passes "uvloop")."""
     fence_db = str(tmp_path / "resource.db")
     ttl = 0.6
     holder = await start_worker(
-        shared_spec, mode="hold", name=lock_name, ttl=ttl, fence_db=fence_db
+        shared_spec, mode="hold", name=lock_name, ttl=ttl, fence_db=fence_db, loop=loop
     )
     first = await holder.expect("acquired")
     holder.signal(signal.SIGSTOP)
