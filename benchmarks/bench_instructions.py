@@ -47,45 +47,54 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The stand-ins keep the hold working for one uncontended task; they are not fixes.
 ABLATIONS: dict[str, list[tuple[str, str, str]]] = {
     "debug-log checks": [
-        ("_core/acquisition.py", "if logger.isEnabledFor(logging.DEBUG):", "if False:"),
+        (
+            "_core/acquisition.py",
+            "if _logs.get(_DEBUG, True) and logger.isEnabledFor(_DEBUG):",
+            "if False:",
+        ),
+        (
+            "_core/session.py",
+            "if _logs.get(_DEBUG, True) and logger.isEnabledFor(_DEBUG):",
+            "if False:",
+        ),
     ],
     "running-task lookup": [
         ("_core/lock.py", "task = acq.current_task()", "task = 1"),
     ],
     "owner id": [
-        (
-            "_core/acquisition.py",
-            'owner = "%s%08x%s" % (self._owner_prefix, next(self._owner_seq), owner_tag)',
-            'owner = "o"',
-        ),
+        ("_core/acquisition.py", 'owner = "%032x" % next(self._owner_seq)', 'owner = "o"'),
     ],
     "lease stack (current_lease)": [
         (
-            "_core/context.py",
-            "    LEASES.set((*stack, (pusher, lease, scope)))",
-            "    _LAST[:] = [(pusher, lease, scope)]",
+            "_core/acquisition.py",
+            "LEASES.set((*stack, (pusher, lease, scope)))",
+            "_LAST[:] = [(pusher, lease, scope)]",
         ),
         (
-            "_core/context.py",
-            "    stack = LEASES.get()\n    if stack and stack[-1][0] is pusher:",
-            "    return _LAST[0]\n"
-            "    stack = LEASES.get()\n    if stack and stack[-1][0] is pusher:",
+            "_core/acquisition.py",
+            "from .context import LEASES,",
+            "from .context import _LAST, LEASES,",
         ),
+        (
+            "_core/lock.py",
+            "        stack = _LEASES.get()\n        if stack and stack[-1][0] is self:",
+            "        stack = _LAST\n        if stack and stack[-1][0] is self:",
+        ),
+        ("_core/lock.py", "            _LEASES.set(stack[:-1])\n", ""),
+        ("_core/lock.py", "from .context import ExcInfo,", "from .context import _LAST, ExcInfo,"),
         ("_core/context.py", "def push_lease(", "_LAST: list[Entry] = []\n\n\ndef push_lease("),
     ],
     "release bound": [
-        ("_core/acquisition.py", "bound = self.bounds.arm(scope)", "bound = _NO_BOUND"),
-        (
-            "_core/acquisition.py",
-            "#: How long a waiter sleeps",
-            "class _NoBound:\n    scope = None\n\n\n"
-            "_NO_BOUND = _NoBound()\n#: How long a waiter sleeps",
-        ),
+        ("_core/acquisition.py", "bound = self.bounds.arm(scope)", "bound = [0.0, None]"),
     ],
     "stats": [
         ("_core/session.py", "self.stats.acquired += 1", "pass"),
-        ("_core/acquisition.py", "stats.hold_times.append(now - lease.acquired_at)", "pass"),
-        ("_core/acquisition.py", "stats.released += 1", "pass"),
+        (
+            "_core/acquisition.py",
+            "stats.hold_times.append(now - lease.acquired_at)\n"
+            "                    stats.released += 1",
+            "pass",
+        ),
     ],
     "renewer/watchdog wake checks": [
         (
@@ -93,11 +102,7 @@ ABLATIONS: dict[str, list[tuple[str, str, str]]] = {
             "        if first_renewal < self._next_round:",
             "        if False:",
         ),
-        (
-            "_core/session.py",
-            "        if (deadline if hard is None else min(deadline, hard)) < self._watch_until:",
-            "        if False:",
-        ),
+        ("_core/session.py", "        if watch < self._watch_until:", "        if False:"),
     ],
 }
 

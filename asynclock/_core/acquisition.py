@@ -26,7 +26,7 @@ import anyio.lowlevel
 
 from .bounds import ArmOnSuspend, CallBounds, cleanup, shielded_call
 from .clock import Clock
-from .context import LEASES
+from .context import LEASES, Entry, ExcInfo
 from .driver import Busy, Driver
 from .exceptions import (
     AcquireTimeout,
@@ -40,13 +40,17 @@ from .fastpath import (
     _checkpoint_if_cancelled_for,
     _current_task_function,
     _describe_loop,
+    _level_cache,
 )
 from .lease import Lease
-from .lock import _check_lock_args, _check_scope, _refuse_nested
+from .lock import _check_lock_args, _check_scope, _refuse_nested, lost_on_exit
 from .session import Session, deadline_reason
 from .stats import StatsRecorder
 
 logger = logging.getLogger("asynclock")
+#: ``logger.isEnabledFor``'s answers (see fastpath._level_cache).
+_logs = _level_cache(logger)
+_DEBUG = logging.DEBUG
 _get_ident = threading.get_ident
 
 #: How long a waiter sleeps between attempts when the driver gives no hint.
@@ -62,8 +66,9 @@ class Acquisition:
         self.clock = clock
         self.bounds = bounds
         self.stats: StatsRecorder = session.stats
-        self._owner_prefix = os.urandom(12).hex()
-        self._owner_seq = itertools.count(1)
+        # Owners: 96 random bits per backend above a counter, as 32 hex digits (unique per
+        # acquisition; one int formatted per acquisition, no syscall for fresh randomness).
+        self._owner_seq = itertools.count((int.from_bytes(os.urandom(12), "big") << 32) + 1)
         self._release_events: dict[str, anyio.Event] = {}
         #: The running loop's cancel scope class (holder scopes are made directly,
         #: skipping anyio's per-call back-end lookup: a measurable part of a fast hold).
@@ -192,7 +197,15 @@ class Acquisition:
         max_hold: float | None,
         owner_tag: str = "",
         token_scope: str | None = None,
+        holder: Holder | None = None,
     ) -> Lease:
+        """The lease for ``name``, granted (arguments already checked).
+
+        ``holder``: ``Lock.__aenter__``'s lock, running task and this context's lease stack.
+        The granted lease's holder scope is then entered and the lease pushed on the stack
+        here (``context.push_lease``, inline): ``Lock.__aenter__`` returns this coroutine
+        instead of awaiting it in one of its own, a coroutine layer less per hold.
+        """
         if not self.open:
             self.require_open()
         if _get_ident() != self._thread:
@@ -202,10 +215,10 @@ class Acquisition:
         session = self.session
         if ttl <= session.min_ttl:
             raise session.ttl_error(ttl)
-        # Unique per acquisition: 96 random bits per backend plus a counter (a syscall for
-        # fresh randomness on every acquisition showed up in the fast path; %-formatting
-        # is half the cost of an f-string with a format spec).
-        owner = "%s%08x%s" % (self._owner_prefix, next(self._owner_seq), owner_tag)  # noqa: UP031
+        # Unique per acquisition (see __init__; %-formatting one int is the cheapest way).
+        owner = "%032x" % next(self._owner_seq)  # noqa: UP031
+        if owner_tag:
+            owner += owner_tag
         self._pending += 1
         try:
             # The first attempt, inline (the loop in _wait repeats it): most acquisitions
@@ -221,13 +234,14 @@ class Acquisition:
             except BaseException as exc:
                 await self._undo_acquire(name, owner, exc)
                 raise  # _undo_acquire raised the wrapped error for plain exceptions
-            if not isinstance(result, Busy):
-                if self.open:
-                    return session.grant(name, owner, result, ttl, t_send, max_hold, self)
+            if isinstance(result, Busy):
+                lease = await self._wait(
+                    name, owner, ttl, t_send, timeout, blocking, max_hold, result, token_scope
+                )
+            elif self.open:
+                lease = session.grant(name, owner, result, ttl, t_send, max_hold, self)
+            else:
                 await self._refuse_grant(name, owner, result)
-            return await self._wait(
-                name, owner, ttl, t_send, timeout, blocking, max_hold, result, token_scope
-            )
         except BaseException:
             if blocking:  # leave the wait queue (after any clean-up of the attempt)
                 await cleanup(self.driver.abandon(name, owner), self.bounds, "abandon wait")
@@ -236,6 +250,15 @@ class Acquisition:
             self._pending -= 1
             if self._settled is not None and not self._pending:
                 self._settled.set()
+        if holder is not None:  # no await since the grant: nothing can have cancelled it
+            pusher, lease._task, stack = holder
+            scope = self.scope_type()
+            scope.__enter__()
+            lease._scope = scope
+            if lease.lost.reason is not None:
+                scope.cancel()
+            LEASES.set((*stack, (pusher, lease, scope)))
+        return lease
 
     async def _refuse_grant(self, name: str, owner: str, token: int) -> NoReturn:
         """Granted after close began: nobody would renew it, so give it back and raise."""
@@ -346,56 +369,104 @@ class Acquisition:
     # -- release ---------------------------------------------------------------------------
 
     async def release(
-        self, lease: Lease, *, quiet: bool = False, scope: anyio.CancelScope | None = None
+        self,
+        lease: Lease,
+        quiet: bool = False,
+        scope: anyio.CancelScope | None = None,
+        exiting: ExcInfo | None = None,
     ) -> bool:
-        """Release ``lease`` at the server (G6).
+        """Release ``lease`` at the server (G6). True if released; False if it was lost or
+        released already (a reported no-op) or, with ``quiet``, if the server did not
+        confirm (else BackendUnavailable).
 
         ``scope``: a shielded cancel scope the caller is inside and owns (the holder's own
         scope, shield turned on after the body); the release then runs in it instead of a
         new one, and its deadline bounds the call.
+
+        ``exiting``: ``Lock.__aexit__``'s arguments, for a lock whose holder scope is
+        ``scope``: the release ends by leaving ``scope`` with them (whatever happens) and
+        returns what ``__aexit__`` returns, or raises :class:`LeaseLost` for a lost lease.
+        ``Lock.__aexit__`` returns this coroutine instead of awaiting it in one of its own:
+        a coroutine layer less per hold.
         """
-        if _get_ident() != self._thread:
-            self.wrong_loop()
-        session = self.session
-        # Stop renewing first: renewal is tied to the holder's life, never outlives it.
-        session.held.pop(lease.owner, None)
-        if session.extends:
-            session.drop(lease)
-        if lease._released:
-            return False
-        now = self.clock.now()
-        if lease.lost.reason is None and now >= lease.deadline:
-            # The loop was blocked past the deadline, so the watchdog never got to run.
-            session.lose(lease, deadline_reason(lease, now))
-        was_lost = lease.lost.reason is not None
-        ok: bool | None = None
-        error: BaseException | None = None
-        call = self.driver.release(lease.name, lease.owner, lease.token)
+        released = False
         try:
-            if scope is None:
-                ok = await shielded_call(call, self.bounds)
-            elif self._remote:  # it will suspend: arm at once, no trampoline per resume
-                bound = self.bounds.arm(scope)
+            # (A lock exits in the task that entered it: on the right loop, checked then.)
+            if exiting is None and _get_ident() != self._thread:
+                self.wrong_loop()
+            session = self.session
+            # Stop renewing first: renewal is tied to the holder's life, never outlives it.
+            session.held.pop(lease.owner, None)
+            if session.extends:
+                session.drop(lease)
+            if not lease._released:
+                now = self.clock.now()
+                # Past lease.deadline (the loop was blocked, the watchdog never ran): lost.
+                if (
+                    now >= lease._deadline
+                    or (lease.hard_deadline is not None and now >= lease.hard_deadline)
+                ) and lease.lost.reason is None:
+                    session.lose(lease, deadline_reason(lease, now))
+                was_lost = lease.lost.reason is not None
+                ok: bool | None = None
+                error: BaseException | None = None
+                call = self.driver.release(lease.name, lease.owner, lease.token)
                 try:
-                    ok = await call
-                finally:
-                    bound.scope = None
-            else:
-                # Run the call up to its first suspension right here: most releases
-                # (SQLite, memory) finish without one and need no timer at all.
-                try:
-                    first = call.send(None)
-                except StopIteration as done:
-                    ok = done.value
+                    if scope is None:
+                        ok = await shielded_call(call, self.bounds)
+                    elif self._remote:  # it will suspend: arm at once, no trampoline per resume
+                        bound = self.bounds.arm(scope)
+                        try:
+                            ok = await call
+                        finally:
+                            bound[1] = None
+                    else:
+                        # Run the call up to its first suspension right here: most releases
+                        # (SQLite, memory) finish without one and need no timer at all.
+                        try:
+                            first = call.send(None)
+                        except StopIteration as done:
+                            ok = done.value
+                        else:
+                            ok = await ArmOnSuspend(call, scope, self.bounds, first)
+                except Exception as exc:
+                    error = exc
+                except anyio.get_cancelled_exc_class():
+                    if scope is None or not scope.cancel_called:
+                        raise
+                    # Our own deadline (release_timeout) fired: report it as a timeout
+                    # (below); the scope is left next, with no await in between.
+                if ok and not was_lost:  # the usual case
+                    lease._released = released = True
+                    stats = self.stats
+                    stats.hold_times.append(now - lease.acquired_at)
+                    stats.released += 1
+                    if self._release_events:
+                        self.wake(lease.name)
+                    if _logs.get(_DEBUG, True) and logger.isEnabledFor(_DEBUG):
+                        logger.debug("released %r token=%d", lease.name, lease.token)
                 else:
-                    ok = await ArmOnSuspend(call, scope, self.bounds, first)
-        except Exception as exc:
-            error = exc
-        except anyio.get_cancelled_exc_class():
-            if scope is None or not scope.cancel_called:
-                raise
-            # Our own deadline (release_timeout) fired: report it as a timeout below; the
-            # caller exits the scope next, with no await in between.
+                    self._not_released(lease, ok, error, now, was_lost, quiet)
+        finally:
+            if exiting is not None:
+                assert scope is not None
+                swallowed = bool(scope.__exit__(*exiting))
+        if exiting is None:
+            return released
+        if lease.lost.reason is not None:
+            return lost_on_exit(lease, swallowed, exiting[0])
+        return swallowed
+
+    def _not_released(
+        self,
+        lease: Lease,
+        ok: bool | None,
+        error: BaseException | None,
+        now: float,
+        was_lost: bool,
+        quiet: bool,
+    ) -> None:
+        """The release's answer, when it was not a plain "released" (see :meth:`release`)."""
         if ok is None:
             # Unconfirmed: keep the lease as it is so `release()` can be retried; renewal
             # has stopped, so the server lets it expire within its ttl either way.
@@ -403,30 +474,24 @@ class Acquisition:
             why += f"; the server expires it within its ttl ({lease.ttl:g}s)"
             if quiet or was_lost:
                 logger.warning("release of %r token=%d: %s", lease.name, lease.token, why)
-                return False
+                return
             raise BackendUnavailable(f"{self.driver.display}: {why}") from error
-        stats = self.stats
-        stats.hold_times.append(now - lease.acquired_at)
-        if ok and not was_lost:
-            lease._released = True
-            stats.released += 1
-            if self._release_events:
-                self.wake(lease.name)
-            if logger.isEnabledFor(logging.DEBUG):
-                logger.debug("released %r token=%d", lease.name, lease.token)
-            return True
+        self.stats.hold_times.append(now - lease.acquired_at)
         if ok:
             # Lost locally (deadline) but still ours at the server: freed early, still lost.
             lease._released = True
             self.wake(lease.name)
-            return False
+            return
         if not was_lost:
-            session.lose(lease, "lease had already ended at the server when released")
+            self.session.lose(lease, "lease had already ended at the server when released")
         logger.info(
             "release of %r token=%d was a no-op: lease already lost", lease.name, lease.token
         )
-        return False
 
+
+#: What ``Lock.__aenter__`` hands :meth:`Acquisition.acquire`: the lock, the running task
+#: and this context's lease stack.
+Holder = tuple[object, object, tuple[Entry, ...]]
 
 #: Errors :meth:`Acquisition.call` lets through as they are.
 Passing = tuple[type[Exception], ...]

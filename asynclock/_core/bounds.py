@@ -22,13 +22,10 @@ T = TypeVar("T")
 logger = logging.getLogger("asynclock")
 
 
-class _Bound:
-    __slots__ = ("deadline", "scope")
-
-    def __init__(self, deadline: float, scope: anyio.CancelScope) -> None:
-        self.deadline = deadline
-        #: The scope to cancel when the deadline passes; None once the call has ended.
-        self.scope: anyio.CancelScope | None = scope
+#: One bounded call: ``[deadline, scope]``; the caller sets ``bound[1] = None`` once the
+#: call has ended (the scope is then not cancelled). A list, not an object with
+#: ``__init__``: one is made per release, and a list costs a third as much.
+Bound = list[Any]
 
 
 class CallBounds:
@@ -38,14 +35,15 @@ class CallBounds:
     def __init__(self, clock: Clock, timeout: float) -> None:
         self.clock = clock
         self.timeout = timeout
-        self._queue: deque[_Bound] = deque()
+        self._queue: deque[Bound] = deque()
         self._idle: anyio.Event | None = None
 
-    def arm(self, scope: anyio.CancelScope) -> _Bound:
+    def arm(self, scope: anyio.CancelScope) -> Bound:
+        """Start counting down for ``scope``; set ``bound[1] = None`` when the call ends."""
         queue = self._queue
-        while queue and queue[0].scope is None:
+        while queue and queue[0][1] is None:
             queue.popleft()
-        bound = _Bound(self.clock.now() + self.timeout, scope)
+        bound = [self.clock.now() + self.timeout, scope]
         queue.append(bound)
         if self._idle is not None:
             self._idle.set()
@@ -55,19 +53,19 @@ class CallBounds:
     async def run(self) -> None:
         queue = self._queue
         while True:
-            while queue and queue[0].scope is None:
+            while queue and queue[0][1] is None:
                 queue.popleft()
             if not queue:
                 self._idle = anyio.Event()
                 await self._idle.wait()
                 continue
             head = queue[0]
-            if self.clock.now() < head.deadline:
+            if self.clock.now() < head[0]:
                 # Calls armed meanwhile have later deadlines: no need to wake earlier.
-                await self.clock.sleep_until(head.deadline)
+                await self.clock.sleep_until(head[0])
                 continue
             queue.popleft()
-            scope, head.scope = head.scope, None
+            scope, head[1] = head[1], None
             if scope is not None:
                 scope.cancel()
 
@@ -119,7 +117,7 @@ class ArmOnSuspend(Generic[T]):
                     except StopIteration as done:
                         return done.value  # type: ignore[no-any-return]
         finally:
-            bound.scope = None
+            bound[1] = None
 
 
 async def shielded_call(coro: Coroutine[Any, Any, T], bounds: CallBounds) -> T | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import logging
 import sys
 import threading
 from collections.abc import Awaitable, Callable
@@ -44,13 +45,39 @@ def _current_task_function(scope_type: type[anyio.CancelScope]) -> Callable[[], 
     module = scope_type.__module__
     if module.endswith("._asyncio"):
         import asyncio
+        import inspect
 
+        loop = asyncio.get_running_loop()
+        # Python 3.11's asyncio.current_task is Python around the dict the C tasks keep
+        # the running task of each loop in: read the dict itself (no Python frame per
+        # call), once the dict is seen to name this very task. Later Pythons' function
+        # is C already, and may keep the task elsewhere.
+        running = getattr(asyncio.tasks, "_current_tasks", None)
+        if (
+            inspect.isfunction(asyncio.current_task)
+            and isinstance(running, dict)
+            and running.get(loop) is asyncio.current_task(loop) is not None
+        ):
+            return functools.partial(running.get, loop)
         # Passing the loop skips the running-loop lookup (half the cost of the call).
-        return functools.partial(asyncio.current_task, asyncio.get_running_loop())
+        return functools.partial(asyncio.current_task, loop)
     if module.endswith("._trio"):
         lowlevel = importlib.import_module("trio.lowlevel")  # present: trio is running
         return cast(Callable[[], object], lowlevel.current_task)
     return _any_current_task
+
+
+def _level_cache(logger: logging.Logger) -> dict[int, bool]:
+    """The dict ``logger.isEnabledFor`` keeps its answers in, by level: ``cache.get(level,
+    True)`` is False only where the call would answer False, with no Python call.
+
+    logging empties that very dict whenever a level changes (``setLevel`` on any logger,
+    ``logging.disable``), as it relies on itself; a logger's ``disabled`` flag only turns
+    answers False, so a True (or missing) entry still asks ``isEnabledFor``. If logging
+    ever keeps no such dict, an empty one stands in: ``isEnabledFor`` is then always asked.
+    """
+    cache = getattr(logger, "_cache", None)
+    return cache if isinstance(cache, dict) else {}
 
 
 def _describe_loop() -> str:

@@ -61,6 +61,9 @@ class LossSignal:
                 self._event.set()
 
 
+_new_signal = object.__new__
+
+
 class Lease:
     """One grant of a lock name, live until released or lost.
 
@@ -104,7 +107,9 @@ class Lease:
         self.acquired_at = acquired_at
         #: ``acquired_at + max_hold``; past it the lease is given up (None: no bound).
         self.hard_deadline = hard_deadline
-        self.lost = LossSignal()
+        # LossSignal() without its __init__ call (one per hold: a measurable share of it).
+        self.lost = lost = _new_signal(LossSignal)
+        lost._event = lost.reason = None
         self._clock = clock
         self._deadline = deadline
         #: The acquisition that granted it: release, extend and let_expire go through it.

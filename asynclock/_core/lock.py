@@ -8,8 +8,10 @@ import inspect
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
+import anyio
+
 from .context import LEASES as _LEASES
-from .context import ExcInfo, pop_lease, push_lease
+from .context import ExcInfo, pop_lease
 from .exceptions import AlreadyHeld, LeaseLost
 from .lease import Lease
 from .misuse import AsyncContextOnly
@@ -97,7 +99,7 @@ class Lock(AsyncContextOnly):
     the lease, per task; never in thread-locals).
     """
 
-    __slots__ = ("_acq", "_args", "_token_scope")
+    __slots__ = ("_acq", "_args", "_call", "_token_scope")
     _usage = "backend.lock(...)"
 
     def __init__(
@@ -113,6 +115,8 @@ class Lock(AsyncContextOnly):
         self._acq = acq
         self._args = _check_lock_args(name, ttl, timeout, blocking, max_hold)
         self._token_scope = None if token_scope is None else _check_scope(token_scope)
+        #: acquire()'s arguments but the last (owner_tag "": a lock's owner is untagged).
+        self._call = (*self._args, "", self._token_scope)
 
     @property
     def name(self) -> str:
@@ -121,7 +125,12 @@ class Lock(AsyncContextOnly):
     def __repr__(self) -> str:
         return f"<asynclock.Lock {self.name!r} ttl={self._args[1]:g}>"
 
-    async def __aenter__(self) -> Lease:
+    # __aenter__ and __aexit__ are not coroutines themselves: each makes its checks and
+    # returns the acquisition's coroutine, which enters (leaves) the holder scope too.
+    # That is a coroutine layer less per acquire and per release, a measurable share of a
+    # fast hold (see benchmarks/README.md, "Core overhead").
+
+    def __aenter__(self) -> Coroutine[Any, Any, Lease]:
         acq = self._acq
         task = acq.current_task()  # None: not on the loop that opened the backend
         if task is None and acq.open:
@@ -129,45 +138,52 @@ class Lock(AsyncContextOnly):
         stack = _LEASES.get()
         if stack:
             _refuse_nested(acq, self._args[0], stack, task)
-        if self._token_scope is None:
-            lease = await acq.acquire(*self._args)
-        else:
-            lease = await acq.acquire(*self._args, token_scope=self._token_scope)
-        lease._task = task
-        push_lease(self, lease, acq.scope_type(), stack)
-        return lease
+        return acq.acquire(*self._call, (self, task, stack))
 
-    async def __aexit__(self, *exc_info: *ExcInfo) -> bool:
-        entry = pop_lease(self)
-        assert entry is not None, "Lock.__aexit__ without __aenter__"
-        _, lease, scope = entry
+    def __aexit__(self, *exc_info: *ExcInfo) -> Coroutine[Any, Any, bool]:
+        stack = _LEASES.get()
+        if stack and stack[-1][0] is self:  # pop_lease's usual case, inline
+            _LEASES.set(stack[:-1])
+            _, lease, scope = stack[-1]
+        else:
+            entry = pop_lease(self)
+            assert entry is not None, "Lock.__aexit__ without __aenter__"
+            _, lease, scope = entry
         lease._scope = None
         lease._task = None  # the hold is over (and a kept lease must not keep its task)
         assert scope is not None  # a Lock's own entry always carries its scope
-        if scope.cancel_called:
-            # Lost (or cancelled from inside): leave the cancelled scope, then release in
-            # a fresh shielded one.
-            try:
-                swallowed = bool(scope.__exit__(*exc_info))
-            finally:
-                await self._acq.release(lease, quiet=True)
-        else:
-            # The usual case: release inside the holder's own scope, shielded from outer
-            # cancellation from here on — one cancel scope per hold, not two. Nothing can
-            # cancel this scope now but the release deadline: the lease left the renewer
-            # and watchdog (the session's `held`) first thing in `release`, and `_scope` is
-            # unset.
-            scope.shield = True
-            try:
-                await self._acq.release(lease, quiet=True, scope=scope)
-            finally:
-                swallowed = bool(scope.__exit__(*exc_info))
         if lease.lost.reason is not None:
-            if swallowed or exc_info[0] is None:
-                reason = lease.lost.reason or "lost"
-                raise LeaseLost(lease.name, lease.token, reason) from None
-            return False
+            # Lost: its scope was cancelled (only a loss cancels a holder scope:
+            # Session.lose, or the push of a lease already lost; this test is
+            # `scope.cancel_called` without the property call).
+            return self._exit_cancelled(lease, scope, exc_info)
+        # The usual case: release inside the holder's own scope, shielded from outer
+        # cancellation from here on — one cancel scope per hold, not two. Nothing can
+        # cancel this scope now but the release deadline: the lease leaves the renewer and
+        # watchdog (the session's `held`) first thing in `release`, and `_scope` is unset.
+        scope.shield = True
+        return self._acq.release(lease, True, scope, exc_info)  # quiet, scope, exiting
+
+    async def _exit_cancelled(
+        self, lease: Lease, scope: anyio.CancelScope, exc_info: ExcInfo
+    ) -> bool:
+        """Lost: leave the cancelled scope, then release in a fresh shielded one."""
+        try:
+            swallowed = bool(scope.__exit__(*exc_info))
+        finally:
+            await self._acq.release(lease, quiet=True)
+        if lease.lost.reason is not None:
+            return lost_on_exit(lease, swallowed, exc_info[0])
         return swallowed
+
+
+def lost_on_exit(lease: Lease, swallowed: bool, exc_type: type[BaseException] | None) -> bool:
+    """What leaving the ``async with`` of a lost lease does (G4): raise :class:`LeaseLost`
+    when the body ended by the loss's cancellation (``swallowed``) or without an error;
+    otherwise return False, so the body's own error propagates."""
+    if swallowed or exc_type is None:
+        raise LeaseLost(lease.name, lease.token, lease.lost.reason or "lost") from None
+    return False
 
 
 def locked_function(

@@ -30,6 +30,7 @@ from .bounds import CallBounds, cleanup, shielded_call
 from .clock import Clock
 from .driver import Driver, LeaseRef, Refused
 from .exceptions import BackendUnavailable, LeaseLost
+from .fastpath import _level_cache
 from .lease import Lease
 from .stats import StatsRecorder
 from .validation import check_lease_ttl, no_time_left
@@ -38,6 +39,9 @@ if TYPE_CHECKING:
     from .lease import Grantor
 
 logger = logging.getLogger("asynclock")
+#: ``logger.isEnabledFor``'s answers (see fastpath._level_cache).
+_logs = _level_cache(logger)
+_DEBUG = logging.DEBUG
 
 #: How long the idle renewer and watchdog sleep before looking again (no leases held).
 IDLE_NAP = 1.0
@@ -108,18 +112,23 @@ class Session:
         grantor: Grantor,
     ) -> Lease:
         """The lease the server granted to a request sent at ``t_send``, renewed from now on."""
-        deadline = self.deadline(t_send, ttl)
-        hard = None if max_hold is None else t_send + max_hold
+        deadline = t_send + ttl * self._keep - self.margin  # self.deadline(), inline
+        if max_hold is None:
+            hard = None
+            watch = deadline
+        else:
+            hard = t_send + max_hold
+            watch = min(deadline, hard)
         lease = Lease(name, owner, token, ttl, self.clock, t_send, deadline, hard, grantor)
         self.held[owner] = (weakref.ref(lease, self._on_collected), name, token)
         self.stats.acquired += 1
-        if logger.isEnabledFor(logging.DEBUG):
+        if _logs.get(_DEBUG, True) and logger.isEnabledFor(_DEBUG):
             logger.debug("acquired %r token=%d ttl=%gs", name, token, ttl)
         first_renewal = t_send + ttl * self.heartbeat
         if first_renewal < self._next_round:
             self._next_round = first_renewal
             _poke(self._renew_wake)
-        if (deadline if hard is None else min(deadline, hard)) < self._watch_until:
+        if watch < self._watch_until:
             _poke(self._watch_wake)
         return lease
 
