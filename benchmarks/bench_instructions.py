@@ -85,7 +85,8 @@ ABLATIONS: dict[str, list[tuple[str, str, str]]] = {
         ("_core/context.py", "def push_lease(", "_LAST: list[Entry] = []\n\n\ndef push_lease("),
     ],
     "release bound": [
-        ("_core/acquisition.py", "bound = self.bounds.arm(scope)", "bound = [0.0, None]"),
+        ("_core/acquisition.py", "                        bounds.arm(scope)\n", ""),
+        ("_core/acquisition.py", "bounds.inflight.pop(scope, None)", "pass"),
     ],
     "stats": [
         ("_core/session.py", "self.stats.acquired += 1", "pass"),
@@ -99,10 +100,14 @@ ABLATIONS: dict[str, list[tuple[str, str, str]]] = {
     "renewer/watchdog wake checks": [
         (
             "_core/session.py",
-            "        if first_renewal < self._next_round:",
+            "        if t_send + ttl * self.heartbeat < self._next_round:",
             "        if False:",
         ),
-        ("_core/session.py", "        if watch < self._watch_until:", "        if False:"),
+        (
+            "_core/session.py",
+            "        if deadline < self._watch_until or (",
+            "        if False and (",
+        ),
     ],
 }
 

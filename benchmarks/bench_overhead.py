@@ -205,7 +205,7 @@ def row_cycles(backend: asynclock.Backend) -> dict[str, Cycle]:
             if isinstance(token, Busy) or not a.open:
                 raise AssertionError("uncontended acquire found the name busy")
             deadline = t_send + life
-            lease = Lease(name, owner, token, TTL, clock, t_send, deadline, None, a)
+            lease = Lease(name, owner, token, TTL, t_send, deadline, None, a)
             se.held[owner] = (weakref.ref(lease, se._on_collected), name, token)
             se.stats.acquired += 1
             if logs.get(debug, True) and logger.isEnabledFor(debug):
@@ -221,8 +221,6 @@ def row_cycles(backend: asynclock.Backend) -> dict[str, Cycle]:
         lease._task = task
         with scope_type() as scope:
             lease._scope = scope
-            if lease.lost.reason is not None:
-                scope.cancel()
             LEASES.set((*stack, (lock, lease, scope)))
             # (the body)
             now_stack = LEASES.get()
@@ -238,11 +236,11 @@ def row_cycles(backend: asynclock.Backend) -> dict[str, Cycle]:
             t_end = clock.now()
             if lease.lost.reason is None and t_end >= deadline:
                 raise AssertionError("late")
-            bound = a.bounds.arm(scope)
+            a.bounds.arm(scope)
             try:
                 ok = await driver.release(name, owner, token)
             finally:
-                bound[1] = None
+                a.bounds.inflight.pop(scope, None)
             if ok is None:
                 raise AssertionError("release unconfirmed")
             se.stats.hold_times.append(t_end - t_send)

@@ -250,14 +250,13 @@ class Acquisition:
             self._pending -= 1
             if self._settled is not None and not self._pending:
                 self._settled.set()
-        if holder is not None:  # no await since the grant: nothing can have cancelled it
+        if holder is not None:
+            # No await since the grant: the lease cannot be lost yet (push_lease checks).
             pusher, lease._task, stack = holder
             scope = self.scope_type()
             scope.__enter__()
             lease._scope = scope
-            if lease.lost.reason is not None:
-                scope.cancel()
-            LEASES.set((*stack, (pusher, lease, scope)))
+            LEASES.set(stack + ((pusher, lease, scope),))  # noqa: RUF005 (no list: cheaper)
         return lease
 
     async def _refuse_grant(self, name: str, owner: str, token: int) -> NoReturn:
@@ -408,18 +407,18 @@ class Acquisition:
                 ) and lease.lost.reason is None:
                     session.lose(lease, deadline_reason(lease, now))
                 was_lost = lease.lost.reason is not None
-                ok: bool | None = None
                 error: BaseException | None = None
                 call = self.driver.release(lease.name, lease.owner, lease.token)
                 try:
                     if scope is None:
                         ok = await shielded_call(call, self.bounds)
                     elif self._remote:  # it will suspend: arm at once, no trampoline per resume
-                        bound = self.bounds.arm(scope)
+                        bounds = self.bounds
+                        bounds.arm(scope)
                         try:
                             ok = await call
                         finally:
-                            bound[1] = None
+                            bounds.inflight.pop(scope, None)
                     else:
                         # Run the call up to its first suspension right here: most releases
                         # (SQLite, memory) finish without one and need no timer at all.
@@ -430,10 +429,11 @@ class Acquisition:
                         else:
                             ok = await ArmOnSuspend(call, scope, self.bounds, first)
                 except Exception as exc:
-                    error = exc
+                    ok, error = None, exc
                 except anyio.get_cancelled_exc_class():
                     if scope is None or not scope.cancel_called:
                         raise
+                    ok = None
                     # Our own deadline (release_timeout) fired: report it as a timeout
                     # (below); the scope is left next, with no await in between.
                 if ok and not was_lost:  # the usual case
@@ -450,10 +450,10 @@ class Acquisition:
         finally:
             if exiting is not None:
                 assert scope is not None
-                swallowed = bool(scope.__exit__(*exiting))
+                swallowed = scope.__exit__(*exiting)
         if exiting is None:
             return released
-        if lease.lost.reason is not None:
+        if not released and lease.lost.reason is not None:
             return lost_on_exit(lease, swallowed, exiting[0])
         return swallowed
 

@@ -10,7 +10,6 @@ completes without suspending is never queued at all.
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Coroutine, Generator
 from typing import Any, Generic, TypeVar
 
@@ -22,12 +21,6 @@ T = TypeVar("T")
 logger = logging.getLogger("asynclock")
 
 
-#: One bounded call: ``[deadline, scope]``; the caller sets ``bound[1] = None`` once the
-#: call has ended (the scope is then not cancelled). A list, not an object with
-#: ``__init__``: one is made per release, and a list costs a third as much.
-Bound = list[Any]
-
-
 class CallBounds:
     """Cancels the scope of a bounded call still running ``timeout`` seconds after its
     first suspension. ``run()`` must run in a task for as long as calls are bounded."""
@@ -35,39 +28,34 @@ class CallBounds:
     def __init__(self, clock: Clock, timeout: float) -> None:
         self.clock = clock
         self.timeout = timeout
-        self._queue: deque[Bound] = deque()
+        #: The bounded calls in flight, oldest first: scope -> deadline. A call is added
+        #: with :meth:`arm`; whoever armed it deletes it when it ends, with
+        #: ``inflight.pop(scope, None)`` (None: the deadline fired and took it out). A
+        #: dict keeps insertion order, and with one timeout that is deadline order.
+        self.inflight: dict[anyio.CancelScope, float] = {}
         self._idle: anyio.Event | None = None
 
-    def arm(self, scope: anyio.CancelScope) -> Bound:
-        """Start counting down for ``scope``; set ``bound[1] = None`` when the call ends."""
-        queue = self._queue
-        while queue and queue[0][1] is None:
-            queue.popleft()
-        bound = [self.clock.now() + self.timeout, scope]
-        queue.append(bound)
+    def arm(self, scope: anyio.CancelScope) -> None:
+        """Start counting down for ``scope`` (see :attr:`inflight`)."""
+        self.inflight[scope] = self.clock.now() + self.timeout
         if self._idle is not None:
             self._idle.set()
             self._idle = None
-        return bound
 
     async def run(self) -> None:
-        queue = self._queue
+        inflight = self.inflight
         while True:
-            while queue and queue[0][1] is None:
-                queue.popleft()
-            if not queue:
+            if not inflight:
                 self._idle = anyio.Event()
                 await self._idle.wait()
                 continue
-            head = queue[0]
-            if self.clock.now() < head[0]:
+            scope, deadline = next(iter(inflight.items()))
+            if self.clock.now() < deadline:
                 # Calls armed meanwhile have later deadlines: no need to wake earlier.
-                await self.clock.sleep_until(head[0])
+                await self.clock.sleep_until(deadline)
                 continue
-            queue.popleft()
-            scope, head[1] = head[1], None
-            if scope is not None:
-                scope.cancel()
+            del inflight[scope]
+            scope.cancel()
 
 
 class ArmOnSuspend(Generic[T]):
@@ -98,7 +86,8 @@ class ArmOnSuspend(Generic[T]):
                 value = coro.send(None)
             except StopIteration as done:
                 return done.value  # type: ignore[no-any-return]
-        bound = self._bounds.arm(self._scope)
+        scope = self._scope
+        self._bounds.arm(scope)
         try:
             while True:
                 try:
@@ -117,7 +106,7 @@ class ArmOnSuspend(Generic[T]):
                     except StopIteration as done:
                         return done.value  # type: ignore[no-any-return]
         finally:
-            bound[1] = None
+            self._bounds.inflight.pop(scope, None)
 
 
 async def shielded_call(coro: Coroutine[Any, Any, T], bounds: CallBounds) -> T | None:

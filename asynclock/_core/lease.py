@@ -20,6 +20,9 @@ class Grantor(Protocol):
     @property
     def session(self) -> Session: ...
 
+    @property
+    def clock(self) -> Clock: ...
+
     def current_task(self) -> object: ...
 
     def check_loop(self) -> None: ...
@@ -73,7 +76,6 @@ class Lease:
 
     __slots__ = (
         "__weakref__",
-        "_clock",
         "_deadline",
         "_grantor",
         "_released",
@@ -94,7 +96,6 @@ class Lease:
         owner: str,
         token: int,
         ttl: float,
-        clock: Clock,
         acquired_at: float,
         deadline: float,
         hard_deadline: float | None,
@@ -110,7 +111,6 @@ class Lease:
         # LossSignal() without its __init__ call (one per hold: a measurable share of it).
         self.lost = lost = _new_signal(LossSignal)
         lost._event = lost.reason = None
-        self._clock = clock
         self._deadline = deadline
         #: The acquisition that granted it: release, extend and let_expire go through it.
         self._grantor = grantor
@@ -139,7 +139,7 @@ class Lease:
         """Seconds until the local deadline (0 once lost or released)."""
         if self.lost or self._released:
             return 0.0
-        return max(0.0, self.deadline - self._clock.now())
+        return max(0.0, self.deadline - self._grantor.clock.now())
 
     def check(self) -> None:
         """Raise :class:`LeaseLost` if the lease is lost or its local deadline has passed.
@@ -151,7 +151,7 @@ class Lease:
             raise LeaseLost(self.name, self.token, self.lost.reason or "lost")
         if self._released:
             raise LeaseLost(self.name, self.token, "released")
-        now = self._clock.now()
+        now = self._grantor.clock.now()
         if now >= self.deadline:
             hard = self.hard_deadline is not None and now >= self.hard_deadline
             reason = "max_hold reached" if hard else "local deadline passed"

@@ -142,9 +142,12 @@ class Lock(AsyncContextOnly):
 
     def __aexit__(self, *exc_info: *ExcInfo) -> Coroutine[Any, Any, bool]:
         stack = _LEASES.get()
-        if stack and stack[-1][0] is self:  # pop_lease's usual case, inline
+        try:
+            pusher, lease, scope = stack[-1]
+        except IndexError:
+            raise AssertionError("Lock.__aexit__ without __aenter__") from None
+        if pusher is self:  # pop_lease's usual case, inline
             _LEASES.set(stack[:-1])
-            _, lease, scope = stack[-1]
         else:
             entry = pop_lease(self)
             assert entry is not None, "Lock.__aexit__ without __aenter__"

@@ -113,22 +113,16 @@ class Session:
     ) -> Lease:
         """The lease the server granted to a request sent at ``t_send``, renewed from now on."""
         deadline = t_send + ttl * self._keep - self.margin  # self.deadline(), inline
-        if max_hold is None:
-            hard = None
-            watch = deadline
-        else:
-            hard = t_send + max_hold
-            watch = min(deadline, hard)
-        lease = Lease(name, owner, token, ttl, self.clock, t_send, deadline, hard, grantor)
+        hard = None if max_hold is None else t_send + max_hold
+        lease = Lease(name, owner, token, ttl, t_send, deadline, hard, grantor)
         self.held[owner] = (weakref.ref(lease, self._on_collected), name, token)
         self.stats.acquired += 1
         if _logs.get(_DEBUG, True) and logger.isEnabledFor(_DEBUG):
             logger.debug("acquired %r token=%d ttl=%gs", name, token, ttl)
-        first_renewal = t_send + ttl * self.heartbeat
-        if first_renewal < self._next_round:
-            self._next_round = first_renewal
+        if t_send + ttl * self.heartbeat < self._next_round:  # renew it before the next round
+            self._next_round = t_send + ttl * self.heartbeat
             _poke(self._renew_wake)
-        if watch < self._watch_until:
+        if deadline < self._watch_until or (hard is not None and hard < self._watch_until):
             _poke(self._watch_wake)
         return lease
 
