@@ -67,7 +67,7 @@ ABLATIONS: dict[str, list[tuple[str, str, str]]] = {
     "lease stack (current_lease)": [
         (
             "_core/acquisition.py",
-            "LEASES.set((*stack, (pusher, lease, scope)))",
+            "LEASES.set(stack + ((pusher, lease, scope),))",
             "_LAST[:] = [(pusher, lease, scope)]",
         ),
         (
@@ -77,8 +77,8 @@ ABLATIONS: dict[str, list[tuple[str, str, str]]] = {
         ),
         (
             "_core/lock.py",
-            "        stack = _LEASES.get()\n        if stack and stack[-1][0] is self:",
-            "        stack = _LAST\n        if stack and stack[-1][0] is self:",
+            "        stack = _LEASES.get()\n        try:",
+            "        stack = _LAST\n        try:",
         ),
         ("_core/lock.py", "            _LEASES.set(stack[:-1])\n", ""),
         ("_core/lock.py", "from .context import ExcInfo,", "from .context import _LAST, ExcInfo,"),
