@@ -80,7 +80,7 @@ ABLATIONS: dict[str, list[tuple[str, str, str]]] = {
             "        stack = _LEASES.get()\n        try:",
             "        stack = _LAST\n        try:",
         ),
-        ("_core/lock.py", "            _LEASES.set(stack[:-1])\n", ""),
+        ("_core/lock.py", "            _LEASES.set(stack[:-1])\n", "            pass\n"),
         ("_core/lock.py", "from .context import ExcInfo,", "from .context import _LAST, ExcInfo,"),
         ("_core/context.py", "def push_lease(", "_LAST: list[Entry] = []\n\n\ndef push_lease("),
     ],
