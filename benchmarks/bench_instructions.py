@@ -85,7 +85,11 @@ ABLATIONS: dict[str, list[tuple[str, str, str]]] = {
         ("_core/context.py", "def push_lease(", "_LAST: list[Entry] = []\n\n\ndef push_lease("),
     ],
     "release bound": [
-        ("_core/acquisition.py", "                        bounds.arm(scope)\n", ""),
+        (
+            "_core/acquisition.py",
+            "bounds.inflight[scope] = now + bounds.timeout",
+            "bounds.parked = None",
+        ),
         ("_core/acquisition.py", "bounds.inflight.pop(scope, None)", "pass"),
     ],
     "stats": [

@@ -71,7 +71,7 @@ from asynclock._core.acquisition import _logs as logs
 from asynclock._core.acquisition import logger
 from asynclock._core.backend import parts_of
 from asynclock._core.context import LEASES
-from asynclock._core.lease import Lease
+from asynclock._core.lease import Lease, LossSignal
 from asynclock._core.lock import _refuse_nested
 from asynclock.backends import Busy
 from benchmarks import _loops as loops
@@ -182,7 +182,7 @@ def row_cycles(backend: asynclock.Backend) -> dict[str, Cycle]:
     se: Any  # the backend's session and acquisition: its own state
     a: Any
     se, a = parts_of(backend)
-    get_ident, debug = threading.get_ident, logging.DEBUG
+    get_ident, debug, new = threading.get_ident, logging.DEBUG, object.__new__
     life = TTL * (1 - backend.drift) - backend.margin
 
     async def inline() -> None:
@@ -205,7 +205,12 @@ def row_cycles(backend: asynclock.Backend) -> dict[str, Cycle]:
             if isinstance(token, Busy) or not a.open:
                 raise AssertionError("uncontended acquire found the name busy")
             deadline = t_send + life
-            lease = Lease(name, owner, token, TTL, t_send, deadline, None, a)
+            lease = new(Lease)  # as Session.grant makes it
+            lease.name, lease.owner, lease.token, lease.ttl = name, owner, token, TTL
+            lease.acquired_at, lease.hard_deadline, lease._deadline = t_send, None, deadline
+            lease.lost = lost = new(LossSignal)
+            lost._event = lost.reason = None
+            lease._grantor, lease._scope, lease._task, lease._released = a, None, None, False
             se.held[owner] = (weakref.ref(lease, se._on_collected), name, token)
             se.stats.acquired += 1
             if logs.get(debug, True) and logger.isEnabledFor(debug):

@@ -414,7 +414,9 @@ class Acquisition:
                         ok = await shielded_call(call, self.bounds)
                     elif self._remote:  # it will suspend: arm at once, no trampoline per resume
                         bounds = self.bounds
-                        bounds.arm(scope)
+                        bounds.inflight[scope] = now + bounds.timeout  # bounds.arm(), inline
+                        if bounds.parked is not None:
+                            bounds.unpark()
                         try:
                             ok = await call
                         finally:

@@ -33,21 +33,28 @@ class CallBounds:
         #: ``inflight.pop(scope, None)`` (None: the deadline fired and took it out). A
         #: dict keeps insertion order, and with one timeout that is deadline order.
         self.inflight: dict[anyio.CancelScope, float] = {}
-        self._idle: anyio.Event | None = None
+        #: Set while :meth:`run` waits for a call to be armed (none is in flight).
+        self.parked: anyio.Event | None = None
 
     def arm(self, scope: anyio.CancelScope) -> None:
-        """Start counting down for ``scope`` (see :attr:`inflight`)."""
+        """Start counting down for ``scope`` (see :attr:`inflight`). The lock's release
+        does the same inline (``Acquisition.release``)."""
         self.inflight[scope] = self.clock.now() + self.timeout
-        if self._idle is not None:
-            self._idle.set()
-            self._idle = None
+        if self.parked is not None:
+            self.unpark()
+
+    def unpark(self) -> None:
+        """Wake :meth:`run`: a call was armed."""
+        if self.parked is not None:
+            self.parked.set()
+            self.parked = None
 
     async def run(self) -> None:
         inflight = self.inflight
         while True:
             if not inflight:
-                self._idle = anyio.Event()
-                await self._idle.wait()
+                self.parked = anyio.Event()
+                await self.parked.wait()
                 continue
             scope, deadline = next(iter(inflight.items()))
             if self.clock.now() < deadline:

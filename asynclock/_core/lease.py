@@ -64,9 +64,6 @@ class LossSignal:
                 self._event.set()
 
 
-_new_signal = object.__new__
-
-
 class Lease:
     """One grant of a lock name, live until released or lost.
 
@@ -90,35 +87,31 @@ class Lease:
         "ttl",
     )
 
-    def __init__(
-        self,
-        name: str,
-        owner: str,
-        token: int,
-        ttl: float,
-        acquired_at: float,
-        deadline: float,
-        hard_deadline: float | None,
-        grantor: Grantor,
-    ) -> None:
-        self.name = name
-        self.owner = owner
-        self.token = token
-        self.ttl = ttl
-        self.acquired_at = acquired_at
-        #: ``acquired_at + max_hold``; past it the lease is given up (None: no bound).
-        self.hard_deadline = hard_deadline
-        # LossSignal() without its __init__ call (one per hold: a measurable share of it).
-        self.lost = lost = _new_signal(LossSignal)
-        lost._event = lost.reason = None
-        self._deadline = deadline
-        #: The acquisition that granted it: release, extend and let_expire go through it.
-        self._grantor = grantor
-        #: The holder's cancel scope while inside ``async with backend.lock(...)``.
-        self._scope: anyio.CancelScope | None = None
-        #: The task that entered ``async with backend.lock(...)`` (None for acquire()).
-        self._task: object = None
-        self._released = False
+    # Its fields. Session.grant makes every lease and sets each one: a Lease has no working
+    # __init__ (a call per hold is a measurable share of a fast one).
+    name: str
+    owner: str
+    token: int
+    ttl: float
+    acquired_at: float
+    #: ``acquired_at + max_hold``; past it the lease is given up (None: no bound).
+    hard_deadline: float | None
+    lost: LossSignal
+    #: The renewable local deadline (G3); :attr:`deadline` also heeds ``hard_deadline``.
+    _deadline: float
+    #: The acquisition that granted it: release, extend and let_expire go through it.
+    _grantor: Grantor
+    #: The holder's cancel scope while inside ``async with backend.lock(...)``.
+    _scope: anyio.CancelScope | None
+    #: The task that entered ``async with backend.lock(...)`` (None for acquire()).
+    _task: object
+    _released: bool
+
+    def __init__(self) -> None:
+        raise TypeError(
+            "a Lease is granted by a backend: `async with backend.lock(...)` or "
+            "`await backend.acquire(...)`"
+        )
 
     def __repr__(self) -> str:
         state = "lost" if self.lost else "released" if self._released else "held"

@@ -31,7 +31,7 @@ from .clock import Clock
 from .driver import Driver, LeaseRef, Refused
 from .exceptions import BackendUnavailable, LeaseLost
 from .fastpath import _level_cache
-from .lease import Lease
+from .lease import Lease, LossSignal
 from .stats import StatsRecorder
 from .validation import check_lease_ttl, no_time_left
 
@@ -42,6 +42,8 @@ logger = logging.getLogger("asynclock")
 #: ``logger.isEnabledFor``'s answers (see fastpath._level_cache).
 _logs = _level_cache(logger)
 _DEBUG = logging.DEBUG
+
+_new = object.__new__
 
 #: How long the idle renewer and watchdog sleep before looking again (no leases held).
 IDLE_NAP = 1.0
@@ -114,7 +116,21 @@ class Session:
         """The lease the server granted to a request sent at ``t_send``, renewed from now on."""
         deadline = t_send + ttl * self._keep - self.margin  # self.deadline(), inline
         hard = None if max_hold is None else t_send + max_hold
-        lease = Lease(name, owner, token, ttl, t_send, deadline, hard, grantor)
+        # Every field of the Lease (see the class), set here: no __init__ calls per hold.
+        lease = _new(Lease)
+        lease.name = name
+        lease.owner = owner
+        lease.token = token
+        lease.ttl = ttl
+        lease.acquired_at = t_send
+        lease.hard_deadline = hard
+        lease.lost = lost = _new(LossSignal)
+        lost._event = lost.reason = None
+        lease._deadline = deadline
+        lease._grantor = grantor
+        lease._scope = None
+        lease._task = None
+        lease._released = False
         self.held[owner] = (weakref.ref(lease, self._on_collected), name, token)
         self.stats.acquired += 1
         if _logs.get(_DEBUG, True) and logger.isEnabledFor(_DEBUG):
