@@ -49,12 +49,12 @@ ABLATIONS: dict[str, list[tuple[str, str, str]]] = {
     "debug-log checks": [
         (
             "_core/acquisition.py",
-            "if _logs.get(_DEBUG, True) and logger.isEnabledFor(_DEBUG):",
+            "if _known_level(_DEBUG, True) and logger.isEnabledFor(_DEBUG):",
             "if False:",
         ),
         (
             "_core/session.py",
-            "if _logs.get(_DEBUG, True) and logger.isEnabledFor(_DEBUG):",
+            "if _known_level(_DEBUG, True) and logger.isEnabledFor(_DEBUG):",
             "if False:",
         ),
     ],
@@ -96,8 +96,8 @@ ABLATIONS: dict[str, list[tuple[str, str, str]]] = {
         ("_core/session.py", "self.stats.acquired += 1", "pass"),
         (
             "_core/acquisition.py",
-            "stats.hold_times.append(now - lease.acquired_at)\n"
-            "                    stats.released += 1",
+            "self._record_hold(now - lease.acquired_at)\n"
+            "                    self.stats.released += 1",
             "pass",
         ),
     ],

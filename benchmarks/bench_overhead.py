@@ -67,7 +67,7 @@ from typing import Any
 import anyio
 
 import asynclock
-from asynclock._core.acquisition import _logs as logs
+from asynclock._core.acquisition import _known_level as known_level
 from asynclock._core.acquisition import logger
 from asynclock._core.backend import parts_of
 from asynclock._core.context import LEASES
@@ -213,7 +213,7 @@ def row_cycles(backend: asynclock.Backend) -> dict[str, Cycle]:
             lease._grantor, lease._scope, lease._task, lease._released = a, None, None, False
             se.held[owner] = (weakref.ref(lease, se._on_collected), name, token)
             se.stats.acquired += 1
-            if logs.get(debug, True) and logger.isEnabledFor(debug):
+            if known_level(debug, True) and logger.isEnabledFor(debug):
                 logger.debug("acquired")
             if t_send + TTL * se.heartbeat < se._next_round:
                 se._next_round = t_send + TTL * se.heartbeat
@@ -235,7 +235,7 @@ def row_cycles(backend: asynclock.Backend) -> dict[str, Cycle]:
             if lease.lost.reason is not None:  # (only a loss cancels the scope)
                 raise AssertionError("lost")
             scope.shield = True
-            se.held.pop(owner, None)
+            del se.held[owner]
             if se.extends or lease._released:
                 raise AssertionError("extends")
             t_end = clock.now()
@@ -248,12 +248,12 @@ def row_cycles(backend: asynclock.Backend) -> dict[str, Cycle]:
                 a.bounds.inflight.pop(scope, None)
             if ok is None:
                 raise AssertionError("release unconfirmed")
-            se.stats.hold_times.append(t_end - t_send)
+            a._record_hold(t_end - t_send)
             lease._released = True
             se.stats.released += 1
             if a._release_events:
                 a.wake(name)
-            if logs.get(debug, True) and logger.isEnabledFor(debug):
+            if known_level(debug, True) and logger.isEnabledFor(debug):
                 logger.debug("released")
         if lease.lost.reason is not None:
             raise AssertionError("lost")

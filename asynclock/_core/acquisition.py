@@ -48,8 +48,8 @@ from .session import Session, deadline_reason
 from .stats import StatsRecorder
 
 logger = logging.getLogger("asynclock")
-#: ``logger.isEnabledFor``'s answers (see fastpath._level_cache).
-_logs = _level_cache(logger)
+#: ``logger.isEnabledFor``'s answer for a level, if known (see fastpath._level_cache).
+_known_level = _level_cache(logger).get
 _DEBUG = logging.DEBUG
 _get_ident = threading.get_ident
 
@@ -66,6 +66,7 @@ class Acquisition:
         self.clock = clock
         self.bounds = bounds
         self.stats: StatsRecorder = session.stats
+        self._record_hold = self.stats.hold_times.append
         # Owners: 96 random bits per backend above a counter, as 32 hex digits (unique per
         # acquisition; one int formatted per acquisition, no syscall for fresh randomness).
         self._owner_seq = itertools.count((int.from_bytes(os.urandom(12), "big") << 32) + 1)
@@ -253,8 +254,7 @@ class Acquisition:
         if holder is not None:
             # No await since the grant: the lease cannot be lost yet (push_lease checks).
             pusher, lease._task, stack = holder
-            scope = self.scope_type()
-            scope.__enter__()
+            scope = self.scope_type().__enter__()
             lease._scope = scope
             LEASES.set(stack + ((pusher, lease, scope),))  # noqa: RUF005 (no list: cheaper)
         return lease
@@ -395,7 +395,10 @@ class Acquisition:
                 self.wrong_loop()
             session = self.session
             # Stop renewing first: renewal is tied to the holder's life, never outlives it.
-            session.held.pop(lease.owner, None)
+            try:  # noqa: SIM105 (suppress() costs a context manager per hold)
+                del session.held[lease.owner]
+            except KeyError:
+                pass  # lost (or let expire): dropped already
             if session.extends:
                 session.drop(lease)
             if not lease._released:
@@ -440,12 +443,11 @@ class Acquisition:
                     # (below); the scope is left next, with no await in between.
                 if ok and not was_lost:  # the usual case
                     lease._released = released = True
-                    stats = self.stats
-                    stats.hold_times.append(now - lease.acquired_at)
-                    stats.released += 1
+                    self._record_hold(now - lease.acquired_at)
+                    self.stats.released += 1
                     if self._release_events:
                         self.wake(lease.name)
-                    if _logs.get(_DEBUG, True) and logger.isEnabledFor(_DEBUG):
+                    if _known_level(_DEBUG, True) and logger.isEnabledFor(_DEBUG):
                         logger.debug("released %r token=%d", lease.name, lease.token)
                 else:
                     self._not_released(lease, ok, error, now, was_lost, quiet)

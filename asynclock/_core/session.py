@@ -39,8 +39,9 @@ if TYPE_CHECKING:
     from .lease import Grantor
 
 logger = logging.getLogger("asynclock")
-#: ``logger.isEnabledFor``'s answers (see fastpath._level_cache).
-_logs = _level_cache(logger)
+#: ``logger.isEnabledFor``'s answer for a level, if known (see fastpath._level_cache).
+_known_level = _level_cache(logger).get
+_ref = weakref.ref
 _DEBUG = logging.DEBUG
 
 _new = object.__new__
@@ -131,9 +132,9 @@ class Session:
         lease._scope = None
         lease._task = None
         lease._released = False
-        self.held[owner] = (weakref.ref(lease, self._on_collected), name, token)
+        self.held[owner] = (_ref(lease, self._on_collected), name, token)
         self.stats.acquired += 1
-        if _logs.get(_DEBUG, True) and logger.isEnabledFor(_DEBUG):
+        if _known_level(_DEBUG, True) and logger.isEnabledFor(_DEBUG):
             logger.debug("acquired %r token=%d ttl=%gs", name, token, ttl)
         if t_send + ttl * self.heartbeat < self._next_round:  # renew it before the next round
             self._next_round = t_send + ttl * self.heartbeat
