@@ -41,13 +41,18 @@ def ms(seconds: float) -> int:
 # -- one server -----------------------------------------------------------------------------
 
 
+#: One bulk string of a command: ``_bulk((len(arg), arg))``.
+_bulk = b"$%d\r\n%b\r\n".__mod__
+
+
 def pack(*args: bytes) -> bytes:
     """One command in the Redis protocol (RESP). Every command the drivers send on their
-    command connections goes through here (benchmarks count commands at this point)."""
-    out = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        out.append(b"$%d\r\n%b\r\n" % (len(arg), arg))
-    return b"".join(out)
+    command connections goes through here (benchmarks count commands at this point).
+
+    The arguments are formatted by ``map``, not a Python loop: a hold packs two commands
+    of about ten arguments each, and the loop was the largest piece of the Redis driver's
+    Python per hold."""
+    return b"*%d\r\n%b" % (len(args), b"".join(map(_bulk, zip(map(len, args), args, strict=True))))
 
 
 #: Idle command connections a node keeps open (more are opened while calls overlap).
