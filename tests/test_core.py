@@ -446,3 +446,8 @@ async def test_sync_use_of_an_async_only_object_says_async_with() -> None:
             for _ in backend.leadership("x", ttl=1.0):  # type: ignore[attr-defined]
                 pass  # pragma: no cover
         assert backend.held() == []
+
+
+def test_a_lease_is_only_granted_never_constructed() -> None:
+    with pytest.raises(TypeError, match="granted by a backend"):
+        asynclock.Lease()

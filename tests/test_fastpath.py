@@ -64,3 +64,49 @@ async def test_the_current_task_shortcut_names_the_running_task() -> None:
         tg.start_soon(child)
     mine = current()
     assert mine is not None and seen[0] is not None and seen[0] is not mine
+
+
+async def test_the_asyncio_task_shortcut_reads_the_dict_asyncio_keeps() -> None:
+    """Python 3.11: the running task is read from the dict asyncio's C tasks keep it in
+    (no Python frame per call); later Pythons keep their C ``current_task``."""
+    import asyncio
+    import inspect
+
+    current = _current_task_function(type(anyio.CancelScope()))
+    assert current() is asyncio.current_task()
+    if inspect.isfunction(asyncio.current_task):  # Python 3.11
+        running = asyncio.tasks._current_tasks  # type: ignore[attr-defined]
+        assert getattr(current, "func", None) == running.get, "the shortcut fell back"
+
+
+def test_the_level_cache_is_the_one_logging_fills_and_empties() -> None:
+    """``_level_cache`` hands out the dict ``Logger.isEnabledFor`` caches its answers in,
+    which logging empties whenever a level changes: a False found there is the answer."""
+    import logging
+
+    from asynclock._core.fastpath import _level_cache
+
+    logger = logging.getLogger("asynclock.test-level-cache")
+    cache = _level_cache(logger)
+    assert cache is getattr(logger, "_cache", None), "logging keeps no cache: revisit"
+    old = logger.level
+    try:
+        logger.setLevel(logging.INFO)
+        assert not logger.isEnabledFor(logging.DEBUG)
+        assert cache.get(logging.DEBUG, True) is False
+        logger.setLevel(logging.DEBUG)  # a level change empties the very same dict
+        assert cache.get(logging.DEBUG, True) is True
+        assert logger.isEnabledFor(logging.DEBUG)
+        logging.disable(logging.DEBUG)  # and so does logging.disable
+        try:
+            assert cache.get(logging.DEBUG, True) is True
+            assert not logger.isEnabledFor(logging.DEBUG)
+        finally:
+            logging.disable(logging.NOTSET)
+        logger.disabled = True  # not in the cache: the shortcut asks isEnabledFor then
+        try:
+            assert not logger.isEnabledFor(logging.DEBUG)
+        finally:
+            logger.disabled = False
+    finally:
+        logger.setLevel(old)
