@@ -1,4 +1,4 @@
-"""Shortcuts on the hot path, each leaning on one thing anyio or the event loop does today.
+"""Shortcuts on the hot path, each leaning on one thing anyio, asyncio or logging does today.
 
 A backend is bound to one event loop, so what anyio looks up on every call (the running
 back-end) is looked up once, when the backend opens. ``tests/test_fastpath.py`` fails

@@ -2,7 +2,8 @@
 
 One per backend (so per event loop). It owns, and nothing else touches:
 
-* the local deadline of every lease, from one function (:meth:`Session.deadline`, G3);
+* the local deadline of every lease, from one formula (:meth:`Session.deadline`, G3; the
+  grant, once per hold, writes it out inline);
 * the heartbeat: one renewer extends *all* held leases in one driver call per interval and
   reports loss per lease (G7);
 * the watchdog, which cancels a holder whose local deadline or ``max_hold`` passes (G4);
