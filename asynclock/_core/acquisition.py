@@ -252,10 +252,13 @@ class Acquisition:
             if self._settled is not None and not self._pending:
                 self._settled.set()
         if holder is not None:
-            # No await since the grant: the lease cannot be lost yet (push_lease checks).
+            # context.push_lease, inline. A wait's clean-up (unwatch) awaits after its
+            # grant, so the lease may be lost already: then its scope starts cancelled.
             pusher, lease._task, stack = holder
             scope = self.scope_type().__enter__()
             lease._scope = scope
+            if lease.lost.reason is not None:
+                scope.cancel()
             LEASES.set(stack + ((pusher, lease, scope),))  # noqa: RUF005 (no list: cheaper)
         return lease
 
