@@ -1,6 +1,9 @@
 """The holder side: ``Locks`` opens a backend in the lifespan; ``guard`` holds a lease per request.
 
-How a guarded request runs (the timing the docs promise, each point tested):
+Where the route allows it, ``Locks.lifespan(app)`` holds a guard's lease around the route's
+ASGI app instead (see ``_route``: the same promises without the cost of a dependency with
+``yield``). Elsewhere, how a guarded request runs (the timing the docs promise, each point
+tested):
 
 1. FastAPI resolves the endpoint's dependencies in parameter order. The guard puts its own
    *lock dependency* (a dependency with ``yield``) first, so the lease is acquired before
@@ -106,7 +109,8 @@ class Locks:
         """Open the backend for the app's life: ``FastAPI(lifespan=locks.lifespan)``.
 
         Inside your own lifespan: ``async with locks.lifespan(app): yield``; or let
-        :meth:`wrap` combine the two.
+        :meth:`wrap` combine the two. Pass the app: the guards of its routes are then held
+        around the routes where they can be (cheaper; the docs say which routes).
         """
         if self._backend is not None:
             raise RuntimeError("this Locks is already open (one lifespan at a time)")
