@@ -65,7 +65,11 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 #: Attribute on a guarded endpoint whose guard can be held around the route: its RouteGuard.
 ROUTE_ATTR = "__asynclock_route_guard__"
 #: What APIRoute() takes besides path and endpoint, all kept on the route under these names.
-_ROUTE_OPTIONS = tuple(inspect.signature(APIRoute.__init__).parameters)[3:]
+_ROUTE_OPTIONS = tuple(
+    name
+    for name, param in inspect.signature(APIRoute.__init__).parameters.items()
+    if param.kind is param.KEYWORD_ONLY
+)
 
 
 class RouteGuard:
@@ -189,8 +193,9 @@ def _wrapper(guard: RouteGuard, route_app: ASGIApp, query: list[str]) -> ASGIApp
     locks = answers.locks
 
     async def guarded_route(scope: Scope, receive: Receive, send: Send) -> None:
-        values = dict(scope["path_params"])
+        values = scope["path_params"]
         if query:
+            values = dict(values)
             params = QueryParams(scope["query_string"])
             for field in query:
                 value = params.get(field)
