@@ -117,10 +117,11 @@ class Locks:
         backend = self._given if self._given is not None else self._connect()
         async with backend:
             self._backend = backend
-            # The guards of the app's routes held around the routes where they can be (see
-            # _route): the same promises, without the cost of a dependency with yield.
-            wrapped = wrap_routes(app, self)
+            wrapped = []
             try:
+                # The guards of the app's routes held around the routes where they can be
+                # (see _route): the same promises, without the cost of a yield dependency.
+                wrapped = wrap_routes(app, self)
                 yield
             finally:
                 for route, route_app in wrapped:
