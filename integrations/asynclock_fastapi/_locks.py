@@ -1,6 +1,9 @@
 """The holder side: ``Locks`` opens a backend in the lifespan; ``guard`` holds a lease per request.
 
-How a guarded request runs (the timing the docs promise, each point tested):
+Where the route allows it, ``Locks.lifespan(app)`` holds a guard's lease around the route's
+ASGI app instead (see ``_route``: the same promises without the cost of a dependency with
+``yield``). Elsewhere, how a guarded request runs (the timing the docs promise, each point
+tested):
 
 1. FastAPI resolves the endpoint's dependencies in parameter order. The guard puts its own
    *lock dependency* (a dependency with ``yield``) first, so the lease is acquired before
@@ -45,7 +48,15 @@ from ._common import (
     _retry_after,
     check_header_name,
 )
-from ._plumbing import _depend_on, _is_guard_lease, _make_lock_dependency, _typed_signature
+from ._plumbing import (
+    Answers,
+    _depend_on,
+    _is_guard_lease,
+    _is_plain,
+    _make_lock_dependency,
+    _typed_signature,
+)
+from ._route import ROUTE_ATTR, RouteGuard, twin_endpoint, wrap_routes
 
 logger = logging.getLogger("asynclock_fastapi")
 
@@ -98,16 +109,23 @@ class Locks:
         """Open the backend for the app's life: ``FastAPI(lifespan=locks.lifespan)``.
 
         Inside your own lifespan: ``async with locks.lifespan(app): yield``; or let
-        :meth:`wrap` combine the two.
+        :meth:`wrap` combine the two. Pass the app: the guards of its routes are then held
+        around the routes where they can be (cheaper; the docs say which routes).
         """
         if self._backend is not None:
             raise RuntimeError("this Locks is already open (one lifespan at a time)")
         backend = self._given if self._given is not None else self._connect()
         async with backend:
             self._backend = backend
+            wrapped = []
             try:
+                # The guards of the app's routes held around the routes where they can be
+                # (see _route): the same promises, without the cost of a yield dependency.
+                wrapped = wrap_routes(app, self)
                 yield
             finally:
+                for route, route_app in wrapped:
+                    route.app = route_app
                 self._backend = None
 
     def _connect(self) -> Backend:
@@ -232,16 +250,9 @@ class Locks:
                         f"lock name template {template!r} uses {param.name}, the guard's own "
                         "lease: name the lock after the request's parameters instead"
                     )
+            answers = Answers(locks, busy_status, lost_retry, outage_retry, scope == "request")
             lock_dependency = _make_lock_dependency(
-                locks,
-                name_template,
-                fields,
-                info,
-                timeout,
-                max_hold,
-                lost_retry,
-                outage_retry,
-                scope,
+                locks, name_template, fields, info, timeout, max_hold, answers
             )
 
             @functools.wraps(endpoint)
@@ -287,6 +298,18 @@ class Locks:
                 parameters=[*hidden, *keyword]
             )
             setattr(guarded, GUARD_ATTR, info)
+            if scope == "request" and all(_is_plain(p) for p in fields):
+                # This guard can also be held around its route (see _route): the lifespan
+                # decides, when it sees the route.
+                lock_options = {
+                    "ttl": ttl,
+                    "timeout": timeout,
+                    "blocking": timeout is not None,
+                    "max_hold": max_hold,
+                }
+                twin = twin_endpoint(endpoint, signature, header, answers)
+                route_guard = RouteGuard(name_template, twin, lock_options, answers)
+                setattr(guarded, ROUTE_ATTR, route_guard)
             return guarded  # type: ignore[return-value]
 
         return decorate

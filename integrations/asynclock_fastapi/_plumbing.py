@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from collections.abc import AsyncIterator, Callable, MutableMapping
+from typing import TYPE_CHECKING, Annotated, Any
 
 from fastapi import Depends, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from ._locks import Locks
 
 logger = logging.getLogger("asynclock_fastapi")
+Scope = MutableMapping[str, Any]
 
 
 def _typed_signature(func: Callable[..., Any]) -> inspect.Signature:
@@ -88,6 +89,96 @@ def _is_plain(param: inspect.Parameter) -> bool:
     return param.annotation is str and param.default is inspect.Parameter.empty
 
 
+def missing_query(field: str) -> RequestValidationError:
+    """422 for a required plain ``str`` field of the lock name missing from the query."""
+    return RequestValidationError(
+        [{"type": "missing", "loc": ("query", field), "msg": "Field required"}]
+    )
+
+
+def lock_name(template: NameTemplate, values: dict[str, Any]) -> str:
+    """The lock name of a request; 422 if it cannot be made (e.g. too long: the input's fault)."""
+    try:
+        return template.format(values)
+    except ValueError as exc:
+        raise HTTPException(422, detail=f"cannot make the lock name: {exc}") from None
+
+
+class Answers:
+    """How a guard answers what its lock raised; shared by both ways a guard holds its lease
+    (the lock dependency here, the route wrapper in ``_route``)."""
+
+    __slots__ = ("busy_status", "in_response", "locks", "lost_retry", "outage_retry")
+
+    def __init__(
+        self,
+        locks: Locks,
+        busy_status: int,
+        lost_retry: str | None,
+        outage_retry: str,
+        in_response: bool,
+    ) -> None:
+        self.locks = locks
+        self.busy_status = busy_status
+        self.lost_retry = lost_retry
+        self.outage_retry = outage_retry
+        #: The lock outlives the endpoint: it spans the response (``release="response"``).
+        self.in_response = in_response
+
+    def lost(self, exc: LeaseLost, scope: Scope) -> HTTPException:
+        """503 for the guard's lease lost before the endpoint returned."""
+        request = Request(scope)
+        headers = {} if self.lost_retry is None else {"Retry-After": self.lost_retry}
+        logger.warning("guarded request %s %s stopped: %s", request.method, request.url.path, exc)
+        return HTTPException(
+            503, detail=f"lock lost, the request was stopped: {exc}", headers=headers
+        )
+
+    async def raise_for(self, exc: Exception, state: _GuardState, name: str, scope: Scope) -> None:
+        """Raise the answer to ``exc``, raised by the lock ``name`` or inside it; return if
+        ``exc`` is not the guard's own (the caller re-raises it)."""
+        if isinstance(exc, LeaseLost):
+            lease = state.lease
+            if lease is None or not lease.lost or exc.token != lease.token:
+                return  # another lease's loss, raised by the request's own code
+            if state.returned and self.in_response:
+                # The response may have started: only the middleware can tell (see
+                # ResponsePhase); with scope "function" it never has, so 503 below.
+                if not scope.get(INSTALLED_KEY):
+                    request = Request(scope)
+                    logger.warning(
+                        "%s %s: lease lost after the endpoint returned; call "
+                        "asynclock_fastapi.install(app) to end such responses without a "
+                        "server traceback",
+                        request.method,
+                        request.url.path,
+                    )
+                raise LostDuringResponse(exc, int(self.lost_retry or 0)) from exc
+            raise self.lost(exc, scope) from None
+        if state.lease is not None:
+            return  # from the request's own code, not from our acquire
+        if isinstance(exc, RestartGrace):
+            raise grace_unavailable(exc.retry_after, exc.until) from None
+        if isinstance(exc, LockHeld | AcquireTimeout):
+            if isinstance(exc, AcquireTimeout) and exc.detail is not None:
+                # The wait ran out with something to say: a restart grace, if the server
+                # still has one, is an outage with a known end (503), not a conflict.
+                grace = await _grace_of(self.locks.backend, name)
+                if grace is not None:
+                    raise grace_unavailable(*grace) from None
+            retry = _retry_after(exc.retry_after) if isinstance(exc, LockHeld) else None
+            raise HTTPException(
+                self.busy_status,
+                detail=f"busy: {exc}",
+                headers=None if retry is None else {"Retry-After": retry},
+            ) from None
+        if isinstance(exc, BackendUnavailable):
+            request = Request(scope)
+            raise lock_service_unavailable(
+                request.method, request.url.path, exc, self.outage_retry
+            ) from None
+
+
 def _make_lock_dependency(
     locks: Locks,
     template: NameTemplate,
@@ -95,15 +186,12 @@ def _make_lock_dependency(
     info: GuardInfo,
     timeout: float | None,
     max_hold: float | None,
-    lost_retry: str | None,
-    outage_retry: str,
-    scope: Literal["request", "function"],
+    answers: Answers,
 ) -> Callable[..., AsyncIterator[_GuardState]]:
     """The guard's dependency with ``yield``: acquire, run the request inside, release."""
-    ttl, busy_status, header = info.ttl, info.busy_status, info.header
+    ttl, header = info.ttl, info.header
     blocking = timeout is not None
     plain = [p.name for p in fields if _is_plain(p)]
-    in_response = scope == "request"  # the lock outlives the endpoint: it spans the response
 
     async def lock_dependency(**values: Any) -> AsyncIterator[_GuardState]:
         request: Request = values.pop(_REQUEST_PARAM)
@@ -115,14 +203,9 @@ def _make_lock_dependency(
             if value is None:
                 value = request.query_params.get(field)
                 if value is None:
-                    raise RequestValidationError(
-                        [{"type": "missing", "loc": ("query", field), "msg": "Field required"}]
-                    )
+                    raise missing_query(field)
             values[field] = value
-        try:
-            name = template.format(values)
-        except ValueError as exc:  # e.g. longer than a lock name may be: the input's fault
-            raise HTTPException(422, detail=f"cannot make the lock name: {exc}") from None
+        name = lock_name(template, values)
         lock = locks.backend.lock(
             name, ttl=ttl, timeout=timeout, blocking=blocking, max_hold=max_hold
         )
@@ -133,54 +216,9 @@ def _make_lock_dependency(
                 if header is not None:
                     response.headers[header] = str(lease.token)
                 yield state
-        except RestartGrace as exc:
-            if state.lease is not None:
-                raise  # from the request's own code, not from our acquire
-            raise grace_unavailable(exc.retry_after, exc.until) from None
-        except (LockHeld, AcquireTimeout) as exc:
-            if state.lease is not None:
-                raise
-            if isinstance(exc, AcquireTimeout) and exc.detail is not None:
-                # The wait ran out with something to say: a restart grace, if the server
-                # still has one, is an outage with a known end (503), not a conflict.
-                grace = await _grace_of(locks.backend, name)
-                if grace is not None:
-                    raise grace_unavailable(*grace) from None
-            retry = _retry_after(exc.retry_after) if isinstance(exc, LockHeld) else None
-            raise HTTPException(
-                busy_status,
-                detail=f"busy: {exc}",
-                headers=None if retry is None else {"Retry-After": retry},
-            ) from None
-        except BackendUnavailable as exc:
-            if state.lease is not None:
-                raise
-            raise lock_service_unavailable(
-                request.method, request.url.path, exc, outage_retry
-            ) from None
-        except LeaseLost as exc:
-            lease_ = state.lease
-            if lease_ is None or not lease_.lost or exc.token != lease_.token:
-                raise  # another lease's loss, raised by the request's own code
-            if state.returned and in_response:
-                # The response may have started: only the middleware can tell (see
-                # ResponsePhase); with scope "function" it never has, so 503 below.
-                if not request.scope.get(INSTALLED_KEY):
-                    logger.warning(
-                        "%s %s: lease lost after the endpoint returned; call "
-                        "asynclock_fastapi.install(app) to end such responses without a "
-                        "server traceback",
-                        request.method,
-                        request.url.path,
-                    )
-                raise LostDuringResponse(exc, int(lost_retry or 0)) from exc
-            headers = {} if lost_retry is None else {"Retry-After": lost_retry}
-            logger.warning(
-                "guarded request %s %s stopped: %s", request.method, request.url.path, exc
-            )
-            raise HTTPException(
-                503, detail=f"lock lost, the request was stopped: {exc}", headers=headers
-            ) from None
+        except (LockHeld, AcquireTimeout, BackendUnavailable, LeaseLost) as exc:
+            await answers.raise_for(exc, state, name, request.scope)
+            raise
 
     # FastAPI reads the dependency's parameters from its signature: the template's fields
     # are the endpoint's own parameters (same types, defaults, Query()/Path()/Depends()),
