@@ -3,21 +3,177 @@ the lease is lost (a signal on the main thread, an async exception elsewhere).""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
+import redis
 
 import asynclock
 import asynclock.testing
+from asynclock.backends.redis.keys import keys_for
+from asynclock.backends.redis.replies import token_of
 from asynclock.from_thread import LoopThread, hold
 
 
+@pytest.fixture(params=["sqlite", "redis"])
+def url_spec(request: pytest.FixtureRequest) -> str:
+    """sqlite: the body's thread asks the loop thread; redis (one server): it acquires and
+    releases itself with the driver's blocking calls, and the loop renews and watches."""
+    return str(request.param)
+
+
 @pytest.fixture
-def url(tmp_path: Path) -> str:
+def url(url_spec: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    if url_spec == "redis":
+        return str(request.getfixturevalue("spec_redis").url)
     return f"sqlite:///{tmp_path / 'locks.db'}"
+
+
+@contextlib.contextmanager
+def loop_frozen(thread: LoopThread) -> Iterator[None]:
+    """The loop thread blocked (a callback that waits) for the duration of the block."""
+    frozen, thaw = threading.Event(), threading.Event()
+
+    def block() -> None:
+        frozen.set()
+        thaw.wait(WAIT)
+
+    thread.loop.call_soon_threadsafe(block)
+    assert frozen.wait(WAIT)
+    try:
+        yield
+    finally:
+        thaw.set()
+
+
+def in_thread(body: Callable[[], T]) -> T:
+    """``body()`` on a thread of its own, waited for at most WAIT seconds."""
+    out: list[T] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(body())
+        except BaseException as exc:
+            errors.append(exc)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    runner.join(WAIT)
+    assert not runner.is_alive(), "still running: it waited for the frozen loop"
+    if errors:
+        raise errors[0]
+    return out[0]
+
+
+@pytest.mark.parametrize("url_spec", ["redis"], indirect=True)
+def test_on_one_redis_server_the_body_thread_takes_and_gives_back_the_lock_itself(
+    url: str, lock_name: str
+) -> None:
+    """No hand-over to the loop: with the loop thread frozen, a body still gets its lease
+    and gives it back (one script round trip each, on the body's thread); the loop then
+    does the bookkeeping it was told about, and the name is free at the server."""
+    with LoopThread() as thread:
+        backend = thread.backend(url)
+
+        def body() -> tuple[asynclock.Lease, bool]:
+            with hold(thread, url, lock_name, ttl=5.0) as lease:
+                held_at_server = thread_free_check(url, lock_name) == lease.token
+            return lease, held_at_server
+
+        with loop_frozen(thread):
+            lease, held_at_server = in_thread(body)
+        assert held_at_server and lease.released and not lease.lost
+        assert thread_free_check(url, lock_name) is None
+        stats = thread.run(_settled_stats(backend))
+        assert (stats.acquired, stats.released, stats.held) == (1, 1, 0)
+        # A second hold on the same backend: a fresh, larger token.
+        with hold(thread, url, lock_name, ttl=5.0) as again:
+            assert again.token > lease.token
+
+
+@pytest.mark.parametrize("url_spec", ["redis"], indirect=True)
+def test_a_lease_taken_in_the_body_thread_is_renewed_by_the_loop(
+    url: str, lock_name: str
+) -> None:
+    with LoopThread() as thread:
+        backend = thread.backend(url)
+        with hold(thread, url, lock_name, ttl=1.0) as lease:
+            # Held for three ttls: only renewal keeps it.
+            for _ in range(6):
+                thread.run(asyncio.wait_for(backend._session.next_round(), WAIT))
+            assert thread_free_check(url, lock_name) == lease.token
+            assert not lease.lost
+        assert backend.stats().renewals >= 3
+        assert lease.released and thread_free_check(url, lock_name) is None
+
+
+@pytest.mark.parametrize("url_spec", ["redis"], indirect=True)
+def test_a_queued_waiter_is_not_overtaken_by_the_body_thread(url: str, lock_name: str) -> None:
+    """The blocking attempt respects the fair queue: a body arriving while another backend
+    waits in line for the name gets it only after that waiter."""
+    order: list[tuple[str, int]] = []
+
+    async def wait_in_line(backend: asynclock.Backend) -> None:
+        lease = await backend.acquire(lock_name, ttl=5.0, timeout=WAIT)
+        order.append(("waiter", lease.token))
+        await lease.release()
+
+    with LoopThread() as thread, LoopThread() as other:
+        first = thread.run(thread.backend(url).acquire(lock_name, ttl=5.0))
+        waiting = asyncio.run_coroutine_threadsafe(
+            wait_in_line(other.backend(url)), other.loop
+        )
+        wait_for(lambda: queue_length(url, lock_name) == 1)
+        thread.run(first.release())  # the name is handed to the waiter, reserved for it
+        with hold(thread, url, lock_name, ttl=5.0, timeout=WAIT) as mine:
+            order.append(("body", mine.token))
+        waiting.result(WAIT)
+    assert [who for who, _ in order] == ["waiter", "body"], order
+    assert order[0][1] < order[1][1]
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+WAIT = 20.0
+T = TypeVar("T")
+
+
+def _redis(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url)
+
+
+def thread_free_check(url: str, name: str) -> int | None:
+    """The token the server has for ``name`` now (None: nobody holds it)."""
+    with _redis(url) as client:
+        value = client.get(keys_for(name).lock)
+    return None if value is None else token_of(value)
+
+
+def queue_length(url: str, name: str) -> int:
+    with _redis(url) as client:
+        return int(client.zcard(keys_for(name).queue))
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = WAIT) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+async def _settled_stats(backend: asynclock.Backend) -> asynclock.BackendStats:
+    """The backend's stats once the loop has run what it was posted (FIFO: one more
+    callback round after them)."""
+    await asyncio.sleep(0)
+    return backend.stats()
 
 
 def test_a_body_holds_the_lease_and_releases_it(url: str) -> None:

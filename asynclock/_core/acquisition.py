@@ -18,8 +18,8 @@ import logging
 import os
 import random
 import threading
-from collections.abc import Awaitable, Callable
-from typing import NoReturn
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, NoReturn
 
 import anyio
 import anyio.lowlevel
@@ -95,6 +95,8 @@ class Acquisition:
         self.current_task: Callable[[], object] = _any_current_task
         self._remote = bool(driver.remote)
         session.wake = self.wake
+        #: Clean-up tasks of calls made from other threads (see thread_acquire).
+        self._spawned: set[Any] = set()
 
     # -- the event loop it belongs to ------------------------------------------------------
 
@@ -368,6 +370,103 @@ class Acquisition:
         if event is not None:
             event.set()
 
+    # -- from another thread (asynclock.from_thread) ----------------------------------------
+
+    def thread_acquire(
+        self, name: str, ttl: float, post: Post, on_lost: Callable[[], object]
+    ) -> Lease | None:
+        """On a thread other than the loop's: one attempt at ``name`` with the driver's
+        blocking calls, the lease if granted now; None if the driver has no such calls, or
+        the name is busy (or in a restart grace), or the attempt failed: the caller then
+        acquires through the loop, which waits, queues and explains. ``on_lost`` runs on
+        the loop when the lease is lost. ``post`` (the loop's ``call_soon_threadsafe``)
+        hands the lease to the loop's renewer and watchdog, without waiting for them: its
+        deadline counts from before the request was sent, wherever it is kept (G3)."""
+        calls = self.driver.thread_calls()
+        if calls is None or not self.open or ttl <= self.session.min_ttl:
+            return None
+        owner = "%032x" % next(self._owner_seq)  # noqa: UP031 (as acquire)
+        t_send = self.clock.now()
+        try:
+            token = calls.acquire(name, owner, ttl)
+        except Exception as exc:
+            # It may have been granted all the same: give it back (owner-checked) from the
+            # loop; the loop's acquire that follows reports what is wrong.
+            logger.debug("blocking acquire of %r failed, asking the loop: %r", name, exc)
+            post(self._give_back, name, owner)
+            return None
+        if token is None:
+            return None
+        lease = self.session.new_lease(name, owner, token, ttl, t_send, self)
+        lease.lost._on_set = on_lost
+        post(self._adopt, lease)
+        return lease
+
+    def thread_release(self, lease: Lease, post: Post) -> bool:
+        """On the thread :meth:`thread_acquire` granted ``lease`` to: release it at the
+        server (owner-checked, G6) with the driver's blocking call, then hand the
+        bookkeeping to the loop without waiting for it. True if released."""
+        if lease._released:
+            return False  # released by the loop already (the backend closed)
+        # From here the renewer and the watchdog skip it (no renewal of a lease being
+        # released, no loss reported for it), until _settle drops it on the loop.
+        lease._released = True
+        ok: bool | None = None
+        calls = self.driver.thread_calls()
+        if calls is not None and self.open:
+            try:
+                ok = calls.release(lease.name, lease.owner, lease.token)
+            except Exception as exc:
+                logger.warning(
+                    "release of %r token=%d was not confirmed (the server expires it within "
+                    "its ttl, %gs): %r",
+                    lease.name,
+                    lease.token,
+                    lease.ttl,
+                    exc,
+                )
+        post(self._settle, lease, ok, self.clock.now())
+        return bool(ok)
+
+    def _adopt(self, lease: Lease) -> None:
+        """On the loop: renew a lease another thread was granted (:meth:`thread_acquire`)."""
+        # (Posted before the release's _settle, so it runs first even for a short body.)
+        self.session.adopt(lease)
+        self.driver.adopted(lease.name, lease.owner)
+        if not self.open and not lease._released:
+            # Granted while the backend closed: nobody will renew it.
+            self.session.lose(lease, "backend closed")
+            self._spawn(self.release(lease, quiet=True))
+
+    def _settle(self, lease: Lease, ok: bool | None, now: float) -> None:
+        """On the loop: the bookkeeping of a release made by :meth:`thread_release`."""
+        self.session.drop(lease)
+        self.driver.forget(lease.owner)
+        if ok is None:
+            return  # not confirmed (logged), or the backend had closed and released it
+        self._record_hold(now - lease.acquired_at)
+        if ok and not lease.lost:
+            self.stats.released += 1
+            if self._release_events:
+                self.wake(lease.name)
+            return
+        if not ok and not lease.lost:
+            lease.lost._set("lease had already ended at the server when released")
+        logger.info(
+            "release of %r token=%d was a no-op: lease already lost", lease.name, lease.token
+        )
+
+    def _give_back(self, name: str, owner: str) -> None:
+        """On the loop: release what a failed blocking acquire may have been granted."""
+        self._spawn(cleanup(self.driver.release(name, owner, None), self.bounds, "give back"))
+
+    def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:
+        import asyncio
+
+        task = asyncio.get_running_loop().create_task(coro)
+        self._spawned.add(task)
+        task.add_done_callback(self._spawned.discard)
+
     # -- release ---------------------------------------------------------------------------
 
     async def release(
@@ -499,6 +598,9 @@ class Acquisition:
 #: What ``Lock.__aenter__`` hands :meth:`Acquisition.acquire`: the lock, the running task
 #: and this context's lease stack.
 Holder = tuple[object, object, tuple[Entry, ...]]
+
+#: How another thread runs a function on the loop (``loop.call_soon_threadsafe``).
+Post = Callable[..., object]
 
 #: Errors :meth:`Acquisition.call` lets through as they are.
 Passing = tuple[type[Exception], ...]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from .clock import Clock, MonotonicClock
 from .holder import Holder
@@ -59,6 +60,22 @@ class Refused:
 ExtendResult = bool | Refused | BaseException
 
 
+class ThreadCalls(Protocol):
+    """A driver's blocking acquire and release, for a thread other than the backend's
+    loop thread (``asynclock.from_thread``): each is one server round trip made on the
+    calling thread. Only the calls themselves: the lease's bookkeeping stays on the loop
+    (:meth:`Driver.adopted`, :meth:`Driver.forget`)."""
+
+    def acquire(self, name: str, owner: str, ttl: float) -> int | None:
+        """The token if granted now, else None (busy, or a restart grace): never waits and
+        never joins a wait queue, and respects one (a queued waiter goes first)."""
+        ...
+
+    def release(self, name: str, owner: str, token: int) -> bool:
+        """Release, owner-checked (G6), as :meth:`Driver.release`."""
+        ...
+
+
 class Driver:
     """Base class of every backend driver. Subclasses override the ``async`` primitives."""
 
@@ -97,6 +114,19 @@ class Driver:
         self._notify_lost = notify_lost
         if renew_now is not None:
             self._renew_now = renew_now
+
+    def thread_calls(self) -> ThreadCalls | None:
+        """Blocking calls for other threads (see :class:`ThreadCalls`), or None (the
+        default): a thread then asks the backend's loop thread, one hop per call."""
+        return None
+
+    def adopted(self, name: str, owner: str) -> None:
+        """On the loop: a lease granted by :meth:`ThreadCalls.acquire` is now held (keep
+        what :meth:`acquire` keeps for a grant)."""
+
+    def forget(self, owner: str) -> None:
+        """On the loop: a lease released by :meth:`ThreadCalls.release` (or abandoned) is
+        no longer held (drop what :meth:`release` drops)."""
 
     async def open(self) -> None:
         """Connect, create schema, load scripts. Raise BackendUnavailable with a clear message."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
@@ -33,7 +33,10 @@ class Grantor(Protocol):
 class LossSignal:
     """Set once when the lease is lost. ``await lease.lost`` waits for it; ``bool()`` peeks."""
 
-    __slots__ = ("_event", "reason")
+    __slots__ = ("_event", "_on_set", "reason")
+
+    #: Called on the loop when set (unset on most leases: see :meth:`_set`).
+    _on_set: Callable[[], object] | None
 
     def __init__(self) -> None:
         self._event: anyio.Event | None = None  # made on first wait: most leases never lose
@@ -62,6 +65,11 @@ class LossSignal:
             self.reason = reason
             if self._event is not None:
                 self._event.set()
+            # A callback instead of a waiting task (a lease granted to another thread,
+            # see Acquisition.thread_acquire); unset on most leases.
+            on_set: Callable[[], object] | None = getattr(self, "_on_set", None)
+            if on_set is not None:
+                on_set()
 
 
 class Lease:

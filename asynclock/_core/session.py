@@ -144,6 +144,42 @@ class Session:
             _poke(self._watch_wake)
         return lease
 
+    def new_lease(
+        self, name: str, owner: str, token: int, ttl: float, t_send: float, grantor: Grantor
+    ) -> Lease:
+        """A lease granted to another thread (``Acquisition.thread_acquire``), not yet
+        renewed: the loop :meth:`adopt` s it. Safe on any thread: it touches no state of
+        the session. (:meth:`grant` fills the same fields inline, for speed.)"""
+        lease = _new(Lease)
+        lease.name = name
+        lease.owner = owner
+        lease.token = token
+        lease.ttl = ttl
+        lease.acquired_at = t_send
+        lease.hard_deadline = None
+        lease.lost = lost = _new(LossSignal)
+        lost._event = lost.reason = None
+        lease._deadline = t_send + ttl * self._keep - self.margin  # self.deadline()
+        lease._grantor = grantor
+        lease._scope = None
+        lease._task = None
+        lease._released = False
+        return lease
+
+    def adopt(self, lease: Lease) -> None:
+        """Renew ``lease`` from now on: :meth:`grant`'s bookkeeping, for a lease another
+        thread was granted (``Acquisition.thread_acquire``; this runs on the loop)."""
+        self.held[lease.owner] = (_ref(lease, self._on_collected), lease.name, lease.token)
+        self.stats.acquired += 1
+        if _known_level(_DEBUG, True) and logger.isEnabledFor(_DEBUG):
+            logger.debug("acquired %r token=%d ttl=%gs", lease.name, lease.token, lease.ttl)
+        first_renewal = lease.acquired_at + lease.ttl * self.heartbeat
+        if first_renewal < self._next_round:
+            self._next_round = first_renewal
+            _poke(self._renew_wake)
+        if lease.deadline < self._watch_until:
+            _poke(self._watch_wake)
+
     def drop(self, lease: Lease, why: str = "released") -> None:
         """Stop renewing ``lease`` (before it is released, or once it is lost)."""
         self.held.pop(lease.owner, None)
@@ -293,7 +329,8 @@ class Session:
             for lease, ref, result in zip(batch, refs, results, strict=True):
                 request = asked.get(lease.owner) if asked else None
                 entry = self.held.get(lease.owner)
-                if entry is None or entry[0]() is not lease:
+                if entry is None or entry[0]() is not lease or lease._released:
+                    # (released: by another thread, its bookkeeping not done here yet)
                     if request is not None:
                         self._end_extend(lease, Refused(lease.lost.reason or "released"), request)
                     continue  # released or lost while we were asking
@@ -330,14 +367,17 @@ class Session:
     async def watchdog_loop(self) -> None:
         while True:
             now = self.clock.now()
-            earliest = min((lease.deadline for lease in self.live()), default=now + IDLE_NAP)
+            earliest = min(
+                (lease.deadline for lease in self.live() if not lease._released),
+                default=now + IDLE_NAP,
+            )
             if now < earliest:
                 self._watch_until = earliest
                 await self._sleep_until(earliest, "_watch_wake")
                 self._watch_until = -math.inf
                 continue
             for lease in self.live():
-                if now >= lease.deadline:
+                if now >= lease.deadline and not lease._released:
                     self.lose(lease, deadline_reason(lease, now))
 
     async def reap_dropped(self) -> None:

@@ -11,11 +11,12 @@ from typing import TypeVar
 
 import anyio
 
+from .._core.acquisition import Acquisition
 from .._core.backend import Backend
 from .._core.context import use_lease
 from .._core.exceptions import LeaseLost
 from .._core.lease import Lease
-from ._guard import BodyGuard, lost_error, stop_on_loss
+from ._guard import RESEND, BodyGuard, lost_error, stop_on_loss
 from ._loop import LoopThread
 
 logger = logging.getLogger("asynclock")
@@ -33,7 +34,17 @@ class Handover:
     plus a watcher task, and cut the CPU a lock adds to a Celery run by about a fifth.)
     """
 
-    __slots__ = ("_finished", "_loop", "_ready", "_scope", "_task", "error", "guard", "lease")
+    __slots__ = (
+        "_direct",
+        "_finished",
+        "_loop",
+        "_ready",
+        "_scope",
+        "_task",
+        "error",
+        "guard",
+        "lease",
+    )
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -47,6 +58,9 @@ class Handover:
         self.error: BaseException | None = None
         #: Set by the body's thread before the body starts; interrupted on loss.
         self.guard: BodyGuard | None = None
+        #: The acquisition whose blocking calls granted :attr:`lease` in the body's thread
+        #: (None: the loop granted it, in a task that holds it).
+        self._direct: Acquisition | None = None
 
     # -- the body's thread
 
@@ -59,8 +73,20 @@ class Handover:
         blocking: bool = True,
         timeout: float | None = None,
     ) -> None:
-        """Post the acquisition and wait for its outcome (:attr:`lease` or :attr:`error`)."""
-        self._loop.call_soon_threadsafe(self._start, backend, name, (ttl, blocking, timeout))
+        """Acquire: :attr:`lease`, or :attr:`error`.
+
+        First, where the backend's driver has blocking calls (one Redis server), one
+        attempt right here in the body's thread: no hand-over at all, the loop is only told
+        (without waiting) to renew and watch the lease. Otherwise, or if that attempt did
+        not get the name, post the acquisition to the loop and wait for its outcome.
+        """
+        acq = backend._acq
+        post = self._loop.call_soon_threadsafe
+        lease = acq.thread_acquire(name, ttl, post, self._lost)
+        if lease is not None:
+            self.lease, self._direct = lease, acq
+            return
+        post(self._start, backend, name, (ttl, blocking, timeout))
         try:
             self._ready.acquire()
         except BaseException:
@@ -71,7 +97,11 @@ class Handover:
             raise
 
     def end(self) -> None:
-        """The body is over: post the release and wait until it is done."""
+        """The body is over: release (when it returns, the server has answered)."""
+        if self._direct is not None:
+            assert self.lease is not None
+            self._direct.thread_release(self.lease, self._loop.call_soon_threadsafe)
+            return
         self._loop.call_soon_threadsafe(self._finish)
         self._ready.acquire()
 
@@ -79,6 +109,17 @@ class Handover:
 
     def _start(self, backend: Backend, name: str, args: tuple[float, bool, float | None]) -> None:
         self._task = self._loop.create_task(self._run(backend, name, *args))
+
+    def _lost(self) -> None:
+        """On the loop: the lease granted in the body's thread was lost (as
+        :func:`stop_on_loss`, from a callback: a signal is sent again every
+        :data:`RESEND` seconds until its handler has raised)."""
+        guard = self.guard
+        if guard is None:
+            return  # the body has not started: BodyGuard.enter() checks the lease
+        guard.interrupt()
+        if guard.undelivered():
+            self._loop.call_later(RESEND, self._lost)
 
     def _finish(self) -> None:
         self._finished = True

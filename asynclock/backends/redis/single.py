@@ -39,6 +39,7 @@ from typing import Any
 from ..._core.asyncio_only import require_asyncio
 from ..._core.driver import Busy, ExtendResult, LeaseRef, Refused
 from ..._core.holder import Holder
+from .blocking import BlockingCalls
 from .base import LOUD, NO_EXPIRY, QUIET, GraceReport, SubscribingDriver
 from .keys import scope_fence_key
 from .options import NodeURL, check_restart_grace, read_redis_url
@@ -103,6 +104,7 @@ class RedisDriver(SubscribingDriver):
         #: skipped at once when this backend's connection is gone.
         self._probe = secrets.token_hex(8)
         self._probe_channel = f"{prefix}w:{self._probe}"
+        self._blocking = BlockingCalls(self)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -116,6 +118,7 @@ class RedisDriver(SubscribingDriver):
 
     async def aclose(self) -> None:
         self._open = False
+        self._blocking.close()
         await self.node.aclose()
 
     # -- primitives ------------------------------------------------------------------------
@@ -240,6 +243,21 @@ class RedisDriver(SubscribingDriver):
         await self.node.run(
             "abandon", k.release_keys, (wait.member.encode(), owner.encode(), k.channel)
         )
+
+    # -- calls from other threads (asynclock.from_thread) -----------------------------------
+
+    def thread_calls(self) -> BlockingCalls:
+        return self._blocking
+
+    def adopted(self, name: str, owner: str) -> None:
+        # What acquire() keeps for a grant.
+        self._leases[owner] = (name, self._drops)
+        if self.fair:
+            self.listener.wanted.add(self._probe_channel)
+        self.listener.keep_connected()
+
+    def forget(self, owner: str) -> None:
+        self._leases.pop(owner, None)
 
     # -- waking ----------------------------------------------------------------------------
 

@@ -209,6 +209,8 @@ class Node:
         self.connect_timeout = connect_timeout
         secret = url.password or str(options.get("password") or "")
         self.errors = map_errors(self.display, secret, explain=self._explain)
+        #: The connection options, for the blocking connections of other threads.
+        self.options = options
         try:
             self.pool: ConnectionPool = ConnectionPool.from_url(
                 url.url,

@@ -1,0 +1,108 @@
+"""Blocking acquire and release on one Redis server, for threads other than the loop's.
+
+A Celery worker runs its task bodies on its own thread while the backend lives on an
+event-loop thread. Asking the loop for every acquire and release costs two thread
+hand-overs and the asyncio machinery per call; these calls make the same script round
+trip on the calling thread instead, with a plain redis-py connection (a small pool shared
+by the threads of a process; redis-py's pool makes a fresh one after a fork). The scripts,
+keys and arguments are the driver's own (:mod:`.single`), so tokens, the fair queue and
+the restart grace behave exactly as for the loop's calls: an acquire here respects the
+wait queue but never joins it, and a busy answer (or a restart grace) sends the caller
+to the loop's full acquire, which waits, queues and explains.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from typing import TYPE_CHECKING, Any
+
+import redis
+import redis.exceptions
+
+from .replies import grace_ms
+from .scripts import NO_QUEUE, RESPECT_QUEUE, SCRIPTS
+from .wire import _NO_CLIENT_INFO, ms, pack, pack_script
+
+#: redis-py before 5.3 wants a command name for ``get_connection`` (later ones warn).
+_NAMED = "command_name" in inspect.signature(redis.ConnectionPool.get_connection).parameters and (
+    inspect.signature(redis.ConnectionPool.get_connection).parameters["command_name"].default
+    is inspect.Parameter.empty
+)
+
+if TYPE_CHECKING:
+    from .single import RedisDriver
+
+
+class BlockingCalls:
+    """:class:`asynclock._core.driver.ThreadCalls` for :class:`~.single.RedisDriver`."""
+
+    def __init__(self, driver: RedisDriver) -> None:
+        self._driver = driver
+        self._pool: redis.ConnectionPool | None = None
+        self._lock = threading.Lock()
+
+    def _connections(self) -> redis.ConnectionPool:
+        pool = self._pool
+        if pool is None:
+            with self._lock:
+                if self._pool is None:
+                    node = self._driver.node
+                    options = dict(node.options)
+                    if not {"driver_info", "lib_name", "lib_version"} & set(options):
+                        options.update(_NO_CLIENT_INFO)  # no CLIENT SETINFO per connection
+                    self._pool = redis.ConnectionPool.from_url(
+                        node.url,
+                        socket_timeout=node.socket_timeout,
+                        socket_connect_timeout=node.connect_timeout,
+                        decode_responses=False,
+                        **options,
+                    )
+                pool = self._pool
+        return pool
+
+    def _run(self, script: str, keys: tuple[bytes, ...], args: tuple[bytes, ...]) -> Any:
+        pool = self._connections()
+        conn: Any = pool.get_connection("EVALSHA") if _NAMED else pool.get_connection()
+        try:
+            conn.send_packed_command(pack_script(script, keys, args))
+            try:
+                return conn.read_response()
+            except redis.exceptions.NoScriptError:
+                # The server lost its script cache (a restart): the text loads it again.
+                text = SCRIPTS[script].encode()
+                conn.send_packed_command(pack(b"EVAL", text, b"%d" % len(keys), *keys, *args))
+                return conn.read_response()
+        except BaseException:
+            conn.disconnect()  # a call that did not end with its reply: never reused
+            raise
+        finally:
+            pool.release(conn)
+
+    def acquire(self, name: str, owner: str, ttl: float) -> int | None:
+        driver = self._driver
+        k = driver.keys(name)
+        ttl_ms = ms(ttl)
+        reply = self._run(
+            "acquire",
+            k.acquire_keys,
+            (
+                owner.encode(),
+                b"%d" % ttl_ms,
+                RESPECT_QUEUE if driver.fair else NO_QUEUE,
+                k.channel,
+                grace_ms(driver.restart_grace, ttl_ms),
+                b"",  # no probe: this caller never waits in the queue
+            ),
+        )
+        return int(reply[0]) if reply[0] else None
+
+    def release(self, name: str, owner: str, token: int) -> bool:
+        k = self._driver.keys(name)
+        reply = self._run("release", k.release_keys, (owner.encode(), b"%d" % token, k.channel))
+        return bool(reply)
+
+    def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.disconnect()
