@@ -413,19 +413,20 @@ class Acquisition:
         lease._released = True
         ok: bool | None = None
         calls = self.driver.thread_calls()
-        if calls is not None and self.open:
-            try:
+        try:
+            if calls is not None and self.open:
                 ok = calls.release(lease.name, lease.owner, lease.token)
-            except Exception as exc:
-                logger.warning(
-                    "release of %r token=%d was not confirmed (the server expires it within "
-                    "its ttl, %gs): %r",
-                    lease.name,
-                    lease.token,
-                    lease.ttl,
-                    exc,
-                )
-        post(self._settle, lease, ok, self.clock.now())
+        except Exception as exc:
+            logger.warning(
+                "release of %r token=%d was not confirmed (the server expires it within "
+                "its ttl, %gs): %r",
+                lease.name,
+                lease.token,
+                lease.ttl,
+                exc,
+            )
+        finally:  # even if interrupted (a time limit's signal): the loop must drop it
+            post(self._settle, lease, ok, self.clock.now())
         return bool(ok)
 
     def _adopt(self, lease: Lease) -> None:
