@@ -8,9 +8,15 @@ a thread pool, a script) runs on a thread of its own. This module is the bridge:
   Calls cross with ``asyncio.run_coroutine_threadsafe``: one hop per call (anyio's
   blocking portal costs two or three per task start, measured as a third of a no-op
   Celery task's throughput).
-* :class:`Handover` — one lease for one body: the body's thread asks for it and waits; the
-  loop acquires it, watches it, and releases it when the body is over. Each step is one
-  wake-up of a lock both threads share.
+* :class:`Handover` — one lease for one body. Where the backend's driver has blocking
+  calls (one Redis server: ``redis://``, ``rediss://``, ``unix://``), the body's thread
+  acquires and releases itself, one script round trip each on a plain redis-py connection
+  (the driver's own scripts: tokens, the fair queue and the restart grace are the same),
+  and the loop is only told, without being waited for, to renew and watch the lease.
+  Otherwise, and whenever that one attempt does not get the name (busy, a restart grace,
+  an error), the body's thread asks the loop and waits: the loop acquires (waiting and
+  queueing as ``backend.acquire`` does), watches the lease and releases it when the body
+  is over, each step one wake-up of a lock both threads share.
 * :class:`BodyGuard` — stops the body when the lease is lost: ``LeaseLost`` is raised in
   the body's thread. On the main thread by a signal (``SIGUSR2``), whose handler raises
   it: it interrupts ``time.sleep``, ``Event.wait``, ``socket.recv``, ``subprocess.run`` and
