@@ -42,7 +42,7 @@ def loop_frozen(thread: LoopThread) -> Iterator[None]:
 
     def block() -> None:
         frozen.set()
-        thaw.wait(WAIT)
+        thaw.wait(3 * WAIT)  # longer than in_thread() waits: a body that needs the loop fails
 
     thread.loop.call_soon_threadsafe(block)
     assert frozen.wait(WAIT)

@@ -22,7 +22,7 @@ import redis.exceptions
 
 from .replies import grace_ms
 from .scripts import NO_QUEUE, RESPECT_QUEUE, SCRIPTS
-from .wire import _NO_CLIENT_INFO, ms, pack, pack_script
+from .wire import _NO_CLIENT_INFO, _resp2, ms, pack, pack_script
 
 #: redis-py before 5.3 wants a command name for ``get_connection`` (later ones warn).
 _NAMED = "command_name" in inspect.signature(redis.ConnectionPool.get_connection).parameters and (
@@ -51,6 +51,8 @@ class BlockingCalls:
                     options = dict(node.options)
                     if not {"driver_info", "lib_name", "lib_version"} & set(options):
                         options.update(_NO_CLIENT_INFO)  # no CLIENT SETINFO per connection
+                    if "protocol" not in options:
+                        options = _resp2(options)  # as the loop's connections (no HELLO)
                     self._pool = redis.ConnectionPool.from_url(
                         node.url,
                         socket_timeout=node.socket_timeout,
@@ -65,13 +67,13 @@ class BlockingCalls:
         pool = self._connections()
         conn: Any = pool.get_connection("EVALSHA") if _NAMED else pool.get_connection()
         try:
-            conn.send_packed_command(pack_script(script, keys, args))
+            conn.send_packed_command([pack_script(script, keys, args)])
             try:
                 return conn.read_response()
             except redis.exceptions.NoScriptError:
                 # The server lost its script cache (a restart): the text loads it again.
                 text = SCRIPTS[script].encode()
-                conn.send_packed_command(pack(b"EVAL", text, b"%d" % len(keys), *keys, *args))
+                conn.send_packed_command([pack(b"EVAL", text, b"%d" % len(keys), *keys, *args)])
                 return conn.read_response()
         except BaseException:
             conn.disconnect()  # a call that did not end with its reply: never reused
