@@ -99,9 +99,7 @@ def test_on_one_redis_server_the_body_thread_takes_and_gives_back_the_lock_itsel
 
 
 @pytest.mark.parametrize("url_spec", ["redis"], indirect=True)
-def test_a_lease_taken_in_the_body_thread_is_renewed_by_the_loop(
-    url: str, lock_name: str
-) -> None:
+def test_a_lease_taken_in_the_body_thread_is_renewed_by_the_loop(url: str, lock_name: str) -> None:
     with LoopThread() as thread:
         backend = thread.backend(url)
         with hold(thread, url, lock_name, ttl=1.0) as lease:
@@ -127,9 +125,7 @@ def test_a_queued_waiter_is_not_overtaken_by_the_body_thread(url: str, lock_name
 
     with LoopThread() as thread, LoopThread() as other:
         first = thread.run(thread.backend(url).acquire(lock_name, ttl=5.0))
-        waiting = asyncio.run_coroutine_threadsafe(
-            wait_in_line(other.backend(url)), other.loop
-        )
+        waiting = asyncio.run_coroutine_threadsafe(wait_in_line(other.backend(url)), other.loop)
         wait_for(lambda: queue_length(url, lock_name) == 1)
         thread.run(first.release())  # the name is handed to the waiter, reserved for it
         with hold(thread, url, lock_name, ttl=5.0, timeout=WAIT) as mine:

@@ -44,7 +44,7 @@ from .fastpath import (
 )
 from .lease import Lease
 from .lock import _check_lock_args, _check_scope, _refuse_nested, lost_on_exit
-from .session import Session, deadline_reason
+from .session import IDLE_NAP, Session, deadline_reason
 from .stats import StatsRecorder
 
 logger = logging.getLogger("asynclock")
@@ -154,6 +154,7 @@ class Acquisition:
         their clean-up still has a driver to talk to; then every held lease is lost (its
         holder cancelled) and released."""
         self.open = False
+        self.session.run_inbox()  # leases other threads were granted are held here too
         for scope in list(self._waiters):
             scope.cancel()
         if self._pending:
@@ -397,15 +398,28 @@ class Acquisition:
             return None
         if token is None:
             return None
-        lease = self.session.new_lease(name, owner, token, ttl, t_send, self)
+        session = self.session
+        lease = session.new_lease(name, owner, token, ttl, t_send, self)
         lease.lost._on_set = on_lost
-        post(self._adopt, lease)
+        # Left for the loop, not posted: a wake-up of the loop thread per run costs as much
+        # CPU as the round trip. The renewer looks within IDLE_NAP; only a lease that must
+        # be renewed sooner than that (a short ttl) wakes it now.
+        session.inbox_used = True
+        session.inbox.append((self._adopt, (lease,)))
+        if ttl * session.heartbeat < 2 * IDLE_NAP:
+            post(session.run_inbox)
         return lease
 
-    def thread_release(self, lease: Lease, post: Post) -> bool:
+    def catch_up(self) -> None:
+        """On the loop: do now what other threads left for it (grants, releases), so a
+        snapshot (``stats()``, ``held()``) includes them. Elsewhere: nothing."""
+        if self.session.inbox and _get_ident() == self._thread:
+            self.session.run_inbox()
+
+    def thread_release(self, lease: Lease) -> bool:
         """On the thread :meth:`thread_acquire` granted ``lease`` to: release it at the
         server (owner-checked, G6) with the driver's blocking call, then hand the
-        bookkeeping to the loop without waiting for it. True if released."""
+        bookkeeping to the loop (its inbox) without waiting for it. True if released."""
         if lease._released:
             return False  # released by the loop already (the backend closed)
         # From here the renewer and the watchdog skip it (no renewal of a lease being
@@ -426,7 +440,8 @@ class Acquisition:
                 exc,
             )
         finally:  # even if interrupted (a time limit's signal): the loop must drop it
-            post(self._settle, lease, ok, self.clock.now())
+            # Left for the loop (not urgent: the renewer and watchdog skip it already).
+            self.session.inbox.append((self._settle, (lease, ok, self.clock.now())))
         return bool(ok)
 
     def _adopt(self, lease: Lease) -> None:

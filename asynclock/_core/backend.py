@@ -169,10 +169,12 @@ class Backend(AsyncContextOnly):
 
     def stats(self) -> BackendStats:
         """A snapshot of counters and hold-time percentiles since the backend opened."""
+        self._acq.catch_up()
         return self._session.stats.snapshot(held=len(self._session.live()))
 
     def held(self) -> list[Lease]:
         """The leases this backend currently holds (and renews)."""
+        self._acq.catch_up()
         return self._session.live()
 
     async def holder(self, name: str) -> Holder | None:

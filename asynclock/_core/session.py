@@ -22,8 +22,9 @@ import math
 import random
 import re
 import weakref
+from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -93,6 +94,11 @@ class Session:
         self._renew_asap = False  # renew_soon() asked for a round after the current one
         self._watch_until: float = -math.inf  # what the watchdog sleeps until, if it sleeps
         self._round_done = anyio.Event()
+        #: Work other threads left for the loop (``Acquisition.thread_acquire``): run at
+        #: the renewer's next wake-up, which comes within IDLE_NAP once it is used, or at
+        #: once when posted with a wake-up (see :meth:`run_inbox`).
+        self.inbox: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()
+        self.inbox_used = False
 
     # -- the protocol: deadlines, grant, drop, loss ----------------------------------------
 
@@ -143,6 +149,13 @@ class Session:
         if deadline < self._watch_until or (hard is not None and hard < self._watch_until):
             _poke(self._watch_wake)
         return lease
+
+    def run_inbox(self) -> None:
+        """On the loop: run what other threads left in :attr:`inbox`, oldest first."""
+        inbox = self.inbox
+        while inbox:
+            func, args = inbox.popleft()
+            func(*args)
 
     def new_lease(
         self, name: str, owner: str, token: int, ttl: float, t_send: float, grantor: Grantor
@@ -294,7 +307,12 @@ class Session:
                 # Nap instead of parking at infinity: a grant within the nap then needs no
                 # wake-up call (tight acquire/release loops stay cheap).
                 self._next_round = self.clock.now() + idle
-            await self._sleep_until(self._next_round, "_renew_wake")
+            wake_at = self._next_round
+            if self.inbox_used:  # other threads leave work: look at least every IDLE_NAP
+                wake_at = min(wake_at, self.clock.now() + IDLE_NAP)
+            await self._sleep_until(wake_at, "_renew_wake")
+            if self.inbox:
+                self.run_inbox()
             if self._dropped:
                 await self.reap_dropped()
                 if not self.held:  # nothing left to renew: this was the round

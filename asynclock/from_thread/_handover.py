@@ -100,7 +100,7 @@ class Handover:
         """The body is over: release (when it returns, the server has answered)."""
         if self._direct is not None:
             assert self.lease is not None
-            self._direct.thread_release(self.lease, self._loop.call_soon_threadsafe)
+            self._direct.thread_release(self.lease)
             return
         self._loop.call_soon_threadsafe(self._finish)
         self._ready.acquire()

@@ -13,7 +13,7 @@ to the loop's full acquire, which waits, queues and explains.
 
 from __future__ import annotations
 
-import inspect
+import os
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -24,48 +24,54 @@ from .replies import grace_ms
 from .scripts import NO_QUEUE, RESPECT_QUEUE, SCRIPTS
 from .wire import _NO_CLIENT_INFO, _resp2, ms, pack, pack_script
 
-#: redis-py before 5.3 wants a command name for ``get_connection`` (later ones warn).
-_NAMED = "command_name" in inspect.signature(redis.ConnectionPool.get_connection).parameters and (
-    inspect.signature(redis.ConnectionPool.get_connection).parameters["command_name"].default
-    is inspect.Parameter.empty
-)
-
 if TYPE_CHECKING:
     from .single import RedisDriver
 
 
 class BlockingCalls:
-    """:class:`asynclock._core.driver.ThreadCalls` for :class:`~.single.RedisDriver`."""
+    """:class:`asynclock._core.driver.ThreadCalls` for :class:`~.single.RedisDriver`.
+
+    One connection per thread, kept for the thread's life (redis-py's pool costs as much
+    CPU per call as the call's own parsing: events, metrics, a lock); made by redis-py from
+    the driver's URL and options, so AUTH/ACL, TLS, ``SELECT`` and unix sockets are the
+    driver's. A connection made before a fork is never used in the child.
+    """
 
     def __init__(self, driver: RedisDriver) -> None:
         self._driver = driver
         self._pool: redis.ConnectionPool | None = None
         self._lock = threading.Lock()
+        self._local = threading.local()
+        #: Every connection made, to close them with the driver.
+        self._made: list[Any] = []
 
-    def _connections(self) -> redis.ConnectionPool:
-        pool = self._pool
-        if pool is None:
-            with self._lock:
-                if self._pool is None:
-                    node = self._driver.node
-                    options = dict(node.options)
-                    if not {"driver_info", "lib_name", "lib_version"} & set(options):
-                        options.update(_NO_CLIENT_INFO)  # no CLIENT SETINFO per connection
-                    if "protocol" not in options:
-                        options = _resp2(options)  # as the loop's connections (no HELLO)
-                    self._pool = redis.ConnectionPool.from_url(
-                        node.url,
-                        socket_timeout=node.socket_timeout,
-                        socket_connect_timeout=node.connect_timeout,
-                        decode_responses=False,
-                        **options,
-                    )
-                pool = self._pool
-        return pool
+    def _connection(self) -> Any:
+        local = self._local
+        conn = getattr(local, "conn", None)
+        if conn is not None and local.pid == os.getpid():
+            return conn
+        with self._lock:
+            if self._pool is None:
+                node = self._driver.node
+                options = dict(node.options)
+                if not {"driver_info", "lib_name", "lib_version"} & set(options):
+                    options.update(_NO_CLIENT_INFO)  # no CLIENT SETINFO per connection
+                if "protocol" not in options:
+                    options = _resp2(options)  # as the loop's connections (no HELLO)
+                self._pool = redis.ConnectionPool.from_url(
+                    node.url,
+                    socket_timeout=node.socket_timeout,
+                    socket_connect_timeout=node.connect_timeout,
+                    decode_responses=False,
+                    **options,
+                )
+            conn = self._pool.make_connection()
+            self._made.append(conn)
+        local.conn, local.pid = conn, os.getpid()
+        return conn
 
     def _run(self, script: str, keys: tuple[bytes, ...], args: tuple[bytes, ...]) -> Any:
-        pool = self._connections()
-        conn: Any = pool.get_connection("EVALSHA") if _NAMED else pool.get_connection()
+        conn = self._connection()
         try:
             conn.send_packed_command([pack_script(script, keys, args)])
             try:
@@ -76,10 +82,8 @@ class BlockingCalls:
                 conn.send_packed_command([pack(b"EVAL", text, b"%d" % len(keys), *keys, *args)])
                 return conn.read_response()
         except BaseException:
-            conn.disconnect()  # a call that did not end with its reply: never reused
+            conn.disconnect()  # a call that did not end with its reply: reconnect next time
             raise
-        finally:
-            pool.release(conn)
 
     def acquire(self, name: str, owner: str, ttl: float) -> int | None:
         driver = self._driver
@@ -105,6 +109,8 @@ class BlockingCalls:
         return bool(reply)
 
     def close(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.disconnect()
+        with self._lock:
+            made, self._made = self._made, []
+        for conn in made:
+            if conn.pid == os.getpid():
+                conn.disconnect()

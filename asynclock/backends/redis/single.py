@@ -39,8 +39,8 @@ from typing import Any
 from ..._core.asyncio_only import require_asyncio
 from ..._core.driver import Busy, ExtendResult, LeaseRef, Refused
 from ..._core.holder import Holder
-from .blocking import BlockingCalls
 from .base import LOUD, NO_EXPIRY, QUIET, GraceReport, SubscribingDriver
+from .blocking import BlockingCalls
 from .keys import scope_fence_key
 from .options import NodeURL, check_restart_grace, read_redis_url
 from .pubsub import Listener
