@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -113,6 +114,44 @@ def test_a_lease_taken_in_the_body_thread_is_renewed_by_the_loop(url: str, lock_
 
 
 @pytest.mark.parametrize("url_spec", ["redis"], indirect=True)
+def test_a_lease_lost_before_the_loop_adopted_it_is_never_renewed(url: str, lock_name: str) -> None:
+    """The loop adopts a lease granted in the body's thread lazily (within a second, for a
+    long ttl): one lost meanwhile is not renewed once adopted, and its body still stops."""
+    granted: queue.Queue[asynclock.Lease] = queue.Queue()
+    checked = threading.Event()
+
+    def body() -> None:
+        with hold(thread, url, lock_name, ttl=60.0) as lease:
+            granted.put(lease)
+            with contextlib.suppress(asynclock.LeaseLost):  # swallowed: raised again at exit
+                deadline = time.monotonic() + WAIT
+                while time.monotonic() < deadline:
+                    pass  # pure Python: the async exception lands between bytecodes
+            checked.wait(WAIT)  # still inside the hold while the test looks
+
+    with LoopThread() as thread:
+        backend = thread.backend(url)
+        outcome: list[BaseException] = []
+        runner = threading.Thread(target=lambda: _catch(body, outcome))
+        with loop_frozen(thread):  # the adoption cannot run before the loss
+            runner.start()
+            lease = granted.get(timeout=WAIT)
+            # (Off the loop, which is frozen: nothing else touches the session now.)
+            asynclock.testing.force_loss(lease, "lost early")
+        try:
+            # The loop has run the adoption now (stats() runs what is left for it): the
+            # lost lease is not among those it renews, though its body is not over.
+            assert thread.run(_settled_stats(backend)).held == 0
+        finally:
+            checked.set()
+            runner.join(WAIT)
+        assert not runner.is_alive()
+        assert len(outcome) == 1 and isinstance(outcome[0], asynclock.LeaseLost), outcome
+        assert "lost early" in str(outcome[0])
+        assert thread_free_check(url, lock_name) is None  # released all the same
+
+
+@pytest.mark.parametrize("url_spec", ["redis"], indirect=True)
 def test_a_queued_waiter_is_not_overtaken_by_the_body_thread(url: str, lock_name: str) -> None:
     """The blocking attempt respects the fair queue: a body arriving while another backend
     waits in line for the name gets it only after that waiter."""
@@ -163,6 +202,13 @@ def wait_for(condition: Callable[[], bool], timeout: float = WAIT) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
+
+
+def _catch(body: Callable[[], None], outcome: list[BaseException]) -> None:
+    try:
+        body()
+    except BaseException as exc:
+        outcome.append(exc)
 
 
 async def _settled_stats(backend: asynclock.Backend) -> asynclock.BackendStats:

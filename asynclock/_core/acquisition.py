@@ -446,7 +446,9 @@ class Acquisition:
 
     def _adopt(self, lease: Lease) -> None:
         """On the loop: renew a lease another thread was granted (:meth:`thread_acquire`)."""
-        # (Posted before the release's _settle, so it runs first even for a short body.)
+        # (Queued before the release's _settle, so it runs first even for a short body.)
+        if lease.lost:
+            return  # lost before the loop saw it (force_loss, a close): never renewed
         self.session.adopt(lease)
         self.driver.adopted(lease.name, lease.owner)
         if not self.open and not lease._released:
