@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import itertools
 import json
 import os
 import platform
@@ -54,6 +55,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,12 +65,20 @@ from celery import Celery, signals
 import asynclock
 from asynclock_celery import LockedTask
 from asynclock_celery.testing import force_loss
+from benchmarks import _loops
 from tests.support.redis_servers import RedisFactory
 
 ROOT = Path(__file__).resolve().parents[1]
 BROKER = os.environ.get("BENCH_BROKER", "memory://")
 RESULTS = os.environ.get("BENCH_RESULTS") or None
 EVENTS = os.environ.get("BENCH_EVENTS", "")
+
+if os.environ.get("BENCH_LOOP") == "uvloop":  # a worker of a --loop uvloop run
+    import uvloop
+
+    # Every event loop of the worker's processes (the lock's loop thread, the ablation's)
+    # is made by asyncio.new_event_loop(), so by this policy.
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 app = Celery("asynclock_bench", broker=BROKER, backend=RESULTS)
 app.conf.update(
@@ -183,11 +193,12 @@ except ImportError:  # pragma: no cover - a bench-group peer
 
 
 def start_worker(
-    server_url: str, pool: str, concurrency: int, log: Path
+    server_url: str, pool: str, concurrency: int, log: Path, loop: str = "asyncio"
 ) -> subprocess.Popen[bytes]:
     base = server_url.rsplit("/", 1)[0]
     env = {
         **os.environ,
+        "BENCH_LOOP": loop,
         "PYTHONPATH": str(ROOT),
         "BENCH_BROKER": f"{base}/1",
         "BENCH_RESULTS": f"{base}/2",
@@ -276,6 +287,58 @@ def p(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+Tuple4 = tuple[float, float, float, float]
+
+
+def part_a(
+    worker: subprocess.Popen[bytes],
+    variants: dict[str, Any],
+    opts: Any,
+    server_pid: int,
+    offsets: Iterator[int],
+) -> dict[str, list[Tuple4]]:
+    """Each variant ``opts.reps`` times on ``worker``, in a rotating order (task arguments
+    from ``offsets``: never the same lock name twice in a benchmark)."""
+    runs: dict[str, list[Tuple4]] = {n: [] for n in variants}
+    for task in variants.values():  # warm up: connections, child imports
+        throughput(worker, task, 20, 10**8, server_pid)
+    names = list(variants)
+    for rep in range(opts.reps):
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
+            offset = next(offsets)
+            runs[name].append(throughput(worker, variants[name], opts.tasks, offset, server_pid))
+    return runs
+
+
+def print_part_a(loop: str, load: list[float], runs: dict[str, list[Tuple4]]) -> None:
+    print(
+        f"\nA. throughput, one prefork worker (concurrency 2), Redis broker + results, "
+        f"event loop {loop} (load average {load[0]:.2f} before, {load[1]:.2f} after)"
+    )
+    medians = {
+        name: [statistics.median(run[k] for run in values) for k in range(4)]
+        for name, values in runs.items()
+    }
+    plain_rate, plain_total, plain_cpu, plain_server = medians["plain task"]
+    floor_rate = medians["floor: SET NX + DEL"][0]
+    print(
+        f"  {'':<22} {'':>15} {'':>9} {'':>9} {'':>17} {'':>9}  {'CPU ms per task':^26}\n"
+        f"  {'variant':<22} {'worker tasks/s':>15} {'vs plain':>9} {'vs floor':>9} "
+        f"{'send+run tasks/s':>17} {'vs plain':>9}  {'worker':>7} {'redis':>7} {'added':>7}"
+    )
+    for name, (rate, total, cpu, server_cpu) in medians.items():
+        added = cpu + server_cpu - plain_cpu - plain_server
+        print(
+            f"  {name:<22} {rate:>15.0f} {rate / plain_rate:>8.2f}x {rate / floor_rate:>8.2f}x "
+            f"{total:>17.0f} {total / plain_total:>8.2f}x  "
+            f"{cpu * 1000:>7.3f} {server_cpu * 1000:>7.3f} {added * 1000:>+7.3f}"
+        )
+    print(
+        "  (CPU: the worker's processes, all threads, and the Redis server, which also\n"
+        "  serves the broker and the results; added: over the plain task's)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=2000)
@@ -283,6 +346,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--quick", action="store_true", help="a smoke run: few tasks, 1 rep")
     parser.add_argument("--no-loss", action="store_true", help="skip part B (loss latency)")
+    _loops.add_option(parser)
     opts = parser.parse_args()
     if opts.quick:
         opts.tasks, opts.reps, opts.samples = 100, 1, 20
@@ -307,29 +371,21 @@ def main() -> None:
                 "LockedTask (redis)": locked,
             }
             variants.update(PEERS)
-            runs: dict[str, list[tuple[float, float, float, float]]] = {n: [] for n in variants}
             assert server.process is not None
-            load = [os.getloadavg()[0]]
-            worker = start_worker(server.url, "prefork", 2, log)
-            try:
-                for task in variants.values():  # warm up: connections, child imports
-                    throughput(worker, task, 20, 10**8, server.process.pid)
-                offset = 0
-                names = list(variants)
-                for rep in range(opts.reps):
-                    for name in names[rep % len(names) :] + names[: rep % len(names)]:
-                        offset += opts.tasks
-                        runs[name].append(
-                            throughput(
-                                worker, variants[name], opts.tasks, offset, server.process.pid
-                            )
-                        )
-                load.append(os.getloadavg()[0])
-                latencies: dict[str, list[float]] = {}
-                if not opts.no_loss:
-                    latencies["prefork"] = loss_latencies(base, opts.samples)
-            finally:
-                stop_worker(worker)
+            tables: dict[str, tuple[list[float], dict[str, list[Tuple4]]]] = {}
+            latencies: dict[str, list[float]] = {}
+            offsets = itertools.count(opts.tasks, opts.tasks)
+            for loop in _loops.chosen(opts):
+                load = [os.getloadavg()[0]]
+                worker = start_worker(server.url, "prefork", 2, log, loop)
+                try:
+                    runs = part_a(worker, variants, opts, server.process.pid, offsets)
+                    load.append(os.getloadavg()[0])
+                    if not opts.no_loss and loop == "asyncio":
+                        latencies["prefork"] = loss_latencies(base, opts.samples)
+                finally:
+                    stop_worker(worker)
+                tables[loop] = (load, runs)
             if not opts.no_loss:
                 worker = start_worker(server.url, "solo", 1, log)
                 try:
@@ -341,31 +397,8 @@ def main() -> None:
 
     print(f"asynclock Celery benchmark — Python {platform.python_version()}, "
           f"{os.cpu_count()} CPUs, {opts.tasks} no-op tasks x {opts.reps} reps")  # fmt: skip
-    print(
-        "\nA. throughput, one prefork worker (concurrency 2), Redis broker + results "
-        f"(load average {load[0]:.2f} before, {load[1]:.2f} after)"
-    )
-    medians = {
-        name: [statistics.median(run[k] for run in values) for k in range(4)]
-        for name, values in runs.items()
-    }
-    plain_rate, plain_total, plain_cpu, plain_server = medians["plain task"]
-    print(
-        f"  {'':<22} {'':>15} {'':>9} {'':>17} {'':>9}  {'CPU ms per task':^26}\n"
-        f"  {'variant':<22} {'worker tasks/s':>15} {'vs plain':>9} "
-        f"{'send+run tasks/s':>17} {'vs plain':>9}  {'worker':>7} {'redis':>7} {'added':>7}"
-    )
-    for name, (rate, total, cpu, server_cpu) in medians.items():
-        added = cpu + server_cpu - plain_cpu - plain_server
-        print(
-            f"  {name:<22} {rate:>15.0f} {rate / plain_rate:>8.2f}x "
-            f"{total:>17.0f} {total / plain_total:>8.2f}x  "
-            f"{cpu * 1000:>7.3f} {server_cpu * 1000:>7.3f} {added * 1000:>+7.3f}"
-        )
-    print(
-        "  (CPU: the worker's processes, all threads, and the Redis server, which also\n"
-        "  serves the broker and the results; added: over the plain task's)"
-    )
+    for loop, (load, runs) in tables.items():
+        print_part_a(loop, load, runs)
     missing = {"celery-singleton", "celery-once"} - set(PEERS)
     if missing:
         print(f"  (not installed: {', '.join(sorted(missing))})")
