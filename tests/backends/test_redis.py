@@ -511,6 +511,42 @@ async def test_kill_9_while_held_loses_the_lease_then_recovers(
             assert again.token > lease.token
 
 
+async def test_a_renewal_that_meets_the_restarted_server_first_names_the_restart(
+    redis_factory: RedisFactory,
+) -> None:
+    """Seen as a new user would: after a restart without persistence, a renewal that
+    reached the new server before the pub/sub reconnect read its run_id lost the lease
+    with "the lock key is gone (expired or deleted)", though the docs promise a reason
+    naming the restart. The refused round now asks the server's run_id itself."""
+    server = redis_factory()
+    async with asynclock.connect(server.url) as backend:
+        driver = backend.driver
+        assert isinstance(driver, RedisDriver)
+        listener = driver.listener
+        read_run_id = listener._run_id
+        resume = anyio.Event()
+        stalled = anyio.Event()
+
+        async def stalled_run_id(conn: object) -> str | None:
+            stalled.set()
+            await resume.wait()  # the reconnect says nothing until the renewal has
+            return await read_run_id(conn)  # type: ignore[arg-type]
+
+        lease = await backend.acquire("restart-reason", ttl=5.0)
+        await wait_until(lambda: driver.node.run_id is not None)  # the listener connected
+        listener._run_id = stalled_run_id  # type: ignore[method-assign]
+        try:
+            server.restart(keep_data=False)
+            with anyio.fail_after(15):
+                await stalled.wait()  # reconnected, its run_id not read yet
+                reason = await lease.lost
+        finally:
+            resume.set()
+        assert "the Redis server restarted (run_id" in reason, reason
+        assert "the lock key is gone" in reason, reason
+        assert not await lease.release()
+
+
 async def test_a_restart_cancels_the_holder_at_the_reconnect_and_the_successor_waits(
     redis_factory: RedisFactory,
 ) -> None:

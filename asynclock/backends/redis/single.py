@@ -217,9 +217,26 @@ class RedisDriver(SubscribingDriver):
         note, self._restart_note = self._restart_note, None
         reply = await self.node.run("extend", keys, args)
         results = [extend_result(int(code)) for code in reply]
+        if note is None and any(isinstance(r, Refused) for r in results):
+            # Keys gone: if the server restarted and the pub/sub reconnect has not said so
+            # yet (it may come after this round), say it here, from the server's run_id.
+            note = await self._restarted_since()
         if note is None:
             return results
         return [Refused(f"{r.reason}: {note}") if isinstance(r, Refused) else r for r in results]
+
+    async def _restarted_since(self) -> str | None:
+        """"the Redis server restarted (…)" if its ``run_id`` is not the one last seen."""
+        before = self.node.run_id
+        if before is None:
+            return None
+        try:
+            now = await self.node.read_run_id(self.node.deadline())
+        except Exception:  # the refusal stands as it is; the reconnect will tell
+            return None
+        if now is None or now == before:
+            return None
+        return f"the Redis server restarted (run_id {before} is now {now})"
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
         k = self.keys(name)
