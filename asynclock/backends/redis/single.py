@@ -226,7 +226,8 @@ class RedisDriver(SubscribingDriver):
         return [Refused(f"{r.reason}: {note}") if isinstance(r, Refused) else r for r in results]
 
     async def _restarted_since(self) -> str | None:
-        """"the Redis server restarted (…)" if its ``run_id`` is not the one last seen."""
+        """The restart note ("the Redis server restarted (…)") if the server's ``run_id`` is
+        not the one last seen, else None."""
         before = self.node.run_id
         if before is None:
             return None
