@@ -26,7 +26,7 @@ import anyio.lowlevel
 
 from .bounds import ArmOnSuspend, CallBounds, cleanup, shielded_call
 from .clock import Clock
-from .context import LEASES, Entry, ExcInfo
+from .context import LEASES, Entry, ExcInfo, push_lease
 from .driver import Busy, Driver
 from .exceptions import (
     AcquireTimeout,
@@ -242,6 +242,12 @@ class Acquisition:
                 lease = await self._wait(
                     name, owner, ttl, t_send, timeout, blocking, max_hold, result, token_scope
                 )
+                if holder is not None and lease.lost.reason is not None:
+                    # Lost during the wait's clean-up (unwatch awaits after the grant):
+                    # push_lease starts the holder's scope cancelled.
+                    lease._task = holder[1]
+                    push_lease(holder[0], lease, self.scope_type(), holder[2])
+                    holder = None
             elif self.open:
                 lease = session.grant(name, owner, result, ttl, t_send, max_hold, self)
             else:
@@ -255,13 +261,11 @@ class Acquisition:
             if self._settled is not None and not self._pending:
                 self._settled.set()
         if holder is not None:
-            # context.push_lease, inline. A wait's clean-up (unwatch) awaits after its
-            # grant, so the lease may be lost already: then its scope starts cancelled.
+            # context.push_lease, inline (no await since the grant, or the wait's branch
+            # above checked: the lease is not lost).
             pusher, lease._task, stack = holder
             scope = self.scope_type().__enter__()
             lease._scope = scope
-            if lease.lost.reason is not None:
-                scope.cancel()
             LEASES.set(stack + ((pusher, lease, scope),))  # noqa: RUF005 (no list: cheaper)
         return lease
 
