@@ -145,14 +145,20 @@ def run_holder(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 # -- list -------------------------------------------------------------------------------
 
 
-def _limit(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    if not 1 <= value <= 100_000:
-        raise argparse.ArgumentTypeError(f"must be from 1 to 100000, got {text!r}")
-    return value
+def _whole(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``low`` (to ``high``)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            allowed = f"from {low} to {high}" if high is not None else f"at least {low}"
+            raise argparse.ArgumentTypeError(f"must be {allowed}, got {text!r}")
+        return value
+
+    return parse
 
 
 def run_list(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -261,16 +267,6 @@ def _interval(text: str) -> float:
     return value
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
-    return value
-
-
 def run_watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     name = _name(parser, args.name)
 
@@ -318,7 +314,7 @@ def _list_args(parser: argparse.ArgumentParser) -> None:
         help="shell-style glob of names, e.g. 'invoice:*' (default: every name)",
     )
     parser.add_argument(
-        "--limit", type=_limit, default=1000, help="at most this many (default: 1000)"
+        "--limit", type=_whole(1, 100_000), default=1000, help="at most this many (default: 1000)"
     )
     _add_common(parser)
 
@@ -335,13 +331,16 @@ def _watch_args(parser: argparse.ArgumentParser) -> None:
         "--interval", type=_interval, default=0.5, help="seconds between looks (default: 0.5)"
     )
     parser.add_argument(
-        "--count", type=_count, default=None, help="stop after this many changes (default: never)"
+        "--count", type=_whole(1), help="stop after this many changes (default: never)"
     )
     _add_common(parser)
 
 
-_EXITS = """
-exit codes: 0 done, 1 {no}, 2 bad options, 3 the server could not be asked."""
+def _exits(one: str | None = None) -> str:
+    """The epilog's last line: what each exit code means for this command."""
+    answer = "0 done" if one is None else f"0 done, 1 {one}"
+    return f"\nexit codes: {answer}, 2 bad options, 3 the server could not be asked."
+
 
 register(
     Command(
@@ -350,7 +349,7 @@ register(
         description="Ask the lock server who holds NAME now (a snapshot, not a permission).",
         epilog="examples:\n  asynclock holder invoice:42 --url redis://localhost:6379/0\n"
         "  ASYNCLOCK_URL=sqlite:///locks.db asynclock holder invoice:42 --json"
-        + _EXITS.format(no="nobody holds it"),
+        + _exits("nobody holds it"),
         add_arguments=_holder_args,
         run=run_holder,
     )
@@ -363,7 +362,7 @@ register(
         "Redlock and PostgreSQL mode=session cannot enumerate their names (asked, they say "
         "why); ask `asynclock holder NAME` there.",
         epilog="examples:\n  asynclock list 'invoice:*' --url postgresql://app@db/app\n"
-        "  asynclock list --json --url etcd://localhost:2379" + _EXITS.format(no="(unused)"),
+        "  asynclock list --json --url etcd://localhost:2379" + _exits(),
         add_arguments=_list_args,
         run=run_list,
     )
@@ -378,7 +377,7 @@ register(
         "late writes. Asks for confirmation unless --yes; logs who asked, on stderr.",
         epilog="examples:\n  asynclock break invoice:42 --url redis://localhost:6379/0\n"
         "  asynclock break invoice:42 --yes --json --url sqlite:///locks.db"
-        + _EXITS.format(no="nothing live was removed (or you said no)"),
+        + _exits("nothing live was removed (or you said no)"),
         add_arguments=_break_args,
         run=run_break,
     )
@@ -391,8 +390,7 @@ register(
         "(granted to an owner with a token, freed, a restart grace). A holder that comes and\n"
         "goes between two looks is not seen; waiters are not shown.",
         epilog="examples:\n  asynclock watch invoice:42 --url redis://localhost:6379/0\n"
-        "  asynclock watch invoice:42 --json --count 2 --url sqlite:///locks.db"
-        + _EXITS.format(no="(unused)"),
+        "  asynclock watch invoice:42 --json --count 2 --url sqlite:///locks.db" + _exits(),
         add_arguments=_watch_args,
         run=run_watch,
     )
