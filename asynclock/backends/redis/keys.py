@@ -33,6 +33,11 @@ def keys_for(name: str, prefix: str = "asynclock:") -> Keys:
     return Keys(base, base + ":fence", base + ":q", base + ":qx", base + ":released")
 
 
+def record_key(name: str, prefix: str = "asynclock:") -> bytes:
+    """The idempotency record of ``name``: beside its lock key, in the same hash slot."""
+    return f"{prefix}{{{hash_tag(name)}}}:record".encode()
+
+
 def epoch_key(prefix: str = "asynclock:") -> str:
     """The database's epoch key (see ``grace_left``): no braces, so no lock name's key."""
     return f"{prefix}epoch"
