@@ -20,6 +20,7 @@ from asynclock.backends.etcd import _proto as pb
 from asynclock.backends.etcd.client import prefix_end
 from asynclock.backends.etcd.driver import EtcdDriver
 from tests.support.procs import start_worker
+from tests.support.redis_servers import RedisFactory
 from tests.support.spec import BackendSpec
 
 pytestmark = pytest.mark.anyio
@@ -396,6 +397,27 @@ async def test_documented_defaults_on_a_fresh_sqlite_file(tmp_path: Path) -> Non
             assert await guard.run(anyio.sleep, 0) is None
             async with backend.idempotent("order-1", ttl=5.0) as op:
                 assert op.replayed and op.token == 1
+
+
+async def test_documented_defaults_on_a_freshly_started_redis(redis_factory: RedisFactory) -> None:
+    """A just-started server grants nothing during its restart grace (the first ttl asked
+    for): without ``wait`` that is RestartGrace (not InProgress); with it, the call waits
+    through it and runs."""
+    server = redis_factory(fresh=True)
+
+    async def body() -> str:
+        return "ran"
+
+    async with asynclock.connect(server.url) as backend:
+        with anyio.fail_after(15):
+            try:
+                await backend.idempotent("order-1", ttl=1.0).run(body)
+            except asynclock.RestartGrace as exc:
+                assert exc.retry_after is not None  # the grace still ran; wait through it
+            assert await backend.idempotent("order-1", ttl=1.0, wait=10).run(body) == "ran"
+            async with backend.idempotent("order-1", ttl=1.0) as op:
+                assert op.replayed and op.result == "ran"
+                assert op.token > 0
 
 
 BAD_KEYS: list[tuple[Any, type[Exception], str]] = [

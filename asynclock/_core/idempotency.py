@@ -39,6 +39,7 @@ from .exceptions import (
     LeaseLost,
     LockHeld,
     ReplayedFailure,
+    RestartGrace,
     StaleToken,
 )
 from .lease import Lease
@@ -317,8 +318,8 @@ class Idempotent(AsyncContextOnly):
         try:
             lease = await lock.__aenter__()
         except (LockHeld, AcquireTimeout) as exc:
-            if isinstance(exc, AlreadyHeld):
-                raise
+            if isinstance(exc, (AlreadyHeld, RestartGrace)):
+                raise  # our own hold of the key; a server that grants nothing yet
             # Finished meanwhile, or another request under this key?
             record = await self._get()
             if record is not None and (call := self._replay(record)) is not None:
