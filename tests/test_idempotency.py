@@ -63,6 +63,10 @@ class Boom(Exception):
     pass
 
 
+async def done() -> str:
+    return "done"
+
+
 # -- run once, replay -------------------------------------------------------------------------
 
 
@@ -217,7 +221,7 @@ async def test_waiter_runs_the_body_when_the_first_fails_retryably(
 
 
 async def test_a_failure_frees_the_key_for_a_retry(backend: asynclock.Backend, key: str) -> None:
-    async def fail() -> None:
+    async def fail() -> str:
         raise Boom("transient")
 
     async def succeed() -> str:
@@ -355,7 +359,7 @@ async def test_lease_loss_cancels_the_body_and_stores_nothing(
                     await end_lease_at_server(idem_spec, backend, key)
                     await anyio.sleep_forever()  # cancelled by the loss
             assert op.lease is not None and op.lease.lost
-            assert await backend.idempotent(key, ttl=5.0).run(anyio.sleep, 0) is None
+            assert await backend.idempotent(key, ttl=5.0).run(done) == "done"
             async with backend.idempotent(key, ttl=5.0) as again:
                 assert again.replayed and again.token > op.token
 
@@ -394,7 +398,7 @@ async def test_documented_defaults_on_a_fresh_sqlite_file(tmp_path: Path) -> Non
         guard = backend.idempotent("order-1", ttl=5.0)
         assert guard.keep == 86400.0 and guard.wait is None and guard.store_errors == ()
         with anyio.fail_after(10):
-            assert await guard.run(anyio.sleep, 0) is None
+            assert await guard.run(done) == "done"
             async with backend.idempotent("order-1", ttl=5.0) as op:
                 assert op.replayed and op.token == 1
 
@@ -490,7 +494,7 @@ async def test_user_locks_cannot_take_the_namespace(key: str) -> None:
         with pytest.raises(ValueError, match="keeps for its own records"):
             await backend.acquire(lock_name(key), ttl=5.0)
         async with backend.lock(key, ttl=5.0):  # the key itself is a name like any other
-            assert await backend.idempotent(key, ttl=5.0).run(anyio.sleep, 0) is None
+            assert await backend.idempotent(key, ttl=5.0).run(done) == "done"
 
 
 async def test_nested_same_key_in_one_task_is_already_held(key: str) -> None:
