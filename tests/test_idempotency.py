@@ -364,6 +364,23 @@ async def test_lease_loss_cancels_the_body_and_stores_nothing(
                 assert again.replayed and again.token > op.token
 
 
+async def test_a_store_that_goes_away_mid_body_cancels_it_and_stores_nothing(
+    redis_factory: RedisFactory, key: str
+) -> None:
+    """The Redis server is killed while the body runs: the renewal fails, the body is
+    cancelled (LeaseLost); back up (with its data), the key is free and the body runs."""
+    server = redis_factory(persist=True)
+    async with asynclock.connect(server.url, heartbeat=0.1) as backend:
+        with anyio.fail_after(15):
+            with pytest.raises(asynclock.LeaseLost):
+                async with backend.idempotent(key, ttl=1.0) as op:
+                    server.kill()
+                    await anyio.sleep_forever()  # cancelled by the loss
+            assert not op.saved
+            server.start(settle=False)  # the same data (append-only file): no grace
+            assert await backend.idempotent(key, ttl=5.0, wait=10).run(done) == "done"
+
+
 async def test_frozen_holder_is_replaced_and_its_late_save_is_stale(
     spec_sqlite: BackendSpec, key: str
 ) -> None:
