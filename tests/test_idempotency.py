@@ -381,16 +381,24 @@ async def test_a_store_that_goes_away_mid_body_cancels_it_and_stores_nothing(
             assert await backend.idempotent(key, ttl=5.0, wait=10).run(done) == "done"
 
 
+@pytest.fixture(params=["sqlite", "postgres", "redis", "etcd"])
+def shared_idem_spec(request: pytest.FixtureRequest) -> BackendSpec:
+    """Backends that several processes share (one of each way to fence a record)."""
+    result: BackendSpec = request.getfixturevalue(f"spec_{request.param}")
+    return result
+
+
 async def test_frozen_holder_is_replaced_and_its_late_save_is_stale(
-    spec_sqlite: BackendSpec, key: str
+    shared_idem_spec: BackendSpec, key: str
 ) -> None:
     """SIGSTOP a real process holding the key past its ttl: the key is taken over after
     the ttl, the body runs once more with a larger token, the frozen one's save is stale."""
-    worker = await start_worker(spec_sqlite, mode="idem", key=key, ttl=0.6, result="frozen")
+    spec = shared_idem_spec
+    worker = await start_worker(spec, mode="idem", key=key, ttl=0.6, result="frozen")
     first = await worker.expect("acquired")
     worker.signal(signal.SIGSTOP)
     try:
-        async with spec_sqlite.connect() as backend:
+        async with spec.connect() as backend:
             with anyio.fail_after(20):
                 async with backend.idempotent(key, ttl=5.0, wait=15) as op:
                     assert not op.replayed and op.token > first["token"]
