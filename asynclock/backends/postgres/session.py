@@ -230,7 +230,7 @@ class SessionDriver(PostgresDriver):
         key = lock_key(name)
         token = self._tokens.get(name)
         held: bool | None = await conn.fetchval(
-            SQL_S_RECORD_PUT, SQL_S_RELEASE, key, notify_channel(name), *waiter_key(name), token
+            SQL_S_RELEASE, key, notify_channel(name), *waiter_key(name), token
         )
         if token is None:
             known = [(lock_key(n), t) for n, t in self._tokens.items()]
