@@ -325,26 +325,32 @@ async def test_a_holder_whose_lease_ended_cannot_overwrite_its_successor(
                 if not idem_spec.multiprocess
                 else await stack.enter_async_context(idem_spec.connect())
             )
+            checked = False
             with pytest.raises(asynclock.LeaseLost):
                 async with a.idempotent(key, ttl=6.0) as slow:
-                    # Its lease ends at the server behind its back (as when frozen past its
-                    # ttl); its next renewal is 2 s away, so its body still runs.
-                    await end_lease_at_server(idem_spec, a, key)
+                    # Shielded from its own loss, as a frozen process or code that cannot
+                    # be cancelled is (else its renewal could cancel it before it saves).
+                    with anyio.CancelScope(shield=True):
+                        # Its lease ends at the server behind its back (as when frozen
+                        # past its ttl).
+                        await end_lease_at_server(idem_spec, a, key)
 
-                    async def successor() -> None:  # another task (as another process)
-                        async with b.idempotent(key, ttl=5.0) as op:
-                            assert not op.replayed
-                            assert op.token > slow.token
-                            await op.save("successor")
+                        async def successor() -> None:  # another task (as another process)
+                            async with b.idempotent(key, ttl=5.0) as op:
+                                assert not op.replayed
+                                assert op.token > slow.token
+                                await op.save("successor")
 
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(successor)
-                    with pytest.raises(asynclock.StaleToken) as info:
-                        await slow.save("slow")
-                    assert info.value.token == slow.token
-                    assert "nothing was written" in str(info.value)
+                        async with anyio.create_task_group() as tg:
+                            tg.start_soon(successor)
+                        with pytest.raises(asynclock.StaleToken) as info:
+                            await slow.save("slow")
+                        assert info.value.token == slow.token
+                        assert "nothing was written" in str(info.value)
+                        checked = True
                     assert slow.lease is not None
                     await slow.lease.lost  # its renewal is refused: cancelled
+            assert checked
             async with b.idempotent(key, ttl=5.0) as op:
                 assert op.replayed and op.result == "successor"
 
