@@ -209,7 +209,9 @@ class IdempotentCall:
                 freed so a retry runs).
             StaleToken: this call's lease is no longer the live one at the server (it
                 expired while this process was frozen or cut off; another call may have
-                run the operation since): nothing is stored.
+                run the operation since): nothing is stored, and the lease counts as lost
+                (the body is cancelled at its next await; the ``async with`` raises
+                :class:`LeaseLost`).
             RuntimeError: the call was replayed, or its result is saved already.
         """
         if self.replayed or self.lease is None:
@@ -222,7 +224,16 @@ class IdempotentCall:
             self._rejected = exc  # never stored as a failure (store_errors): a retry runs
             raise
         guard = self._guard
-        if not await guard.put(self.lease, _payload(_DONE, guard.fingerprint, body)):
+        payload = _payload(_DONE, guard.fingerprint, body)
+        if not await guard.put(self.lease, payload) and not await guard.stored(self.token, payload):
+            # The server says the lease is not live: it is lost, as when a renewal is
+            # refused (G4): the body is cancelled at its next await, and the `async with`
+            # raises LeaseLost even if the body swallows this StaleToken.
+            guard.lose(
+                self.lease,
+                "the fenced write of the result was refused: the lease is no longer live "
+                "at the server",
+            )
             raise StaleToken(self.key, self.token, None)
         self._saved = True
         self.result = result
@@ -277,6 +288,15 @@ class Idempotent(AsyncContextOnly):
         acq = self._acq
         call = acq.driver.record_put(self._name, lease.owner, lease.token, payload, self.keep)
         return bool(await acq.call("record_put", call))
+
+    async def stored(self, token: int, payload: str) -> bool:
+        """Is ``payload`` the record of ``token`` already? (A driver that repeats a write
+        whose answer was lost sees its own earlier write as a refusal.)"""
+        record = await self._get()
+        return record is not None and record.token == token and record.payload == payload
+
+    def lose(self, lease: Lease, reason: str) -> None:
+        self._acq.session.lose(lease, reason)
 
     async def _forget(self, token: int) -> None:
         """Delete our running record (a retryable failure): best effort, shielded and bounded;

@@ -312,7 +312,14 @@ class PostgresDriver(Driver):
                     f"{what} (creating table asynclock_record)", "execute", SQL_RECORD_SCHEMA
                 )
             self._record_table = True
-        return await self._run(what, fetch, sql, *args)
+        try:
+            return await self._run(what, fetch, sql, *args)
+        except BackendUnavailable:
+            # The pinned connection was lost (mode session: closed by idle_session_timeout
+            # while this process was frozen). Record statements are safe to repeat (a read,
+            # or a write fenced by the token), so once more on a new connection: the answer
+            # is then the server's (a refusal is StaleToken), not "connection lost".
+            return await self._run(what, fetch, sql, *args)
 
     async def record_get(self, name: str) -> Record | None:
         row = await self._record("record_get failed", "fetchrow", SQL_RECORD_GET, _name_bytes(name))
