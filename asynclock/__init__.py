@@ -14,13 +14,17 @@ from ._core.exceptions import (
     AlreadyHeld,
     AsynclockError,
     BackendUnavailable,
+    IdempotencyKeyReused,
+    InProgress,
     LeaseLost,
     LockHeld,
     QuorumNotReached,
+    ReplayedFailure,
     RestartGrace,
     StaleToken,
 )
 from ._core.holder import Holder
+from ._core.idempotency import Idempotent, IdempotentCall
 from ._core.leadership import Leader, Leadership, Term
 from ._core.lease import Lease, LossSignal
 from ._core.stats import BackendStats, HoldTimes
@@ -40,6 +44,10 @@ __all__ = (
     "Driver",
     "HoldTimes",
     "Holder",
+    "IdempotencyKeyReused",
+    "Idempotent",
+    "IdempotentCall",
+    "InProgress",
     "Lease",
     "Leader",
     "Leadership",
@@ -51,6 +59,7 @@ __all__ = (
     "MonotonicClock",
     "NameTemplate",
     "QuorumNotReached",
+    "ReplayedFailure",
     "RestartGrace",
     "StaleToken",
     "Term",

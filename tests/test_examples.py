@@ -60,6 +60,19 @@ def test_leadership() -> None:
     ]
 
 
+def test_idempotency() -> None:
+    out = run("idempotency.py")
+    assert out.splitlines() == [
+        "first: rcpt-1; retry: rcpt-1; charges: 1",
+        "other amount refused: idempotency key 'pay:o-1' was used before with different "
+        "arguments (another fingerprint); use a new key for a different request",
+        "replacement ran with token 2 and saved",
+        "late save rejected: stale fencing token 1 for 'pay:o-2'; nothing was written",
+        "stalled executor stopped: pretend a long pause",
+        "stored for o-2: rcpt-2 (token 2)",
+    ]
+
+
 def test_apscheduler_cluster() -> None:
     out = run("apscheduler_cluster.py")
     summary = out.splitlines()[-1]

@@ -26,6 +26,9 @@ SAMPLES: dict[str, asynclock.AsynclockError] = {
     "QuorumNotReached": asynclock.QuorumNotReached(
         "2 of 3 nodes did not answer", {"h1": "timeout", "h2": "refused"}
     ),
+    "InProgress": asynclock.InProgress("order:7", 2.5),
+    "IdempotencyKeyReused": asynclock.IdempotencyKeyReused("order:7"),
+    "ReplayedFailure": asynclock.ReplayedFailure("order:7", "app.CardDeclined", "declined"),
 }
 
 

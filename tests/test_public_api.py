@@ -21,6 +21,10 @@ PUBLIC = {
     "Driver",
     "HoldTimes",
     "Holder",
+    "IdempotencyKeyReused",
+    "Idempotent",
+    "IdempotentCall",
+    "InProgress",
     "Lease",
     "Leader",
     "Leadership",
@@ -32,6 +36,7 @@ PUBLIC = {
     "MonotonicClock",
     "NameTemplate",
     "QuorumNotReached",
+    "ReplayedFailure",
     "RestartGrace",
     "StaleToken",
     "Term",
@@ -69,7 +74,14 @@ def test_submodule_all() -> None:
 def test_driver_api_for_backend_authors() -> None:
     import asynclock.backends as backends
 
-    assert set(backends.__all__) == {"Busy", "Driver", "ExtendResult", "LeaseRef", "Refused"}
+    assert set(backends.__all__) == {
+        "Busy",
+        "Driver",
+        "ExtendResult",
+        "LeaseRef",
+        "Record",
+        "Refused",
+    }
     assert backends.Driver is asynclock.Driver
 
 
@@ -81,6 +93,9 @@ def test_exception_hierarchy() -> None:
         "LockHeld",
         "QuorumNotReached",
         "StaleToken",
+        "InProgress",
+        "IdempotencyKeyReused",
+        "ReplayedFailure",
     ):
         assert issubclass(getattr(asynclock, name), asynclock.AsynclockError)
     assert issubclass(asynclock.AcquireTimeout, TimeoutError)
@@ -88,6 +103,8 @@ def test_exception_hierarchy() -> None:
     assert issubclass(asynclock.QuorumNotReached, asynclock.BackendUnavailable)
     # A restart grace is a wait with a known end: code that treats busy as "later" still works.
     assert issubclass(asynclock.RestartGrace, asynclock.LockHeld)
+    # Same key, other arguments: a caller's mistake, like a bad argument.
+    assert issubclass(asynclock.IdempotencyKeyReused, ValueError)
 
 
 def test_core_imports_without_optional_drivers() -> None:

@@ -19,6 +19,7 @@ from .clock import Clock, MonotonicClock
 from .context import ExcInfo
 from .driver import Driver
 from .holder import Holder
+from .idempotency import DEFAULT_KEEP, Idempotent, idempotent_function
 from .leadership import Leader, Leadership, find_leader
 from .lease import Lease
 from .lock import Lock as Lock
@@ -26,7 +27,7 @@ from .lock import locked_function
 from .misuse import AsyncContextOnly
 from .session import Session
 from .stats import BackendStats, StatsRecorder
-from .validation import check_name, check_timing, check_token
+from .validation import RESERVED_PREFIX, check_name, check_timing, check_token
 
 logger = logging.getLogger("asynclock")
 T = TypeVar("T")
@@ -189,7 +190,8 @@ class Backend(AsyncContextOnly):
     async def holders(self, pattern: str = "*", *, limit: int = 1000) -> list[Holder]:
         """Every name held right now whose name matches ``pattern`` (a shell-style glob:
         ``*``, ``?``, ``[seq]``; case-sensitive), as :meth:`holder` sees it, sorted by name:
-        at most ``limit`` (1 .. 100000) of them. For operators (``asynclock list``): each
+        at most ``limit`` (1 .. 100000) of them; not the locks of idempotency keys in
+        progress (:meth:`idempotent`). For operators (``asynclock list``): each
         name is a separate question, so the list is not one instant's snapshot.
         NotImplementedError where the server cannot enumerate names (redlock, PostgreSQL
         ``mode=session``: the message says why)."""
@@ -200,7 +202,9 @@ class Backend(AsyncContextOnly):
             raise ValueError(f"limit must be an int from 1 to 100000, got {limit!r}")
         names = await acq.call("names", self.driver.names(), (NotImplementedError,))
         found: list[Holder] = []
-        for name in sorted(n for n in cast("list[str]", names) if fnmatchcase(n, pattern)):
+        # Not asynclock's own names (idempotency keys' locks: see backend.idempotent()).
+        listed = (n for n in cast("list[str]", names) if not n.startswith(RESERVED_PREFIX))
+        for name in sorted(n for n in listed if fnmatchcase(n, pattern)):
             held = await acq.call("holder", self.driver.holder(name), (NotImplementedError,))
             if held is not None:
                 found.append(cast("Holder", held))
@@ -248,6 +252,65 @@ class Backend(AsyncContextOnly):
         or bad lock arguments a ValueError.
         """
         return locked_function(self.lock, name, (ttl, timeout, blocking, max_hold))
+
+    def idempotent(
+        self,
+        key: str,
+        *,
+        ttl: float,
+        fingerprint: object = None,
+        keep: float = DEFAULT_KEEP,
+        wait: float | None = None,
+        store_errors: tuple[type[Exception], ...] = (),
+    ) -> Idempotent:
+        """Run an operation at most once per ``key`` and replay its result (docs/idempotency.md).
+
+        ``async with backend.idempotent(key, ttl=...) as op:`` yields an
+        :class:`~asynclock.IdempotentCall`. If the operation completed before, ``op.replayed``
+        is True and ``op.result`` is its stored result: return it. Otherwise the body runs
+        under a lease of ``ttl`` on the key (renewed by this backend, cancelled with
+        :class:`LeaseLost` when lost) and stores its result with ``await op.save(result)``
+        (fenced: :class:`StaleToken` if the lease is no longer live at the server). A body
+        that ends without saving stores None. Or in one line:
+        ``await backend.idempotent(key, ttl=...).run(fn, *args)``.
+
+        Args:
+            key: 1 to 255 UTF-8 bytes, no NUL, no lone surrogates.
+            ttl: the lease's ttl, as for :meth:`lock`.
+            fingerprint: any JSON-serialisable value naming the request (its arguments);
+                its sha256 is stored, and a later call with the same key and another
+                fingerprint raises :class:`IdempotencyKeyReused`. None: not checked.
+            keep: seconds the record is kept after its last write (1 s to 30 days; 24 h).
+            wait: None (default): a call while another one runs the operation raises
+                :class:`InProgress` at once. Seconds: wait up to that long for its result
+                (or for its lease to end, then run the operation here).
+            store_errors: exception classes stored as the operation's outcome and replayed
+                as :class:`ReplayedFailure`; any other error frees the key for a retry.
+        """
+        return Idempotent(self._acq, key, ttl, fingerprint, keep, wait, store_errors)
+
+    def idempotent_function(
+        self,
+        key: str,
+        /,
+        *,
+        ttl: float,
+        fingerprint: tuple[str, ...] = (),
+        keep: float = DEFAULT_KEEP,
+        wait: float | None = None,
+        store_errors: tuple[type[Exception], ...] = (),
+    ) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Coroutine[Any, Any, T]]]:
+        """Decorate an ``async def`` function so it runs at most once per key and every
+        later call with that key returns the stored result (see :meth:`idempotent`).
+
+        ``key`` is a :class:`~asynclock.NameTemplate` of the call's arguments
+        (``"payment:{order_id}"``); ``fingerprint`` names the arguments whose values must
+        match for a replay (``("amount", "currency")``). Checked at decoration: a function
+        that is not ``async def``, or a template or fingerprint naming an argument it does
+        not take, is a TypeError; bad options a TypeError or ValueError.
+        """
+        options = {"ttl": ttl, "keep": keep, "wait": wait, "store_errors": store_errors}
+        return idempotent_function(self.idempotent, key, fingerprint, options)
 
     def leadership(self, name: str, *, ttl: float, identity: str | None = None) -> Leadership:
         """Campaign for leadership of ``name``; ``identity`` (default ``host:pid``) is what

@@ -55,6 +55,15 @@ class Refused:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class Record:
+    """An idempotency record as the server keeps it: the token of the hold that wrote it
+    and the payload the core encoded (text, opaque to the driver)."""
+
+    token: int
+    payload: str
+
+
 #: One renewal result: ``True`` (extended by its ttl, measured from before the call),
 #: :class:`Refused` (definite loss), or an exception (unknown; the core retries).
 ExtendResult = bool | Refused | BaseException
@@ -212,6 +221,29 @@ class Driver:
         broken holder's next extend must be refused (its next renewal then loses it).
         """
         raise NotImplementedError(f"{self.display} cannot break locks")
+
+    # -- idempotency records (see _core/idempotency.py) ----------------------------------
+    #
+    # One record per lock name, kept beside the name's lease on the same server. The core
+    # calls these only for names in the idempotency namespace, while it holds (or has just
+    # held) the name's lease.
+
+    async def record_get(self, name: str) -> Record | None:
+        """The unexpired record of ``name``, or None."""
+        raise NotImplementedError(f"{self.display} does not store idempotency records")
+
+    async def record_put(
+        self, name: str, owner: str, token: int, payload: str, keep: float
+    ) -> bool:
+        """Store ``payload`` as the record of ``name``, to expire ``keep`` seconds from now,
+        only if (owner, token) is the live lease of ``name`` at the server (and no record
+        with a larger token exists), checked in the same atomic server step as the write
+        (G8). True if stored; False (nothing written) if the lease is not live."""
+        raise NotImplementedError(f"{self.display} does not store idempotency records")
+
+    async def record_delete(self, name: str, token: int) -> bool:
+        """Delete the record of ``name`` if ``token`` wrote it; True if one was deleted."""
+        raise NotImplementedError(f"{self.display} does not store idempotency records")
 
 
 def leave_queue(queues: dict[str, deque[str]], name: str, owner: str) -> bool:

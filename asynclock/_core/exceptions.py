@@ -201,3 +201,66 @@ class QuorumNotReached(BackendUnavailable):
         super().__init__(message + detail)
         self.message = message
         self.failures: dict[str, str] = dict(failures or {})
+
+
+class InProgress(_FieldArgs):
+    """Another caller is running the idempotent operation of ``key`` right now.
+
+    ``waited`` is how long this caller waited for it to finish (its ``wait``), or None if
+    it did not wait. Nothing ran here; try again later, or pass ``wait=`` to wait for the
+    other caller's result.
+    """
+
+    _fields = ("key", "waited")
+
+    def __init__(self, key: str, waited: float | None = None) -> None:
+        how = (
+            f"it did not finish within wait={waited:g}s"
+            if waited is not None
+            else "pass wait=<seconds> to wait for its result instead"
+        )
+        super().__init__(
+            f"idempotent operation {key!r} is in progress in another caller; {how}",
+            key,
+            waited,
+        )
+        self.key = key
+        self.waited = waited
+
+
+class IdempotencyKeyReused(_FieldArgs, ValueError):
+    """The idempotency ``key`` is recorded with other arguments (another fingerprint) than
+    this call's: the same key was used for a different request. Nothing ran here."""
+
+    _fields = ("key",)
+
+    def __init__(self, key: str) -> None:
+        super().__init__(
+            f"idempotency key {key!r} was used before with different arguments (another "
+            "fingerprint); use a new key for a different request",
+            key,
+        )
+        self.key = key
+
+
+class ReplayedFailure(_FieldArgs):
+    """The idempotent operation of ``key`` failed before with an error its caller chose to
+    store (``store_errors``); this is that failure, replayed without running it again.
+
+    ``error_type`` is the original exception's class (``module.QualName``), ``message``
+    its ``str()`` (at most 4,096 characters).
+    """
+
+    _fields = ("key", "error_type", "message")
+
+    def __init__(self, key: str, error_type: str, message: str) -> None:
+        super().__init__(
+            f"idempotent operation {key!r} failed before with {error_type}: {message} "
+            "(a stored failure, replayed without running the operation again)",
+            key,
+            error_type,
+            message,
+        )
+        self.key = key
+        self.error_type = error_type
+        self.message = message

@@ -22,7 +22,7 @@ from .context import LEASES, ExcInfo, pop_lease, push_lease
 from .exceptions import AsynclockError, BackendUnavailable, LeaseLost
 from .lock import _refuse_nested
 from .misuse import AsyncContextOnly, refuse_sync_iteration
-from .validation import MAX_TTL, check_lease_ttl, check_name
+from .validation import MAX_TTL, check_lease_ttl, check_name, check_not_reserved
 
 if TYPE_CHECKING:
     from .acquisition import Acquisition
@@ -155,7 +155,7 @@ class Leadership(AsyncContextOnly):
 
     def __init__(self, acq: Acquisition, name: str, ttl: float, identity: str | None) -> None:
         self._acq = acq
-        self._name = check_name(name)
+        self._name = check_not_reserved(check_name(name))
         self._ttl = check_lease_ttl(ttl)  # as lock() does: the term is a lease
         self._identity = check_identity(identity)
         self._term: Term | None = None

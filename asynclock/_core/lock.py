@@ -21,6 +21,7 @@ from .validation import (
     MAX_TTL,
     check_lease_ttl,
     check_name,
+    check_not_reserved,
     check_timeout,
     check_ttl,
 )
@@ -42,13 +43,20 @@ def _check_scope(scope: object) -> str:
 
 
 def _check_lock_args(
-    name: object, ttl: object, timeout: object, blocking: object, max_hold: object
+    name: object,
+    ttl: object,
+    timeout: object,
+    blocking: object,
+    max_hold: object,
+    *,
+    internal: bool = False,
 ) -> tuple[str, float, float | None, bool, float | None]:
     # Fast path for the usual call, `backend.lock(name, ttl=...)` (made on every hold).
     if (
         type(name) is str
         and 0 < len(name) <= MAX_NAME_BYTES // 4
         and name.isascii()
+        and name[0] != "\x00"  # RESERVED_PREFIX: the slow path decides
         and (type(ttl) is float or type(ttl) is int)
         and 0 < ttl <= MAX_TTL
         and timeout is None
@@ -57,6 +65,8 @@ def _check_lock_args(
     ):
         return name, float(ttl), None, True, None
     name = check_name(name)
+    if not internal:
+        check_not_reserved(name)
     ttl_f = check_lease_ttl(ttl)
     timeout_f = check_timeout(timeout)
     if not isinstance(blocking, bool):
@@ -111,9 +121,12 @@ class Lock(AsyncContextOnly):
         blocking: bool,
         max_hold: float | None,
         token_scope: str | None = None,
+        *,
+        internal: bool = False,
     ) -> None:
         self._acq = acq
-        self._args = _check_lock_args(name, ttl, timeout, blocking, max_hold)
+        # internal: a name in asynclock's own namespace (an idempotency key's hold).
+        self._args = _check_lock_args(name, ttl, timeout, blocking, max_hold, internal=internal)
         self._token_scope = None if token_scope is None else _check_scope(token_scope)
         #: acquire()'s arguments but the last (owner_tag "": a lock's owner is untagged).
         self._call = (*self._args, "", self._token_scope)

@@ -5,6 +5,10 @@ from __future__ import annotations
 import math
 
 MAX_NAME_BYTES = 512
+#: Lock names that start with this are asynclock's own (idempotency keys live under
+#: ``"\x00asynclock.idempotency:"``): ``lock()``, ``acquire()`` and ``leadership()``
+#: refuse them, so no user lock can ever share a name with one.
+RESERVED_PREFIX = "\x00asynclock."
 #: The longest lease ttl, in seconds (7 days). Every backend can honour it: PostgreSQL's
 #: ``idle_session_timeout`` (session mode) is an int of milliseconds (at most ~24.8 days),
 #: Redis ``PX`` an int64 of milliseconds, a lease row an interval. A lease is renewed every
@@ -29,6 +33,16 @@ def check_name(name: object) -> str:
         ) from None
     if size > MAX_NAME_BYTES:
         raise ValueError(f"lock name is {size} UTF-8 bytes; at most {MAX_NAME_BYTES} are allowed")
+    return name
+
+
+def check_not_reserved(name: str) -> str:
+    """``name`` (already checked), unless it is in asynclock's own namespace."""
+    if name.startswith(RESERVED_PREFIX):
+        raise ValueError(
+            f"lock name {name[:40]!r} starts with {RESERVED_PREFIX!r}, which asynclock keeps "
+            "for its own records (idempotency keys); use any other name"
+        )
     return name
 
 

@@ -5,6 +5,6 @@ primitives; the core does timing, renewal, retries and cancellation. Pass it to
 :class:`asynclock.Backend` directly: ``async with asynclock.Backend(MyDriver()) as b:``.
 """
 
-from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
+from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Record, Refused
 
-__all__ = ("Busy", "Driver", "ExtendResult", "LeaseRef", "Refused")
+__all__ = ("Busy", "Driver", "ExtendResult", "LeaseRef", "Record", "Refused")

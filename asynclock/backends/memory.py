@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused, leave_queue
+from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Record, Refused, leave_queue
 from .._core.holder import Holder
 from .._core.options import Options
 
@@ -34,6 +34,8 @@ class MemoryDriver(Driver):
         self.counters: dict[str, int] = {}
         self.scope_counters: dict[str, int] = {}
         self.queues: dict[str, deque[str]] = {}
+        #: Idempotency records: name -> (record, expiry on the clock).
+        self.records: dict[str, tuple[Record, float]] = {}
 
     def _live(self, name: str) -> _Entry | None:
         entry = self.leases.get(name)
@@ -111,6 +113,33 @@ class MemoryDriver(Driver):
             return False
         del self.leases[name]
         self._wake(name)
+        return True
+
+    # -- idempotency records: beside the leases, checked against them in one step (no await)
+
+    async def record_get(self, name: str) -> Record | None:
+        found = self.records.get(name)
+        if found is None:
+            return None
+        if found[1] <= self.clock.now():
+            del self.records[name]
+            return None
+        return found[0]
+
+    async def record_put(
+        self, name: str, owner: str, token: int, payload: str, keep: float
+    ) -> bool:
+        entry = self._live(name)
+        if entry is None or entry.owner != owner or entry.token != token:
+            return False
+        self.records[name] = (Record(token, payload), self.clock.now() + keep)
+        return True
+
+    async def record_delete(self, name: str, token: int) -> bool:
+        found = self.records.get(name)
+        if found is None or found[0].token != token:
+            return False
+        del self.records[name]
         return True
 
 

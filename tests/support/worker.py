@@ -12,6 +12,10 @@ Modes:
            ``fence_db`` and print {"event": "late_write", "result": "stale"|"accepted"}.
   lead   - like hold, through ``backend.leadership(name, identity=...)``: prints
            {"event": "acquired", ...} once elected, then the same events as hold.
+  idem   - enter ``backend.idempotent(key, ttl=...)``, print {"event": "acquired", "token":
+           N}, then, shielded from the lease's loss (a body busy in code that cannot be
+           cancelled), wait for a line on stdin and ``op.save(result)``; print {"event":
+           "saved"} or {"event": "stale"} (StaleToken); on LeaseLost print {"event": "lost"}.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import time
 from typing import Any
 
 import anyio
+import anyio.to_thread
 
 import asynclock
 from asynclock._harness import Hold, emit
@@ -81,6 +86,22 @@ async def hold(backend: asynclock.Backend, cfg: dict[str, Any]) -> None:
             emit("late_write", result=result)
 
 
+async def idem(backend: asynclock.Backend, cfg: dict[str, Any]) -> None:
+    try:
+        async with backend.idempotent(cfg["key"], ttl=cfg["ttl"]) as op:
+            emit("acquired", token=op.token, replayed=op.replayed)
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(sys.stdin.readline)
+                try:
+                    await op.save(cfg["result"])
+                except asynclock.StaleToken as exc:
+                    emit("stale", token=exc.token)
+                else:
+                    emit("saved")
+    except asynclock.LeaseLost as exc:
+        emit("lost", reason=exc.reason, token=exc.token)
+
+
 async def main() -> None:
     cfg = json.loads(sys.argv[1])
     async with asynclock.connect(cfg["url"], **cfg.get("options", {})) as backend:
@@ -88,6 +109,8 @@ async def main() -> None:
             await count(backend, cfg)
         elif cfg["mode"] in ("hold", "lead"):
             await hold(backend, cfg)
+        elif cfg["mode"] == "idem":
+            await idem(backend, cfg)
         else:
             raise SystemExit(f"unknown mode {cfg['mode']!r}")
 

@@ -27,13 +27,14 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Sequence
 
 import anyio
 
 from ..._core.asyncio_only import require_asyncio
-from ..._core.driver import Driver, ExtendResult, LeaseRef, Refused, leave_queue
+from ..._core.driver import Driver, ExtendResult, LeaseRef, Record, Refused, leave_queue
 from ..._core.holder import Holder
 from . import _proto as pb
 from ._acquire import Acquiring
@@ -75,6 +76,11 @@ class EtcdDriver(Acquiring, Watching, Driver):
 
     def lock_prefix(self, name: str) -> bytes:
         return f"{self.prefix}{name}/".encode("utf-8", "surrogatepass")
+
+    def record_key(self, name: str) -> bytes:
+        """The idempotency record of ``name``. ``"\\x00asynclock.record"`` is a reserved
+        lock name (never created), so the key is under no lock's prefix."""
+        return f"{self.prefix}\x00asynclock.record/{name}".encode("utf-8", "surrogatepass")
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -276,6 +282,71 @@ class EtcdDriver(Acquiring, Watching, Driver):
         if broken and slot is not None and slot.key == kv.key:
             self._free(name, slot)  # a holder here: the name is free for the next task now
         return broken
+
+    # -- idempotency records: a key with an etcd lease of ``keep`` --------------------------
+
+    async def record_get(self, name: str) -> Record | None:
+        reply = await self.client.range(pb.RangeRequest(key=self.record_key(name)))
+        if not reply.kvs:
+            return None
+        token, _, payload = bytes(reply.kvs[0].value).partition(b"\n")
+        return Record(int(token), payload.decode())
+
+    async def record_put(
+        self, name: str, owner: str, token: int, payload: str, keep: float
+    ) -> bool:
+        # Our lock key: the slot's, or (the slot is gone here: lost locally) the holder's.
+        slot = self.slots.get(name)
+        if slot is not None and slot.owner == owner and slot.held and slot.rev == token:
+            lock_key = slot.key
+        else:
+            kv = await first_key(self.client, self.lock_prefix(name), keys_only=True)
+            if kv is None or kv.create_revision != token:
+                return False
+            lock_key = kv.key
+        # G8: while our lock key exists with create revision = token, no key under the
+        # prefix is older, so we hold the lock; the Txn checks that and writes in one step.
+        # (etcd's leases are whole seconds; its longest lease is far above 30 days.)
+        granted = await self.client.grant(math.ceil(keep))
+        put = pb.PutRequest(
+            key=self.record_key(name),
+            value=b"%d\n" % token + payload.encode(),
+            lease=granted.ID,
+            prev_kv=True,
+        )
+        reply = await self.client.txn(
+            pb.TxnRequest(
+                compare=[created_at(lock_key, token)], success=[pb.RequestOp(request_put=put)]
+            )
+        )
+        old = granted.ID
+        if reply.succeeded:
+            prev = reply.responses[0].response_put.prev_kv
+            old = prev.lease if prev.lease and prev.lease != granted.ID else 0
+        if old:
+            await self._revoke_quietly(old)  # the replaced record's lease, or ours unused
+        return bool(reply.succeeded)
+
+    async def record_delete(self, name: str, token: int) -> bool:
+        key = self.record_key(name)
+        reply = await self.client.range(pb.RangeRequest(key=key))
+        if not reply.kvs or not bytes(reply.kvs[0].value).startswith(b"%d\n" % token):
+            return False
+        kv = reply.kvs[0]
+        same = pb.Compare(result=pb.CMP_EQUAL, target=pb.CMP_TARGET_MOD, key=key)
+        same.mod_revision = kv.mod_revision
+        delete = pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=key))
+        done = await self.client.txn(pb.TxnRequest(compare=[same], success=[delete]))
+        if done.succeeded and kv.lease:
+            await self._revoke_quietly(kv.lease)
+        return bool(done.succeeded)
+
+    async def _revoke_quietly(self, lease_id: int) -> None:
+        """Revoke a record's lease nothing needs any more (it would expire by itself)."""
+        try:
+            await self.client.revoke(lease_id)
+        except Exception as exc:
+            logger.debug("revoking record lease %x failed: %r", lease_id, exc)
 
     def granted_ttl(self, owner: str) -> int | None:
         """Seconds etcd granted the session lease of the hold ``owner`` (None: unknown)."""

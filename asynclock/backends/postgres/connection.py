@@ -14,11 +14,12 @@ import anyio
 import asyncpg  # type: ignore[import-untyped]  # no stubs; see fence/sql.py Protocols
 
 from ..._core.asyncio_only import require_asyncio
-from ..._core.driver import Busy, Driver, leave_queue
+from ..._core.driver import Busy, Driver, Record, leave_queue
 from ..._core.errors import map_errors
 from ..._core.exceptions import BackendUnavailable
 from ..._core.validation import check_seconds
-from .tokens import ensure_schema, notify_channel, waiter_key
+from .sql import SQL_RECORD_DELETE, SQL_RECORD_EXISTS, SQL_RECORD_GET, SQL_RECORD_SCHEMA
+from .tokens import _name_bytes, ensure_schema, notify_channel, waiter_key
 
 logger = logging.getLogger("asynclock.postgres")
 
@@ -297,6 +298,39 @@ class PostgresDriver(Driver):
                 return await getattr(conn, fetch)(sql, *args)
             except _CONNECTION_ERRORS as exc:
                 raise self._unavailable(what, exc) from exc
+
+    # -- idempotency records: a table beside the leases (the fenced store is per mode) -----
+
+    #: True once the record table is known to exist (created on first use).
+    _record_table = False
+
+    async def _record(self, what: str, fetch: str, sql: str, *args: Any) -> Any:
+        """``_run`` for a record statement, creating the record table first if missing."""
+        if not self._record_table:
+            if not await self._run(what, "fetchval", SQL_RECORD_EXISTS):
+                await self._run(
+                    f"{what} (creating table asynclock_record)", "execute", SQL_RECORD_SCHEMA
+                )
+            self._record_table = True
+        try:
+            return await self._run(what, fetch, sql, *args)
+        except BackendUnavailable:
+            # The pinned connection was lost (mode session: closed by idle_session_timeout
+            # while this process was frozen). Record statements are safe to repeat (a read,
+            # or a write fenced by the token), so once more on a new connection: the answer
+            # is then the server's (a refusal is StaleToken), not "connection lost".
+            return await self._run(what, fetch, sql, *args)
+
+    async def record_get(self, name: str) -> Record | None:
+        row = await self._record("record_get failed", "fetchrow", SQL_RECORD_GET, _name_bytes(name))
+        return None if row is None else Record(int(row[0]), str(row[1]))
+
+    async def record_delete(self, name: str, token: int) -> bool:
+        sql = SQL_RECORD_DELETE
+        found = await self._record(
+            "record_delete failed", "fetchval", sql, _name_bytes(name), token
+        )
+        return found is not None
 
     async def _raw_fetchval(self, sql: str, *args: Any) -> Any:
         """Run raw SQL on the pinned session (tests use it to sabotage a lock)."""

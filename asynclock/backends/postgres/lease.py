@@ -12,6 +12,7 @@ from .sql import (
     SQL_L_BREAK,
     SQL_L_EXTEND,
     SQL_L_HOLDER,
+    SQL_L_RECORD_PUT,
     SQL_L_RELEASE,
     SQL_L_TTL,
     SQL_L_VALIDATE,
@@ -101,6 +102,14 @@ class LeaseDriver(PostgresDriver):
         if live is not None:
             self._wake(name)
         return bool(live)
+
+    async def record_put(
+        self, name: str, owner: str, token: int, payload: str, keep: float
+    ) -> bool:
+        args = (_name_bytes(name), owner, token, payload, keep * 1000.0)
+        return (
+            await self._record("record_put failed", "fetchval", SQL_L_RECORD_PUT, *args) is not None
+        )
 
     # -- validate, holder and break_lock -------------------------------------------------
 

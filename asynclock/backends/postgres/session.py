@@ -20,11 +20,20 @@ from .sql import (
     SQL_S_CHECK_PLAIN,
     SQL_S_DROP_TOKEN_LOCKS,
     SQL_S_HOLDER,
+    SQL_S_RECORD_PUT,
     SQL_S_RELEASE,
     SQL_S_TOKEN,
     SQL_S_VALIDATE,
 )
-from .tokens import _EPOCH_TRIES, _new_epoch, _no_range, lock_key, notify_channel, waiter_key
+from .tokens import (
+    _EPOCH_TRIES,
+    _name_bytes,
+    _new_epoch,
+    _no_range,
+    lock_key,
+    notify_channel,
+    waiter_key,
+)
 
 
 class SessionDriver(PostgresDriver):
@@ -257,6 +266,15 @@ class SessionDriver(PostgresDriver):
         if held is not None:
             self._wake(name)
         return held is not None
+
+    async def record_put(
+        self, name: str, owner: str, token: int, payload: str, keep: float
+    ) -> bool:
+        # Fenced by the hold's token lock (as validate()): the owner is not on the server.
+        args = (_name_bytes(name), lock_key(name), token, payload, keep * 1000.0)
+        return (
+            await self._record("record_put failed", "fetchval", SQL_S_RECORD_PUT, *args) is not None
+        )
 
     async def validate(self, name: str, token: int) -> bool:
         ok = await self._run("validate failed", "fetchval", SQL_S_VALIDATE, lock_key(name), token)

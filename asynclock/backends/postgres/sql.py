@@ -305,3 +305,66 @@ SELECT d.token FROM c, d
 LEFT JOIN LATERAL (SELECT pg_notify($2, '') WHERE NOT pg_try_advisory_xact_lock($3, $4)) AS n
     ON true
 """
+
+# -- idempotency records (docs/idempotency.md) -----------------------------------------------
+
+# One record per lock name, beside the leases. A logged table: a stored result must
+# survive a crash (the lease tables need not). Created on first use (SQL_RECORD_SCHEMA),
+# so a deployment that never uses idempotency keys needs no new table.
+SQL_RECORD_EXISTS = "SELECT to_regclass('asynclock_record') IS NOT NULL"
+SQL_RECORD_SCHEMA = f"""
+SELECT pg_advisory_xact_lock({_SCHEMA_KEY});
+CREATE TABLE IF NOT EXISTS asynclock_record (
+    name       bytea PRIMARY KEY,
+    token      bigint NOT NULL,
+    payload    text NOT NULL,
+    expires_at timestamptz NOT NULL
+);
+CREATE INDEX IF NOT EXISTS asynclock_record_expiry ON asynclock_record (expires_at)
+"""
+# The store of an idempotency record, after a CTE ``live`` (one row while the writer's
+# lease is the live one): ($1 name, $3 token, $4 payload, $5 keep ms). A record of a
+# larger token is never overwritten. Returns one row if stored, none if not. Expired
+# records are deleted on the way (at most 100 per store).
+_RECORD_STORE = """
+gone AS (
+    DELETE FROM asynclock_record WHERE name IN (
+        SELECT name FROM asynclock_record WHERE expires_at <= clock_timestamp() LIMIT 100)
+)
+INSERT INTO asynclock_record AS r (name, token, payload, expires_at)
+SELECT $1, $3, $4, clock_timestamp() + $5::float8 * interval '1 millisecond' FROM live
+ON CONFLICT (name) DO UPDATE
+    SET token = EXCLUDED.token, payload = EXCLUDED.payload, expires_at = EXCLUDED.expires_at
+    WHERE r.token <= EXCLUDED.token
+RETURNING r.token
+"""
+# G8, mode lease: store the record only while ($2 owner, $3 token) is the live lease row of
+# $1 name, the check and the write in one statement; the row is locked FOR SHARE so no
+# acquire, extend or break changes it before the write commits.
+SQL_L_RECORD_PUT = f"""
+WITH live AS (
+    SELECT 1 FROM asynclock_lease
+    WHERE name = $1 AND owner = $2 AND token = $3 AND expires_at > clock_timestamp()
+    FOR SHARE
+),{_RECORD_STORE}"""
+# G8, mode session: store the record only while some session holds the advisory lock of
+# $2 key and the token lock of ($3 token, $2 key) — the test of SQL_S_VALIDATE, in the
+# same statement as the write. A later holder's write of the same row waits for this one
+# to commit and then overwrites it (its token is larger).
+SQL_S_RECORD_PUT = f"""
+WITH live AS (
+    SELECT 1 FROM pg_locks AS a JOIN pg_locks AS b ON b.pid = a.pid
+    WHERE a.locktype = 'advisory' AND a.objsubid = 1 AND a.granted AND a.mode = 'ExclusiveLock'
+      AND b.locktype = 'advisory' AND b.objsubid = 1 AND b.granted AND b.mode = 'ShareLock'
+      AND a.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND b.database = a.database
+      AND (a.classid::bigint << 32) | a.objid::bigint = $2
+      AND (b.classid::bigint << 32) | b.objid::bigint = hashint8extended($3::bigint, $2)
+    LIMIT 1
+),{_RECORD_STORE}"""
+# The unexpired record of $1 name: token, payload.
+SQL_RECORD_GET = """
+SELECT token, payload FROM asynclock_record WHERE name = $1 AND expires_at > clock_timestamp()
+"""
+# Delete the record of $1 name if $2 token wrote it. Returns the token, or no row.
+SQL_RECORD_DELETE = "DELETE FROM asynclock_record WHERE name = $1 AND token = $2 RETURNING token"

@@ -54,6 +54,11 @@ def glob_escape(text: str) -> str:
     return re.sub(r"([*?\[\]\\])", r"\\\1", text)
 
 
+def record_key(name: str, prefix: str = "asynclock:") -> bytes:
+    """The idempotency record of ``name``: beside its lock key, in the same hash slot."""
+    return f"{prefix}{{{hash_tag(name)}}}:record".encode()
+
+
 def epoch_key(prefix: str = "asynclock:") -> str:
     """The database's epoch key (see ``grace_left``): no braces, so no lock name's key."""
     return f"{prefix}epoch"

@@ -33,7 +33,7 @@ from typing import Any
 import anyio
 
 from ..._core.asyncio_only import require_asyncio
-from ..._core.driver import Busy, ExtendResult, LeaseRef, Refused
+from ..._core.driver import Busy, ExtendResult, LeaseRef, Record, Refused
 from ..._core.exceptions import QuorumNotReached
 from ..._core.holder import Holder
 from .base import LOUD, NO_EXPIRY, QUIET, GraceReport, SubscribingDriver
@@ -47,6 +47,16 @@ from .wire import Node, ms, pack, pack_script
 #: An acquisition that took longer than this fraction of its ttl is given back: the
 #: lease would be lost before its first renewal.
 MAX_ACQUIRE_FRACTION = 0.5
+
+
+#: Why redlock:// stores no idempotency records (docs/idempotency.md, "Redlock").
+NO_RECORDS = (
+    "redlock:// does not store idempotency records: a result written to a majority of "
+    "independent nodes is not read back reliably (a later reader's majority may miss a "
+    "node that took the write while another lost it in a restart without persistence), "
+    "and then the operation runs twice; use one Redis server (redis://), PostgreSQL, "
+    "etcd or SQLite for idempotency keys, and Redlock for locks"
+)
 
 
 class RedlockDriver(SubscribingDriver):
@@ -392,6 +402,19 @@ class RedlockDriver(SubscribingDriver):
                 self._renew_now()
 
         return on_connect
+
+    # -- idempotency records: refused (see NO_RECORDS) ---------------------------------------
+
+    async def record_get(self, name: str) -> Record | None:
+        raise NotImplementedError(NO_RECORDS)
+
+    async def record_put(
+        self, name: str, owner: str, token: int, payload: str, keep: float
+    ) -> bool:
+        raise NotImplementedError(NO_RECORDS)
+
+    async def record_delete(self, name: str, token: int) -> bool:
+        raise NotImplementedError(NO_RECORDS)
 
 
 def driver_from_url(url: str, **options: Any) -> RedlockDriver:

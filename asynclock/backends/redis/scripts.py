@@ -375,6 +375,32 @@ return 1
 """
 )
 
+# RECORD_PUT (idempotency records, G8): store the record of a name only while our lease
+# holds it and no record of a larger token exists, the check and the write in one script.
+# The record is "token\npayload", expiring after keep ms. KEYS: lock, record (one hash
+# tag). ARGV: owner, token, payload, keep ms. Returns 1 if stored, 0 if not (not ours).
+RECORD_PUT = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] .. ':' .. ARGV[2] then return 0 end
+local old = redis.call('GET', KEYS[2])
+if old then
+  local t = tonumber(string.match(old, '^(%d+)\\n'))
+  if t and t > tonumber(ARGV[2]) then return 0 end
+end
+redis.call('SET', KEYS[2], ARGV[2] .. '\\n' .. ARGV[3], 'PX', ARGV[4])
+return 1
+"""
+
+# RECORD_DELETE: delete the record if the token wrote it. KEYS: record. ARGV: token.
+# Returns 1 if deleted, else 0.
+RECORD_DELETE = """
+local old = redis.call('GET', KEYS[1])
+if old and string.sub(old, 1, #ARGV[1] + 1) == ARGV[1] .. '\\n' then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+"""
+
 SCRIPTS = {
     "acquire": ACQUIRE,
     "extend": EXTEND,
@@ -385,6 +411,8 @@ SCRIPTS = {
     "redlock_release": REDLOCK_RELEASE,
     "holder": HOLDER,
     "break": BREAK,
+    "record_put": RECORD_PUT,
+    "record_delete": RECORD_DELETE,
 }
 #: EVALSHA digests (the same on every server: SHA1 of the script text).
 SHAS = {key: hashlib.sha1(text.encode()).hexdigest().encode() for key, text in SCRIPTS.items()}

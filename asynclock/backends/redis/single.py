@@ -37,11 +37,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..._core.asyncio_only import require_asyncio
-from ..._core.driver import Busy, ExtendResult, LeaseRef, Refused
+from ..._core.driver import Busy, ExtendResult, LeaseRef, Record, Refused
 from ..._core.holder import Holder
 from .base import LOUD, NO_EXPIRY, QUIET, GraceReport, SubscribingDriver
 from .blocking import BlockingCalls
-from .keys import glob_escape, name_of_key, scope_fence_key
+from .keys import glob_escape, name_of_key, record_key, scope_fence_key
 from .options import NodeURL, check_restart_grace, read_redis_url
 from .pubsub import Listener
 from .replies import extend_call, extend_result, grace_ms, holder_from_reply, token_of
@@ -353,6 +353,26 @@ class RedisDriver(SubscribingDriver):
         if not waits:
             del self._waits[name]
         return wait
+
+    # -- idempotency records: a key beside the lock key, expiring after keep --------------
+
+    async def record_get(self, name: str) -> Record | None:
+        value = await self.node.get(record_key(name, self.prefix))
+        if value is None:
+            return None
+        token, _, payload = value.partition(b"\n")
+        return Record(int(token), payload.decode())
+
+    async def record_put(
+        self, name: str, owner: str, token: int, payload: str, keep: float
+    ) -> bool:
+        keys = (self.keys(name).lock, record_key(name, self.prefix))
+        args = (owner.encode(), b"%d" % token, payload.encode(), b"%d" % ms(keep))
+        return bool(await self.node.run("record_put", keys, args))
+
+    async def record_delete(self, name: str, token: int) -> bool:
+        keys = (record_key(name, self.prefix),)
+        return bool(await self.node.run("record_delete", keys, (b"%d" % token,)))
 
     # -- who holds it, breaking a lock ------------------------------------------------------
 

@@ -35,7 +35,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 import anyio
 
-from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
+from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Record, Refused
 from ..._core.errors import map_errors
 from ..._core.exceptions import BackendUnavailable
 from ..._core.holder import Holder
@@ -55,6 +55,10 @@ from .sql import (
     SQL_LIVE,
     SQL_PRUNE_WAITERS,
     SQL_QUEUE,
+    SQL_RECORD_DELETE,
+    SQL_RECORD_GET,
+    SQL_RECORD_PRUNE,
+    SQL_RECORD_PUT,
     SQL_RELEASE,
     SQL_SCOPE_NEXT,
     SQL_SET_TOKEN,
@@ -424,6 +428,32 @@ class SQLiteDriver(Driver):
         except sqlite3.Error as exc:
             raise self._errors.unavailable("validate failed", exc) from exc
         return row is not None and row[1] == token
+
+    # -- idempotency records: a table beside the leases ------------------------------------
+
+    async def record_get(self, name: str) -> Record | None:
+        try:
+            row = self.db.execute(SQL_RECORD_GET, (name, time.time())).fetchone()
+        except sqlite3.Error as exc:
+            raise self._errors.unavailable("record_get failed", exc) from exc
+        return None if row is None else Record(int(row[0]), str(row[1]))
+
+    async def record_put(
+        self, name: str, owner: str, token: int, payload: str, keep: float
+    ) -> bool:
+        boot = self.boot
+
+        def put(db: sqlite3.Connection) -> bool:
+            wall = time.time()
+            db.execute(SQL_RECORD_PRUNE, (wall,))
+            args = (name, owner, token, payload, wall + keep, boot, time.monotonic())
+            return db.execute(SQL_RECORD_PUT, args).fetchone() is not None
+
+        return await self._write(put)
+
+    async def record_delete(self, name: str, token: int) -> bool:
+        cursor = await self._statement(SQL_RECORD_DELETE, (name, token))
+        return cursor.rowcount == 1
 
     async def abandon(self, name: str, owner: str) -> None:
         key = (name, owner)

@@ -27,6 +27,13 @@ CREATE TABLE IF NOT EXISTS asynclock_scope (
     scope      TEXT PRIMARY KEY,
     token      INTEGER NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS asynclock_record (
+    name       TEXT PRIMARY KEY,
+    token      INTEGER NOT NULL,
+    payload    TEXT NOT NULL,
+    expires_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS asynclock_record_expiry ON asynclock_record (expires_at);
 """
 
 # G1/G2, the uncontended path in one statement: take :name if its row is free (released,
@@ -114,3 +121,27 @@ SQL_BREAK = (
     "RETURNING (SELECT wake FROM asynclock_waiter WHERE name = ?1 AND boot = ?2 "
     "AND expires_at > ?3 ORDER BY seq LIMIT 1)"
 )
+
+# -- idempotency records (docs/idempotency.md) -------------------------------------------
+#
+# A record's expiry is wall-clock Unix time: it is kept for up to 30 days, across reboots
+# (a lease's monotonic expiry is not).
+
+# G8 for an idempotency record: store (token, payload) as the record of ?1 only while
+# (?2 owner, ?3 token) is the live lease of ?1 and no record of a larger token exists, the
+# check and the write in one statement. Args: name, owner, token, payload, expires_at
+# (Unix time), boot, now (monotonic). Returns one row if stored, none if not.
+SQL_RECORD_PUT = (
+    "INSERT INTO asynclock_record (name, token, payload, expires_at) "
+    "SELECT ?1, ?3, ?4, ?5 WHERE EXISTS (SELECT 1 FROM asynclock_lease "
+    "WHERE name = ?1 AND owner = ?2 AND token = ?3 AND boot = ?6 AND expires_at > ?7) "
+    "ON CONFLICT (name) DO UPDATE SET token = excluded.token, payload = excluded.payload, "
+    "expires_at = excluded.expires_at WHERE asynclock_record.token <= excluded.token "
+    "RETURNING token"
+)
+# The unexpired record of a name: args name, now (Unix time). Returns token, payload.
+SQL_RECORD_GET = "SELECT token, payload FROM asynclock_record WHERE name = ? AND expires_at > ?"
+# Delete the record of a name written by a token: args name, token.
+SQL_RECORD_DELETE = "DELETE FROM asynclock_record WHERE name = ? AND token = ?"
+# Housekeeping, in the transaction of each SQL_RECORD_PUT: expired records. Args: now (Unix).
+SQL_RECORD_PRUNE = "DELETE FROM asynclock_record WHERE expires_at <= ?"

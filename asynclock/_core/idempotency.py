@@ -1,0 +1,459 @@
+"""Idempotency keys: ``async with backend.idempotent(key, ttl=...) as op:``.
+
+The state machine lives here, once; a driver only stores records (``Driver.record_get``,
+``record_put``, ``record_delete``) beside its leases. The record of a key is kept under the
+key's lock name in asynclock's own namespace (``"\\x00asynclock.idempotency:" + key``,
+refused by ``lock()``), and is in one of three states:
+
+* ``running``: written (fenced) by the hold that runs the operation. Its lease is renewed
+  by the backend's one session like any other; losing it cancels the body (G4). A running
+  record whose lease is gone is abandoned: the next caller takes the name (a larger token)
+  and runs the operation again.
+* ``done`` / ``failed``: the result (or a failure the caller chose to store), written only
+  while the writer's lease is the live one at the server, in the same atomic step as the
+  check (G8): a holder presumed dead (frozen, partitioned) gets :class:`StaleToken` and
+  cannot overwrite what its successor stored.
+
+Every record expires ``keep`` seconds after its last write (the server forgets it).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import json
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
+
+import anyio
+
+from .context import ExcInfo
+from .driver import Record
+from .exceptions import (
+    AcquireTimeout,
+    AlreadyHeld,
+    IdempotencyKeyReused,
+    InProgress,
+    LeaseLost,
+    LockHeld,
+    ReplayedFailure,
+    RestartGrace,
+    StaleToken,
+)
+from .lease import Lease
+from .lock import Lock
+from .misuse import AsyncContextOnly
+from .templates import NameTemplate
+from .validation import RESERVED_PREFIX, check_seconds, check_timeout
+
+if TYPE_CHECKING:
+    from .acquisition import Acquisition
+
+logger = logging.getLogger("asynclock")
+T = TypeVar("T")
+P = ParamSpec("P")
+
+#: The lock name of key ``k`` is ``KEY_NAMESPACE + k`` (no user lock can take it).
+KEY_NAMESPACE = RESERVED_PREFIX + "idempotency:"
+#: The longest key, in UTF-8 bytes (Stripe's limit, in characters, for ASCII keys).
+MAX_KEY_BYTES = 255
+#: The largest result, as its encoded JSON (ASCII) in bytes: 64 KiB.
+MAX_RESULT_BYTES = 64 * 1024
+#: How long a record may be kept, in seconds: 1 s to 30 days; 24 h by default (Stripe's).
+MIN_KEEP, MAX_KEEP, DEFAULT_KEEP = 1.0, 30 * 86400.0, 86400.0
+#: A stored failure's message is cut to this many characters.
+MAX_MESSAGE = 4096
+
+_RUNNING, _DONE, _FAILED = "running", "done", "failed"
+
+
+# -- arguments -----------------------------------------------------------------------------
+
+
+def check_key(key: object) -> str:
+    """``key`` if it is a valid idempotency key, else TypeError/ValueError saying why."""
+    allowed = f"a str of 1 to {MAX_KEY_BYTES} UTF-8 bytes, without NUL or lone surrogates"
+    if not isinstance(key, str):
+        raise TypeError(f"idempotency key must be a str, not {type(key).__name__}: use {allowed}")
+    if not key:
+        raise ValueError(f"idempotency key must not be empty: use {allowed}")
+    nul = key.find("\x00")
+    if nul >= 0:
+        raise ValueError(f"idempotency key has a NUL character at index {nul}: use {allowed}")
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"idempotency key has a lone surrogate {key[exc.start]!r} at index {exc.start}: "
+            f"use {allowed}"
+        ) from None
+    if size > MAX_KEY_BYTES:
+        raise ValueError(f"idempotency key is {size} UTF-8 bytes long: use {allowed}")
+    return key
+
+
+def lock_name(key: str) -> str:
+    """The lock name that guards idempotency key ``key`` (in asynclock's own namespace)."""
+    return KEY_NAMESPACE + key
+
+
+def check_keep(keep: object) -> float:
+    f = check_seconds(keep, "keep")
+    if not (MIN_KEEP <= f <= MAX_KEEP):
+        raise ValueError(
+            f"keep must be between {MIN_KEEP:g} second and {MAX_KEEP:g} seconds (30 days), "
+            f"got {keep!r}"
+        )
+    return f
+
+
+def check_store_errors(store_errors: object) -> tuple[type[Exception], ...]:
+    if isinstance(store_errors, type):
+        store_errors = (store_errors,)
+    if not isinstance(store_errors, tuple) or not all(
+        isinstance(t, type) and issubclass(t, Exception) for t in store_errors
+    ):
+        raise TypeError(
+            "store_errors must be a tuple of Exception subclasses (the errors stored and "
+            f"replayed instead of retried), got {store_errors!r}"
+        )
+    return store_errors
+
+
+def fingerprint_of(value: object) -> str | None:
+    """A stable hash of ``value`` (sha256 of its canonical JSON), or None for None."""
+    if value is None:
+        return None
+    try:
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"fingerprint must be JSON-serialisable (dicts with str keys, lists, str, int, "
+            f"finite float, bool, None): {exc}"
+        ) from None
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def encode_result(key: str, result: object) -> str:
+    """``result`` as the JSON text stored for ``key``: TypeError if it is not
+    JSON-serialisable, ValueError if larger than :data:`MAX_RESULT_BYTES`."""
+    try:
+        text = json.dumps(result, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"the result of idempotent operation {key!r} cannot be stored: it must be "
+            f"JSON-serialisable (dicts with str keys, lists, str, int, finite float, bool, "
+            f"None): {exc}"
+        ) from None
+    if len(text) > MAX_RESULT_BYTES:  # ASCII JSON: one byte per character
+        raise ValueError(
+            f"the result of idempotent operation {key!r} is {len(text)} bytes as JSON; at "
+            f"most {MAX_RESULT_BYTES} (64 KiB) can be stored: store a reference to it instead"
+        )
+    return text
+
+
+def _payload(state: str, fingerprint: str | None, body: str = "null", **extra: str) -> str:
+    # A one-line JSON header, a newline, then the result's JSON (never re-encoded).
+    return json.dumps({"s": state, "f": fingerprint, **extra}, separators=(",", ":")) + "\n" + body
+
+
+def _decode(record: Record) -> tuple[dict[str, Any], str]:
+    head, _, body = record.payload.partition("\n")
+    return json.loads(head), body
+
+
+# -- one call -------------------------------------------------------------------------------
+
+
+class IdempotentCall:
+    """What ``async with backend.idempotent(...) as op:`` yields: one call of the operation.
+
+    ``replayed`` is True when the operation completed before: ``result`` is its stored
+    result (decoded from JSON), and the body must not do the work again. Otherwise this
+    call runs it under a lease (``lease``, fencing token ``token``) that is cancelled when
+    lost, and stores its result with :meth:`save`.
+    """
+
+    __slots__ = ("_guard", "_rejected", "_saved", "key", "lease", "replayed", "result", "token")
+
+    def __init__(
+        self, guard: Idempotent, lease: Lease | None, replayed: bool, result: object, token: int
+    ) -> None:
+        self._guard = guard
+        self.key: str = guard.key
+        self.lease = lease
+        self.replayed = replayed
+        self.result: Any = result
+        #: The fencing token of this call's hold, or (replayed) of the one that stored it.
+        self.token = token
+        self._saved = False
+        self._rejected: BaseException | None = None
+
+    def __repr__(self) -> str:
+        state = "replayed" if self.replayed else "saved" if self._saved else "running"
+        return f"<IdempotentCall {self.key!r} token={self.token} {state}>"
+
+    @property
+    def saved(self) -> bool:
+        return self._saved
+
+    async def save(self, result: object) -> None:
+        """Store ``result`` as the operation's result, fenced by this call's token.
+
+        Raises:
+            TypeError, ValueError: ``result`` is not JSON-serialisable, or larger than
+                64 KiB as JSON; nothing is stored (the body then fails, and the record is
+                freed so a retry runs).
+            StaleToken: this call's lease is no longer the live one at the server (it
+                expired while this process was frozen or cut off; another call may have
+                run the operation since): nothing is stored, and the lease counts as lost
+                (the body is cancelled at its next await; the ``async with`` raises
+                :class:`LeaseLost`).
+            RuntimeError: the call was replayed, or its result is saved already.
+        """
+        if self.replayed or self.lease is None:
+            raise RuntimeError(f"idempotent operation {self.key!r} was replayed: nothing to save")
+        if self._saved:
+            raise RuntimeError(f"the result of idempotent operation {self.key!r} is saved already")
+        try:
+            body = encode_result(self.key, result)
+        except (TypeError, ValueError) as exc:
+            self._rejected = exc  # never stored as a failure (store_errors): a retry runs
+            raise
+        guard = self._guard
+        payload = _payload(_DONE, guard.fingerprint, body)
+        if not await guard.put(self.lease, payload) and not await guard.stored(self.token, payload):
+            # The server says the lease is not live: it is lost, as when a renewal is
+            # refused (G4): the body is cancelled at its next await, and the `async with`
+            # raises LeaseLost even if the body swallows this StaleToken.
+            guard.lose(
+                self.lease,
+                "the fenced write of the result was refused: the lease is no longer live "
+                "at the server",
+            )
+            raise StaleToken(self.key, self.token, None)
+        self._saved = True
+        self.result = result
+
+
+# -- the guard --------------------------------------------------------------------------------
+
+
+class Idempotent(AsyncContextOnly):
+    """``async with backend.idempotent(key, ttl=...) as op:`` — see
+    :meth:`Backend.idempotent`. One ``async with`` at a time: make one per call (cheap)."""
+
+    _usage = "backend.idempotent(...)"
+
+    def __init__(
+        self,
+        acq: Acquisition,
+        key: str,
+        ttl: float,
+        fingerprint: object,
+        keep: float,
+        wait: float | None,
+        store_errors: object,
+    ) -> None:
+        self.key = check_key(key)
+        self.fingerprint = fingerprint_of(fingerprint)
+        self.keep = check_keep(keep)
+        self.wait = check_timeout(wait)
+        if self.wait is not None and self.wait <= 0:
+            self.wait = None  # no time to wait: answer at once
+        self.store_errors = check_store_errors(store_errors)
+        self._acq = acq
+        self._name = lock_name(self.key)
+        self._lock = Lock(
+            acq, self._name, ttl, self.wait, self.wait is not None, None, internal=True
+        )
+        self._call: IdempotentCall | None = None
+
+    def __repr__(self) -> str:
+        return f"<asynclock.Idempotent {self.key!r}>"
+
+    # -- driver calls ------------------------------------------------------------------------
+
+    async def _get(self) -> Record | None:
+        acq = self._acq
+        found = await acq.call(
+            "record_get", acq.driver.record_get(self._name), (NotImplementedError,)
+        )
+        return cast("Record | None", found)
+
+    async def put(self, lease: Lease, payload: str) -> bool:
+        acq = self._acq
+        call = acq.driver.record_put(self._name, lease.owner, lease.token, payload, self.keep)
+        return bool(await acq.call("record_put", call))
+
+    async def stored(self, token: int, payload: str) -> bool:
+        """Is ``payload`` the record of ``token`` already? (A driver that repeats a write
+        whose answer was lost sees its own earlier write as a refusal.)"""
+        record = await self._get()
+        return record is not None and record.token == token and record.payload == payload
+
+    def lose(self, lease: Lease, reason: str) -> None:
+        self._acq.session.lose(lease, reason)
+
+    async def _forget(self, token: int) -> None:
+        """Delete our running record (a retryable failure): best effort, shielded and bounded;
+        a record left behind is abandoned anyway once the lease is released."""
+        acq = self._acq
+        with anyio.CancelScope(shield=True), anyio.move_on_after(acq.bounds.timeout):
+            try:
+                await acq.call("record_delete", acq.driver.record_delete(self._name, token))
+            except Exception as exc:
+                logger.warning("idempotency key %r: its record was not deleted: %r", self.key, exc)
+
+    # -- states ------------------------------------------------------------------------------
+
+    def _replay(self, record: Record) -> IdempotentCall | None:
+        """What a found record means for this call: a replay (done), a raise (failed, or
+        another fingerprint), or None (running: the operation is not finished)."""
+        head, body = _decode(record)
+        if self.fingerprint is not None and head.get("f") != self.fingerprint:
+            raise IdempotencyKeyReused(self.key)
+        state = head.get("s")
+        if state == _DONE:
+            return IdempotentCall(self, None, True, json.loads(body), record.token)
+        if state == _FAILED:
+            raise ReplayedFailure(self.key, str(head.get("t")), str(head.get("m")))
+        return None
+
+    async def __aenter__(self) -> IdempotentCall:
+        if self._call is not None:
+            raise RuntimeError(
+                f"backend.idempotent({self.key!r}) is already entered; use one `async with` "
+                "at a time (call backend.idempotent(...) once per call)"
+            )
+        self._acq.ready()
+        record = await self._get()
+        if record is not None and (call := self._replay(record)) is not None:
+            self._call = call
+            return call
+        lock = self._lock
+        try:
+            lease = await lock.__aenter__()
+        except (LockHeld, AcquireTimeout) as exc:
+            if isinstance(exc, (AlreadyHeld, RestartGrace)):
+                raise  # our own hold of the key; a server that grants nothing yet
+            # Finished meanwhile, or another request under this key?
+            record = await self._get()
+            if record is not None and (call := self._replay(record)) is not None:
+                self._call = call
+                return call
+            raise InProgress(self.key, self.wait) from None
+        try:
+            record = await self._get()
+            call = None if record is None else self._replay(record)
+            if call is None:
+                running = _payload(_RUNNING, self.fingerprint)
+                if not await self.put(lease, running):
+                    raise LeaseLost(self._name, lease.token, "the lease was not live at the server")
+                call = IdempotentCall(self, lease, False, None, lease.token)
+        except BaseException as exc:
+            await lock.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        if call.replayed:  # it finished while we waited for the lease
+            await lock.__aexit__(None, None, None)
+        self._call = call
+        return call
+
+    async def __aexit__(self, *exc_info: *ExcInfo) -> bool:
+        call, self._call = self._call, None
+        assert call is not None, "Idempotent.__aexit__ without __aenter__"
+        if call.replayed:
+            return False
+        lease = call.lease
+        assert lease is not None
+        exc = exc_info[1]
+        try:
+            if lease.lost.reason is None:
+                if exc is None:
+                    if not call.saved:
+                        await call.save(None)  # finished without a result: None
+                elif (
+                    isinstance(exc, self.store_errors)
+                    and exc is not call._rejected
+                    and not isinstance(exc, StaleToken)
+                ):
+                    failed = _payload(
+                        _FAILED,
+                        self.fingerprint,
+                        t=f"{type(exc).__module__}.{type(exc).__qualname__}",
+                        m=str(exc)[:MAX_MESSAGE],
+                    )
+                    with anyio.CancelScope(shield=True):
+                        await self.put(lease, failed)
+                elif not call.saved:
+                    await self._forget(lease.token)
+        except BaseException as err:
+            await self._lock.__aexit__(type(err), err, err.__traceback__)
+            raise
+        return await self._lock.__aexit__(*exc_info)
+
+    async def run(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
+        """``await fn(*args, **kwargs)`` once for this key: its result is stored and
+        returned; a later call returns the stored result (decoded from JSON) instead."""
+        async with self as op:
+            if op.replayed:
+                return cast("T", op.result)
+            result = await fn(*args, **kwargs)
+            await op.save(result)
+            return result
+        raise AssertionError("unreachable: a lost lease raises LeaseLost")  # pragma: no cover
+
+
+def idempotent_function(
+    idempotent: Callable[..., Idempotent],
+    key: str,
+    fingerprint: Sequence[str],
+    options: dict[str, Any],
+) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Coroutine[Any, Any, T]]]:
+    """:meth:`Backend.idempotent_function` (see there): ``idempotent`` is the backend's."""
+    template = NameTemplate(key)
+    if isinstance(fingerprint, str) or not all(isinstance(f, str) for f in fingerprint):
+        raise TypeError(
+            "fingerprint must be a tuple of argument names, e.g. ('amount', 'currency'), "
+            f"got {fingerprint!r}"
+        )
+    names = tuple(fingerprint)
+    # The options are checked now, not at the first call.
+    idempotent("key", **options)
+
+    def decorate(func: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+        if not inspect.iscoroutinefunction(func):
+            raise TypeError(
+                "idempotent_function needs an `async def` function; "
+                f"{getattr(func, '__qualname__', func)!s} is not one"
+            )
+        template.check_callable(func)
+        signature = inspect.signature(func)
+        params = signature.parameters
+        missing = [n for n in names if n not in params]
+        if missing and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            raise TypeError(
+                f"fingerprint names {', '.join(missing)}, which "
+                f"{getattr(func, '__qualname__', func)!s}() does not take"
+            )
+
+        @functools.wraps(func)
+        async def idempotent_call(*args: P.args, **kwargs: P.kwargs) -> T:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            arguments = dict(bound.arguments)
+            for param in params.values():
+                if param.kind is param.VAR_KEYWORD and param.name in arguments:
+                    arguments.update(arguments.pop(param.name))
+            call_key = template.format(arguments)
+            prints = {n: arguments.get(n) for n in names} if names else None
+            guard = idempotent(call_key, fingerprint=prints, **options)
+            return await guard.run(func, *args, **kwargs)
+
+        idempotent_call.__signature__ = signature  # type: ignore[attr-defined]
+        return idempotent_call
+
+    return decorate
