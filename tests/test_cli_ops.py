@@ -171,3 +171,17 @@ async def test_on_a_just_started_redis_the_restart_grace_is_named(
     assert "not granted before" in out and "restart grace" in out, out
     code, out, err = await cli("list", "--url", url)
     assert code == 0 and "no held lock matches '*'" in out, err
+
+
+@pytest.mark.parametrize("spec", ["sqlite", "redis"], indirect=True)
+async def test_holders_lists_user_locks_not_idempotency_keys(
+    spec: BackendSpec, lock_name: str
+) -> None:
+    async with spec.connect() as backend:
+        async with (
+            backend.lock(lock_name, ttl=5.0) as lease,
+            backend.idempotent(lock_name, ttl=5.0) as op,
+        ):
+            assert not op.replayed
+            found = await backend.holders("*" + lock_name[-8:])
+            assert [(h.name, h.token) for h in found] == [(lock_name, lease.token)]
