@@ -135,9 +135,7 @@ async def test_one_renewal_statement_per_table_renews_every_claimed_row(
                     await session.next_round()
                 assert all(not item.lost for item in batch)
                 assert all(n == 200 for n in calls)
-                assert await conn.fetchval(
-                    f'SELECT bool_and(claim_expires > now()) FROM "{table}"'
-                )
+                assert await conn.fetchval(f'SELECT bool_and(claim_expires > now()) FROM "{table}"')
 
 
 @pytest.mark.parametrize("mode", MODES)
