@@ -22,7 +22,7 @@ import anyio
 import asyncpg  # type: ignore[import-untyped]  # no stubs; see fence/sql.py Protocols
 
 from ..._core.backend import parts_of
-from ..._core.bounds import shielded_call
+from ..._core.bounds import cleanup, shielded_call
 from ..._core.context import ExcInfo
 from ..._core.driver import ExtendResult, LeaseRef, Refused
 from ..._core.exceptions import BackendUnavailable, StaleToken
@@ -275,7 +275,7 @@ class Claims:
     async def ensure_columns(self) -> None:
         """Add the claim columns the table lacks (``ALTER TABLE ... ADD COLUMN IF NOT
         EXISTS``, with their defaults) and the claiming index; the table must exist."""
-        await self._resolve(require_columns=False)
+        await self._read_columns()
         adds = ", ".join(
             f"ADD COLUMN IF NOT EXISTS {name} {spec}" for name, (_, spec) in CLAIM_COLUMNS.items()
         )
@@ -298,10 +298,8 @@ class Claims:
         except asyncpg.PostgresError as exc:
             raise ValueError(f"claims on {self.table!r}: {what} failed: {exc}") from None
 
-    async def _resolve(self, *, require_columns: bool = True) -> _Statements:
-        """Check the table and its columns once; build its statements."""
-        if self._sql is not None:
-            return self._sql
+    async def _read_columns(self) -> dict[str, str]:
+        """The table's columns and their types; ValueError for a missing table or id."""
         rows = await self._driver._run(
             "claims: reading the table's columns",
             "fetch",
@@ -316,14 +314,18 @@ class Claims:
                 "search_path); create it, or call `await claims.create_table()`"
             )
         columns = {r["attname"]: r["type"] for r in rows}
-        self._columns = columns
         if self.id_column not in columns:
             raise ValueError(
                 f"claims: table {self.table!r} has no id column {self.id_column!r}; pass "
                 f"id_column= (a unique column), one of: {', '.join(sorted(columns))}"
             )
-        if not require_columns:
-            return _Statements(self._qualified, self._id, "text", None, None)
+        return columns
+
+    async def _resolve(self) -> _Statements:
+        """Check the table and its columns once; build its statements."""
+        if self._sql is not None:
+            return self._sql
+        columns = self._columns = await self._read_columns()
         missing = [name for name in CLAIM_COLUMNS if name not in columns]
         if missing:
             raise ValueError(
@@ -392,7 +394,9 @@ class Claims:
     async def renew(self, refs: Sequence[LeaseRef]) -> list[ExtendResult]:
         """Called by the driver's ``extend``: renew these claimed rows in one statement."""
         sql = await self._resolve()
-        ids = [self._row_ids[ref.owner] for ref in refs]
+        # A claim finished while this round was under way is no longer ours to renew (the
+        # session skips its answer): it goes out as a NULL id, which matches no row.
+        ids = [self._row_ids.get(ref.owner) for ref in refs]
         rows = await self._driver._run(
             "claim renewal failed",
             "fetch",
@@ -423,7 +427,9 @@ class Claims:
             claim._finished = True
             self._forget(claim, "given back")
         sql = await self._resolve()
-        await shielded_call(
+        # Shielded and bounded like a release; if it fails the rows come back anyway once
+        # their claims expire (logged, not raised over the block's own outcome).
+        await cleanup(
             self._driver._run(
                 "give back failed",
                 "execute",
@@ -432,11 +438,8 @@ class Claims:
                 [c.token for c in live],
             ),
             self._acq.bounds,
+            f"giving back {len(live)} claimed rows of {self.table!r}",
         )
-
-
-#: What the driver's ``extend`` calls per claims table (see connection.py).
-ClaimsRenewal = Claims
 
 
 class ClaimBatch(AsyncContextOnly):

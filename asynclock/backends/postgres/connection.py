@@ -23,7 +23,7 @@ from .tokens import ensure_schema, notify_channel, waiter_key
 
 if TYPE_CHECKING:
     from ..._core.backend import Backend
-    from .claims import Claims, ClaimsRenewal
+    from .claims import Claims
 
 logger = logging.getLogger("asynclock.postgres")
 
@@ -105,7 +105,7 @@ class PostgresDriver(Driver):
         self._queues: dict[str, deque[str]] = {}
         # Claimed rows (claims.py) ride the session's renewal as leases: the lease owner
         # of each claimed row -> the claims object whose one statement renews its table.
-        self._claim_owners: dict[str, ClaimsRenewal] = {}
+        self._claim_owners: dict[str, Claims] = {}
 
     def __repr__(self) -> str:
         return f"<PostgresDriver {self.display} mode={self.mode}>"
@@ -409,7 +409,7 @@ class PostgresDriver(Driver):
         if not claims:
             return await self._extend_locks(leases)
         locks: list[int] = []
-        tables: dict[ClaimsRenewal, list[int]] = {}
+        tables: dict[Claims, list[int]] = {}
         for i, ref in enumerate(leases):
             table = claims.get(ref.owner)
             if table is None:
