@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -484,3 +486,24 @@ async def test_a_killed_workers_rows_are_reclaimed(
                 for item in items:
                     await item.complete()
         assert {r["status"] for r in await rows(conn, table)} == {"done"}
+
+
+def test_example_claims_queue(pg_server: PgServer) -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "claims_queue.py"
+    done = subprocess.run(
+        [sys.executable, str(example), pg_server.url()],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:3] == [
+        "20 jobs, all done: True",
+        "each completed once: True",
+        "job 7: attempts 2, result 49",
+    ], done.stdout
+    assert lines[3].startswith("job 21 reclaimed with token ")
+    assert lines[4].startswith("late completion refused: stale fencing token ")
+    assert lines[5] == "job 21 result: 441"
