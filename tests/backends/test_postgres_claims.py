@@ -105,8 +105,9 @@ async def test_claims_complete_once_with_rising_tokens(
 async def test_one_renewal_statement_per_table_renews_every_claimed_row(
     pg_server: PgServer, conn: asyncpg.Connection, table: str, mode: str, monkeypatch: Any
 ) -> None:
-    """200 claimed rows and a lock: each heartbeat round is one driver call, and the rows'
-    part of it one statement (Claims.renew once), which moves every row's expiry."""
+    """200 claimed rows (by two Claims objects of one table) and a lock: each heartbeat
+    round is one driver call, and the rows' part of it one statement (Claims.renew once),
+    which moves every row's expiry."""
     calls: list[int] = []
     original = Claims.renew
 
@@ -120,7 +121,13 @@ async def test_one_renewal_statement_per_table_renews_every_claimed_row(
             session, _ = parts_of(backend)
             claims = backend.claims(table, ttl=1.5)
             await make_jobs(claims, conn, 200)
-            async with backend.lock(f"{table}:lock", ttl=1.5), claims.take(limit=200) as batch:
+            other = backend.claims(table, ttl=1.5)  # a second object on the same table
+            async with (
+                backend.lock(f"{table}:lock", ttl=1.5),
+                claims.take(limit=120) as first,
+                other.take(limit=120) as second,
+            ):
+                batch = [*first, *second]
                 assert len(batch) == 200
                 before = await conn.fetchval(f'SELECT min(claim_expires) FROM "{table}"')
                 trips = session.stats.renewal_round_trips

@@ -237,6 +237,9 @@ class Claims:
         self._qualified = qualified
         self.id_column = id_column
         self._id = _quote(id_column, "id_column")
+        #: What renewal groups by: the claimed rows of one table (and id column) are renewed
+        #: in one statement, whichever Claims object claimed them.
+        self.key = f"{qualified}\x00{self._id}"
         self._where = _check_sql(where, "where")
         self._order_by = _check_sql(order_by, "order_by")
         self.max_attempts = _check_attempts(max_attempts)
@@ -396,7 +399,11 @@ class Claims:
         sql = await self._resolve()
         # A claim finished while this round was under way is no longer ours to renew (the
         # session skips its answer): it goes out as a NULL id, which matches no row.
-        ids = [self._row_ids.get(ref.owner) for ref in refs]
+        owners = self._driver._claim_owners
+        ids = [
+            None if (claims := owners.get(ref.owner)) is None else claims._row_ids.get(ref.owner)
+            for ref in refs
+        ]
         rows = await self._driver._run(
             "claim renewal failed",
             "fetch",

@@ -409,19 +409,20 @@ class PostgresDriver(Driver):
         if not claims:
             return await self._extend_locks(leases)
         locks: list[int] = []
-        tables: dict[Claims, list[int]] = {}
+        # By table, not by Claims object: objects of one table share its statement.
+        tables: dict[str, tuple[Claims, list[int]]] = {}
         for i, ref in enumerate(leases):
             table = claims.get(ref.owner)
             if table is None:
                 locks.append(i)
             else:
-                tables.setdefault(table, []).append(i)
+                tables.setdefault(table.key, (table, []))[1].append(i)
         results: list[ExtendResult] = [Refused("not renewed")] * len(leases)
         if locks:
             done = await self._extend_locks([leases[i] for i in locks])
             for i, result in zip(locks, done, strict=True):
                 results[i] = result
-        for table, where in tables.items():
+        for table, where in tables.values():
             try:
                 done = await table.renew([leases[i] for i in where])
             except Exception as exc:  # unknown: the session retries until the deadline
