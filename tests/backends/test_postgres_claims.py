@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 
@@ -24,6 +25,7 @@ from asynclock._harness import Worker, WorkerGroup
 from asynclock.backends.postgres import MAX_LIMIT, Claim, Claims
 from tests.support.pg_servers import PgServer
 from tests.support.procs import EVENT_TIMEOUT
+from tests.support.redis_servers import wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -244,6 +246,50 @@ async def test_unfinished_rows_are_given_back_when_the_batch_ends(
             async with claims.take(limit=3) as again:
                 assert [c.id for c in again] == [2, 3]
                 assert min(c.token for c in again) > max(c.token for c in batch)
+
+
+async def test_a_take_cancelled_before_or_during_its_claim_leaves_no_row_claimed(
+    pg_server: PgServer, conn: asyncpg.Connection, table: str
+) -> None:
+    """G6 for claims: a take cancelled before it asks claims nothing; one cancelled while
+    its claim statement runs gets the rows anyway (the statement is shielded: it may
+    commit) and its batch's exit gives them back."""
+    with anyio.fail_after(20):
+        async with asynclock.connect(pg_server.url()) as backend:
+            claims = backend.claims(table, ttl=30)
+            await make_jobs(claims, conn, 4)
+            entered = False
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                async with claims.take(limit=5):
+                    entered = True
+            assert not entered
+            # A slow claim (pg_sleep per row) cancelled once the server is running it.
+            slow = backend.claims(table, ttl=30, where="pg_sleep(0.1) IS NOT NULL")
+            seen = -1
+
+            async def take() -> None:
+                nonlocal seen
+                async with slow.take(limit=5) as batch:
+                    seen = len(batch)
+                    await anyio.sleep_forever()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(take)
+
+                async def claiming() -> bool:  # the claim statement runs on the server
+                    return bool(
+                        await conn.fetchval(
+                            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
+                            "AND query LIKE '%pg_sleep(0.1)%' AND pid <> pg_backend_pid()"
+                        )
+                    )
+
+                await wait_until(claiming)
+                tg.cancel_scope.cancel()
+            assert seen == 4
+            assert {r["status"] for r in await rows(conn, table)} == {"ready"}
+            assert not backend.held()
 
 
 async def test_an_expired_claim_is_reclaimed_and_a_row_claimed_max_attempts_times_parks(

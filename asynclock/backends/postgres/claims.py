@@ -19,6 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
 import anyio
+import anyio.lowlevel
 import asyncpg  # type: ignore[import-untyped]  # no stubs; see fence/sql.py Protocols
 
 from ..._core.backend import parts_of
@@ -362,26 +363,42 @@ class Claims:
         clock = acq.clock
         driver = self._driver
         for _ in range(_EPOCH_TRIES):
+            await anyio.lowlevel.checkpoint_if_cancelled()  # cancelled already: claim nothing
             t_send = clock.now()
-            async with driver._io:
-                conn = await driver._main()
-                try:
-                    row = await conn.fetchrow(
-                        sql.claim, limit, self.identity, ttl_ms, self.max_attempts
-                    )
-                    if row["no_range"] or row["used_up"]:
-                        await _new_epoch(conn)  # first token, or after a crash (G2)
-                except _CONNECTION_ERRORS as exc:
-                    raise driver._unavailable("claim failed", exc) from exc
-                except asyncpg.PostgresError as exc:
-                    raise ValueError(
-                        f"claims on {self.table!r}: the claim statement failed ({exc}); check "
-                        "where= and order_by="
-                    ) from None
+            # Shielded (G6): once sent, the claim may commit, so its rows must reach the
+            # batch, whose exit gives them back if the caller was cancelled meanwhile.
+            try:
+                with anyio.fail_after(self._acq.bounds.timeout, shield=True):
+                    row = await self._claim_statement(sql, limit, ttl_ms)
+            except TimeoutError as exc:
+                raise BackendUnavailable(
+                    f"{driver.display}: claim on {self.table!r} got no answer within "
+                    f"{self._acq.bounds.timeout:g}s; rows it may have claimed come back "
+                    f"after the ttl ({self.ttl:g}s)"
+                ) from exc
             claimed = [self._grant(r, t_send) for r in row["rows"]]
             if claimed or not (row["no_range"] or row["used_up"]):
                 return claimed
         raise _no_range(f"claims on {self.table!r}")
+
+    async def _claim_statement(self, sql: _Statements, limit: int, ttl_ms: float) -> Any:
+        driver = self._driver
+        async with driver._io:
+            conn = await driver._main()
+            try:
+                row = await conn.fetchrow(
+                    sql.claim, limit, self.identity, ttl_ms, self.max_attempts
+                )
+                if row["no_range"] or row["used_up"]:
+                    await _new_epoch(conn)  # first token, or after a crash (G2)
+            except _CONNECTION_ERRORS as exc:
+                raise driver._unavailable("claim failed", exc) from exc
+            except asyncpg.PostgresError as exc:
+                raise ValueError(
+                    f"claims on {self.table!r}: the claim statement failed ({exc}); check "
+                    "where= and order_by="
+                ) from None
+        return row
 
     def _grant(self, record: Any, t_send: float) -> Claim:
         values = dict(record.items())
