@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import queue
 import threading
 import time
@@ -20,6 +21,7 @@ import asynclock.testing
 from asynclock.backends.redis.keys import keys_for
 from asynclock.backends.redis.replies import token_of
 from asynclock.from_thread import LoopThread, hold
+from tests.support.redis_servers import RedisFactory
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -183,6 +185,35 @@ T = TypeVar("T")
 
 def _redis(url: str) -> redis.Redis:
     return redis.Redis.from_url(url)
+
+
+def test_after_a_server_restart_the_body_thread_reconnects_before_it_asks(
+    redis_factory: RedisFactory, lock_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Seen as a user would, after a Redis restart (data kept): the body thread's own
+    connection was closed by the old server. Its next release and its next acquire must
+    not fail on it (a WARNING "release ... not confirmed" for a lease released fine, and
+    an acquire sent to the loop): an idle connection the server closed is made again."""
+    server = redis_factory(persist=True)
+    url = server.url
+    caplog.set_level(logging.DEBUG, logger="asynclock")
+    with LoopThread() as thread:
+        thread.backend(url)
+        with hold(thread, url, lock_name, ttl=5.0) as first:
+            server.restart(keep_data=True)  # the lease survives it (appendfsync always)
+            assert thread_free_check(url, lock_name) == first.token
+        assert first.released and not first.lost
+        assert thread_free_check(url, lock_name) is None
+        server.restart(keep_data=True)
+        with hold(thread, url, lock_name, ttl=5.0) as second:
+            assert thread_free_check(url, lock_name) == second.token > first.token
+        assert second.released and not second.lost
+    complaints = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING or "asking the loop" in r.getMessage()
+    ]
+    assert complaints == []
 
 
 def thread_free_check(url: str, name: str) -> int | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
+from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypeVar, cast
 
 import anyio
@@ -187,6 +188,28 @@ class Backend(AsyncContextOnly):
         check_name(name)
         found = await acq.call("holder", self.driver.holder(name), (NotImplementedError,))
         return cast("Holder | None", found)
+
+    async def holders(self, pattern: str = "*", *, limit: int = 1000) -> list[Holder]:
+        """Every name held right now whose name matches ``pattern`` (a shell-style glob:
+        ``*``, ``?``, ``[seq]``; case-sensitive), as :meth:`holder` sees it, sorted by name:
+        at most ``limit`` (1 .. 100000) of them. For operators (``asynclock list``): each
+        name is a separate question, so the list is not one instant's snapshot.
+        NotImplementedError where the server cannot enumerate names (redlock, PostgreSQL
+        ``mode=session``: the message says why)."""
+        acq = self._acq.ready()
+        if not isinstance(pattern, str):
+            raise TypeError(f"pattern must be a str glob such as 'invoice:*', got {pattern!r}")
+        if type(limit) is not int or not 1 <= limit <= 100_000:
+            raise ValueError(f"limit must be an int from 1 to 100000, got {limit!r}")
+        names = await acq.call("names", self.driver.names(), (NotImplementedError,))
+        found: list[Holder] = []
+        for name in sorted(n for n in cast("list[str]", names) if fnmatchcase(n, pattern)):
+            held = await acq.call("holder", self.driver.holder(name), (NotImplementedError,))
+            if held is not None:
+                found.append(cast("Holder", held))
+                if len(found) == limit:
+                    break
+        return found
 
     async def locked(self, name: str) -> bool:
         """True if some lease holds ``name`` right now (a snapshot, as :meth:`holder`)."""

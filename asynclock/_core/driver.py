@@ -190,6 +190,12 @@ class Driver:
     async def abandon(self, name: str, owner: str) -> None:
         """A queued waiter gave up (timeout or cancellation); forget it."""
 
+    async def names(self) -> list[str]:
+        """Every name the server keeps a lease record of (held or not: the core asks
+        :meth:`holder` of each), for operators (``backend.holders()``). NotImplementedError
+        where the server cannot enumerate the names (it says why)."""
+        raise NotImplementedError(f"{self.display} cannot list lock names")
+
     async def holder(self, name: str) -> Holder | None:
         """Who holds ``name`` right now (the server's view), or None if nobody does.
 

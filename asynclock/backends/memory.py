@@ -96,6 +96,9 @@ class MemoryDriver(Driver):
         if leave_queue(self.queues, name, owner):
             self._wake(name)  # the head may have left: let the next waiter try now
 
+    async def names(self) -> list[str]:
+        return list(self.leases)
+
     async def holder(self, name: str) -> Holder | None:
         entry = self._live(name)
         if entry is None:

@@ -65,7 +65,12 @@ async def test_200_tasks_over_50_names_leave_nothing_behind(
             assert stats.held == 0
             assert stats.acquired == stats.released == TASKS * ROUNDS + 2 * NAMES
             assert stats.losses == 0, stats.loss_reasons
-            assert len(asyncio.all_tasks()) <= tasks_before  # no task left over
+            # No task left over. A call the last releases started may still be finishing
+            # (etcd: a watch cancel written on its stream, a grpc call's own task): wait
+            # for those, bounded; a task that stays is a leak.
+            with contextlib.suppress(TimeoutError):
+                await wait_until(lambda: len(asyncio.all_tasks()) <= tasks_before, timeout=10)
+            assert len(asyncio.all_tasks()) <= tasks_before, asyncio.all_tasks()
             for name in names[:5]:
                 assert not await backend.locked(name)
     # Closed: every connection is given back. Redis' sockets close a few loop iterations

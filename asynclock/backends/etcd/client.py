@@ -11,6 +11,7 @@ No grpc.aio awaitable is awaited directly (grpc/grpc#43502): see ``_grpc.py``.
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import logging
 import math
@@ -36,6 +37,8 @@ logger = logging.getLogger("asynclock.etcd")
 #: etcd's server-side interceptor cancels a stream carrying this when its member has no
 #: leader, so an isolated member cannot keep a lease alive by silence.
 REQUIRE_LEADER = ("hasleader", "true")
+#: How long closing waits for the calls it cancelled to end (see :meth:`EtcdClient.aclose`).
+CLOSE_WAIT = 15.0
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,10 @@ class EtcdClient:
         self._watch_ids = itertools.count(1)
         self._watches: dict[int, Callable[[str, int], None]] = {}
         self.on_watch_reset: Callable[[], None] = lambda: None
-        self._streams: set[Any] = set()
+        #: Every call (unary or stream) not yet done: closing cancels them and waits for
+        #: each to end, since grpc delivers a completion to the loop the call came from,
+        #: and one that arrives after that loop closed breaks the next loop grpc serves.
+        self._calls: set[Any] = set()
         #: Stream reads and writes in flight (tasks): closing waits for them, since a
         #: completion that arrives after its event loop closed breaks the next loop grpc
         #: serves.
@@ -146,21 +152,43 @@ class EtcdClient:
     async def aclose(self) -> None:
         channel, self._channel = self._channel, None
         self._unary.clear()
-        await self.close_retired(math.inf)
         with anyio.CancelScope(shield=True):
-            with anyio.move_on_after(2.0):
-                # Every stream read and write ends before the channel does: grpc delivers
-                # late completions to the loop they came from, even a closed one.
+            # Every call and every stream read and write ends before the loop does: grpc
+            # delivers a late completion to the loop its call came from, even a closed one,
+            # and the next loop it serves then fails ("Event loop is closed"). A cancelled
+            # call always completes; only a loaded machine makes it slow, so the bound is
+            # generous and running out of it is logged.
+            for call in list(self._calls):
+                call.cancel()
+            with anyio.move_on_after(CLOSE_WAIT) as waiting:
                 for task in list(self.inflight):
                     await wait_done(task)
-                for call in list(self._streams):
+                for call in list(self._calls):
                     await wait_call(call)
-            # Closed even when those waits ran out of time: an open channel keeps grpc's
-            # poller bound to this loop, and the next loop's callbacks then fail with
-            # "Event loop is closed" (seen once on a loaded machine).
+            if waiting.cancelled_caught:
+                logger.warning(
+                    "%s: %d call(s) still not ended %.0f s after closing; a late completion "
+                    "may reach a closed event loop",
+                    self.errors.display,
+                    len(self._calls) + sum(not t.done() for t in self.inflight),
+                    CLOSE_WAIT,
+                )
+        await self.close_retired(math.inf)
+        with anyio.CancelScope(shield=True):
+            # Closed even if those waits ran out: an open channel keeps grpc's poller bound
+            # to this loop, and the next loop's callbacks then fail the same way.
             if channel is not None:
-                with anyio.move_on_after(2.0):
+                with anyio.move_on_after(CLOSE_WAIT):
                     await settle(channel.close(grace=None))
+        # grpc keeps its poller (a thread, bound to this loop) while any channel or call
+        # object is alive, and ours are kept alive by reference cycles (tracebacks, task
+        # closures) until the garbage collector runs. A process that opens a new loop
+        # first (every test of a suite, asyncio.run twice) would then get this loop's late
+        # completions delivered to it: "Event loop is closed". Collect now, so the poller
+        # ends with this loop (it does when no other grpc object is alive in the process).
+        del channel
+        self._calls.clear()
+        gc.collect()
 
     def _error(self, path: str, exc: grpc.aio.AioRpcError) -> EtcdError:
         """``exc`` through the one error mapper, keeping grpc's status code name."""
@@ -212,6 +240,7 @@ class EtcdClient:
     ) -> Any:
         method = self._method(path, response)
         call = method(request, timeout=timeout or self.timeout, metadata=self._metadata())
+        self._track(call)
         done = anyio.Event()
         call.add_done_callback(lambda _c: done.set())
         try:
@@ -338,9 +367,17 @@ class EtcdClient:
         call = method(metadata=self._metadata(REQUIRE_LEADER))
         what = path.rsplit("/", 1)[-1]
         self.streams_opened[what] = self.streams_opened.get(what, 0) + 1
-        self._streams.add(call)
-        call.add_done_callback(self._streams.discard)
+        self._track(call)
         return call
+
+    def _track(self, call: Any) -> None:
+        self._calls.add(call)
+        call.add_done_callback(self._calls.discard)
+
+    @property
+    def calls_pending(self) -> int:
+        """Calls started and not yet ended (0 once :meth:`aclose` returns)."""
+        return len(self._calls)
 
     def stream_error(self, path: str, cause: BaseException | None) -> EtcdError:
         """Why the stream ``path`` broke: ``cause`` (None: the server ended it)."""

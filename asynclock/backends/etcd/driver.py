@@ -40,8 +40,9 @@ from ._acquire import Acquiring
 from ._kv import created_at, delete_key, first_key
 from ._session import Session, Sessions, _Slot
 from ._watch import Watching
-from .client import EtcdClient
+from .client import EtcdClient, prefix_end
 
+_HEX = frozenset(b"0123456789abcdef")
 logger = logging.getLogger("asynclock.etcd")
 
 
@@ -236,6 +237,19 @@ class EtcdDriver(Acquiring, Watching, Driver):
     async def validate(self, name: str, token: int) -> bool:
         kv = await first_key(self.client, self.lock_prefix(name), keys_only=True)
         return kv is not None and kv.create_revision == token
+
+    async def names(self) -> list[str]:
+        # Every key <prefix><name>/<lease id in hex>: ours, etcdctl's and Go's Mutex's.
+        start = self.prefix.encode("utf-8", "surrogatepass")
+        reply = await self.client.range(
+            pb.RangeRequest(key=start or b"\0", range_end=prefix_end(start), keys_only=True)
+        )
+        found: dict[str, None] = {}
+        for kv in reply.kvs:
+            name, slash, lease = kv.key[len(start) :].rpartition(b"/")
+            if slash and lease and all(c in _HEX for c in lease):
+                found[name.decode("utf-8", "surrogatepass")] = None
+        return list(found)
 
     async def holder(self, name: str) -> Holder | None:
         kv = await first_key(self.client, self.lock_prefix(name))

@@ -110,6 +110,14 @@ class LeaseDriver(PostgresDriver):
         )
         return bool(ok)
 
+    async def names(self) -> list[str]:
+        rows = await self._run(
+            "listing names failed",
+            "fetch",
+            "SELECT name FROM asynclock_lease WHERE expires_at > clock_timestamp()",
+        )
+        return [bytes(row[0]).decode("utf-8", "surrogatepass") for row in rows]
+
     async def holder(self, name: str) -> Holder | None:
         row = await self._run("holder failed", "fetchrow", SQL_L_HOLDER, _name_bytes(name))
         return None if row is None else Holder(name, row[0], int(row[1]), float(row[2]))

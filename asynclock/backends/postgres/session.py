@@ -262,6 +262,13 @@ class SessionDriver(PostgresDriver):
         ok = await self._run("validate failed", "fetchval", SQL_S_VALIDATE, lock_key(name), token)
         return bool(ok)
 
+    async def names(self) -> list[str]:
+        raise NotImplementedError(
+            f"{self.display} (mode=session) cannot list lock names: its locks are advisory "
+            "locks, which PostgreSQL knows only by a 64-bit hash of the name (pg_locks); "
+            "use mode=lease to list them"
+        )
+
     async def holder(self, name: str) -> Holder | None:
         row = await self._run("holder failed", "fetchrow", SQL_S_HOLDER, lock_key(name))
         assert row is not None

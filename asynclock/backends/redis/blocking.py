@@ -49,6 +49,15 @@ class BlockingCalls:
         local = self._local
         conn = getattr(local, "conn", None)
         if conn is not None and local.pid == os.getpid():
+            # Every call reads its whole reply, so an idle connection with something to
+            # read has been closed by the server (a restart, a timeout, CLIENT KILL):
+            # reconnect before sending rather than fail the call (one poll, no round trip).
+            try:
+                stale = conn.can_read(timeout=0)
+            except redis.exceptions.ConnectionError:
+                stale = True
+            if stale:
+                conn.disconnect()
             return conn
         with self._lock:
             if self._pool is None:

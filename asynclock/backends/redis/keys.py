@@ -3,6 +3,7 @@ database's epoch key, and the key prefix they start with."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -31,6 +32,26 @@ def scope_fence_key(scope: str, prefix: str = "asynclock:") -> bytes:
 def keys_for(name: str, prefix: str = "asynclock:") -> Keys:
     base = f"{prefix}{{{hash_tag(name)}}}"
     return Keys(base, base + ":fence", base + ":q", base + ":qx", base + ":released")
+
+
+def name_of_key(key: bytes | str, prefix: str = "asynclock:") -> str | None:
+    """The lock name whose lock key is ``key`` (``keys_for(name).lock``), else None (a
+    name's other keys, a scope's, the epoch, another prefix's)."""
+    text = key.decode("utf-8", "surrogatepass") if isinstance(key, bytes) else key
+    if not (text.startswith(prefix + "{") and text.endswith("}")):
+        return None
+    tag = text[len(prefix) + 1 : -1]
+    if "{" in tag or "}" in tag:
+        return None
+    return re.sub("%(25|7B|7D)", lambda m: _UNESCAPE[m.group(1)], tag)
+
+
+_UNESCAPE = {"25": "%", "7B": "{", "7D": "}"}
+
+
+def glob_escape(text: str) -> str:
+    """``text`` as a literal in a Redis glob pattern (SCAN MATCH, KEYS)."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
 
 
 def epoch_key(prefix: str = "asynclock:") -> str:

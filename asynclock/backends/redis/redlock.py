@@ -334,6 +334,12 @@ class RedlockDriver(SubscribingDriver):
 
     # -- who holds it, breaking a lock ------------------------------------------------------
 
+    async def names(self) -> list[str]:
+        raise NotImplementedError(
+            f"{self.display} cannot list lock names: each name's keys live on every node "
+            "and no one node's list is the lock's state; ask holder(NAME) for a name"
+        )
+
     async def holder(self, name: str) -> Holder | None:
         packed = pack_script("holder", (self.keys(name).lock, self.keys.epoch), ())
         results = await self.fan.send("holder", packed, self.node_timeout)

@@ -41,12 +41,12 @@ from ..._core.driver import Busy, ExtendResult, LeaseRef, Refused
 from ..._core.holder import Holder
 from .base import LOUD, NO_EXPIRY, QUIET, GraceReport, SubscribingDriver
 from .blocking import BlockingCalls
-from .keys import scope_fence_key
+from .keys import glob_escape, name_of_key, scope_fence_key
 from .options import NodeURL, check_restart_grace, read_redis_url
 from .pubsub import Listener
 from .replies import extend_call, extend_result, grace_ms, holder_from_reply, token_of
 from .scripts import JOIN_QUEUE, NO_QUEUE, RESPECT_QUEUE
-from .wire import Node, ms
+from .wire import Node, ms, pack
 
 
 @dataclass(slots=True, eq=False)
@@ -355,6 +355,22 @@ class RedisDriver(SubscribingDriver):
         return wait
 
     # -- who holds it, breaking a lock ------------------------------------------------------
+
+    async def names(self) -> list[str]:
+        node = self.node
+        deadline = node.deadline(10 * node.socket_timeout)
+        match = f"{glob_escape(self.prefix)}{{*}}".encode()  # lock keys only: <prefix>{<name>}
+        found: list[str] = []
+        cursor = b"0"
+        try:
+            while True:
+                packed = pack(b"SCAN", cursor, b"MATCH", match, b"COUNT", b"1000")
+                cursor, keys = await node.call(packed, deadline)
+                found += [name for key in keys if (name := name_of_key(key, self.prefix))]
+                if cursor in (b"0", 0):
+                    return found
+        except Exception as exc:
+            raise node.error("listing names failed", exc) from exc
 
     async def holder(self, name: str) -> Holder | None:
         k = self.keys(name)

@@ -441,6 +441,13 @@ class SQLiteDriver(Driver):
         # If we were first in line, the next waiter may go now.
         self._notify_next(name)
 
+    async def names(self) -> list[str]:
+        try:
+            rows = self.db.execute("SELECT name FROM asynclock_lease").fetchall()
+        except sqlite3.Error as exc:
+            raise self._errors.unavailable("listing names failed", exc) from exc
+        return [str(row[0]) for row in rows]
+
     async def holder(self, name: str) -> Holder | None:
         try:
             row = self.db.execute(SQL_LIVE, (name, self.boot, time.monotonic())).fetchone()

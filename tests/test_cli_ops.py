@@ -1,0 +1,173 @@
+"""``asynclock holder / list / break / watch`` against the suite's real servers: an operator
+in another process looks at a lock this process holds, breaks it, and the holder is
+fenced off; bad options and unreachable servers get clear errors, never a password."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+import asynclock
+from asynclock import _cli
+from tests.support.redis_servers import RedisFactory
+from tests.support.spec import BackendSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+#: Backends whose server cannot enumerate lock names (asked, they say why).
+NO_LIST = {"redlock", "postgres"}
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
+
+
+async def cli(*args: str) -> tuple[int, str, str]:
+    """``python -m asynclock._cli ARGS`` in a process of its own: (exit code, out, err)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "120"}
+    with anyio.fail_after(60):
+        done = await anyio.run_process(
+            [sys.executable, "-m", "asynclock._cli", *args], env=env, check=False
+        )
+    return done.returncode, done.stdout.decode(), done.stderr.decode()
+
+
+# Every kind of server once (etcd3 is etcd's 3-node cluster: the same commands).
+@pytest.mark.parametrize(
+    "shared_spec",
+    ["sqlite", "postgres", "postgres_lease", "redis", "redlock", "etcd"],
+    indirect=True,
+)
+async def test_an_operator_sees_the_holder_lists_it_and_breaks_it(
+    shared_spec: BackendSpec, lock_name: str
+) -> None:
+    spec = shared_spec
+    url = spec.url
+    async with spec.connect() as backend:
+        with pytest.raises(asynclock.LeaseLost):
+            async with backend.lock(lock_name, ttl=2.0) as lease:
+                code, out, err = await cli("holder", lock_name, "--url", url, "--json")
+                assert code == 0, err
+                seen = json.loads(out)
+                assert seen["held"] is True and seen["name"] == lock_name
+                if backend.driver.tells_owner:
+                    assert (seen["owner"], seen["token"]) == (lease.owner, lease.token)
+                assert seen["ttl_left"] is None or 0 < seen["ttl_left"] <= 2.0
+
+                code, out, err = await cli("list", "*" + lock_name[-8:], "--url", url, "--json")
+                if spec.id in NO_LIST:
+                    assert code == 2 and "cannot list lock names" in err, (code, err)
+                else:
+                    assert code == 0, err
+                    assert [h["name"] for h in json.loads(out)] == [lock_name]
+
+                code, out, err = await cli("break", lock_name, "--yes", "--url", url, "--json")
+                assert code == 0, err
+                assert json.loads(out)["broken"] is True
+                assert "requested by" in err and lock_name in err  # who broke it, logged
+                # Fenced off: the token is no longer the live one, and the holder's body is
+                # cancelled at its next renewal (this block then raises LeaseLost).
+                assert not await backend.validate(lock_name, lease.token)
+                with anyio.fail_after(30):
+                    await anyio.sleep_forever()
+        async with backend.lock(lock_name, ttl=2.0) as after:
+            assert after.token > lease.token
+    code, out, err = await cli("holder", lock_name, "--url", url)
+    assert code == 1, err
+    assert "free: nobody holds it" in out
+
+
+@pytest.mark.parametrize("spec", ["sqlite", "redis"], indirect=True)
+async def test_watch_prints_each_change_of_holder(spec: BackendSpec, lock_name: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "asynclock._cli", "watch", lock_name, "--url", spec.url]
+    command += ["--json", "--count", "3", "--interval", "0.05"]
+    async with spec.connect() as backend, await anyio.open_process(command, env=env) as proc:
+        assert proc.stdout is not None
+        lines = _lines(proc.stdout)
+        with anyio.fail_after(30):
+            assert (await anext(lines))["held"] is False
+            async with backend.lock(lock_name, ttl=5.0) as lease:
+                granted = await anext(lines)
+            freed = await anext(lines)
+            assert await proc.wait() == 0
+    assert (granted["held"], granted["token"], granted["owner"]) == (True, lease.token, lease.owner)
+    assert freed["held"] is False
+
+
+async def _lines(stream: Any) -> Any:
+    buffered = b""
+    async for chunk in stream:
+        buffered += chunk
+        while b"\n" in buffered:
+            line, buffered = buffered.split(b"\n", 1)
+            yield json.loads(line)
+
+
+def test_bad_options_say_what_is_wrong(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("ASYNCLOCK_URL", raising=False)
+    sqlite = f"sqlite:///{tmp_path / 'locks.db'}"
+    cases = [
+        (["holder", "x"], "no lock server: give --url URL or set ASYNCLOCK_URL"),
+        (["holder", "x", "--url", "memory://"], "keeps locks inside one process"),
+        (["holder", "x", "--url", "nosuch://h"], "--url:"),
+        (["holder", "", "--url", sqlite], "NAME: lock name must be a non-empty str"),
+        (["list", "--limit", "0", "--url", sqlite], "must be from 1 to 100000"),
+        (["watch", "x", "--interval", "0", "--url", sqlite], "from 0.05 to 60 seconds"),
+    ]
+    for argv, words in cases:
+        with pytest.raises(SystemExit) as exited:
+            _cli.main(argv)
+        assert exited.value.code == 2, argv
+        assert words in capsys.readouterr().err, argv
+
+
+def test_break_without_a_terminal_asks_for_yes(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        _cli.main(["break", "x", "--url", f"sqlite:///{tmp_path / 'l.db'}"])
+    assert exited.value.code == 2
+    assert "refusing to break 'x' without --yes: no terminal to ask on" in capsys.readouterr().err
+
+
+def test_an_unreachable_server_is_exit_3_and_no_password(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = _cli.main(["holder", "x", "--url", "redis://:hunter2-pw@127.0.0.1:1/0"])
+    err = capsys.readouterr().err
+    assert code == 3
+    assert "redis://127.0.0.1:1/0" in err and "hunter2" not in err
+
+
+def test_a_name_nobody_holds_is_exit_1(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    assert _cli.main(["holder", "nobody", "--url", url, "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["held"] is False
+    assert _cli.main(["break", "nobody", "--yes", "--url", url]) == 1
+    assert "nothing to break" in capsys.readouterr().out
+
+
+async def test_on_a_just_started_redis_the_restart_grace_is_named(
+    redis_factory: RedisFactory,
+) -> None:
+    """Documented defaults, a server that just started: before any acquire nobody holds
+    the name and no grace is set yet (its length is the first ttl asked for); once a
+    worker has asked, ``holder`` names the restart grace instead of calling the name free
+    (and ``list`` shows nothing held)."""
+    url = redis_factory(fresh=True).url
+    code, out, err = await cli("holder", "x", "--url", url)
+    assert (code, out.split("\n")[1].strip()) == (1, "free: nobody holds it"), err
+    async with asynclock.connect(url) as backend:
+        with pytest.raises(asynclock.RestartGrace):
+            await backend.acquire("x", ttl=30.0, blocking=False)
+    code, out, err = await cli("holder", "x", "--url", url)
+    assert code == 1, err
+    assert "not granted before" in out and "restart grace" in out, out
+    code, out, err = await cli("list", "--url", url)
+    assert code == 0 and "no held lock matches '*'" in out, err
