@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from fnmatch import fnmatchcase
-from typing import Any, ParamSpec, Self, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypeVar, cast
 
 import anyio
 import anyio.abc
@@ -28,6 +28,9 @@ from .misuse import AsyncContextOnly
 from .session import Session
 from .stats import BackendStats, StatsRecorder
 from .validation import RESERVED_PREFIX, check_name, check_timing, check_token
+
+if TYPE_CHECKING:  # for the annotation only: the core imports no backend at run time
+    from ..backends.postgres.claims import Claims
 
 logger = logging.getLogger("asynclock")
 T = TypeVar("T")
@@ -324,6 +327,45 @@ class Backend(AsyncContextOnly):
         :meth:`lock`; campaigning inside this task's own hold of ``name`` is AlreadyHeld.
         """
         return Leadership(self._acq, name, ttl, identity)
+
+    def claims(
+        self,
+        table: str,
+        *,
+        ttl: float,
+        where: str | None = None,
+        order_by: str | None = None,
+        id_column: str = "id",
+        schema: str | None = None,
+        max_attempts: int = 5,
+        identity: str | None = None,
+    ) -> Claims:
+        """Claim rows of your own ``table`` as work items (PostgreSQL only): ``async with
+        backend.claims("jobs", ttl=30).take(limit=10) as batch:``. Each claimed row has a
+        claim token from the backend's token source and a lease this backend renews;
+        completion is fenced by the token. ``where``/``order_by`` are trusted SQL over the
+        table's columns. See docs/claims.md (columns, semantics, errors).
+        """
+        make = getattr(self.driver, "claims", None)
+        if make is None:
+            raise NotImplementedError(
+                f"claims need PostgreSQL (postgresql://): a claim locks rows of your own "
+                f"table with SELECT ... FOR UPDATE SKIP LOCKED and fences their completion on "
+                f"the row's claim token, in the same database; {self.driver.display} has no "
+                "such table. Use a lock per item (backend.lock(f'job:{id}', ...)) here."
+            )
+        claims: Claims = make(
+            self,
+            table,
+            ttl=ttl,
+            where=where,
+            order_by=order_by,
+            id_column=id_column,
+            schema=schema,
+            max_attempts=max_attempts,
+            identity=identity,
+        )
+        return claims
 
     async def leader(self, name: str) -> Leader | None:
         """Who leads ``name`` now (its identity and token), or None if nobody holds it;

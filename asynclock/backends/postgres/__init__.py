@@ -68,6 +68,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsp
 from ..._core.options import Options
 from ..._core.urls import refuse_raw_brackets, url_scheme
 from ..._core.validation import check_seconds
+from .claims import CLAIM_COLUMNS, MAX_LIMIT, Claim, ClaimBatch, Claims
 from .connection import MODES, PoolerDetected, PostgresDriver
 from .lease import LeaseDriver
 from .session import SessionDriver
@@ -78,7 +79,12 @@ from .sql import SQL_S_RELEASE as SQL_S_RELEASE
 from .tokens import ensure_schema, lock_key, notify_channel, waiter_key, xact_lock
 
 __all__ = (
+    "CLAIM_COLUMNS",
     "KEY_SQL",
+    "MAX_LIMIT",
+    "Claim",
+    "ClaimBatch",
+    "Claims",
     "LeaseDriver",
     "PoolerDetected",
     "PostgresDriver",

@@ -7,19 +7,24 @@ import asyncio
 import logging
 import re
 from collections import deque
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit
 
 import anyio
 import asyncpg  # type: ignore[import-untyped]  # no stubs; see fence/sql.py Protocols
 
 from ..._core.asyncio_only import require_asyncio
-from ..._core.driver import Busy, Driver, Record, leave_queue
+from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Record, Refused, leave_queue
 from ..._core.errors import map_errors
 from ..._core.exceptions import BackendUnavailable
 from ..._core.validation import check_seconds
 from .sql import SQL_RECORD_DELETE, SQL_RECORD_EXISTS, SQL_RECORD_GET, SQL_RECORD_SCHEMA
 from .tokens import _name_bytes, ensure_schema, notify_channel, waiter_key
+
+if TYPE_CHECKING:
+    from ..._core.backend import Backend
+    from .claims import Claims
 
 logger = logging.getLogger("asynclock.postgres")
 
@@ -99,6 +104,9 @@ class PostgresDriver(Driver):
         # This process's blocking waiters per name, first come first served: PostgreSQL
         # keeps no queue, and without one the task that just released wins every race.
         self._queues: dict[str, deque[str]] = {}
+        # Claimed rows (claims.py) ride the session's renewal as leases: the lease owner
+        # of each claimed row -> the claims object whose one statement renews its table.
+        self._claim_owners: dict[str, Claims] = {}
 
     def __repr__(self) -> str:
         return f"<PostgresDriver {self.display} mode={self.mode}>"
@@ -427,6 +435,44 @@ class PostgresDriver(Driver):
             logger.debug("%s: UNLISTEN failed: %r", self.display, exc)
 
     # -- primitives ----------------------------------------------------------------------
+
+    async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
+        """Renew locks (the mode's own statement) and claimed rows (one statement per
+        claims table, see claims.py) in the session's one renewal call."""
+        claims = self._claim_owners
+        if not claims:
+            return await self._extend_locks(leases)
+        locks: list[int] = []
+        # By table, not by Claims object: objects of one table share its statement.
+        tables: dict[str, tuple[Claims, list[int]]] = {}
+        for i, ref in enumerate(leases):
+            table = claims.get(ref.owner)
+            if table is None:
+                locks.append(i)
+            else:
+                tables.setdefault(table.key, (table, []))[1].append(i)
+        results: list[ExtendResult] = [Refused("not renewed")] * len(leases)
+        if locks:
+            done = await self._extend_locks([leases[i] for i in locks])
+            for i, result in zip(locks, done, strict=True):
+                results[i] = result
+        for table, where in tables.values():
+            try:
+                done = await table.renew([leases[i] for i in where])
+            except Exception as exc:  # unknown: the session retries until the deadline
+                done = [exc] * len(where)
+            for i, result in zip(where, done, strict=True):
+                results[i] = result
+        return results
+
+    async def _extend_locks(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
+        raise NotImplementedError
+
+    def claims(self, backend: Backend, table: str, **options: Any) -> Claims:
+        """``backend.claims(table, ...)``: see :class:`~.claims.Claims`."""
+        from .claims import Claims
+
+        return Claims(backend, self, table, **options)
 
 
 def _ident(name: str) -> str:

@@ -66,7 +66,7 @@ class LeaseDriver(PostgresDriver):
         left = float(row["left_s"])
         return Busy(min(left, self.poll) if self._pooled else left)
 
-    async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
+    async def _extend_locks(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
         async with self._io:
             conn = await self._main()
             try:

@@ -167,7 +167,7 @@ class SessionDriver(PostgresDriver):
             exc, (*_CONNECTION_ERRORS, asyncpg.exceptions.InternalClientError)
         )
 
-    async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
+    async def _extend_locks(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
         async with self._io:
             conn = await self._main()
             keys = [lock_key(ref.name) for ref in leases]
