@@ -306,6 +306,12 @@ class PostgresDriver(Driver):
                 return await getattr(conn, fetch)(sql, *args)
             except _CONNECTION_ERRORS as exc:
                 raise self._unavailable(what, exc) from exc
+            except asyncpg.exceptions.InternalClientError as exc:
+                # The connection's protocol is out of step with the server ("cannot
+                # switch to state ..."; seen after this process was frozen mid-call):
+                # unusable, so closed; the next call makes a new one.
+                conn.terminate()
+                raise self._unavailable(what, exc) from exc
 
     # -- idempotency records: a table beside the leases (the fenced store is per mode) -----
 
