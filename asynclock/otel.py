@@ -15,6 +15,7 @@ the first ``:`` followed by ``:*``, or ``*`` for a name without one).
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 from collections.abc import Callable
 from contextvars import Token
@@ -54,6 +55,7 @@ __all__ = (
 )
 
 _SCOPE = "asynclock"
+logger = logging.getLogger("asynclock")
 
 #: Histogram bucket advice (seconds): 1 ms to 5 min, for waits and holds alike.
 SECONDS_BUCKETS: tuple[float, ...] = (
@@ -138,7 +140,9 @@ class _Instruments:
 class _Acquiring:
     __slots__ = ("attrs", "span", "token")
 
-    def __init__(self, attrs: dict[str, str], span: Any, token: Token[_context.Context]) -> None:
+    def __init__(
+        self, attrs: dict[str, str], span: Any, token: Token[_context.Context] | None
+    ) -> None:
         self.attrs, self.span, self.token = attrs, span, token
 
 
@@ -149,7 +153,7 @@ class _OtelObserver(_seam.Observer):
         self,
         backend: str,
         instruments: _Instruments,
-        tracer: Any,
+        tracer: Any | None,
         name_template: NameTemplateFunction,
     ) -> None:
         self.backend = backend
@@ -164,6 +168,8 @@ class _OtelObserver(_seam.Observer):
         if template is None:
             template = self.name_template(name)
         attrs = {ATTR_BACKEND: self.backend, ATTR_NAME_TEMPLATE: template}
+        if self.tracer is None:  # no tracer provider configured: no span at all
+            return _Acquiring(attrs, None, None)
         span = self.tracer.start_span(
             f"acquire {template}", kind=_trace.SpanKind.INTERNAL, attributes=attrs
         )
@@ -176,26 +182,29 @@ class _OtelObserver(_seam.Observer):
     ) -> None:
         assert isinstance(state, _Acquiring)
         span, attrs = state.span, state.attrs
-        # (A foreign change of the context in between must not make an acquire raise.)
-        with contextlib.suppress(Exception):
-            _context.detach(state.token)
+        if state.token is not None:
+            # (A foreign change of the context in between must not make an acquire raise.)
+            with contextlib.suppress(Exception):
+                _context.detach(state.token)
         if lease is not None:
             result, error_type = "acquired", ""
-            span.set_attribute(ATTR_TOKEN, lease.token)
             self.held[lease.owner] = (attrs, [True])
             self.m.active.add(1, attrs)
         else:
             assert error is not None
             result, error_type = _result_of(error)
-            if error_type:
-                span.set_attribute(ATTR_ERROR_TYPE, error_type)
-                span.set_status(_trace.Status(_trace.StatusCode.ERROR, error_type))
-        span.set_attribute(ATTR_RESULT, result)
-        span.end()
         point = {**attrs, ATTR_RESULT: result}
         if error_type:
             point[ATTR_ERROR_TYPE] = error_type
         self.m.wait_time.record(waited, point)
+        if span is not None:
+            span.set_attribute(ATTR_RESULT, result)
+            if lease is not None:
+                span.set_attribute(ATTR_TOKEN, lease.token)
+            elif error_type:
+                span.set_attribute(ATTR_ERROR_TYPE, error_type)
+                span.set_status(_trace.Status(_trace.StatusCode.ERROR, error_type))
+            span.end()
 
     def released(self, lease: Lease, held: float) -> None:
         entry = self.held.pop(lease.owner, None)
@@ -243,7 +252,7 @@ def instrument(
     meter_provider: MeterProvider | None = None,
     tracer_provider: TracerProvider | None = None,
     name_template: NameTemplateFunction = default_name_template,
-) -> None:
+) -> bool:
     """Report ``backend``'s acquisitions, holds, losses and renewals to OpenTelemetry.
 
     ``meter_provider``, ``tracer_provider``: default the global ones (no-ops until an SDK
@@ -252,6 +261,11 @@ def instrument(
     attribute). Call it before or after the backend opens; leases already held are not
     counted. Also counts fence rejections (:func:`instrument_fences`) if nothing does yet.
     Calling it again replaces the previous instrumentation of ``backend``.
+
+    The providers are looked up now, once: set up the SDK first. With neither provider
+    passed and no SDK configured globally, nothing is installed (the hold path costs what
+    it costs uninstrumented) and it returns False; else True. Without a tracer provider
+    (passed or global), no spans are started at all.
     """
     if not isinstance(backend, Backend):
         raise TypeError(
@@ -266,12 +280,36 @@ def instrument(
     from . import __version__
 
     _, acq = parts_of(backend)
-    tracer = _trace.get_tracer(_SCOPE, __version__, tracer_provider=tracer_provider)
+    _seam.observe(acq, None)  # replaces any earlier instrumentation
+    if _seam.on_stale_token is None:
+        instrument_fences(meter_provider=meter_provider)
+    metering = meter_provider is not None or _configured(_metrics.get_meter_provider())
+    tracing = tracer_provider is not None or _configured(_trace.get_tracer_provider())
+    if not (metering or tracing):
+        # No SDK: every instrument and span would be a no-op; the hold path stays the
+        # plain one (zero cost). Providers are looked up here, once: set up the SDK first.
+        logger.debug(
+            "asynclock.otel: no OpenTelemetry SDK configured; %s not instrumented", backend
+        )
+        return False
+    tracer = (
+        _trace.get_tracer(_SCOPE, __version__, tracer_provider=tracer_provider) if tracing else None
+    )
     scheme = backend.driver.display.split("://", 1)[0] or "unknown"
     observer = _OtelObserver(scheme, _Instruments(meter_provider), tracer, name_template)
     _seam.observe(acq, observer)
-    if _seam.on_stale_token is None:
-        instrument_fences(meter_provider=meter_provider)
+    return True
+
+
+def _configured(provider: object) -> bool:
+    """False for the API's own providers (the global default proxies and the no-ops)."""
+    return (
+        not isinstance(
+            provider,
+            _trace.ProxyTracerProvider | _trace.NoOpTracerProvider | _metrics.NoOpMeterProvider,
+        )
+        and type(provider).__name__ != "_ProxyMeterProvider"
+    )
 
 
 def uninstrument(backend: Backend) -> None:

@@ -164,6 +164,7 @@ async def test_renewal_refused_is_a_loss_and_a_failed_renewal(
     assert telemetry.total("asynclock.lease.lost") == 1
     assert telemetry.total("asynclock.lease.active") == 0
     assert telemetry.total("asynclock.lease.duration") == 1
+    assert telemetry.spans() == []  # no tracer provider: no spans started
 
 
 async def test_locked_function_reports_its_template(telemetry: Telemetry) -> None:
@@ -221,11 +222,13 @@ async def test_fence_rejection_counted(telemetry: Telemetry, tmp_path: Path) -> 
 
 
 async def test_without_an_sdk_nothing_breaks(tmp_path: Path) -> None:
-    """The global providers are the API's no-ops here (no test sets them)."""
+    """The global providers are the API's no-ops here (no test sets them): instrument()
+    leaves the hold path as it is; holds, losses and fences work as before."""
     hook = seam.on_stale_token
     try:
         async with asynclock.connect("memory://") as backend:
-            asynclock.otel.instrument(backend)
+            assert asynclock.otel.instrument(backend) is False
+            assert "acquire" not in vars(parts_of(backend)[1])
             asynclock.otel.instrument_fences()
             with anyio.fail_after(5):
                 async with backend.lock("a:1", ttl=5):
@@ -250,7 +253,7 @@ async def test_uninstrument_restores_the_plain_hold_path(telemetry: Telemetry) -
     async with asynclock.connect("memory://") as backend:
         _, acq = parts_of(backend)
         assert "acquire" not in vars(acq) and parts_of(backend)[0].observer is None
-        asynclock.otel.instrument(backend, meter_provider=telemetry.meters)
+        assert asynclock.otel.instrument(backend, meter_provider=telemetry.meters) is True
         assert "acquire" in vars(acq)
         asynclock.otel.uninstrument(backend)
         assert "acquire" not in vars(acq) and "release" not in vars(acq)
@@ -266,3 +269,28 @@ def test_bad_arguments_say_what_is_allowed() -> None:
     backend = asynclock.connect("memory://")
     with pytest.raises(TypeError, match="str -> str"):
         asynclock.otel.instrument(backend, name_template="x:*")  # type: ignore[arg-type]
+
+
+async def test_acquire_span_is_the_parent_of_driver_spans(telemetry: Telemetry) -> None:
+    """What redis/asyncpg instrumentation does, done by a memory driver: a CLIENT span
+    started inside the driver's acquire is a child of the acquire span."""
+    from opentelemetry import trace
+
+    from asynclock.backends.memory import MemoryDriver
+
+    tracer = telemetry.tracers.get_tracer("driver")
+
+    class TracedMemory(MemoryDriver):
+        async def acquire(self, *args: Any, **kwargs: Any) -> Any:
+            with tracer.start_as_current_span("EVALSHA", kind=trace.SpanKind.CLIENT):
+                return await super().acquire(*args, **kwargs)
+
+    async with asynclock.Backend(TracedMemory()) as backend:
+        asynclock.otel.instrument(backend, tracer_provider=telemetry.tracers)
+        with anyio.fail_after(5):
+            async with backend.lock("a:1", ttl=5):
+                assert not trace.get_current_span().get_span_context().is_valid  # detached
+    client, acquire = sorted(telemetry.spans(), key=lambda s: s.name)
+    assert (client.name, acquire.name) == ("EVALSHA", "acquire a:*")
+    assert client.parent is not None and acquire.context is not None
+    assert client.parent.span_id == acquire.context.span_id

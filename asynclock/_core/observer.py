@@ -47,8 +47,8 @@ class Observer:
         """It ended after ``waited`` seconds: granted ``lease``, or raised ``error``."""
 
     def released(self, lease: Lease, held: float) -> None:
-        """A release of ``lease`` ended (released, a no-op for a lost lease, or failed),
-        ``held`` seconds after its request was sent."""
+        """A release of ``lease`` begins, ``held`` seconds after its request was sent (the
+        hold is over, whatever the server answers; a repeated release calls it again)."""
 
     def lost(self, lease: Lease, reason: str) -> None:
         """``lease`` was lost (once per lease): ``reason`` as on LeaseLost."""
@@ -102,10 +102,10 @@ def _observed_release(
     inner = acq.release
     now = acq.clock.now
 
-    async def release(lease: Lease, *args: Any, **kw: Any) -> bool:
-        try:
-            return await inner(lease, *args, **kw)
-        finally:
-            observer.released(lease, now() - lease.acquired_at)
+    # Not a coroutine: the held time is taken as the release starts, and the caller awaits
+    # the release itself (no coroutine layer more per hold).
+    def release(lease: Lease, *args: Any, **kw: Any) -> Coroutine[Any, Any, bool]:
+        observer.released(lease, now() - lease.acquired_at)
+        return inner(lease, *args, **kw)
 
     return release
