@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import weakref
 from collections.abc import Callable
 from contextvars import Token
 from typing import TYPE_CHECKING, Any
@@ -30,13 +31,14 @@ try:
     from opentelemetry import context as _context
     from opentelemetry import metrics as _metrics
     from opentelemetry import trace as _trace
+    from opentelemetry.metrics import Observation
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         'asynclock.otel needs the OpenTelemetry API: pip install "asynclock[otel]"'
     ) from exc
 
 if TYPE_CHECKING:
-    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.metrics import CallbackOptions, MeterProvider
     from opentelemetry.trace import TracerProvider
 
 __all__ = (
@@ -73,6 +75,9 @@ ATTR_ERROR_TYPE = "error.type"
 
 NameTemplateFunction = Callable[[str], str]
 
+#: How many distinct attribute sets an observer keeps for reuse.
+_CACHED = 1024
+
 
 def default_name_template(name: str) -> str:
     """``"invoice:42"`` -> ``"invoice:*"``; a name without ``:`` -> ``"*"``."""
@@ -97,11 +102,15 @@ def _result_of(error: BaseException) -> tuple[str, str]:
 
 
 class _Instruments:
-    """One meter's instruments (shared by the backends of one meter provider)."""
+    """One meter's instruments, shared by the backends instrumented with one meter
+    provider (an instrument is made once per meter: a second one of the same name is
+    refused by the SDK, or silently merged)."""
 
     def __init__(self, provider: MeterProvider | None) -> None:
         from . import __version__
 
+        #: The observers whose held leases ``asynclock.lease.active`` reports.
+        self.observers: weakref.WeakSet[_OtelObserver] = weakref.WeakSet()
         meter = _metrics.get_meter(_SCOPE, __version__, meter_provider=provider)
         self.wait_time = meter.create_histogram(
             "asynclock.lease.wait_time",
@@ -115,8 +124,11 @@ class _Instruments:
             description="Time a lease was held, from its request to its release.",
             explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
         )
-        self.active = meter.create_up_down_counter(
+        # Observed when collected, not added to per hold: two SDK calls fewer per hold
+        # (each costs about as much as the rest of an uncontended hold on memory://).
+        self.active = meter.create_observable_up_down_counter(
             "asynclock.lease.active",
+            callbacks=[self._observe_active],
             unit="{lease}",
             description="Leases held now (granted, neither released nor lost).",
         )
@@ -135,6 +147,27 @@ class _Instruments:
             unit="{write}",
             description="Writes a fence rejected for a stale token (StaleToken raised).",
         )
+
+    def _observe_active(self, options: CallbackOptions) -> list[Observation]:
+        totals: dict[tuple[str, str], int] = {}
+        for observer in list(self.observers):
+            for key, count in observer.active.items():
+                totals[key] = totals.get(key, 0) + count
+        return [
+            Observation(count, {ATTR_BACKEND: backend, ATTR_NAME_TEMPLATE: template})
+            for (backend, template), count in totals.items()
+        ]
+
+
+_INSTRUMENTS: dict[object, _Instruments] = {}
+
+
+def _instruments(provider: MeterProvider | None) -> _Instruments:
+    """The instruments of ``provider`` (None: the global one), made once."""
+    instruments = _INSTRUMENTS.get(provider)
+    if instruments is None:
+        instruments = _INSTRUMENTS[provider] = _Instruments(provider)
+    return instruments
 
 
 class _Acquiring:
@@ -163,11 +196,22 @@ class _OtelObserver(_seam.Observer):
         self.base = {ATTR_BACKEND: backend}
         #: owner -> [attributes, still counted as active]
         self.held: dict[str, tuple[dict[str, str], list[bool]]] = {}
+        #: (backend, name template) -> leases held now (zeros kept: reported as 0).
+        self.active: dict[tuple[str, str], int] = {}
+        # Attribute sets made once and reused (the SDK hashes what it is given on every
+        # record; a fresh dict per hold costs more than the lookup). Bounded: a template
+        # function returning too many values stops being cached, not remembered.
+        self._attrs: dict[str, dict[str, str]] = {}
+        self._points: dict[tuple[str, str, str], dict[str, str]] = {}
 
     def acquire_started(self, name: str, template: str | None) -> object:
         if template is None:
             template = self.name_template(name)
-        attrs = {ATTR_BACKEND: self.backend, ATTR_NAME_TEMPLATE: template}
+        attrs = self._attrs.get(template)
+        if attrs is None:
+            attrs = {ATTR_BACKEND: self.backend, ATTR_NAME_TEMPLATE: template}
+            if len(self._attrs) < _CACHED:
+                self._attrs[template] = attrs
         if self.tracer is None:  # no tracer provider configured: no span at all
             return _Acquiring(attrs, None, None)
         span = self.tracer.start_span(
@@ -189,13 +233,19 @@ class _OtelObserver(_seam.Observer):
         if lease is not None:
             result, error_type = "acquired", ""
             self.held[lease.owner] = (attrs, [True])
-            self.m.active.add(1, attrs)
+            held = (self.backend, attrs[ATTR_NAME_TEMPLATE])
+            self.active[held] = self.active.get(held, 0) + 1
         else:
             assert error is not None
             result, error_type = _result_of(error)
-        point = {**attrs, ATTR_RESULT: result}
-        if error_type:
-            point[ATTR_ERROR_TYPE] = error_type
+        key = (attrs[ATTR_NAME_TEMPLATE], result, error_type)
+        point = self._points.get(key)
+        if point is None:
+            point = {**attrs, ATTR_RESULT: result}
+            if error_type:
+                point[ATTR_ERROR_TYPE] = error_type
+            if len(self._points) < _CACHED:
+                self._points[key] = point
         self.m.wait_time.record(waited, point)
         if span is not None:
             span.set_attribute(ATTR_RESULT, result)
@@ -212,7 +262,7 @@ class _OtelObserver(_seam.Observer):
             return  # released before (a retried release), or granted before instrument()
         attrs, active = entry
         if active[0]:
-            self.m.active.add(-1, attrs)
+            self._inactive(attrs)
         self.m.duration.record(held, attrs)
 
     def lost(self, lease: Lease, reason: str) -> None:
@@ -220,8 +270,12 @@ class _OtelObserver(_seam.Observer):
         attrs = entry[0] if entry is not None else self.base
         if entry is not None and entry[1][0]:
             entry[1][0] = False
-            self.m.active.add(-1, attrs)
+            self._inactive(attrs)
         self.m.lost.add(1, {**attrs, ATTR_REASON: _reason_class(reason)})
+
+    def _inactive(self, attrs: dict[str, str]) -> None:
+        key = (self.backend, attrs[ATTR_NAME_TEMPLATE])
+        self.active[key] -= 1
 
     def renewal_round(self, renewed: int, failed: int) -> None:
         if renewed:
@@ -242,7 +296,7 @@ def instrument_fences(*, meter_provider: MeterProvider | None = None) -> None:
     meter (default: the global one). Process-wide: fences know no backend; a later call
     replaces the provider."""
     global _fence_counter
-    _fence_counter = _Instruments(meter_provider).stale
+    _fence_counter = _instruments(meter_provider).stale
     _seam.on_stale_token = _count_stale
 
 
@@ -280,7 +334,7 @@ def instrument(
     from . import __version__
 
     _, acq = parts_of(backend)
-    _seam.observe(acq, None)  # replaces any earlier instrumentation
+    _detach(backend)  # replaces any earlier instrumentation
     if _seam.on_stale_token is None:
         instrument_fences(meter_provider=meter_provider)
     metering = meter_provider is not None or _configured(_metrics.get_meter_provider())
@@ -296,7 +350,9 @@ def instrument(
         _trace.get_tracer(_SCOPE, __version__, tracer_provider=tracer_provider) if tracing else None
     )
     scheme = backend.driver.display.split("://", 1)[0] or "unknown"
-    observer = _OtelObserver(scheme, _Instruments(meter_provider), tracer, name_template)
+    instruments = _instruments(meter_provider)
+    observer = _OtelObserver(scheme, instruments, tracer, name_template)
+    instruments.observers.add(observer)
     _seam.observe(acq, observer)
     return True
 
@@ -314,4 +370,12 @@ def _configured(provider: object) -> bool:
 
 def uninstrument(backend: Backend) -> None:
     """Stop reporting ``backend`` (its hold path is the uninstrumented one again)."""
-    _seam.observe(parts_of(backend)[1], None)
+    _detach(backend)
+
+
+def _detach(backend: Backend) -> None:
+    session, acq = parts_of(backend)
+    old = session.observer
+    if isinstance(old, _OtelObserver):
+        old.m.observers.discard(old)  # its leases leave asynclock.lease.active
+    _seam.observe(acq, None)
