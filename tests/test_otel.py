@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio
 import pytest
+import redis.asyncio
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -23,8 +24,9 @@ import asynclock
 import asynclock.otel
 from asynclock._core import observer as seam
 from asynclock._core.backend import parts_of
-from asynclock.fence import SQLFence
+from asynclock.fence import RedisFence, SQLFence
 from asynclock.testing import force_loss, next_renewal_round
+from tests.support.redis_servers import RedisServer
 from tests.support.spec import BackendSpec
 
 pytestmark = pytest.mark.anyio
@@ -294,3 +296,28 @@ async def test_acquire_span_is_the_parent_of_driver_spans(telemetry: Telemetry) 
     assert (client.name, acquire.name) == ("EVALSHA", "acquire a:*")
     assert client.parent is not None and acquire.context is not None
     assert client.parent.span_id == acquire.context.span_id
+
+
+async def test_redis_fence_rejection_counted(
+    telemetry: Telemetry, redis_server: RedisServer, lock_name: str
+) -> None:
+    """A holder that lost its lock writes behind a Redis fence: rejected and counted."""
+    asynclock.otel.instrument_fences(meter_provider=telemetry.meters)
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    fence, key = RedisFence(), f"data:{lock_name}"
+    try:
+        async with asynclock.connect(redis_server.url) as backend:
+            asynclock.otel.instrument(backend, meter_provider=telemetry.meters)
+            with anyio.fail_after(10):
+                with pytest.raises(asynclock.LeaseLost):
+                    async with backend.lock(lock_name, ttl=5) as old:
+                        force_loss(old, "test: forced")
+                        await anyio.sleep_forever()
+                async with backend.lock(lock_name, ttl=5) as new:
+                    await fence.set(client, key, "new", new.token)
+                with pytest.raises(asynclock.StaleToken):
+                    await fence.set(client, key, "late", old.token)
+    finally:
+        await client.aclose()
+    assert telemetry.total("asynclock.fence.rejections", **{"asynclock.fence": "redis"}) == 1
+    assert telemetry.total("asynclock.lease.lost", **{"asynclock.backend": "redis"}) == 1
