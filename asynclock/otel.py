@@ -207,11 +207,7 @@ class _OtelObserver(_seam.Observer):
     def acquire_started(self, name: str, template: str | None) -> object:
         if template is None:
             template = self.name_template(name)
-        attrs = self._attrs.get(template)
-        if attrs is None:
-            attrs = {ATTR_BACKEND: self.backend, ATTR_NAME_TEMPLATE: template}
-            if len(self._attrs) < _CACHED:
-                self._attrs[template] = attrs
+        attrs = self._attributes(template)
         if self.tracer is None:  # no tracer provider configured: no span at all
             return _Acquiring(attrs, None, None)
         span = self.tracer.start_span(
@@ -232,9 +228,7 @@ class _OtelObserver(_seam.Observer):
                 _context.detach(state.token)
         if lease is not None:
             result, error_type = "acquired", ""
-            self.held[lease.owner] = (attrs, [True])
-            held = (self.backend, attrs[ATTR_NAME_TEMPLATE])
-            self.active[held] = self.active.get(held, 0) + 1
+            self._hold(lease, attrs)
         else:
             assert error is not None
             result, error_type = _result_of(error)
@@ -256,6 +250,11 @@ class _OtelObserver(_seam.Observer):
                 span.set_status(_trace.Status(_trace.StatusCode.ERROR, error_type))
             span.end()
 
+    def adopted(self, lease: Lease) -> None:
+        # Granted on another thread (no wait time, no span): held from here on.
+        attrs = self._attributes(self.name_template(lease.name))
+        self._hold(lease, attrs)
+
     def released(self, lease: Lease, held: float) -> None:
         entry = self.held.pop(lease.owner, None)
         if entry is None:
@@ -272,6 +271,19 @@ class _OtelObserver(_seam.Observer):
             entry[1][0] = False
             self._inactive(attrs)
         self.m.lost.add(1, {**attrs, ATTR_REASON: _reason_class(reason)})
+
+    def _attributes(self, template: str) -> dict[str, str]:
+        attrs = self._attrs.get(template)
+        if attrs is None:
+            attrs = {ATTR_BACKEND: self.backend, ATTR_NAME_TEMPLATE: template}
+            if len(self._attrs) < _CACHED:
+                self._attrs[template] = attrs
+        return attrs
+
+    def _hold(self, lease: Lease, attrs: dict[str, str]) -> None:
+        self.held[lease.owner] = (attrs, [True])
+        key = (self.backend, attrs[ATTR_NAME_TEMPLATE])
+        self.active[key] = self.active.get(key, 0) + 1
 
     def _inactive(self, attrs: dict[str, str]) -> None:
         key = (self.backend, attrs[ATTR_NAME_TEMPLATE])

@@ -321,3 +321,29 @@ async def test_redis_fence_rejection_counted(
         await client.aclose()
     assert telemetry.total("asynclock.fence.rejections", **{"asynclock.fence": "redis"}) == 1
     assert telemetry.total("asynclock.lease.lost", **{"asynclock.backend": "redis"}) == 1
+
+
+def test_leases_a_body_thread_takes_itself_are_reported(
+    telemetry: Telemetry, spec_redis: BackendSpec, lock_name: str
+) -> None:
+    """On one Redis server a synchronous body (asynclock.from_thread, Celery's LockedTask)
+    acquires and releases with the driver's blocking calls; the loop adopts and settles
+    them, and that is what is reported: held (active) and for how long (no wait, no span)."""
+    from asynclock.from_thread import LoopThread, hold
+
+    async def settled(backend: asynclock.Backend) -> asynclock.BackendStats:
+        return backend.stats()  # on the loop: runs what the body's thread left for it first
+
+    with LoopThread() as thread:
+        backend = thread.backend(spec_redis.url)
+        assert asynclock.otel.instrument(backend, meter_provider=telemetry.meters)
+        for _ in range(2):
+            with hold(thread, spec_redis.url, f"job:{lock_name}", ttl=5.0):
+                pass
+        stats = thread.run(settled(backend))
+    assert (stats.acquired, stats.released) == (2, 2)
+    assert (
+        telemetry.total("asynclock.lease.duration", **{"asynclock.lock.name_template": "job:*"})
+        == 2
+    )
+    assert telemetry.total("asynclock.lease.active") == 0

@@ -46,6 +46,10 @@ class Observer:
     ) -> None:
         """It ended after ``waited`` seconds: granted ``lease``, or raised ``error``."""
 
+    def adopted(self, lease: Lease) -> None:
+        """The loop took over ``lease``, granted to another thread by the driver's blocking
+        call (``asynclock.from_thread``): no acquire hooks ran for it."""
+
     def released(self, lease: Lease, held: float) -> None:
         """A release of ``lease`` begins, ``held`` seconds after its request was sent (the
         hold is over, whatever the server answers; a repeated release calls it again)."""
