@@ -1,7 +1,8 @@
 """OpenTelemetry metrics and spans for asynclock backends (``pip install "asynclock[otel]"``).
 
-Only ``opentelemetry-api`` is needed at run time: with no SDK configured every instrument
-and span is the API's no-op. ``instrument(backend)`` observes one backend; fence
+Only ``opentelemetry-api`` is needed at run time. ``instrument(backend)`` observes one
+backend, through the providers configured when it is called; with no SDK configured it
+installs nothing, and the hold path costs what it costs uninstrumented. Fence
 rejections (which know no backend) are counted process-wide once any backend is
 instrumented, or after :func:`instrument_fences`. Metric names, units and attributes are
 documented in ``docs/operations.md`` ("OpenTelemetry").
@@ -159,11 +160,18 @@ class _Instruments:
         ]
 
 
-_INSTRUMENTS: dict[object, _Instruments] = {}
+#: The instruments of each meter provider passed to instrument() or instrument_fences().
+_INSTRUMENTS: weakref.WeakKeyDictionary[MeterProvider, _Instruments] = weakref.WeakKeyDictionary()
+_global_instruments: _Instruments | None = None
 
 
 def _instruments(provider: MeterProvider | None) -> _Instruments:
     """The instruments of ``provider`` (None: the global one), made once."""
+    global _global_instruments
+    if provider is None:
+        if _global_instruments is None:
+            _global_instruments = _Instruments(None)
+        return _global_instruments
     instruments = _INSTRUMENTS.get(provider)
     if instruments is None:
         instruments = _INSTRUMENTS[provider] = _Instruments(provider)
