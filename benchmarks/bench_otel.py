@@ -3,6 +3,8 @@
 Rows, each on its own ``memory://`` backend in one process:
 
 * **none**: no instrumentation (the backend's plain hold path);
+* **none (control)**: the same on a second backend: its difference from **none** is what
+  this measurement cannot tell apart from nothing (backends' placement in memory, order);
 * **API only**: ``asynclock.otel.instrument(backend)`` with no SDK configured (the global
   providers are the API's default proxies), what an application with only
   ``opentelemetry-api`` installed (the ``otel`` extra) runs: ``instrument`` then installs
@@ -35,7 +37,7 @@ import anyio
 import asynclock
 import asynclock.otel
 
-ROWS = ("none", "API only", "SDK metrics", "SDK metrics + spans")
+ROWS = ("none", "none (control)", "API only", "SDK metrics", "SDK metrics + spans")
 
 
 async def run(reps: int, cycles: int) -> dict[str, list[float]]:
