@@ -347,3 +347,29 @@ def test_leases_a_body_thread_takes_itself_are_reported(
         == 2
     )
     assert telemetry.total("asynclock.lease.active") == 0
+
+
+def test_only_the_api_is_needed() -> None:
+    """asynclock.otel never imports the SDK: with it made unimportable, instrumenting and
+    holding still work (the run-time dependency is opentelemetry-api alone)."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+sys.modules["opentelemetry.sdk"] = None  # import opentelemetry.sdk... now fails
+import anyio, asynclock, asynclock.otel
+
+async def main():
+    async with asynclock.connect("memory://") as backend:
+        assert asynclock.otel.instrument(backend) is False
+        async with backend.lock("a:1", ttl=5) as lease:
+            print("token", lease.token)
+
+anyio.run(main)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "token 1\n"
