@@ -148,3 +148,12 @@ def test_the_first_pages_a_user_reads_present_the_integrations_that_ship() -> No
     readme = (ROOT / "README.md").read_text()
     for package in ("asynclock_celery", "asynclock_fastapi", "asynclock_apscheduler"):
         assert package in readme, package
+
+
+def test_otel_metrics() -> None:
+    out = run("otel_metrics.py")
+    assert "second holder refused (busy)" in out
+    assert out.count("span 'acquire invoice:*': result=acquired") == 3
+    assert "span 'acquire invoice:*': result=busy" in out
+    assert "asynclock.result=busy} count=1" in out
+    assert "asynclock.lease.duration{" in out and "invoice:42" not in out.split("busy)")[1]

@@ -455,6 +455,8 @@ class Acquisition:
             return  # lost before the loop saw it (force_loss, a close): never renewed
         self.session.adopt(lease)
         self.driver.adopted(lease.name, lease.owner)
+        if self.session.observer is not None:
+            self.session.observer.adopted(lease)
         if not self.open and not lease._released:
             # Granted while the backend closed: nobody will renew it.
             self.session.lose(lease, "backend closed")
@@ -464,6 +466,8 @@ class Acquisition:
         """On the loop: the bookkeeping of a release made by :meth:`thread_release`."""
         self.session.drop(lease)
         self.driver.forget(lease.owner)
+        if self.session.observer is not None:
+            self.session.observer.released(lease, now - lease.acquired_at)
         if ok is None:
             return  # not confirmed (logged), or the backend had closed and released it
         self._record_hold(now - lease.acquired_at)

@@ -109,7 +109,10 @@ class Lock(AsyncContextOnly):
     the lease, per task; never in thread-locals).
     """
 
-    __slots__ = ("_acq", "_args", "_call", "_token_scope")
+    # _template: the NameTemplate text a lock of locked_function was made from (set there
+    # only, after __init__: no cost to other locks), for telemetry (observer.py).
+    __slots__ = ("_acq", "_args", "_call", "_template", "_token_scope")
+    _template: str
     _usage = "backend.lock(...)"
 
     def __init__(
@@ -231,6 +234,7 @@ def locked_function(
             call_lock = lock(
                 lock_name, ttl=ttl, timeout=timeout, blocking=blocking, max_hold=max_hold
             )
+            call_lock._template = template.template
             async with call_lock as lease:
                 return await func(*args, **kwargs)
             # Only a lost lease's cancellation is swallowed, and then __aexit__ raises.

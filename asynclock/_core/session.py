@@ -34,6 +34,7 @@ from .driver import Driver, LeaseRef, Refused
 from .exceptions import BackendUnavailable, LeaseLost
 from .fastpath import _level_cache
 from .lease import Lease, LossSignal
+from .observer import Observer
 from .stats import StatsRecorder
 from .validation import check_lease_ttl, no_time_left
 
@@ -99,6 +100,8 @@ class Session:
         #: once when posted with a wake-up (see :meth:`run_inbox`).
         self.inbox: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()
         self.inbox_used = False
+        #: Told of losses and renewal rounds (``observer.observe``); None: nobody is.
+        self.observer: Observer | None = None
 
     # -- the protocol: deadlines, grant, drop, loss ----------------------------------------
 
@@ -212,6 +215,8 @@ class Session:
         self.stats.losses += 1
         self.stats.loss_reasons[re.split(r"[:;(]", reason, maxsplit=1)[0].strip()] += 1
         logger.warning("lease lost: %r token=%d: %s", lease.name, lease.token, reason)
+        if self.observer is not None:
+            self.observer.lost(lease, reason)
         if lease._scope is not None:
             lease._scope.cancel()
 
@@ -344,6 +349,7 @@ class Session:
                 results = [exc] * len(refs)
             self.stats.renewal_round_trips += 1
             errors = 0
+            renewed_before, lost_before = self.stats.renewals, self.stats.losses
             for lease, ref, result in zip(batch, refs, results, strict=True):
                 request = asked.get(lease.owner) if asked else None
                 entry = self.held.get(lease.owner)
@@ -366,6 +372,11 @@ class Session:
                 else:
                     errors += 1
                     logger.debug("renewal of %r failed, will retry: %r", lease.name, result)
+            if self.observer is not None:
+                self.observer.renewal_round(
+                    self.stats.renewals - renewed_before,
+                    errors + self.stats.losses - lost_before,
+                )
             self._round_done.set()
             self._round_done = anyio.Event()
             if errors:

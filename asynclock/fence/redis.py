@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Mapping
 from typing import Any, Protocol
 
 from .._core.exceptions import StaleToken
+from .._core.observer import stale_token
 from .._core.validation import check_token
 
 # FENCED_WRITE (G8): raise the high-water mark and write, atomically, unless a newer token
@@ -134,6 +135,7 @@ class RedisFence:
         if code == 1:
             return
         if code == 0:
+            stale_token("redis")
             raise StaleToken(key, token, int(reply[1]))
         if code == -1:
             raise ValueError(_not_a_token(keys[0], reply[1]) + "; nothing was written")

@@ -12,6 +12,7 @@ from typing import Any, Protocol, TypeVar
 import anyio
 
 from .._core.exceptions import StaleToken
+from .._core.observer import stale_token
 from .._core.validation import check_token, check_ttl
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$")
@@ -180,6 +181,7 @@ class SQLFence:
     def _sqlite_check_in_transaction(self, conn: sqlite3.Connection, key: str, token: int) -> None:
         if conn.execute(self._sqlite_check, (key, token)).fetchone() is None:
             row = conn.execute(self._sqlite_current, (key,)).fetchone()
+            stale_token("sql")
             raise StaleToken(key, token, None if row is None else int(row[0]))
 
     @contextmanager
@@ -219,6 +221,7 @@ class SQLFence:
         if await cursor.fetchone() is None:
             cursor = await conn.execute(self._sqlite_current, (key,))
             row = await cursor.fetchone()
+            stale_token("sql")
             raise StaleToken(key, token, None if row is None else int(row[0]))
 
     # -- asyncpg ---------------------------------------------------------------------------
@@ -244,6 +247,7 @@ class SQLFence:
     async def _pg_check_in_transaction(self, conn: _AsyncPG, key: str, token: int) -> None:
         if await conn.fetchval(self._pg_check, key, token) is None:
             current = await conn.fetchval(self._pg_current, key)
+            stale_token("sql")
             raise StaleToken(key, token, None if current is None else int(current))
 
     @asynccontextmanager
