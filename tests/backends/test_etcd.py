@@ -734,6 +734,10 @@ async def main(url):
         async with backend.lock("two-loops", ttl=5):
             with anyio.move_on_after(0):  # a call cancelled while in flight
                 await backend.holder("two-loops")
+    # A poller that is ending (its last grpc object freed) is joined, bounded; one that
+    # some live grpc object keeps running is still there after the wait.
+    for thread in [t for t in threading.enumerate() if "_poll_wrapper" in t.name]:
+        thread.join(10)
     return [t.name for t in threading.enumerate() if "_poll_wrapper" in t.name]
 
 def report(loop, context):
