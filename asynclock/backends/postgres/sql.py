@@ -165,17 +165,25 @@ SELECT count(pg_advisory_unlock_shared(k)) FROM (
     SELECT hashint8extended(t, k) FROM unnest($1::bigint[], $2::bigint[]) AS x(k, t)
 ) AS orphans
 """
+
+
 # G9. Args: $1 key, $2 token. True if one session (or transaction) holds both the key and
 # the token lock of ($2, $1), i.e. $2 is the token of the live hold.
-SQL_S_VALIDATE = """
-SELECT EXISTS (
+def _live_hold(key: str, token: str) -> str:
+    """A query with a row if one session holds the advisory lock of ``key`` and the token
+    lock of (``token``, ``key``): ``token`` is the token of the live hold of ``key``."""
+    return f"""
     SELECT 1 FROM pg_locks AS a JOIN pg_locks AS b ON b.pid = a.pid
     WHERE a.locktype = 'advisory' AND a.objsubid = 1 AND a.granted AND a.mode = 'ExclusiveLock'
       AND b.locktype = 'advisory' AND b.objsubid = 1 AND b.granted AND b.mode = 'ShareLock'
       AND a.database = (SELECT oid FROM pg_database WHERE datname = current_database())
       AND b.database = a.database
-      AND (a.classid::bigint << 32) | a.objid::bigint = $1
-      AND (b.classid::bigint << 32) | b.objid::bigint = hashint8extended($2::bigint, $1))
+      AND (a.classid::bigint << 32) | a.objid::bigint = {key}
+      AND (b.classid::bigint << 32) | b.objid::bigint = hashint8extended({token}::bigint, {key})"""
+
+
+SQL_S_VALIDATE = f"""
+SELECT EXISTS ({_live_hold("$1", "$2")})
 """
 _X_TAKE = f"""{_NEXT}
 SELECT l.ok, {_TOKEN_LOCKED.format(scope="xact_")} AS token FROM l"""
@@ -352,14 +360,7 @@ WITH live AS (
 # same statement as the write. A later holder's write of the same row waits for this one
 # to commit and then overwrites it (its token is larger).
 SQL_S_RECORD_PUT = f"""
-WITH live AS (
-    SELECT 1 FROM pg_locks AS a JOIN pg_locks AS b ON b.pid = a.pid
-    WHERE a.locktype = 'advisory' AND a.objsubid = 1 AND a.granted AND a.mode = 'ExclusiveLock'
-      AND b.locktype = 'advisory' AND b.objsubid = 1 AND b.granted AND b.mode = 'ShareLock'
-      AND a.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-      AND b.database = a.database
-      AND (a.classid::bigint << 32) | a.objid::bigint = $2
-      AND (b.classid::bigint << 32) | b.objid::bigint = hashint8extended($3::bigint, $2)
+WITH live AS ({_live_hold("$2", "$3")}
     LIMIT 1
 ),{_RECORD_STORE}"""
 # The unexpired record of $1 name: token, payload.
