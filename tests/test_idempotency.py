@@ -387,6 +387,34 @@ async def test_a_store_that_goes_away_mid_body_cancels_it_and_stores_nothing(
             assert await backend.idempotent(key, ttl=5.0, wait=10).run(done) == "done"
 
 
+async def test_a_redis_restart_without_persistence_forgets_results_and_says_so(
+    redis_factory: RedisFactory, key: str
+) -> None:
+    """As a user deploys it by default: a Redis server without persistence, just started,
+    restarted mid-way with its data lost. The stored result is gone with the data, so the
+    operation runs again, but only after the restart grace (a run still going from before
+    the restart could otherwise overlap with it): never a replay of nothing, never at once."""
+    server = redis_factory(fresh=True)  # documented defaults: no persistence, no settling
+    runs: list[int] = []
+
+    async def charge() -> str:
+        runs.append(1)
+        return "charged"
+
+    async with asynclock.connect(server.url) as backend:
+        with anyio.fail_after(20):
+            # A just-started server: the first call waits out its grace, then runs once.
+            assert await backend.idempotent(key, ttl=1.0, wait=10).run(charge) == "charged"
+            assert await backend.idempotent(key, ttl=1.0, wait=10).run(charge) == "charged"
+            assert len(runs) == 1
+            server.restart(keep_data=False)
+            with pytest.raises(asynclock.RestartGrace):
+                await backend.idempotent(key, ttl=1.0).run(charge)
+            assert len(runs) == 1  # not run during the grace
+            assert await backend.idempotent(key, ttl=1.0, wait=10).run(charge) == "charged"
+            assert len(runs) == 2  # the record went with the data: it ran again
+
+
 @pytest.fixture(params=["sqlite", "postgres", "redis", "etcd"])
 def shared_idem_spec(request: pytest.FixtureRequest) -> BackendSpec:
     """Backends that several processes share (one of each way to fence a record)."""
