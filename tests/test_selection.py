@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def collect(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", *args],
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
