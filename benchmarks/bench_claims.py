@@ -132,6 +132,30 @@ async def with_claims(url: str, table: str, limit: int, waits: Waits) -> list[in
     return done
 
 
+async def with_pgqueuer(url: str, table: str, limit: int, waits: Waits) -> list[int]:
+    """pgqueuer's worker: a QueueManager in drain mode (it stops once the queue is empty),
+    one entrypoint that records the job (its payload is the row number). ``waits`` is
+    not measured here (pgqueuer's loop is its own)."""
+    from pgqueuer import AsyncpgDriver, Queries, QueueManager
+    from pgqueuer.domain.types import QueueExecutionMode
+
+    conn = await asyncpg.connect(url)
+    done: list[int] = []
+    try:
+        qm = QueueManager(Queries(AsyncpgDriver(conn)))
+
+        @qm.entrypoint(table)
+        async def job(job: Any) -> None:
+            done.append(int(job.payload))
+
+        emit("ready")
+        await anyio.to_thread.run_sync(sys.stdin.readline)
+        await qm.run(batch_size=limit, mode=QueueExecutionMode.drain)
+    finally:
+        await conn.close()
+    return done
+
+
 async def frozen_trials(url: str, table: str, trials: int, k: int, of: int) -> None:
     """``--faults``: per trial, claim one row of this worker's share (id % of = k), print
     "claimed", and wait for a line inside the row's ``async with`` (the parent freezes
@@ -172,7 +196,9 @@ async def worker(cfg: dict[str, Any]) -> None:
     if cfg["kind"] == "frozen":
         await frozen_trials(cfg["url"], cfg["table"], cfg["trials"], cfg["k"], cfg["of"])
         return
-    run = hand_written if cfg["kind"] == "hand-written" else with_claims
+    run = {"hand-written": hand_written, "asynclock": with_claims, "pgqueuer": with_pgqueuer}[
+        cfg["kind"]
+    ]
     waits = Waits()
     ids = await run(cfg["url"], cfg["table"], cfg["limit"], waits)
     emit("done", ids=ids, wait=waits.total, longest=waits.longest)
@@ -209,10 +235,32 @@ async def sizes(conn: asyncpg.Connection, table: str) -> dict[str, int]:
     return dict(row.items())
 
 
+async def pgqueuer_jobs(url: str, rows: int) -> str:
+    """Enqueue ``rows`` jobs for pgqueuer (its schema installed once); the entrypoint's
+    name plays the table's part."""
+    from pgqueuer import AsyncpgDriver, Queries  # the peer: the bench dependency group
+
+    entrypoint = f"bench_claims_{uuid.uuid4().hex[:8]}"
+    conn = await asyncpg.connect(url)
+    try:
+        queries = Queries(AsyncpgDriver(conn))
+        if not await queries.schema_is_installed():
+            await queries.install()
+        await queries.enqueue(
+            [entrypoint] * rows, [str(n).encode() for n in range(1, rows + 1)], [0] * rows
+        )
+    finally:
+        await conn.close()
+    return entrypoint
+
+
 async def one_run(
     url: str, kind: str, workers: int, rows: int, limit: int, *, measure_size: bool = False
 ) -> dict[str, Any]:
-    table = await make_table(url, rows)
+    if kind == "pgqueuer":
+        table = await pgqueuer_jobs(url, rows)
+    else:
+        table = await make_table(url, rows)
     conn = await asyncpg.connect(url)
     out: dict[str, Any] = {}
     try:
@@ -252,7 +300,8 @@ async def one_run(
             out["vacuumed"] = await sizes(conn, table)
             await conn.execute(f"VACUUM FULL {table}")
             out["packed"] = await sizes(conn, table)
-        await conn.execute(f"DROP TABLE {table}")
+        if kind != "pgqueuer":
+            await conn.execute(f"DROP TABLE {table}")
     finally:
         await conn.close()
     return out
@@ -262,14 +311,16 @@ async def throughput(url: str, workers: list[int], rows: int, limit: int) -> Non
     print(f"\n{rows} rows per run, take/claim limit {limit}; every run: each row completed once")
     print(
         f"{'workers':>7} {'hand-written rows/s':>20} {'asynclock rows/s':>17} {'ratio':>6}"
-        f" {'asynclock wait/worker':>22} {'longest wait':>13}"
+        f" {'asynclock wait/worker':>22} {'longest wait':>13} {'pgqueuer jobs/s':>16}"
     )
     for n in workers:
         raw = await one_run(url, "hand-written", n, rows, limit)
         ours = await one_run(url, "asynclock", n, rows, limit)
+        peer = await one_run(url, "pgqueuer", n, rows, limit)
         print(
             f"{n:7d} {raw['rate']:20.0f} {ours['rate']:17.0f} {ours['rate'] / raw['rate']:6.2f}"
-            f" {ours['wait'] * 1000:19.0f} ms {ours['longest'] * 1000:10.1f} ms",
+            f" {ours['wait'] * 1000:19.0f} ms {ours['longest'] * 1000:10.1f} ms"
+            f" {peer['rate']:16.0f}",
             flush=True,
         )
 
