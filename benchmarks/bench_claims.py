@@ -347,9 +347,10 @@ async def heartbeats(url: str, admin_url: str, seconds: float) -> None:
                 claims = backend.claims(table, ttl=ttl)
                 async with claims.take(limit=batch) as got:
                     assert len(got) == batch
-                    before = backend.stats().renewal_round_trips
                     await anyio.sleep(seconds)  # the heartbeats run meanwhile
-                    rounds = backend.stats().renewal_round_trips - before
+                # Every round of this backend (it held nothing else), over the same window
+                # as the statements: from the reset to the batch's end.
+                rounds = backend.stats().renewal_round_trips
             calls = int(
                 await admin.fetchval(
                     "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE query LIKE $1",
