@@ -12,15 +12,34 @@ Rows, side by side in one run against one server, for each number of workers:
 
 Each worker is a process; the clock runs from the moment every worker is connected until
 the last one finds the table drained. ``--rows`` rows per run (default 10,000: the 8 x
-10,000 case of issue 25 is ``--workers 8``). By default the script starts a throwaway
-PostgreSQL (fsync off); ``--url`` uses your server.
+10,000 case of issue 25 is ``--workers 8``). Every run checks that each row was completed
+exactly once (by the ids the workers report; it stops if not) and prints each worker's
+wait: the time from finishing a row to holding the next, i.e. inside the claim statement.
+
+Then, unless ``--quick`` trims them:
+
+* heartbeat statements per worker per interval, for batches of 1, 10 and 100 claimed
+  rows: the renewal statement's calls counted by ``pg_stat_statements`` (preloaded in the
+  server this script starts; with ``--url``, if the extension is installed) over the
+  backend's renewal rounds (``backend.stats()``);
+* table size after ``--size-rows`` claims (default 100,000): ``pg_total_relation_size``
+  after the insert, after the run, after a plain ``VACUUM`` and after ``VACUUM FULL``
+  (the rows alone), with the dead tuples and autovacuum runs, for both kinds;
+* ``--faults N`` (off by default; 100 in the published run): N trials of a worker
+  SIGSTOPped inside a row's work (10 workers in parallel): its row is reclaimed by the
+  parent, completed, and the worker resumed; its late completion must be refused. Prints
+  the accepted late completions (must be 0) and the time from the freeze to the reclaim
+  (bound: ttl + one heartbeat).
+
+By default the script starts a throwaway PostgreSQL (fsync off); ``--url`` uses your server.
 
 Usage (as a module, or as a script: ``python benchmarks/bench_claims.py``)::
 
     flock -x /tmp/asynclock-cpu.lock uv run python -m benchmarks.bench_claims \\
-        [--rows N] [--workers 1,4,8] [--limit 50] [--url postgresql://...]
+        [--rows N] [--workers 1,4,8] [--limit 50] [--faults 100] [--quick] [--url ...]
 
-This is a comparison table, not a pass/fail test.
+This is a comparison table, not a pass/fail test (but it stops if a row is completed
+twice or a late completion is accepted).
 """
 
 from __future__ import annotations
@@ -43,13 +62,32 @@ from asynclock._harness import WorkerGroup, emit
 from asynclock._harness.pg_server import running_pg
 
 TTL = 30.0
+#: The claims' ttl in ``--faults`` trials (renewed every ttl/3).
+FAULT_TTL = 1.0
 SCRIPT = os.path.abspath(__file__)
 
 
 # -- the worker processes -------------------------------------------------------------------
 
 
-async def hand_written(url: str, table: str, limit: int) -> int:
+class Waits:
+    """A worker's waits: from finishing a row (or starting) to holding the next rows."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.longest = 0.0
+        self._since = time.perf_counter()
+
+    def got(self) -> None:
+        gap = time.perf_counter() - self._since
+        self.total += gap
+        self.longest = max(self.longest, gap)
+
+    def working(self) -> None:
+        self._since = time.perf_counter()
+
+
+async def hand_written(url: str, table: str, limit: int, waits: Waits) -> list[int]:
     conn = await asyncpg.connect(url)
     claim = f"""
 UPDATE {table} SET status = 'claimed', claimed_by = $1,
@@ -58,45 +96,121 @@ WHERE id IN (SELECT id FROM {table} WHERE status = 'ready' ORDER BY id LIMIT $2
              FOR UPDATE SKIP LOCKED)
 RETURNING id"""
     complete = f"UPDATE {table} SET status = 'done', result = $2 WHERE id = $1"
-    done = 0
+    done: list[int] = []
     try:
         emit("ready")
         await anyio.to_thread.run_sync(sys.stdin.readline)
+        waits.working()
         while rows := await conn.fetch(claim, str(os.getpid()), limit):
+            waits.got()
             for row in rows:
                 await conn.execute(complete, row["id"], "1")
-                done += 1
+                done.append(row["id"])
+            waits.working()
     finally:
         await conn.close()
     return done
 
 
-async def with_claims(url: str, table: str, limit: int) -> int:
-    done = 0
+async def with_claims(url: str, table: str, limit: int, waits: Waits) -> list[int]:
+    done: list[int] = []
     async with asynclock.connect(url) as backend:
         claims = backend.claims(table, ttl=TTL)
         emit("ready")
         await anyio.to_thread.run_sync(sys.stdin.readline)
+        waits.working()
         while True:
             async with claims.take(limit=limit) as batch:
                 if not batch:
                     break
+                waits.got()
                 for job in batch:
                     async with job:
                         await job.complete(result="1")
-                        done += 1
+                        done.append(job.id)
+                waits.working()
     return done
 
 
+async def with_pgqueuer(url: str, table: str, limit: int, waits: Waits) -> list[int]:
+    """pgqueuer's worker: a QueueManager in drain mode (it stops once the queue is empty),
+    one entrypoint that records the job (its payload is the row number). ``waits`` is
+    not measured here (pgqueuer's loop is its own)."""
+    from pgqueuer import AsyncpgDriver, Queries, QueueManager
+    from pgqueuer.domain.types import QueueExecutionMode
+
+    conn = await asyncpg.connect(url)
+    done: list[int] = []
+    try:
+        qm = QueueManager(Queries(AsyncpgDriver(conn)))
+
+        @qm.entrypoint(table)
+        async def job(job: Any) -> None:
+            done.append(int(job.payload))
+
+        emit("ready")
+        await anyio.to_thread.run_sync(sys.stdin.readline)
+        await qm.run(batch_size=limit, mode=QueueExecutionMode.drain)
+    finally:
+        await conn.close()
+    return done
+
+
+async def frozen_trials(url: str, table: str, trials: int, k: int, of: int) -> None:
+    """``--faults``: per trial, claim one row of this worker's share (id % of = k), print
+    "claimed", and wait for a line inside the row's ``async with`` (the parent freezes
+    this process meanwhile); then complete it and print what happened."""
+    lines, incoming = anyio.create_memory_object_stream[str](trials)
+
+    async def read_stdin() -> None:
+        async with lines:
+            for _ in range(trials):
+                await lines.send(await anyio.to_thread.run_sync(sys.stdin.readline))
+
+    async with asynclock.connect(url) as backend, anyio.create_task_group() as tg:
+        tg.start_soon(read_stdin)
+        claims = backend.claims(table, ttl=FAULT_TTL, where=f"id % {of} = {k}")
+        for _ in range(trials):
+            async with claims.take() as batch:
+                (job,) = batch
+                emit("claimed", id=job.id, token=job.token)
+                go = False
+                try:
+                    async with job:
+                        await incoming.receive()
+                        go = True
+                        await job.complete(result='"late"')
+                        result = "accepted"
+                except asynclock.LeaseLost:
+                    result = "lost"  # cancelled by the loss before it could complete
+                except asynclock.StaleToken:
+                    result = "refused"
+                except asynclock.BackendUnavailable:
+                    result = "unavailable"
+            if not go:
+                await incoming.receive()  # the parent's line, not read inside
+            emit("finished", result=result)
+
+
 async def worker(cfg: dict[str, Any]) -> None:
-    run = hand_written if cfg["kind"] == "hand-written" else with_claims
-    emit("done", rows=await run(cfg["url"], cfg["table"], cfg["limit"]))
+    if cfg["kind"] == "frozen":
+        await frozen_trials(cfg["url"], cfg["table"], cfg["trials"], cfg["k"], cfg["of"])
+        return
+    run = {"hand-written": hand_written, "asynclock": with_claims, "pgqueuer": with_pgqueuer}[
+        cfg["kind"]
+    ]
+    waits = Waits()
+    ids = await run(cfg["url"], cfg["table"], cfg["limit"], waits)
+    emit("done", ids=ids, wait=waits.total, longest=waits.longest)
 
 
 # -- the parent -----------------------------------------------------------------------------
 
+#: The renewal statement of claims.py (its text as pg_stat_statements normalises it).
+HEARTBEAT_SQL = "%WITH ORDINALITY AS u(id, token, ttl_ms, i)%"
 
-async def one_run(url: str, kind: str, workers: int, rows: int, limit: int) -> float:
+
+async def make_table(url: str, rows: int) -> str:
     table = f"bench_claims_{uuid.uuid4().hex[:8]}"
     async with asynclock.connect(url) as backend:
         await backend.claims(table, ttl=TTL).create_table()
@@ -105,6 +219,54 @@ async def one_run(url: str, kind: str, workers: int, rows: int, limit: int) -> f
         await conn.execute(
             f"INSERT INTO {table} (payload) SELECT NULL FROM generate_series(1, $1)", rows
         )
+    finally:
+        await conn.close()
+    return table
+
+
+async def sizes(conn: asyncpg.Connection, table: str) -> dict[str, int]:
+    await conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = await conn.fetchrow(
+        """SELECT pg_total_relation_size(relid) AS size, n_live_tup AS live, n_dead_tup AS dead,
+                  n_tup_upd AS upd, n_tup_hot_upd AS hot, autovacuum_count AS autovacuums
+           FROM pg_stat_user_tables WHERE relname = $1""",
+        table,
+    )
+    return dict(row.items())
+
+
+async def pgqueuer_jobs(url: str, rows: int) -> str:
+    """Enqueue ``rows`` jobs for pgqueuer (its schema installed once); the entrypoint's
+    name plays the table's part."""
+    from pgqueuer import AsyncpgDriver, Queries  # the peer: the bench dependency group
+
+    entrypoint = f"bench_claims_{uuid.uuid4().hex[:8]}"
+    conn = await asyncpg.connect(url)
+    try:
+        queries = Queries(AsyncpgDriver(conn))
+        if not await queries.schema_is_installed():
+            await queries.install()
+        await queries.enqueue(
+            [entrypoint] * rows, [str(n).encode() for n in range(1, rows + 1)], [0] * rows
+        )
+    finally:
+        await conn.close()
+    return entrypoint
+
+
+async def one_run(
+    url: str, kind: str, workers: int, rows: int, limit: int, *, measure_size: bool = False
+) -> dict[str, Any]:
+    if kind == "pgqueuer":
+        table = await pgqueuer_jobs(url, rows)
+    else:
+        table = await make_table(url, rows)
+    conn = await asyncpg.connect(url)
+    out: dict[str, Any] = {}
+    try:
+        if measure_size:
+            await conn.execute(f"VACUUM ANALYZE {table}")
+            out["before"] = await sizes(conn, table)
         async with WorkerGroup() as group:
             procs = []
             for _ in range(workers):
@@ -121,40 +283,212 @@ async def one_run(url: str, kind: str, workers: int, rows: int, limit: int) -> f
             start = time.perf_counter()
             for p in procs:
                 await p.send("go")
-            total = sum([(await p.expect("done"))["rows"] for p in procs])
+            reports = [await p.expect("done") for p in procs]
             elapsed = time.perf_counter() - start
-        assert total == rows, f"{kind}: {total} rows completed of {rows}"
-        await conn.execute(f"DROP TABLE {table}")
+        ids = sorted(i for r in reports for i in r["ids"])
+        if ids != list(range(1, rows + 1)):
+            raise SystemExit(
+                f"{kind}: {len(ids)} completions, {len(set(ids))} distinct rows of {rows}: "
+                "not exactly once"
+            )
+        out["rate"] = rows / elapsed
+        out["wait"] = max(r["wait"] for r in reports)
+        out["longest"] = max(r["longest"] for r in reports)
+        if measure_size:
+            out["after"] = await sizes(conn, table)
+            await conn.execute(f"VACUUM {table}")
+            out["vacuumed"] = await sizes(conn, table)
+            await conn.execute(f"VACUUM FULL {table}")
+            out["packed"] = await sizes(conn, table)
+        if kind != "pgqueuer":
+            await conn.execute(f"DROP TABLE {table}")
     finally:
         await conn.close()
-    return rows / elapsed
+    return out
 
 
-async def bench(url: str, workers: list[int], rows: int, limit: int) -> None:
-    print(f"{rows} rows per run, take/claim limit {limit}")
-    print(f"{'workers':>7} {'hand-written rows/s':>20} {'asynclock rows/s':>17} {'ratio':>6}")
+async def throughput(url: str, workers: list[int], rows: int, limit: int) -> None:
+    print(f"\n{rows} rows per run, take/claim limit {limit}; every run: each row completed once")
+    print(
+        f"{'workers':>7} {'hand-written rows/s':>20} {'asynclock rows/s':>17} {'ratio':>6}"
+        f" {'asynclock wait/worker':>22} {'longest wait':>13} {'pgqueuer jobs/s':>16}"
+    )
     for n in workers:
         raw = await one_run(url, "hand-written", n, rows, limit)
         ours = await one_run(url, "asynclock", n, rows, limit)
-        print(f"{n:7d} {raw:20.0f} {ours:17.0f} {ours / raw:6.2f}", flush=True)
+        peer = await one_run(url, "pgqueuer", n, rows, limit)
+        print(
+            f"{n:7d} {raw['rate']:20.0f} {ours['rate']:17.0f} {ours['rate'] / raw['rate']:6.2f}"
+            f" {ours['wait'] * 1000:19.0f} ms {ours['longest'] * 1000:10.1f} ms"
+            f" {peer['rate']:16.0f}",
+            flush=True,
+        )
+
+
+async def heartbeats(url: str, admin_url: str, seconds: float) -> None:
+    """Renewal statements per worker per heartbeat interval, for 1, 10 and 100 claimed rows."""
+    admin = await asyncpg.connect(admin_url)
+    try:
+        try:
+            await admin.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            await admin.execute("SELECT pg_stat_statements_reset()")
+        except asyncpg.PostgresError as exc:
+            print(f"\nheartbeat statements: pg_stat_statements unavailable ({exc})")
+            return
+        ttl = 0.6
+        table = await make_table(url, 100)
+        print(f"\nheartbeat: one worker, ttl {ttl:g}s (renewal every {ttl / 3:g}s), {seconds:g}s")
+        print(
+            f"{'claimed rows':>12} {'intervals':>9} {'renewal statements':>19} {'per interval':>12}"
+        )
+        for batch in (1, 10, 100):
+            await admin.execute("SELECT pg_stat_statements_reset()")
+            async with asynclock.connect(url) as backend:
+                claims = backend.claims(table, ttl=ttl)
+                async with claims.take(limit=batch) as got:
+                    assert len(got) == batch
+                    await anyio.sleep(seconds)  # the heartbeats run meanwhile
+                # Every round of this backend (it held nothing else), over the same window
+                # as the statements: from the reset to the batch's end.
+                rounds = backend.stats().renewal_round_trips
+            calls = int(
+                await admin.fetchval(
+                    "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE query LIKE $1",
+                    HEARTBEAT_SQL,
+                )
+            )
+            print(f"{batch:12d} {rounds:9d} {calls:19d} {calls / max(rounds, 1):12.2f}", flush=True)
+        await admin.execute(f"DROP TABLE {table}")
+    finally:
+        await admin.close()
+
+
+async def table_sizes(url: str, rows: int, workers: int, limit: int) -> None:
+    mb = 1024 * 1024
+    print(f"\ntable size: {rows} rows claimed and completed once by {workers} workers")
+    print(
+        f"{'kind':>12} {'after insert':>12} {'after run':>10} {'dead rows':>10}"
+        f" {'autovacuums':>11} {'after VACUUM':>12} {'rows alone':>10} {'run/alone':>9}"
+    )
+    for kind in ("hand-written", "asynclock"):
+        got = await one_run(url, kind, workers, rows, limit, measure_size=True)
+        b, a, v, f = got["before"], got["after"], got["vacuumed"], got["packed"]
+        print(
+            f"{kind:>12} {b['size'] / mb:9.1f} MB {a['size'] / mb:7.1f} MB {a['dead']:10d}"
+            f" {a['autovacuums']:11d} {v['size'] / mb:9.1f} MB {f['size'] / mb:7.1f} MB"
+            f" {a['size'] / f['size']:9.2f}",
+            flush=True,
+        )
+
+
+async def faults(url: str, trials: int, parallel: int = 10) -> None:
+    """``--faults``: SIGSTOP a worker inside a row's work, ``trials`` times (``parallel``
+    workers at once); the parent reclaims and completes the row, then resumes the worker."""
+    parallel = min(parallel, trials)
+    table = await make_table(url, trials)
+    shares = [trials // parallel + (k < trials % parallel) for k in range(parallel)]
+    results: list[str] = []
+    delays: list[float] = []
+
+    async def drive(backend: asynclock.Backend, proc: Any, n: int) -> None:
+        for _ in range(n):
+            claimed = await proc.expect("claimed")
+            proc.pause()
+            await proc.wait_stopped(10)
+            frozen_at = time.perf_counter()
+            claims = backend.claims(table, ttl=FAULT_TTL, where=f"id = {claimed['id']}")
+            while True:
+                async with claims.take() as batch:
+                    if batch:
+                        (job,) = batch
+                        assert job.token > claimed["token"]
+                        await job.complete(result='"reclaimer"')
+                        break
+                await anyio.sleep(0.01)  # polling the row until its claim expires
+            delays.append(time.perf_counter() - frozen_at)
+            proc.resume()
+            await proc.send("go")
+            results.append((await proc.expect("finished", timeout=30))["result"])
+
+    async with asynclock.connect(url) as backend, WorkerGroup() as group:
+        procs = [
+            await group.start(
+                [SCRIPT, "--worker", json.dumps(cfg)], label="frozen worker", timeout=600
+            )
+            for cfg in (
+                {"kind": "frozen", "url": url, "table": table, "trials": n, "k": k, "of": parallel}
+                for k, n in enumerate(shares)
+            )
+        ]
+        async with anyio.create_task_group() as tg:
+            for proc, n in zip(procs, shares, strict=True):
+                tg.start_soon(drive, backend, proc, n)
+    conn = await asyncpg.connect(url)
+    try:
+        late = await conn.fetchval(f"SELECT count(*) FROM {table} WHERE result = '\"late\"'")
+        done = await conn.fetchval(f"SELECT count(*) FROM {table} WHERE result = '\"reclaimer\"'")
+        await conn.execute(f"DROP TABLE {table}")
+    finally:
+        await conn.close()
+    accepted = results.count("accepted")
+    delays.sort()
+    bound = FAULT_TTL * (1 + 1 / 3)
+    print(
+        f"\nfaults: {trials} trials of a worker SIGSTOPped mid-row (ttl {FAULT_TTL:g}s, "
+        f"{parallel} workers at once)"
+    )
+    print(
+        f"late completions accepted: {accepted} (rows written by a late worker: {late}); "
+        f"rows completed by the reclaimer: {done}/{trials}"
+    )
+    print(
+        "the resumed worker saw: "
+        + ", ".join(f"{r} {results.count(r)}" for r in ("refused", "lost", "unavailable"))
+    )
+    print(
+        f"freeze -> reclaimed: median {delays[len(delays) // 2]:.2f}s, max {delays[-1]:.2f}s "
+        f"(bound ttl + one heartbeat: {bound:.2f}s, plus the 10 ms poll)"
+    )
+    if accepted or late or done != trials:
+        raise SystemExit("a late completion was accepted (or a row was not reclaimed)")
+
+
+async def bench(args: argparse.Namespace, url: str, admin_url: str) -> None:
+    workers = [int(n) for n in args.workers.split(",")]
+    await throughput(url, workers, args.rows, args.limit)
+    await heartbeats(url, admin_url, 1.2 if args.quick else 2.0)
+    await table_sizes(url, args.size_rows, max(workers), args.limit)
+    if args.faults:
+        await faults(url, args.faults)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=10_000)
-    parser.add_argument("--workers", default="1,4,8", help="comma-separated worker counts")
+    parser.add_argument("--rows", type=int, help="rows per throughput run (10,000)")
+    parser.add_argument("--workers", help="comma-separated worker counts (1,4,8)")
     parser.add_argument("--limit", type=int, default=50, help="rows per claim")
+    parser.add_argument("--size-rows", type=int, help="claims for the table size (100,000)")
+    parser.add_argument("--faults", type=int, default=0, help="SIGSTOP trials (0: none)")
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument("--url", help="use this server instead of starting one")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         anyio.run(worker, json.loads(args.worker))
         return
+    args.rows = args.rows or (2_000 if args.quick else 10_000)
+    args.workers = args.workers or ("1,8" if args.quick else "1,4,8")
+    args.size_rows = args.size_rows or (5_000 if args.quick else 100_000)
     print(f"Python {platform.python_version()}, asyncpg {asyncpg.__version__}")
-    workers = [int(n) for n in args.workers.split(",")]
     with contextlib.ExitStack() as stack:
-        url = args.url or stack.enter_context(running_pg()).url()
-        anyio.run(bench, url, workers, args.rows, args.limit)
+        if args.url:
+            url = admin_url = args.url
+        else:
+            server = stack.enter_context(
+                running_pg(extra_conf="shared_preload_libraries = 'pg_stat_statements'\n")
+            )
+            url, admin_url = server.url(), server.admin_url
+        anyio.run(bench, args, url, admin_url)
 
 
 if __name__ == "__main__":
