@@ -79,14 +79,20 @@ def _delivered(args: Any = (), **_: Any) -> None:
         _count("deliveries", str(args[0]))
 
 
-@app.task(acks_late=True)
+@app.task(name="bench_redelivery.plain", acks_late=True)
 def plain(key: str, seconds: float) -> str:
     _count("runs", key)
     time.sleep(seconds)
     return key
 
 
-@app.task(base=LockedTask, idempotent=True, acks_late=True, lock_ttl=10)
+@app.task(
+    name="bench_redelivery.idempotent",
+    base=LockedTask,
+    idempotent=True,
+    acks_late=True,
+    lock_ttl=10,
+)
 def idempotent(key: str, seconds: float) -> str:
     _count("runs", key)
     time.sleep(seconds)
