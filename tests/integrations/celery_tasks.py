@@ -310,6 +310,25 @@ def charge(self: LockedTask, order: str, amount: int, fail: str = "") -> dict[st
     return {"order": order, "amount": amount, "token": self.lease.token}
 
 
+@app.task(
+    bind=True,
+    base=LockedTask,
+    idempotent=True,
+    idempotency_key="frozen:{order}",
+    idempotency_fingerprint=(),
+    lock_ttl=TTL,
+)
+def frozen_charge(self: LockedTask, order: str, freeze: bool = False) -> list[Any]:
+    """``freeze``: the run stops (SIGSTOP) in its body, past its lease, then returns."""
+    token = int(self.lease.token)
+    n = count_run(f"frozen:{order}")
+    emit(event="frozen_started", order=order, n=n, token=token)
+    if freeze:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return ["first", token]
+    return ["second", token]
+
+
 def _slow_body(key: str) -> int:
     """The first run blocks until the test says go (so the broker redelivers it meanwhile);
     a later run returns at once (it would otherwise be redelivered again, and again)."""

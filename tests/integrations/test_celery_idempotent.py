@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -103,6 +105,26 @@ def test_a_failed_run_frees_the_key_and_a_stored_failure_replays(worker: CeleryW
     assert state == "FAILURE" and isinstance(error, asynclock.ReplayedFailure), error
     assert error.error_type == "tests.integrations.celery_tasks.PermanentDecline"
     assert runs(worker, f"charge:{declined}") == 1
+
+
+def test_a_frozen_run_is_replaced_and_its_result_is_never_stored(worker: CeleryWorker) -> None:
+    """A run frozen past its lease: the re-sent run waits for the key, takes it over when
+    the lease expires (a larger token) and stores its result; the frozen run wakes, fails
+    with LeaseLost, and stores nothing: later runs replay the successor's result."""
+    order = f"o{unique()}"
+    first = send(tasks.frozen_charge, worker, order, True)
+    frozen = worker.expect("frozen_started", order=order, n=1)
+    try:
+        second = send(tasks.frozen_charge, worker, order)
+        label, token = second.get(timeout=WAIT)
+        assert label == "second" and token > frozen["token"]
+    finally:
+        os.kill(frozen["pid"], signal.SIGCONT)
+    state, error = outcome(first)
+    assert state == "FAILURE" and isinstance(error, asynclock.LeaseLost), repr(error)
+    assert error.token == frozen["token"]
+    assert send(tasks.frozen_charge, worker, order, True).get(timeout=WAIT) == ["second", token]
+    assert runs(worker, f"frozen:{order}") == 2
 
 
 def redelivered(worker: CeleryWorker, task: Any, key: str) -> Any:
