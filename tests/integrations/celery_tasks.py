@@ -329,6 +329,31 @@ def frozen_charge(self: LockedTask, order: str, freeze: bool = False) -> list[An
     return ["second", token]
 
 
+@app.task(base=LockedTask, idempotent=True, idempotency_key="held:{key}", lock_ttl=TTL)
+def held_job(key: str) -> str:
+    """Runs the key's operation until the test says go."""
+    count_run(f"held:{key}")
+    emit(event="holding", key=key)
+    wait_for_go(key)
+    return f"done {key}"
+
+
+@app.task(
+    base=LockedTask,
+    idempotent=True,
+    idempotency_key="held:{key}",
+    lock_ttl=TTL,
+    on_busy="retry",
+    lock_retry_backoff=0.2,
+    lock_retry_backoff_max=0.5,
+    max_retries=100,
+)
+def retried_job(key: str) -> str:
+    """The same key, on_busy="retry": retried while held_job runs, then replays."""
+    count_run(f"held:{key}")
+    return "ran the body again"
+
+
 def _slow_body(key: str) -> int:
     """The first run blocks until the test says go (so the broker redelivers it meanwhile);
     a later run returns at once (it would otherwise be redelivered again, and again)."""

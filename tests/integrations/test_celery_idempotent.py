@@ -107,6 +107,17 @@ def test_a_failed_run_frees_the_key_and_a_stored_failure_replays(worker: CeleryW
     assert runs(worker, f"charge:{declined}") == 1
 
 
+def test_on_busy_retry_retries_while_the_key_runs_then_replays(worker: CeleryWorker) -> None:
+    key = f"k{unique()}"
+    first = send(tasks.held_job, worker, key)
+    worker.expect("holding", key=key)
+    duplicate = send(tasks.retried_job, worker, key)
+    worker.expect("retry", task_id=duplicate.id)  # InProgress: retried, nothing ran
+    worker.go(key)
+    assert first.get(timeout=WAIT) == duplicate.get(timeout=WAIT) == f"done {key}"
+    assert runs(worker, f"held:{key}") == 1
+
+
 def test_a_frozen_run_is_replaced_and_its_result_is_never_stored(worker: CeleryWorker) -> None:
     """A run frozen past its lease: the re-sent run waits for the key, takes it over when
     the lease expires (a larger token) and stores its result; the frozen run wakes, fails
