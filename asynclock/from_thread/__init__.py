@@ -45,7 +45,7 @@ from ._guard import (
     lost_error,
     stop_on_loss,
 )
-from ._handover import Handover, hold, run_body
+from ._handover import Guarded, Handover, hold, run_body
 from ._loop import CLOSE_TIMEOUT, LoopThread
 
 __all__ = (
@@ -54,6 +54,7 @@ __all__ = (
     "RESEND",
     "AsyncLeaseLost",
     "BodyGuard",
+    "Guarded",
     "Handover",
     "LoopThread",
     "ensure_handler",

@@ -7,7 +7,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import anyio
 
@@ -168,11 +168,19 @@ class Handover:
                 self._signal()
 
 
+class Guarded(Protocol):
+    """What :func:`run_body` tells whose loop side watches the lease: a :class:`Handover`,
+    or an integration's own hand-over (asynclock_celery's idempotent runs)."""
+
+    guard: BodyGuard | None
+
+
 def run_body(
-    body: Callable[[], T], lease: Lease, handover: Handover
+    body: Callable[[], T], lease: Lease, handover: Guarded
 ) -> tuple[T | None, BaseException | None]:
     """Run ``body`` in this thread under ``lease`` (its :func:`asynclock.current_lease`),
-    stopped with ``LeaseLost`` when the lease is lost. Returns ``(result, error)``: a body
+    stopped with ``LeaseLost`` when the lease is lost (``handover.guard`` is set to the
+    :class:`BodyGuard` that the loop side interrupts). Returns ``(result, error)``: a body
     that was interrupted, swallowed the interruption, or ran past its lease returns
     ``(None, LeaseLost)``, since whatever it did was done without the lock."""
     guard = handover.guard = BodyGuard(lease)

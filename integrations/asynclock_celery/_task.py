@@ -11,6 +11,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import math
 import os
 import random
 import threading
@@ -24,8 +25,15 @@ from celery._state import get_current_task
 from celery.exceptions import Reject, Retry
 
 import asynclock
-from asynclock.from_thread import BodyGuard, Handover, lost_error, run_body
+from asynclock.from_thread import BodyGuard, Guarded, Handover, lost_error, run_body
 
+from ._idempotent import (
+    DEFAULT_KEEP,
+    Idempotency,
+    IdempotentRun,
+    arguments_of,
+    check_idempotency,
+)
 from ._policy import RETRY_BACKOFF, RETRY_BACKOFF_MAX, Namer, Policy, _namer, _policy
 from ._runtime import backend_url, get_runtime
 
@@ -96,6 +104,90 @@ def run_guarded(
     if error is not None:
         raise error
     return result
+
+
+def run_idempotent(
+    task: Any,
+    body: Callable[[], Any],
+    *,
+    key: str,
+    fingerprint: object,
+    idempotency: Idempotency,
+    policy: Policy,
+    is_async: bool,
+) -> Any:
+    """Run ``body`` once per ``key`` (``backend.idempotent``): the stored result of a run
+    that completed before is returned without running it; see :class:`LockedTask`."""
+    app: Celery = task.app if task is not None else current_app
+    runtime = get_runtime()
+    queued = task is not None and not task.request.is_eager and not task.request.called_directly
+    wait: float | None = None
+    if policy.on_busy == "wait":
+        wait = math.inf if policy.timeout is None else policy.timeout
+    while True:
+        run = IdempotentRun(runtime.loop)
+        try:
+            backend = runtime.backend(backend_url(app))
+            guard = backend.idempotent(
+                key,
+                ttl=policy.ttl,
+                fingerprint=fingerprint,
+                keep=idempotency.keep,
+                wait=wait,
+                store_errors=idempotency.store_errors,
+            )
+            run.begin(guard)
+        except asynclock.BackendUnavailable as exc:
+            run.error = exc
+        if run.error is None:
+            break
+        if isinstance(run.error, asynclock.InProgress):
+            _in_progress(task, run.error, policy)  # raises, unless on_busy="skip"
+            return None
+        again = _not_acquired(task, key, run.error, policy, queued)
+        if again is None:
+            return None
+        time.sleep(again)
+    _state.unavailable = False
+    call = run.call
+    assert call is not None
+    if task is not None:
+        task.request.idempotency_key = key
+        task.request.idempotency_replayed = call.replayed
+    if call.replayed:
+        logger.info("%s: idempotency key %r: replayed the stored result", _who(task), key)
+        return call.result
+    lease = call.lease
+    assert lease is not None
+    if task is not None:
+        task.request.asynclock_lease = lease
+        task.request.fencing_token = lease.token
+    if is_async:
+        result, error = _run_async(body, lease, run)
+    else:
+        result, error = run_body(body, lease, run)
+    run.end(result, error)
+    if run.error is not None:
+        raise run.error
+    if error is not None:  # not an Exception (SystemExit ...): the key was freed
+        raise error
+    return result
+
+
+def _who(task: Any) -> str:
+    return "a direct call" if task is None else f"{task.name}[{task.request.id}]"
+
+
+def _in_progress(task: Any, error: asynclock.InProgress, policy: Policy) -> None:
+    """The key's operation runs elsewhere (or still ran when ``lock_timeout`` was up): the
+    ``on_busy`` policy, as for a held lock. Returns (skip: the run ends SUCCESS with result
+    None) or raises."""
+    if task is None or policy.on_busy in ("fail", "wait"):
+        raise error
+    if policy.on_busy == "skip":
+        logger.info("skipped %s: %s", _who(task), error)
+        return
+    raise task.retry(exc=error, countdown=policy.countdown(task.request.retries))
 
 
 class _State:
@@ -192,7 +284,7 @@ def _defer(task: Any, grace: BaseException, countdown: float) -> NoReturn:
 
 
 def _run_async(
-    body: Callable[[], Any], lease: asynclock.Lease, hold: Handover
+    body: Callable[[], Any], lease: asynclock.Lease, hold: Guarded
 ) -> tuple[Any, BaseException | None]:
     runner = _runner()
     loop = runner.get_loop()
@@ -266,6 +358,26 @@ class LockedTask(Task):  # type: ignore[misc]  # Celery ships no type informatio
     In the body: ``self.lease`` (bound tasks), ``self.request.fencing_token`` and
     ``asynclock.current_lease()``. If the lease is lost, the body is interrupted with
     ``LeaseLost`` and the run fails with it, even if the body catches it.
+
+    Idempotent tasks (``idempotent=True``; docs/integrations/celery.md): each run is keyed,
+    and a run whose key completed before (a redelivery, a re-sent task) returns the stored
+    result (the body's return value, as JSON) without running the body:
+
+    * ``idempotency_key``: a template of the task's arguments (``"charge:{order_id}"``);
+      default: ``lock`` if set, else the task's name and a hash of all its arguments;
+    * ``idempotency_fingerprint``: the argument names whose values must match for a
+      replay (default None: all of them; ``()``: none); another value under the same key
+      fails the run with ``IdempotencyKeyReused``, nothing run;
+    * ``idempotency_keep``: seconds a stored result is kept (1 s to 30 days; 24 h);
+    * ``idempotency_store_errors``: exception classes stored as the outcome and replayed
+      as ``ReplayedFailure``; any other error frees the key, so a retry runs the body.
+
+    The run holds the key's lease (``lock_ttl``, renewed; ``self.lease``, the fencing
+    token) instead of the ``lock``'s, and stores the result only while that lease is live
+    (fenced: a run presumed dead cannot overwrite its successor's result). A run that
+    finds the key running elsewhere follows ``on_busy`` (``"wait"``: for its result,
+    ``lock_timeout`` bounding the wait, then ``InProgress``; ``"retry"``, ``"skip"``,
+    ``"fail"``: with ``InProgress``).
     """
 
     abstract = True
@@ -275,8 +387,14 @@ class LockedTask(Task):  # type: ignore[misc]  # Celery ships no type informatio
     lock_timeout: ClassVar[float | None] = None
     lock_retry_backoff: ClassVar[float] = RETRY_BACKOFF
     lock_retry_backoff_max: ClassVar[float] = RETRY_BACKOFF_MAX
+    idempotent: ClassVar[bool] = False
+    idempotency_key: ClassVar[str | None] = None
+    idempotency_fingerprint: ClassVar[tuple[str, ...] | None] = None
+    idempotency_keep: ClassVar[float] = DEFAULT_KEEP
+    idempotency_store_errors: ClassVar[tuple[type[Exception], ...]] = ()
     _lock_template: ClassVar[asynclock.NameTemplate | None] = None
     _lock_policy: ClassVar[Policy] = Policy()
+    _idempotency: ClassVar[Idempotency | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -288,16 +406,30 @@ class LockedTask(Task):  # type: ignore[misc]  # Celery ships no type informatio
             cls.lock_retry_backoff_max,
             ("lock_ttl", "lock_timeout", "lock_retry_backoff"),
         )
-        expected = (asynclock.LockHeld, asynclock.AcquireTimeout)
+        expected = (asynclock.LockHeld, asynclock.AcquireTimeout, asynclock.InProgress)
         throws = tuple(cls.throws or ())
         cls.throws = throws + tuple(e for e in expected if e not in throws)
+        run = cls.__dict__.get("run")
+        func = getattr(run, "__func__", run)
         if cls.lock is not None:
             template = asynclock.NameTemplate(cls.lock)
-            run = cls.__dict__.get("run")
-            func = getattr(run, "__func__", run)
             if callable(func):
                 template.check_callable(func, what=f"task {func.__qualname__}()")
             cls._lock_template = template
+        if cls.idempotent:
+            cls._idempotency = check_idempotency(
+                cls.idempotency_key or cls.lock,
+                cls.idempotency_fingerprint,
+                cls.idempotency_keep,
+                cls.idempotency_store_errors,
+                func if callable(func) else None,
+                _CLASS_NAMES,
+            )
+        elif any(getattr(cls, n) != getattr(LockedTask, n) for n in _CLASS_NAMES):
+            raise ValueError(
+                f"{', '.join(n for n in _CLASS_NAMES if getattr(cls, n) != getattr(LockedTask, n))}"
+                " set without idempotent=True: set it too to make the task idempotent"
+            )
 
     @property
     def lease(self) -> asynclock.Lease:
@@ -321,31 +453,55 @@ class LockedTask(Task):  # type: ignore[misc]  # Celery ships no type informatio
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         namer, is_async = self._plan()
-        name = namer(args, kwargs) if namer is not None else self.name
+        idempotency = self._idempotency
+        if idempotency is not None:
+            arguments = arguments_of(self.run, args, kwargs)
+            key = idempotency.key_of(self.name, arguments)
+            prints = idempotency.fingerprint_of(arguments)
+
+            def guarded() -> Any:
+                return run_idempotent(
+                    self,
+                    lambda: self.run(*args, **kwargs),
+                    key=key,
+                    fingerprint=prints,
+                    idempotency=idempotency,
+                    policy=self._lock_policy,
+                    is_async=is_async,
+                )
+        else:
+            name = namer(args, kwargs) if namer is not None else self.name
+
+            def guarded() -> Any:
+                return run_guarded(
+                    self,
+                    lambda: self.run(*args, **kwargs),
+                    name=name,
+                    policy=self._lock_policy,
+                    is_async=is_async,
+                )
+
         if get_current_task() is self:  # the worker (or apply()) pushed our request
-            return run_guarded(
-                self,
-                lambda: self.run(*args, **kwargs),
-                name=name,
-                policy=self._lock_policy,
-                is_async=is_async,
-            )
+            return guarded()
         # Called directly (`task(...)`): push a request the way Task.__call__ does.
         from celery._state import _task_stack
 
         _task_stack.push(self)
         self.push_request(args=args, kwargs=kwargs)
         try:
-            return run_guarded(
-                self,
-                lambda: self.run(*args, **kwargs),
-                name=name,
-                policy=self._lock_policy,
-                is_async=is_async,
-            )
+            return guarded()
         finally:
             self.pop_request()
             _task_stack.pop()
+
+
+#: LockedTask's idempotency options, as the user spells them on the class.
+_CLASS_NAMES = (
+    "idempotency_key",
+    "idempotency_fingerprint",
+    "idempotency_keep",
+    "idempotency_store_errors",
+)
 
 
 def locked(
@@ -356,6 +512,10 @@ def locked(
     timeout: float | None = None,
     retry_backoff: float = RETRY_BACKOFF,
     retry_backoff_max: float = RETRY_BACKOFF_MAX,
+    idempotent: bool = False,
+    fingerprint: tuple[str, ...] | None = None,
+    keep: float = DEFAULT_KEEP,
+    store_errors: tuple[type[Exception], ...] = (),
 ) -> Callable[[F], F]:
     """Hold a lock named from the call's arguments for each run of a task function.
 
@@ -369,11 +529,25 @@ def locked(
     ``lock_timeout``, ``retry_backoff`` ``lock_retry_backoff``), checked here.
     Decorators stack (each holds its own lock, outermost first). The wrapper keeps the
     function's ``__signature__``, so Celery's ``delay()`` still rejects wrong arguments.
+
+    ``idempotent=True``: ``template`` is the idempotency key instead (a run whose key
+    completed before returns the stored result without running); ``fingerprint``,
+    ``keep`` and ``store_errors`` are :class:`LockedTask`'s ``idempotency_fingerprint``,
+    ``idempotency_keep`` and ``idempotency_store_errors``.
     """
     name_template = asynclock.NameTemplate(template)
     policy = _policy(
         ttl, on_busy, timeout, retry_backoff, retry_backoff_max, ("ttl", "timeout", "retry_backoff")
     )
+    if not isinstance(idempotent, bool):
+        raise TypeError(f"idempotent must be True or False, got {idempotent!r}")
+    if not idempotent and (fingerprint is not None or keep != DEFAULT_KEEP or store_errors):
+        raise ValueError(
+            "fingerprint, keep and store_errors are options of idempotent tasks: "
+            "pass idempotent=True too"
+        )
+    names = ("template", "fingerprint", "keep", "store_errors")
+    idempotency = check_idempotency(template, fingerprint, keep, store_errors, None, names)
 
     def decorate(func: F) -> F:
         if not callable(func):
@@ -382,9 +556,22 @@ def locked(
         signature = inspect.signature(func)
         is_async = inspect.iscoroutinefunction(func)
         namer = _namer(name_template, func)
+        if idempotent:
+            check_idempotency(template, fingerprint, keep, store_errors, func, names)
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if idempotent:
+                arguments = arguments_of(func, args, kwargs)
+                return run_idempotent(
+                    get_current_task(),
+                    lambda: func(*args, **kwargs),
+                    key=idempotency.key_of("", arguments),
+                    fingerprint=idempotency.fingerprint_of(arguments),
+                    idempotency=idempotency,
+                    policy=policy,
+                    is_async=is_async,
+                )
             name = namer(args, kwargs)
             return run_guarded(
                 get_current_task(),

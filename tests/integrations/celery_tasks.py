@@ -35,6 +35,13 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     result_expires=600,
 )
+if os.environ.get("ALT_VISIBILITY"):
+    # A short broker visibility timeout (acks_late redelivery), swept every second.
+    app.conf.broker_transport_options = {
+        "visibility_timeout": float(os.environ["ALT_VISIBILITY"]),
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    }
 
 
 def emit(**event: Any) -> None:
@@ -269,3 +276,123 @@ def redelivered(self: LockedTask, key: str) -> int:
 def _retried(request: Any = None, **_: Any) -> None:
     if EVENTS and request is not None:
         emit(event="retry", task_id=request.id)
+
+
+# -- idempotent tasks (issue 24): ``runs:<key>`` counts the bodies that ran -------------------
+
+
+class PermanentDecline(Exception):
+    """A failure the charge task stores (idempotency_store_errors): replayed, not retried."""
+
+
+def count_run(key: str) -> int:
+    return int(redis.Redis.from_url(EVENTS).incr(f"runs:{key}"))
+
+
+@app.task(
+    bind=True,
+    base=LockedTask,
+    idempotent=True,
+    idempotency_key="charge:{order}",
+    idempotency_fingerprint=("amount",),
+    idempotency_store_errors=(PermanentDecline,),
+    lock_ttl=TTL,
+)
+def charge(self: LockedTask, order: str, amount: int, fail: str = "") -> dict[str, Any]:
+    """``fail="once"``: the first run raises (the key is freed: a re-sent run runs);
+    ``fail="decline"``: a stored failure."""
+    n = count_run(f"charge:{order}")
+    emit(event="charged", order=order, amount=amount, n=n, token=self.lease.token)
+    if fail == "once" and n == 1:
+        raise RuntimeError("the payment provider timed out")
+    if fail == "decline":
+        raise PermanentDecline(f"card declined for order {order}")
+    return {"order": order, "amount": amount, "token": self.lease.token}
+
+
+@app.task(
+    bind=True,
+    base=LockedTask,
+    idempotent=True,
+    idempotency_key="frozen:{order}",
+    idempotency_fingerprint=(),
+    lock_ttl=TTL,
+)
+def frozen_charge(self: LockedTask, order: str, freeze: bool = False) -> list[Any]:
+    """``freeze``: the run stops (SIGSTOP) in its body, past its lease, then returns."""
+    token = int(self.lease.token)
+    n = count_run(f"frozen:{order}")
+    emit(event="frozen_started", order=order, n=n, token=token)
+    if freeze:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return ["first", token]
+    return ["second", token]
+
+
+@app.task(base=LockedTask, idempotent=True, idempotency_key="held:{key}", lock_ttl=TTL)
+def held_job(key: str) -> str:
+    """Runs the key's operation until the test says go."""
+    count_run(f"held:{key}")
+    emit(event="holding", key=key)
+    wait_for_go(key)
+    return f"done {key}"
+
+
+@app.task(
+    base=LockedTask,
+    idempotent=True,
+    idempotency_key="held:{key}",
+    lock_ttl=TTL,
+    on_busy="retry",
+    lock_retry_backoff=0.2,
+    lock_retry_backoff_max=0.5,
+    max_retries=100,
+)
+def retried_job(key: str) -> str:
+    """The same key, on_busy="retry": retried while held_job runs, then replays."""
+    count_run(f"held:{key}")
+    return "ran the body again"
+
+
+def _slow_body(key: str) -> int:
+    """The first run blocks until the test says go (so the broker redelivers it meanwhile);
+    a later run returns at once (it would otherwise be redelivered again, and again)."""
+    n = count_run(key)
+    emit(event="body", key=key, n=n)
+    if n == 1:
+        wait_for_go(key)
+    return n
+
+
+@app.task(acks_late=True)
+def slow_plain(key: str) -> int:
+    """A plain acks_late task: every delivery runs the body."""
+    return _slow_body(key)
+
+
+@app.task(base=LockedTask, idempotent=True, acks_late=True, lock_ttl=TTL)
+def slow_idempotent(key: str) -> int:
+    """The same, idempotent (key: the task's name and its arguments)."""
+    return _slow_body(key)
+
+
+@app.task(base=LockedTask, idempotent=True, lock_ttl=2.0)
+def defaults(key: str, amount: int) -> list[Any]:
+    """Every idempotency option at its default (lock_ttl is short only because a fresh
+    lock server's restart grace is the first ttl asked for)."""
+    n = count_run(f"defaults:{key}")
+    emit(event="defaults", key=key, n=n)
+    return [key, amount, asynclock.current_lease().token]
+
+
+@signals.task_prerun.connect
+def _prerun(task_id: str = "", task: Any = None, **_: Any) -> None:
+    if EVENTS and task is not None and task.name.endswith(("slow_plain", "slow_idempotent")):
+        emit(event="prerun", task_id=task_id)
+
+
+@signals.task_postrun.connect
+def _postrun(task_id: str = "", task: Any = None, state: str = "", **_: Any) -> None:
+    if EVENTS and task is not None and task.name.endswith(("slow_plain", "slow_idempotent")):
+        replayed = getattr(task.request, "idempotency_replayed", None)
+        emit(event="postrun", task_id=task_id, state=state, replayed=replayed)

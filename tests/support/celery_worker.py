@@ -102,6 +102,7 @@ def start_celery_worker(
     concurrency: int,
     lock_url: str,
     ttl: float,
+    env: dict[str, str] | None = None,
 ) -> CeleryWorker:
     queue = f"q-{uuid.uuid4().hex[:8]}"
     events = redis_db(server, 3)
@@ -117,6 +118,7 @@ def start_celery_worker(
         "ALT_LOCK_URL": lock_url,
         "ALT_FENCE_DB": fence_db,
         "ALT_TTL": str(ttl),
+        **(env or {}),
     }
     args = [
         sys.executable, "-m", "celery", "-A", "tests.integrations.celery_tasks", "worker",
