@@ -25,9 +25,10 @@ The rules (each stated in :attr:`Advice.reasoning` with the numbers used):
   renewal rounds): the advice says so, with what is missing, and leaves that number None.
 
 Warnings (logger ``asynclock.advice``, once per template and kind): a hold that ended
-at 80 % or more of its lease's ``max_hold`` (or, without one, of the advised max_hold once
-there are enough samples); a renewal round whose round trip plus lag used more than a
-``SAFETY``-th of the window above for a lease of the template.
+at 80 % or more of its lease's ``max_hold`` (or, without one, of the advised max_hold,
+recomputed every 64 holds from the 128th: not a quantile per hold); a renewal round whose
+round trip plus lag used more than a ``SAFETY``-th of the window above for a lease of the
+template.
 """
 
 from __future__ import annotations
@@ -127,12 +128,19 @@ def _round_up(seconds: float) -> float:
     return round(math.ceil(seconds / scale - 1e-9) * scale, 12)
 
 
+_HOLD, _RENEWAL = 1, 2  # _Template.warned bits
+#: Holds between two recomputations of a template's advised max_hold (for its warning).
+_REFRESH = 64
+
+
 class _Template:
-    __slots__ = ("holds", "warned")
+    __slots__ = ("holds", "limit", "warned")
 
     def __init__(self) -> None:
         self.holds = LogHistogram()
-        self.warned: set[str] = set()
+        #: The advised max_hold when last computed (inf until MIN_HOLDS holds).
+        self.limit = math.inf
+        self.warned = 0  # _HOLD | _RENEWAL: warned about once already
 
 
 class AdviceCollector(Observer):
@@ -174,27 +182,31 @@ class AdviceCollector(Observer):
         if entry is None:
             return  # a repeated release, or granted before collection began
         template, sketches = entry
-        sketches.holds.add(held)
-        if "hold" in sketches.warned:
+        holds = sketches.holds
+        holds.add(held)
+        if sketches.warned & _HOLD:
             return
         if lease.hard_deadline is not None:
-            limit, what = lease.hard_deadline - lease.acquired_at, "its max_hold"
-        elif sketches.holds.count >= MIN_HOLDS:
-            limit = K_MAX_HOLD * sketches.holds.quantile(0.99)
-            what = "the advised max_hold (no max_hold set)"
+            limit = lease.hard_deadline - lease.acquired_at
+            what, then = "its max_hold", "a slower holder is stopped (LeaseLost)"
         else:
-            return
+            if holds.count % _REFRESH == 0 and holds.count >= MIN_HOLDS:  # not every hold
+                sketches.limit = K_MAX_HOLD * holds.quantile(0.99)
+            limit = sketches.limit
+            what = "the advised max_hold"
+            then = "with max_hold set so, a hold like it would be stopped (LeaseLost)"
         if held >= CLOSE * limit:
-            sketches.warned.add("hold")
+            sketches.warned |= _HOLD
             logger.warning(
-                "locks %r: a hold of %r lasted %.3gs, %d%% of %s %.3gs; a slower holder will "
-                "be stopped (LeaseLost). See backend.advise(%r).",
+                "locks %r: a hold of %r lasted %.3gs, %d%% of %s %.3gs; %s. See "
+                "backend.advise(%r).",
                 template,
                 lease.name,
                 held,
                 round(100 * held / limit),
                 what,
                 limit,
+                then,
                 lease.name,
             )
 
@@ -208,10 +220,10 @@ class AdviceCollector(Observer):
             if used * SAFETY <= window:
                 continue
             entry = self.held.get(lease.owner)
-            if entry is None or "renewal" in entry[1].warned:
+            if entry is None or entry[1].warned & _RENEWAL:
                 continue
             template, sketches = entry
-            sketches.warned.add("renewal")
+            sketches.warned |= _RENEWAL
             logger.warning(
                 "locks %r: a renewal round took %.3gs (round trip %.3gs + loop lag %.3gs), "
                 "more than a third of the %.3gs a lease with ttl=%gs has for it; a slower one "
