@@ -276,3 +276,24 @@ async def test_serve_stats_on_a_loopback_port(spec: BackendSpec) -> None:
         assert status == 404
         code, _, err = await cli("advise", "x:1", "--from", where)
         assert code == 1 and "collect_advice" in err
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("spec", ["memory"], indirect=True)
+async def test_a_socket_left_by_a_dead_process_is_replaced(
+    spec: BackendSpec, tmp_path: Path
+) -> None:
+    import socket
+
+    path = tmp_path / "stale.sock"
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(path))
+    dead.close()  # the file stays; nobody listens on it
+    async with spec.connect() as backend, asynclock.serve_stats(backend, str(path)) as where:
+        status, body = await anyio.to_thread.run_sync(fetch, where, "/")
+        assert status == 200 and body["pid"] == os.getpid()
+        # A live endpoint is not taken over.
+        with pytest.raises(OSError, match="in use"):
+            async with asynclock.serve_stats(backend, str(path)):
+                pass
+    assert not path.exists()

@@ -221,6 +221,18 @@ class Backend(AsyncContextOnly):
             remove_observer(self._acq, self._advice)
             self._advice = None
 
+    def _start_background(self, func: Callable[[], Coroutine[Any, Any, None]], name: str) -> None:
+        """Run ``func`` in the backend's own task group until it returns or the backend
+        closes (``serve_stats``). It must not raise: an error would close the backend."""
+        self._acq.ready()
+        assert self._tg is not None
+        self._tg.start_soon(func, name=name)
+
+    @property
+    def advice_collected(self) -> bool:
+        """True between :meth:`collect_advice` and :meth:`stop_advice`."""
+        return self._advice is not None
+
     def advise(self, name: str) -> Advice:
         """ttl and ``max_hold`` for the locks of ``name``'s template (``name`` may be the
         template itself, e.g. ``"invoice:*"``), from what was measured since

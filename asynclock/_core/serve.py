@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import json
+import logging
 import os
 import socket
 from collections.abc import AsyncIterator
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 #: Bound on one connection: reading the request and writing the answer (seconds).
 CONNECTION_TIMEOUT = 5.0
 _MAX_REQUEST = 8192
+logger = logging.getLogger("asynclock")
 
 
 def parse_address(address: str) -> tuple[str, str, int]:
@@ -69,7 +71,7 @@ def document(backend: Backend) -> dict[str, Any]:
     """What ``GET /`` answers."""
     from .. import __version__
 
-    collecting = backend._advice is not None
+    collecting = backend.advice_collected
     return {
         "asynclock": __version__,
         "backend": backend.driver.display,
@@ -88,7 +90,7 @@ def _answer(backend: Backend, target: str) -> tuple[int, dict[str, Any]]:
         names = parse_qs(path.query).get("name")
         if not names or not names[0]:
             return 400, {"error": "GET /advise?name=NAME: give a lock name or template"}
-        if backend._advice is None:
+        if not backend.advice_collected:
             return 409, {"error": "advice is not being collected: call backend.collect_advice()"}
         return 200, {"backend": backend.driver.display, **backend.advise(names[0]).as_dict()}
     return 404, {"error": f"no {path.path}: GET / (stats) or GET /advise?name=NAME"}
@@ -125,14 +127,21 @@ async def _serve_one(backend: Backend, stream: anyio.abc.ByteStream) -> None:
 @asynccontextmanager
 async def serve_stats(backend: Backend, address: str) -> AsyncIterator[str]:
     """Serve ``backend``'s stats and advice at ``address`` while the block runs; yields the
-    address bound (with the port chosen for ``":0"``). See the module docstring."""
+    address bound (with the port chosen for ``":0"``). See the module docstring.
+
+    The endpoint runs in the backend's own task group (the block's exceptions pass through
+    unwrapped), and stops when the block ends or the backend closes. A unix socket file
+    left by a process that died is replaced; one a live process serves is not (OSError).
+    """
     from .backend import Backend
 
     if not isinstance(backend, Backend):
         raise TypeError(f"serve_stats() takes an asynclock Backend, not {type(backend).__name__}")
     kind, host, port = parse_address(address)
+    backend._acq.ready()  # open, on its loop
     listener: anyio.abc.Listener[Any]
     if kind == "unix":
+        _refuse_live_socket(host)
         listener = await anyio.create_unix_listener(host)
         bound = f"unix:{host}"
     else:
@@ -143,19 +152,54 @@ async def serve_stats(backend: Backend, address: str) -> AsyncIterator[str]:
         listener, bound = tcp, f"{shown}:{actual[1]}"
 
     async def handle(stream: anyio.abc.ByteStream) -> None:
-        await _serve_one(backend, stream)
+        try:
+            await _serve_one(backend, stream)
+        except Exception:  # one bad connection must not stop the endpoint or the backend
+            logger.warning("asynclock stats endpoint %s: a request failed", bound, exc_info=True)
+
+    scope = anyio.CancelScope()
+    stopped = anyio.Event()
+
+    async def serve() -> None:
+        try:
+            with scope:
+                await listener.serve(handle)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await listener.aclose()
+            if kind == "unix":
+                with suppress(FileNotFoundError):
+                    os.unlink(host)
+            stopped.set()
+
+    backend._start_background(serve, f"asynclock stats endpoint {bound}")
+    try:
+        yield bound
+    finally:
+        scope.cancel()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CONNECTION_TIMEOUT):
+            await stopped.wait()
+
+
+def _refuse_live_socket(path: str) -> None:
+    """OSError if a process serves at ``path`` (binding would silently take its address:
+    anyio replaces an existing socket file). A file nobody answers on is left to anyio."""
+    import errno
+    import stat
 
     try:
-        async with listener, anyio.create_task_group() as tg:
-            tg.start_soon(listener.serve, handle)
-            try:
-                yield bound
-            finally:
-                tg.cancel_scope.cancel()
+        if not stat.S_ISSOCK(os.stat(path).st_mode):
+            return
+    except FileNotFoundError:
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        return  # nobody listens: a dead process's file
     finally:
-        if kind == "unix":
-            with suppress(FileNotFoundError):
-                os.unlink(host)
+        probe.close()
+    raise OSError(errno.EADDRINUSE, f"{path}: address in use (another process serves there)")
 
 
 def fetch(address: str, target: str = "/", timeout: float = 5.0) -> tuple[int, Any]:
