@@ -88,8 +88,8 @@ async def memory(names: int) -> tuple[int, int, int]:
         assert collector is not None
         kept = sum(
             stat.size_diff
-            for stat in after.compare_to(before, "filename")
-            if stat.traceback[0].filename.endswith(("advice.py", "sketch.py"))
+            for stat in after.compare_to(before, "lineno")
+            if stat.traceback[0].filename.endswith(("_core/advice.py", "_core/sketch.py"))
         )
         return len(collector.templates), kept, collector.memory_bytes()
 
