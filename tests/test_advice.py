@@ -297,3 +297,22 @@ async def test_a_socket_left_by_a_dead_process_is_replaced(
             async with asynclock.serve_stats(backend, str(path)):
                 pass
     assert not path.exists()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("spec", ["memory"], indirect=True)
+async def test_a_locked_function_counts_under_its_own_template(spec: BackendSpec) -> None:
+    async with spec.connect() as backend:
+        backend.collect_advice()
+
+        @backend.locked_function("report:{day}/{kind}", ttl=5.0)
+        async def report(day: int, kind: str) -> None:
+            pass
+
+        for day in range(3):
+            await report(day, "daily")
+        async with backend.lock("report:9/daily", ttl=5.0):  # a plain lock: the default
+            pass
+        assert backend.advise("report:{day}/{kind}").samples == 3
+        assert backend.advise("report:9/daily").template == "report:*"
+        assert backend.advise("report:*").samples == 1
