@@ -4,6 +4,7 @@ Every acquisition yields a fencing token; the holder's work is cancelled when th
 lost; resource-side fences reject stale writers. Start with :func:`connect`.
 """
 
+from ._core.advice import Advice
 from ._core.backend import Backend, Lock
 from ._core.clock import Clock, MonotonicClock
 from ._core.connect import connect
@@ -27,6 +28,7 @@ from ._core.holder import Holder
 from ._core.idempotency import Idempotent, IdempotentCall
 from ._core.leadership import Leader, Leadership, Term
 from ._core.lease import Lease, LossSignal
+from ._core.serve import serve_stats
 from ._core.stats import BackendStats, HoldTimes
 from ._core.templates import NameTemplate
 from ._core.validation import MAX_TTL, check_seconds
@@ -35,6 +37,7 @@ __version__ = "0.1.0.dev0"
 
 __all__ = (
     "AcquireTimeout",
+    "Advice",
     "AlreadyHeld",
     "AsynclockError",
     "Backend",
@@ -67,5 +70,6 @@ __all__ = (
     "check_seconds",
     "connect",
     "current_lease",
+    "serve_stats",
     "use_lease",
 )

@@ -24,6 +24,7 @@ from contextvars import Token
 from typing import TYPE_CHECKING, Any
 
 from ._core import observer as _seam
+from ._core.advice import default_name_template
 from ._core.backend import Backend, parts_of
 from ._core.exceptions import AcquireTimeout, LockHeld
 from ._core.lease import Lease
@@ -78,12 +79,6 @@ NameTemplateFunction = Callable[[str], str]
 
 #: How many distinct attribute sets an observer keeps for reuse.
 _CACHED = 1024
-
-
-def default_name_template(name: str) -> str:
-    """``"invoice:42"`` -> ``"invoice:*"``; a name without ``:`` -> ``"*"``."""
-    head, sep, _ = name.partition(":")
-    return f"{head}:*" if sep else "*"
 
 
 def _reason_class(reason: str) -> str:
@@ -373,7 +368,7 @@ def instrument(
     instruments = _instruments(meter_provider)
     observer = _OtelObserver(scheme, instruments, tracer, name_template)
     instruments.observers.add(observer)
-    _seam.observe(acq, observer)
+    _seam.add_observer(acq, observer)  # beside backend.collect_advice()'s, if any
     return True
 
 
@@ -394,8 +389,8 @@ def uninstrument(backend: Backend) -> None:
 
 
 def _detach(backend: Backend) -> None:
-    session, acq = parts_of(backend)
-    old = session.observer
-    if isinstance(old, _OtelObserver):
-        old.m.observers.discard(old)  # its leases leave asynclock.lease.active
-    _seam.observe(acq, None)
+    _, acq = parts_of(backend)
+    for old in _seam.observers_of(acq):
+        if isinstance(old, _OtelObserver):
+            old.m.observers.discard(old)  # its leases leave asynclock.lease.active
+            _seam.remove_observer(acq, old)

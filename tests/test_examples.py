@@ -157,3 +157,15 @@ def test_otel_metrics() -> None:
     assert "span 'acquire invoice:*': result=busy" in out
     assert "asynclock.result=busy} count=1" in out
     assert "asynclock.lease.duration{" in out and "invoice:42" not in out.split("busy)")[1]
+
+
+def test_advice() -> None:
+    out = run("advice.py")
+    assert "before any hold: max_hold: not enough samples: 0 of 100 holds of 'report:*'" in out
+    assert "advice for 'report:*': max_hold=" in out
+    assert "from 120 holds and 25 renewal rounds" in out
+    assert "5 x p99 hold" in out and "Hold time does not matter" in out
+    advised = out.split("advice for 'report:*': ")[1].split(" from")[0]
+    served = out.split("over HTTP: ")[1].splitlines()[0]
+    assert advised == served  # the same numbers, read over HTTP
+    assert "over HTTP: 121 leases acquired" in out

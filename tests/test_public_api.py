@@ -12,6 +12,7 @@ import asynclock.testing
 
 PUBLIC = {
     "AcquireTimeout",
+    "Advice",
     "AlreadyHeld",
     "AsynclockError",
     "Backend",
@@ -44,6 +45,7 @@ PUBLIC = {
     "check_seconds",
     "connect",
     "current_lease",
+    "serve_stats",
     "use_lease",
 }
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 #: Modules (under asynclock._cli) that register a command when imported.
-COMMAND_MODULES = ("demo", "drill", "ops")
+COMMAND_MODULES = ("demo", "drill", "ops", "remote")
 
 
 @dataclass(frozen=True)

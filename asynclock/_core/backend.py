@@ -14,6 +14,7 @@ import anyio
 import anyio.abc
 
 from .acquisition import Acquisition
+from .advice import DEFAULT_MAX_TEMPLATES, Advice, AdviceCollector, default_name_template
 from .bounds import CallBounds
 from .clock import Clock, MonotonicClock
 from .context import ExcInfo
@@ -25,6 +26,7 @@ from .lease import Lease
 from .lock import Lock as Lock
 from .lock import locked_function
 from .misuse import AsyncContextOnly
+from .observer import add_observer, remove_observer
 from .session import Session
 from .stats import BackendStats, StatsRecorder
 from .validation import RESERVED_PREFIX, check_name, check_timing, check_token
@@ -76,6 +78,7 @@ class Backend(AsyncContextOnly):
         )
         self._acq = acq = Acquisition(driver, session, self.clock, bounds)
         self._tg: anyio.abc.TaskGroup | None = None
+        self._advice: AdviceCollector | None = None
         driver.bind(self.clock, acq.wake, session.lost_out_of_band, session.renew_soon)
 
     def __repr__(self) -> str:
@@ -176,6 +179,81 @@ class Backend(AsyncContextOnly):
         """A snapshot of counters and hold-time percentiles since the backend opened."""
         self._acq.catch_up()
         return self._session.stats.snapshot(held=len(self._session.live()))
+
+    def collect_advice(
+        self,
+        *,
+        name_template: Callable[[str], str] | None = None,
+        max_templates: int = DEFAULT_MAX_TEMPLATES,
+    ) -> None:
+        """Start measuring holds, renewal round trips and loop lag for :meth:`advise`
+        (opt-in: off, the hold path is the plain one; on, it costs about as much as a
+        dict insert and pop per hold). Per lock-name template, fixed memory: at most
+        ``max_templates`` templates (each about 1.3 KB), then one ``"(other)"``.
+
+        ``name_template(name)`` groups names (default ``"invoice:42"`` -> ``"invoice:*"``);
+        a lock from :meth:`locked_function` counts under its own template. Calling it
+        again starts over. Warns (logger ``asynclock.advice``, once per template) when a
+        hold comes within 80 % of its max_hold or a renewal near the ttl's safety margin.
+        """
+        if name_template is not None and not callable(name_template):
+            raise TypeError(
+                "name_template must be a function from a lock name to a low-cardinality "
+                f"template (str -> str), not {type(name_template).__name__}"
+            )
+        if type(max_templates) is not int or not 1 <= max_templates <= 1_000_000:
+            raise ValueError(
+                f"max_templates must be an int from 1 to 1000000, got {max_templates!r}"
+            )
+        self.stop_advice()
+        self._advice = AdviceCollector(
+            self.drift,
+            self.margin,
+            self.heartbeat,
+            name_template or default_name_template,
+            max_templates,
+        )
+        add_observer(self._acq, self._advice)
+
+    def stop_advice(self) -> None:
+        """Stop measuring for :meth:`advise` and forget what was measured."""
+        if self._advice is not None:
+            remove_observer(self._acq, self._advice)
+            self._advice = None
+
+    def _start_background(self, func: Callable[[], Coroutine[Any, Any, None]], name: str) -> None:
+        """Run ``func`` in the backend's own task group until it returns or the backend
+        closes (``serve_stats``). It must not raise: an error would close the backend."""
+        self._acq.ready()
+        assert self._tg is not None
+        self._tg.start_soon(func, name=name)
+
+    @property
+    def advice_collected(self) -> bool:
+        """True between :meth:`collect_advice` and :meth:`stop_advice`."""
+        return self._advice is not None
+
+    def advise(self, name: str) -> Advice:
+        """ttl and ``max_hold`` for the locks of ``name``'s template (``name`` may be the
+        template itself, e.g. ``"invoice:*"``), from what was measured since
+        :meth:`collect_advice`. With too few samples (100 holds of the template, 20
+        renewal rounds) the number is None and ``reasoning`` says what is missing; it
+        never raises for that. RuntimeError if advice is not being collected."""
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"name must be a lock name or template (a non-empty str), got {name!r}")
+        return self._collector().advise(name)
+
+    def advice(self) -> list[Advice]:
+        """:meth:`advise` for every template measured, sorted by template."""
+        return self._collector().advice_all()
+
+    def _collector(self) -> AdviceCollector:
+        if self._advice is None:
+            raise RuntimeError(
+                "advice is not being collected on this backend: call "
+                "backend.collect_advice() first, then hold locks for a while"
+            )
+        return self._advice
 
     def held(self) -> list[Lease]:
         """The leases this backend currently holds (and renews)."""

@@ -61,9 +61,81 @@ class Observer:
         """A renewal round ended: ``renewed`` leases extended, ``failed`` refused or not
         answered (retried until their deadline)."""
 
+    def renewal_timing(self, round_trip: float, lag: float, leases: list[Lease]) -> None:
+        """The same round's timings: ``round_trip`` seconds from sending the renewal of
+        ``leases`` to its answer (or error), ``lag`` seconds the renewer woke late for it
+        (the event loop's lag). Measured only when an observer is installed."""
+
+
+class Fanout(Observer):
+    """Several observers of one backend (OpenTelemetry and advice), told in order."""
+
+    def __init__(self, observers: tuple[Observer, ...]) -> None:
+        self.observers = observers
+
+    def acquire_started(self, name: str, template: str | None) -> object:
+        return [o.acquire_started(name, template) for o in self.observers]
+
+    def acquire_finished(
+        self, state: object, lease: Lease | None, waited: float, error: BaseException | None
+    ) -> None:
+        assert isinstance(state, list)
+        for o, s in zip(self.observers, state, strict=True):
+            o.acquire_finished(s, lease, waited, error)
+
+    def adopted(self, lease: Lease) -> None:
+        for o in self.observers:
+            o.adopted(lease)
+
+    def released(self, lease: Lease, held: float) -> None:
+        for o in self.observers:
+            o.released(lease, held)
+
+    def lost(self, lease: Lease, reason: str) -> None:
+        for o in self.observers:
+            o.lost(lease, reason)
+
+    def renewal_round(self, renewed: int, failed: int) -> None:
+        for o in self.observers:
+            o.renewal_round(renewed, failed)
+
+    def renewal_timing(self, round_trip: float, lag: float, leases: list[Lease]) -> None:
+        for o in self.observers:
+            o.renewal_timing(round_trip, lag, leases)
+
+
+def observers_of(acq: Acquisition) -> tuple[Observer, ...]:
+    """The observers of ``acq``'s backend now."""
+    current = acq.session.observer
+    if current is None:
+        return ()
+    if isinstance(current, Fanout):
+        return current.observers
+    return (current,)
+
+
+def add_observer(acq: Acquisition, observer: Observer) -> None:
+    """Tell ``observer`` too, after the observers already installed."""
+    observe_all(acq, (*observers_of(acq), observer))
+
+
+def remove_observer(acq: Acquisition, observer: Observer) -> None:
+    """Stop telling ``observer`` (the others go on)."""
+    observe_all(acq, tuple(o for o in observers_of(acq) if o is not observer))
+
+
+def observe_all(acq: Acquisition, observers: tuple[Observer, ...]) -> None:
+    """Make ``observers`` the observers of ``acq``'s backend (none: the plain hold path)."""
+    if not observers:
+        observe(acq, None)
+    elif len(observers) == 1:
+        observe(acq, observers[0])
+    else:
+        observe(acq, Fanout(observers))
+
 
 def observe(acq: Acquisition, observer: Observer | None) -> None:
-    """Make ``observer`` the observer of ``acq``'s backend (None: stop observing)."""
+    """Make ``observer`` the only observer of ``acq``'s backend (None: stop observing)."""
     session = acq.session
     for attr in ("acquire", "release"):
         acq.__dict__.pop(attr, None)  # back to the methods of the class

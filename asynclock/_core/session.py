@@ -326,7 +326,8 @@ class Session:
             if not self.held:
                 continue
             now = self.clock.now()
-            if now < self._next_round:
+            due = self._next_round
+            if now < due:
                 continue
             batch = self.live()
             if not batch:
@@ -347,6 +348,7 @@ class Session:
                     raise RuntimeError(f"driver returned {len(results)} results for {len(refs)}")
             except Exception as exc:
                 results = [exc] * len(refs)
+            round_trip = self.clock.now() - t_send  # (once per round, not per hold)
             self.stats.renewal_round_trips += 1
             errors = 0
             renewed_before, lost_before = self.stats.renewals, self.stats.losses
@@ -373,6 +375,7 @@ class Session:
                     errors += 1
                     logger.debug("renewal of %r failed, will retry: %r", lease.name, result)
             if self.observer is not None:
+                self.observer.renewal_timing(round_trip, now - due, batch)
                 self.observer.renewal_round(
                     self.stats.renewals - renewed_before,
                     errors + self.stats.losses - lost_before,
