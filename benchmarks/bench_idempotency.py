@@ -9,7 +9,8 @@ A. **Duplicates.** ``--procs`` worker processes (default 4), each with its own b
    at once: ``backend.idempotent(key, ttl=10, wait=120)``, whose body sleeps
    ``--body`` seconds and returns an id of its run. Per backend: how many times each key's
    body ran (min/max over the keys; exactly once is 1/1), replays, calls whose result is
-   not the one stored for their key, and errors.
+   not the one stored for their key, lock attempts that found the key busy (the workers'
+   ``backend.stats().busy_attempts``), and errors.
 B. **A holder frozen past its ttl.** A worker process takes a key (``ttl`` 1 s) and is
    SIGSTOPped; this process calls the same key with ``wait``: it gets the key once the
    frozen lease has expired at the server, runs the body and saves. Then the worker is
@@ -93,7 +94,12 @@ async def duplicates(cfg: dict[str, Any]) -> None:
             await anyio.sleep(1.0)
             finished = sum(runs.values()) + sum(replays.values()) + sum(errors.values())
             emit(
-                "progress", finished=finished, runs=dict(runs), errors=dict(errors), samples=samples
+                "progress",
+                finished=finished,
+                runs=dict(runs),
+                errors=dict(errors),
+                samples=samples,
+                busy=backend.stats().busy_attempts,
             )
 
     async with asynclock.connect(cfg["url"]) as backend:
@@ -106,6 +112,7 @@ async def duplicates(cfg: dict[str, Any]) -> None:
                     for key in cfg["keys"]:
                         tg.start_soon(call, key)
             outer.cancel_scope.cancel()
+        busy = backend.stats().busy_attempts
     emit(
         "done",
         runs=dict(runs),
@@ -113,6 +120,7 @@ async def duplicates(cfg: dict[str, Any]) -> None:
         seen={k: sorted(v) for k, v in seen.items()},
         errors=dict(errors),
         samples=samples,
+        busy=busy,
     )
 
 
@@ -174,7 +182,9 @@ async def table_a(
         start = time.perf_counter()
         for w in workers:
             await w.send("go")
-        last: list[dict[str, Any]] = [{"finished": 0, "runs": {}, "errors": {}} for _ in workers]
+        last: list[dict[str, Any]] = [
+            {"finished": 0, "runs": {}, "errors": {}, "busy": 0} for _ in workers
+        ]
         reports: list[dict[str, Any]] = [{} for _ in workers]
 
         async def collect(i: int, w: Worker) -> None:
@@ -204,6 +214,7 @@ async def table_a(
             "other_results": None,
             "errors": dict(so_far),
             "samples": samples,
+            "busy": sum(p["busy"] for p in last),
             "seconds": elapsed,
         }
     runs = {k: sum(r["runs"].get(k, 0) for r in reports) for k in keys}
@@ -222,6 +233,7 @@ async def table_a(
         "other_results": sum(len(v) - 1 for v in seen.values() if v),
         "errors": dict(errors),
         "samples": samples,
+        "busy": sum(r["busy"] for r in reports),
         "seconds": elapsed,
     }
 
@@ -369,7 +381,7 @@ async def bench(urls: dict[str, str], loop: str, args: argparse.Namespace) -> bo
         )
         print(
             f"{'backend':<15} {'calls':>6} {'runs/key':>9} {'replays':>8} "
-            f"{'other result':>13} {'seconds':>8}  errors",
+            f"{'other result':>13} {'seconds':>8} {'busy tries':>11}  errors",
             flush=True,
         )
         for name, url in urls.items():
@@ -380,14 +392,15 @@ async def bench(urls: dict[str, str], loop: str, args: argparse.Namespace) -> bo
             if r["replays"] is None:
                 print(
                     f"{name:<15} {r['calls']:>6} {runs:>9}  not finished: "
-                    f"{r['finished']} calls done in {r['seconds']:.0f} s; errors "
-                    f"{fmt_errors(r['errors'])}",
+                    f"{r['finished']} calls done in {r['seconds']:.0f} s; {r['busy']} busy "
+                    f"tries; errors {fmt_errors(r['errors'])}",
                     flush=True,
                 )
             else:
                 print(
                     f"{name:<15} {r['calls']:>6} {runs:>9} {r['replays']:>8} "
-                    f"{r['other_results']:>13} {r['seconds']:>8.1f}  {fmt_errors(r['errors'])}",
+                    f"{r['other_results']:>13} {r['seconds']:>8.1f} {r['busy']:>11}  "
+                    f"{fmt_errors(r['errors'])}",
                     flush=True,
                 )
             for kind, message in sorted(r["samples"].items()):
