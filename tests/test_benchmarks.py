@@ -62,3 +62,23 @@ def test_apscheduler_benchmark_smoke_run() -> None:
     row = next(line for line in done.stdout.splitlines() if line.startswith("sqlite  "))
     # No occurrence ran twice, and the fenced ledger's tokens rise with the run time.
     assert row.split()[2] == "0" and row.split()[-1] == "True", done.stdout
+
+
+@pytest.mark.timeout(60)
+def test_idempotency_benchmark_smoke_run() -> None:
+    """Its three tables on SQLite and Redis at small sizes: each key's body ran once, every
+    duplicate got the stored result, no stale save landed (the script exits 1 otherwise)."""
+    script = str(BENCHMARKS / "bench_idempotency.py")
+    done = subprocess.run(
+        [sys.executable, script, "--quick", "--backends", "sqlite,redis", "--loop", "asyncio"],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    for backend in ("sqlite", "redis"):
+        a, b, c = [line.split() for line in done.stdout.splitlines() if line.startswith(backend)]
+        assert a[1:3] == ["60", "1"] and a[4] == "0", done.stdout  # calls, runs/key, other
+        assert b[1:4] == ["2", "2", "2"] and b[4:7] == ["0", "/", "2"], done.stdout
+        assert len(c) == 6, done.stdout

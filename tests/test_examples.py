@@ -73,6 +73,38 @@ def test_idempotency() -> None:
     ]
 
 
+def test_efficiency_lock() -> None:
+    out = run("efficiency_lock.py")
+    assert out.splitlines() == [
+        "worker-a rebuilds the report",
+        "worker-b skips: another worker is rebuilding it",
+        "worker-c skips: another worker is rebuilding it",
+        "rebuilds: 1 (3 workers asked)",
+        "worker-a stalls past its ttl; its lease is lost: pretend a long pause",
+        "worker-b rebuilds the report",
+        "worker-a finishes its rebuild late",
+        "rebuilds: 3; the report is whole: True",
+    ]
+
+
+def test_decide_page_points_to_examples_that_exist_and_run() -> None:
+    """docs/decide.md gives each branch of the rule an example; each one is a file here
+    and is run by a test (test_every_example_has_a_test covers the second part)."""
+    import re
+
+    page = (ROOT / "docs" / "decide.md").read_text()
+    named = set(re.findall(r"examples/(\w+\.py)", page))
+    assert {
+        "efficiency_lock.py",
+        "fencing.py",
+        "idempotency.py",
+        "claims_queue.py",
+        "leadership.py",
+    } <= named
+    for name in named:
+        assert (EXAMPLES / name).is_file(), name
+
+
 def test_apscheduler_cluster() -> None:
     out = run("apscheduler_cluster.py")
     summary = out.splitlines()[-1]
