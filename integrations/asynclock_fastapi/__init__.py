@@ -31,6 +31,7 @@ from ._fence import (
     fencing_token,
 )
 from ._handlers import ResponsePhase, install
+from ._idempotent import IdempotencyInfo, idempotency_info
 from ._locks import Locks
 from ._plumbing import guard_info, guard_lease
 
@@ -45,6 +46,7 @@ __all__ = (
     "FencingAuth",
     "FencingToken",
     "GuardInfo",
+    "IdempotencyInfo",
     "Locks",
     "LostDuringResponse",
     "ResponsePhase",
@@ -53,6 +55,7 @@ __all__ = (
     "fenced_write",
     "fencing_token",
     "guard_info",
+    "idempotency_info",
     "install",
 )
 

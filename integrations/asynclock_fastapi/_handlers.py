@@ -22,12 +22,15 @@ from asynclock import (
 )
 
 from ._common import (
+    CAPTURE_KEY,
     INSTALLED_KEY,
+    IdempotentAnswer,
     LostDuringResponse,
     grace_unavailable,
     lock_service_unavailable,
 )
 from ._fence import FencingToken, fence_responses
+from ._idempotent import SCHEMA_MARK, idempotency_responses
 from ._plumbing import guard_info, responses_of
 
 logger = logging.getLogger("asynclock_fastapi")
@@ -122,7 +125,7 @@ class ResponsePhase:
             return
         started = complete = False
 
-        async def tracked(message: Message) -> None:
+        async def forward(message: Message) -> None:
             nonlocal started, complete
             kind = message["type"]
             if kind == "http.response.start":
@@ -131,9 +134,30 @@ class ResponsePhase:
                 complete = True
             await send(message)
 
+        async def tracked(message: Message) -> None:
+            capture = scope.get(CAPTURE_KEY)
+            if capture is not None and capture.active:
+                # An idempotent request's response: held back until it is complete and
+                # stored (see _idempotent), then sent.
+                await capture.send(message, forward)
+            else:
+                await forward(message)
+
         scope[INSTALLED_KEY] = True
         try:
             await self.app(scope, receive, tracked)
+        except IdempotentAnswer as exc:
+            if started:
+                logger.warning(
+                    "%s %s: response cut short: %s", scope.get("method"), scope.get("path"), exc
+                )
+                return
+            response = JSONResponse(
+                {"detail": exc.detail},
+                status_code=exc.status,
+                headers={"Retry-After": exc.retry_after},
+            )
+            await response(scope, receive, send)
         except LostDuringResponse as exc:
             if complete:
                 logger.warning(
@@ -188,6 +212,7 @@ def _document(app: FastAPI) -> None:
                     _add_responses(route, fence_responses(fence.header))
             schema = build()
             _add_token_headers(app, schema)
+            _add_idempotency_answers(schema)
             return schema
         return build()
 
@@ -233,3 +258,31 @@ def _add_token_headers(app: FastAPI, schema: dict[str, Any]) -> None:
                         "forward it to fenced services",
                         "schema": {"type": "integer"},
                     }
+
+
+def _add_idempotency_answers(schema: dict[str, Any]) -> None:
+    """Operations with an idempotency key header (``@locks.idempotent``, found by the mark
+    on the header's schema, so routes of included routers too): the header required or
+    not, and the draft's answers 400, 409, 422, plus 410 and 503."""
+    for path in schema.get("paths", {}).values():
+        for operation in path.values():
+            if not isinstance(operation, dict):
+                continue
+            for parameter in operation.get("parameters", ()):
+                param_schema = parameter.get("schema", {})
+                if SCHEMA_MARK not in param_schema:
+                    continue
+                required = bool(param_schema.pop(SCHEMA_MARK))
+                # FastAPI declares it optional, so that a missing key gets the draft's 400
+                # (not its validation 422); the document says what the route requires.
+                parameter["required"] = required
+                if required:
+                    param_schema.pop("anyOf", None)
+                    param_schema["type"] = "string"
+                    param_schema.pop("default", None)
+                responses = operation.setdefault("responses", {})
+                for code, doc in idempotency_responses(parameter["name"]).items():
+                    if code in responses:
+                        responses[code]["description"] += f"; or {doc['description']}"
+                    else:
+                        responses[code] = doc

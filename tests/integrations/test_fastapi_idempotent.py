@@ -1,0 +1,486 @@
+"""asynclock_fastapi: ``@locks.idempotent`` (the Idempotency-Key header) on real uvicorn,
+httpx, Redis and SQLite.
+
+Each answer of the IETF draft (400 missing key, 422 reused with another payload, 409 while
+the first runs, the first answer replayed) and what the brief adds (what is stored, what
+frees the key, 410 for a response too large, 503 for an unreachable lock server, OpenAPI,
+included routers) is checked against a real server. Interleavings are made with gates the
+test opens, never with sleeps.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from fastapi import APIRouter, FastAPI, HTTPException, Request, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from asynclock_fastapi import Locks, idempotency_info, install
+from tests.integrations.test_fastapi_guard import Gate
+from tests.support.asgi_servers import recording_logs, serving
+from tests.support.redis_servers import RedisFactory
+
+pytestmark = pytest.mark.anyio
+
+#: Bytes no serializer would produce by itself (spacing, key order, a non-ASCII character):
+#: a replay must send exactly these.
+ODD_BODY = b'{ "z" : 1,\n  "a":"caf\xc3\xa9" }  '
+
+
+@pytest.fixture(params=["redis", "sqlite"])
+def lock_spec(request: pytest.FixtureRequest) -> str:
+    """Which lock backend (a ``*_spec`` parameter, so ``--backend redis`` selects by it)."""
+    name: str = request.param
+    return name
+
+
+@pytest.fixture
+def lock_url(lock_spec: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if lock_spec == "redis":
+        return str(request.getfixturevalue("redis_server").url)
+    return f"sqlite:///{tmp_path / 'locks.db'}"
+
+
+class Order(BaseModel):
+    item: str
+    quantity: int = 1
+
+
+class Counter:
+    """How often each endpoint body ran (the server thread writes, the test reads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.runs: dict[str, int] = {}
+
+    def add(self, what: str) -> int:
+        with self._lock:
+            self.runs[what] = self.runs.get(what, 0) + 1
+            return self.runs[what]
+
+
+def make_app(url: str, **options: Any) -> tuple[FastAPI, Locks, Counter, dict[str, Gate]]:
+    locks = Locks(url)
+    app = install(FastAPI(lifespan=locks.lifespan))
+    counter = Counter()
+    gates: dict[str, Gate] = {}
+    idempotent = locks.idempotent(ttl=10, keep_headers=("Location",), **options)
+
+    @app.post("/orders", status_code=201)
+    @idempotent
+    async def create(order: Order, response: Response, gate: str | None = None) -> dict[str, Any]:
+        n = counter.add("orders")
+        if gate is not None:
+            await gates[gate].passage()
+        response.headers["Location"] = f"/orders/{n}"
+        response.headers["X-Not-Kept"] = str(n)
+        return {"order": n, "item": order.item, "quantity": order.quantity}
+
+    @app.post("/odd")
+    @idempotent
+    async def odd() -> Response:
+        counter.add("odd")
+        return Response(ODD_BODY, status_code=202, media_type="application/x-odd; charset=utf-8")
+
+    @app.post("/flaky/{mode}")
+    @idempotent
+    async def flaky(mode: str) -> Response:
+        n = counter.add(f"flaky/{mode}")
+        if n == 1:
+            if mode == "raise":
+                raise RuntimeError("boom: not stored, the key is freed")
+            if mode == "http503":
+                raise HTTPException(503, detail="try later")
+            return JSONResponse({"attempt": n}, status_code=int(mode))
+        return JSONResponse({"attempt": n})
+
+    @app.post("/missing/{thing}")
+    @idempotent
+    async def missing(thing: str) -> None:
+        counter.add("missing")
+        raise HTTPException(404, detail=f"no {thing}")
+
+    @app.post("/big")
+    @idempotent
+    async def big() -> Response:
+        counter.add("big")
+        return Response(b"x" * 100_000, media_type="text/plain")
+
+    return app, locks, counter, gates
+
+
+def key(name: str) -> dict[str, str]:
+    return {"Idempotency-Key": f'"{name}"'}
+
+
+async def post_order(client: httpx.AsyncClient, name: str) -> httpx.Response:
+    """An order whose endpoint waits at gate "g"."""
+    return await client.post(
+        "/orders", json={"item": "tea"}, params={"gate": "g"}, headers=key(name)
+    )
+
+
+async def test_first_answer_is_replayed_byte_for_byte_with_the_headers_that_matter(
+    lock_url: str, lock_name: str
+) -> None:
+    app, _, counter, _ = make_app(lock_url)
+    with recording_logs() as logs, serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            first = await client.post("/orders", json={"item": "tea"}, headers=key(lock_name))
+            assert first.status_code == 201, first.text
+            assert first.json() == {"order": 1, "item": "tea", "quantity": 1}
+            assert "Idempotent-Replayed" not in first.headers
+            for _ in range(2):
+                again = await client.post("/orders", json={"item": "tea"}, headers=key(lock_name))
+                assert again.status_code == 201
+                assert again.content == first.content
+                assert again.headers["Idempotent-Replayed"] == "true"
+                assert again.headers["Content-Type"] == first.headers["Content-Type"]
+                assert again.headers["Location"] == "/orders/1"  # keep_headers
+                assert "X-Not-Kept" not in again.headers
+            assert counter.runs["orders"] == 1
+            # The bare form of the same key (Stripe's clients) is the same key.
+            bare = await client.post(
+                "/orders", json={"item": "tea"}, headers={"Idempotency-Key": lock_name}
+            )
+            assert bare.headers["Idempotent-Replayed"] == "true"
+            # Another key runs again.
+            other = await client.post("/orders", json={"item": "tea"}, headers=key(lock_name + "2"))
+            assert other.json()["order"] == 2
+
+            odd = await client.post("/odd", headers=key(lock_name))
+            assert (odd.status_code, odd.content) == (202, ODD_BODY)
+            replay = await client.post("/odd", headers=key(lock_name))
+            assert (replay.status_code, replay.content) == (202, ODD_BODY)
+            assert replay.headers["Content-Type"] == "application/x-odd; charset=utf-8"
+            assert counter.runs["odd"] == 1
+    assert logs.tracebacks() == []
+
+
+async def test_missing_or_malformed_key_is_400_saying_what_is_allowed(
+    lock_url: str, lock_name: str
+) -> None:
+    app, _, counter, _ = make_app(lock_url)
+    with serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            missing = await client.post("/orders", json={"item": "tea"})
+            assert missing.status_code == 400
+            assert "needs an Idempotency-Key header" in missing.json()["detail"]
+            bad_values: list[str | bytes] = [
+                '""',  # empty
+                '"' + "k" * 256 + '"',  # too long
+                "k" * 256,
+                '"a\\x"',  # not an escape
+                '"a"b"',
+                "a b",  # a bare value with a space
+                '"caf\u00e9"'.encode("latin-1"),  # not ASCII
+            ]
+            for value in bad_values:
+                answer = await client.post(
+                    "/orders",
+                    json={"item": "tea"},
+                    headers=[
+                        (b"Idempotency-Key", value.encode() if isinstance(value, str) else value)
+                    ],
+                )
+                assert answer.status_code == 400, value
+                detail = answer.json()["detail"]
+                assert detail.startswith("invalid Idempotency-Key header"), detail
+                assert "structured-field string of 1 to 255 characters" in detail
+            longest = '"' + "k" * 255 + '"'
+            ok = await client.post(
+                "/orders", json={"item": lock_name}, headers={"Idempotency-Key": longest}
+            )
+            assert ok.status_code == 201
+            escaped = await client.post(
+                "/orders", json={"item": lock_name}, headers={"Idempotency-Key": '"a\\"b\\\\c"'}
+            )
+            assert escaped.status_code == 201
+    assert counter.runs["orders"] == 2
+
+
+async def test_optional_key_runs_without_one(lock_url: str, lock_name: str) -> None:
+    app, _, counter, _ = make_app(lock_url, required=False)
+    with serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            for _ in range(2):
+                answer = await client.post("/orders", json={"item": "tea"})
+                assert answer.status_code == 201
+            assert counter.runs["orders"] == 2
+
+
+async def test_reused_key_with_another_payload_is_422(lock_url: str, lock_name: str) -> None:
+    app, _, counter, _ = make_app(lock_url)
+    with serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            first = await client.post("/orders", json={"item": "tea"}, headers=key(lock_name))
+            assert first.status_code == 201
+            for kwargs in (
+                {"json": {"item": "coffee"}},  # another body
+                {"json": {"item": "tea"}, "params": {"x": "1"}},  # another query
+                # the same JSON value, other bytes
+                {"content": b'{"item": "tea"}', "headers": {"Content-Type": "application/json"}},
+            ):
+                headers = {**key(lock_name), **kwargs.pop("headers", {})}  # type: ignore[dict-item]
+                answer = await client.post("/orders", headers=headers, **kwargs)
+                assert answer.status_code == 422, answer.text
+                assert "used with a different request" in answer.json()["detail"]
+            # Another route with the same key is another scope: it runs.
+            odd = await client.post("/odd", headers=key(lock_name))
+            assert odd.status_code == 202
+    assert counter.runs["orders"] == 1
+
+
+async def test_a_duplicate_while_the_first_runs_is_409_with_retry_after(
+    lock_url: str, lock_name: str
+) -> None:
+    app, _, counter, gates = make_app(lock_url, retry_after=3)
+    gates["g"] = Gate()
+    with serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            answers: list[httpx.Response] = []
+
+            async def first() -> None:
+                answers.append(
+                    await client.post(
+                        "/orders",
+                        json={"item": "tea"},
+                        params={"gate": "g"},
+                        headers=key(lock_name),
+                    )
+                )
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(first)
+                await gates["g"].reached()
+                busy = await client.post(
+                    "/orders", json={"item": "tea"}, params={"gate": "g"}, headers=key(lock_name)
+                )
+                assert busy.status_code == 409, busy.text
+                assert busy.headers["Retry-After"] == "3"
+                assert "still being processed" in busy.json()["detail"]
+                gates["g"].open()
+            assert answers[0].status_code == 201
+            replay = await client.post(
+                "/orders", json={"item": "tea"}, params={"gate": "g"}, headers=key(lock_name)
+            )
+            assert replay.content == answers[0].content
+    assert counter.runs["orders"] == 1
+
+
+async def test_twenty_concurrent_duplicates_run_once_and_get_the_same_bytes(
+    lock_url: str, lock_name: str
+) -> None:
+    app, _, counter, gates = make_app(lock_url, wait=20)
+    gates["g"] = Gate()
+    with recording_logs() as logs, serving(app) as server:
+        limits = httpx.Limits(max_connections=40)
+        async with httpx.AsyncClient(base_url=server.url, timeout=30, limits=limits) as client:
+            answers: list[httpx.Response] = []
+
+            async def send() -> None:
+                answers.append(
+                    await client.post(
+                        "/orders",
+                        json={"item": "tea"},
+                        params={"gate": "g"},
+                        headers=key(lock_name),
+                    )
+                )
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(20):
+                    tg.start_soon(send)
+                await gates["g"].reached()  # one runs; the others wait for its answer
+                gates["g"].open()
+    assert counter.runs["orders"] == 1
+    assert len(answers) == 20
+    assert {(a.status_code, a.content) for a in answers} == {
+        (answers[0].status_code, answers[0].content)
+    }
+    assert answers[0].status_code == 201
+    assert sum(a.headers.get("Idempotent-Replayed") == "true" for a in answers) == 19
+    assert logs.tracebacks() == []
+
+
+@pytest.mark.parametrize("mode", ["500", "503", "408", "409", "425", "429", "http503", "raise"])
+async def test_5xx_retry_statuses_and_exceptions_free_the_key(
+    lock_url: str, lock_name: str, mode: str
+) -> None:
+    app, _, counter, _ = make_app(lock_url)
+    with serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            # uvicorn closes the connection after an error it logs: a new one for the retry
+            close = {"Connection": "close"}
+            first = await client.post(f"/flaky/{mode}", headers={**key(lock_name), **close})
+            expected = {"http503": 503, "raise": 500}.get(mode) or int(mode)
+            assert first.status_code == expected, first.text
+            assert "Idempotent-Replayed" not in first.headers
+            retry = await client.post(f"/flaky/{mode}", headers=key(lock_name))
+            assert retry.status_code == 200 and retry.json() == {"attempt": 2}
+            replay = await client.post(f"/flaky/{mode}", headers=key(lock_name))
+            assert replay.json() == {"attempt": 2}
+            assert replay.headers["Idempotent-Replayed"] == "true"
+    assert counter.runs[f"flaky/{mode}"] == 2
+
+
+@pytest.mark.parametrize("mode", ["400", "404", "422", "302"])
+async def test_2xx_3xx_and_other_4xx_are_stored(lock_url: str, lock_name: str, mode: str) -> None:
+    app, _, counter, _ = make_app(lock_url)
+    with serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            first = await client.post(f"/flaky/{mode}", headers=key(lock_name))
+            assert first.status_code == int(mode)
+            replay = await client.post(f"/flaky/{mode}", headers=key(lock_name))
+            assert (replay.status_code, replay.content) == (first.status_code, first.content)
+            assert replay.headers["Idempotent-Replayed"] == "true"
+            # An HTTPException the endpoint raises, as the app's handler answers it.
+            missing = await client.post("/missing/cup", headers=key(lock_name))
+            assert missing.status_code == 404 and missing.json() == {"detail": "no cup"}
+            again = await client.post("/missing/cup", headers=key(lock_name))
+            assert (again.status_code, again.content) == (404, missing.content)
+            assert again.headers["Idempotent-Replayed"] == "true"
+    assert counter.runs[f"flaky/{mode}"] == 1
+    assert counter.runs["missing"] == 1
+
+
+async def test_a_response_too_large_to_keep_goes_out_once_then_410(
+    lock_url: str, lock_name: str
+) -> None:
+    app, _, counter, _ = make_app(lock_url)
+    with serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            first = await client.post("/big", headers=key(lock_name))
+            assert first.status_code == 200 and first.content == b"x" * 100_000
+            again = await client.post("/big", headers=key(lock_name))
+            assert again.status_code == 410, again.text
+            assert again.json()["status"] == 200
+            assert "too large to keep" in again.json()["detail"]
+    assert counter.runs["big"] == 1
+
+
+async def test_identity_keeps_two_callers_keys_apart(lock_url: str, lock_name: str) -> None:
+    async def user(request: Request) -> str:
+        return request.headers["X-User"]
+
+    app, _, counter, _ = make_app(lock_url, identity=user)
+    with serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            for who in ("ann", "bob", "ann"):
+                answer = await client.post(
+                    "/orders", json={"item": "tea"}, headers={**key(lock_name), "X-User": who}
+                )
+                assert answer.status_code == 201
+    assert counter.runs["orders"] == 2
+
+
+async def test_an_unreachable_lock_server_is_503_with_retry_after(
+    redis_factory: RedisFactory, lock_name: str
+) -> None:
+    redis = redis_factory()
+    app, _, counter, _ = make_app(redis.url, retry_after=4)
+    with recording_logs() as logs, serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            assert (await client.post("/odd", headers=key(lock_name))).status_code == 202
+            redis.kill()
+            down = await client.post("/odd", headers=key(lock_name + "2"))
+            assert down.status_code == 503, down.text
+            assert down.headers["Retry-After"] == "4"
+            assert down.json()["detail"].startswith("the lock server is unavailable")
+            assert str(redis.port) not in down.text
+    assert counter.runs["odd"] == 1
+    assert logs.tracebacks() == []
+
+
+async def test_documented_defaults_on_a_fresh_redis_and_an_included_router(
+    redis_factory: RedisFactory, lock_name: str
+) -> None:
+    """The docs' example as written, on a Redis just started (its restart grace: 503 with
+    Retry-After, never a 500), on a route of an included APIRouter."""
+    redis = redis_factory(fresh=True)
+    locks = Locks(redis.url)
+    app = install(FastAPI(lifespan=locks.lifespan))
+    router = APIRouter(prefix="/v1")
+    runs = Counter()
+
+    @router.post("/payments/{order_id}", status_code=201)
+    @locks.idempotent(ttl=10)
+    async def pay(order_id: str, order: Order) -> dict[str, str]:
+        runs.add(order_id)
+        return {"paid": order_id}
+
+    app.include_router(router)
+    with recording_logs() as logs, serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            url = f"/v1/payments/{lock_name}"
+            first = await client.post(url, json={"item": "tea"}, headers=key(lock_name))
+            while first.status_code == 503:  # the fresh server's restart grace
+                assert "restart grace" in first.json()["detail"]
+                retry = int(first.headers["Retry-After"])
+                assert 1 <= retry <= 10
+                with anyio.fail_after(20):
+                    await anyio.sleep(retry)  # what a client is told to do
+                first = await client.post(url, json={"item": "tea"}, headers=key(lock_name))
+            assert first.status_code == 201, first.text
+            again = await client.post(url, json={"item": "tea"}, headers=key(lock_name))
+            assert (again.status_code, again.content) == (201, first.content)
+            assert again.headers["Idempotent-Replayed"] == "true"
+            assert (await client.post(url, json={"item": "tea"})).status_code == 400
+            schema = (await client.get("/openapi.json")).json()
+            operation = schema["paths"]["/v1/payments/{order_id}"]["post"]
+            assert {"400", "409", "422"} <= set(operation["responses"])
+    assert runs.runs == {lock_name: 1}
+    assert logs.tracebacks() == []
+
+
+async def test_openapi_documents_the_header_and_the_answers(tmp_path: Path) -> None:
+    app, _, _, _ = make_app(f"sqlite:///{tmp_path / 'locks.db'}")
+    with serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            schema = (await client.get("/openapi.json")).json()
+    operation = schema["paths"]["/orders"]["post"]
+    (header,) = [p for p in operation["parameters"] if p["name"] == "Idempotency-Key"]
+    assert header["in"] == "header" and header["required"] is True
+    assert header["schema"]["type"] == "string" and "anyOf" not in header["schema"]
+    assert "structured-field string" in header["description"]
+    responses = operation["responses"]
+    assert {"201", "400", "409", "410", "422", "503"} <= set(responses)
+    assert "still being processed" in responses["409"]["description"]
+    assert "Retry-After" in responses["409"]["headers"]
+    assert "different request" in responses["422"]["description"]
+    assert "Validation Error" in responses["422"]["description"]  # FastAPI's own, kept
+    assert not any(p["name"].startswith("asynclock") for p in operation["parameters"])
+    info = idempotency_info(app.routes[-1].endpoint)  # type: ignore[attr-defined]
+    assert info is not None and info.header == "Idempotency-Key" and info.keep == 86400
+
+
+def sync_endpoint() -> None: ...
+
+
+async def test_misuse_is_refused_where_it_is_declared(tmp_path: Path) -> None:
+    locks = Locks(f"sqlite:///{tmp_path / 'locks.db'}")
+    with pytest.raises(TypeError, match="async def"):
+        locks.idempotent(ttl=5)(sync_endpoint)  # type: ignore[type-var]
+
+    with pytest.raises(ValueError, match="keep must be between"):
+        locks.idempotent(ttl=5, keep=0.5)
+    with pytest.raises(ValueError, match="HTTP header name"):
+        locks.idempotent(ttl=5, header="Idempotency Key")
+    with pytest.raises(ValueError, match="ttl"):
+        locks.idempotent(ttl=10**9)
+    # Without install(): the app refuses to start (not a 500 at the first request).
+    app = FastAPI(lifespan=locks.lifespan)
+
+    @app.post("/x")
+    @locks.idempotent(ttl=5)
+    async def x() -> None: ...
+
+    with pytest.raises(RuntimeError, match="install"):
+        async with locks.lifespan(app):
+            pass
