@@ -21,10 +21,11 @@ from fastapi import APIRouter, FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+import asynclock
 from asynclock_fastapi import Locks, idempotency_info, install
 from tests.integrations.test_fastapi_guard import Gate
 from tests.support.asgi_servers import recording_logs, serving
-from tests.support.redis_servers import RedisFactory
+from tests.support.redis_servers import RedisFactory, RedisServer, delete_lock_keys
 
 pytestmark = pytest.mark.anyio
 
@@ -65,12 +66,14 @@ class Counter:
             return self.runs[what]
 
 
-def make_app(url: str, **options: Any) -> tuple[FastAPI, Locks, Counter, dict[str, Gate]]:
+def make_app(
+    url: str, ttl: float = 10, **options: Any
+) -> tuple[FastAPI, Locks, Counter, dict[str, Gate]]:
     locks = Locks(url)
     app = install(FastAPI(lifespan=locks.lifespan))
     counter = Counter()
     gates: dict[str, Gate] = {}
-    idempotent = locks.idempotent(ttl=10, keep_headers=("Location",), **options)
+    idempotent = locks.idempotent(ttl=ttl, keep_headers=("Location",), **options)
 
     @app.post("/orders", status_code=201)
     @idempotent
@@ -108,10 +111,22 @@ def make_app(url: str, **options: Any) -> tuple[FastAPI, Locks, Counter, dict[st
 
     @app.post("/big")
     @idempotent
-    async def big() -> Response:
+    async def big(size: int = 100_000) -> Response:
         counter.add("big")
-        return Response(b"x" * 100_000, media_type="text/plain")
+        return Response(b"x" * size, media_type="text/plain")
 
+    @app.post("/hold")
+    @idempotent
+    async def hold() -> dict[str, Any]:
+        lease = asynclock.current_lease()  # the key's lease: the body runs under it
+        n = counter.add("hold")
+        leases.append(lease)
+        if n == 1:
+            await gates["hold"].passage()  # cancelled when the lease is lost
+        return {"token": lease.token, "run": n}
+
+    leases: list[asynclock.Lease] = []
+    app.state.leases = leases
     return app, locks, counter, gates
 
 
@@ -362,7 +377,14 @@ async def test_a_response_too_large_to_keep_goes_out_once_then_410(
             assert again.status_code == 410, again.text
             assert again.json()["status"] == 200
             assert "too large to keep" in again.json()["detail"]
-    assert counter.runs["big"] == 1
+            # The documented size that is kept: a body a little under 48 KiB.
+            kept = await client.post("/big", params={"size": 48_000}, headers=key(lock_name + "k"))
+            replay = await client.post(
+                "/big", params={"size": 48_000}, headers=key(lock_name + "k")
+            )
+            assert replay.headers["Idempotent-Replayed"] == "true"
+            assert replay.content == kept.content == b"x" * 48_000
+    assert counter.runs["big"] == 2
 
 
 async def test_identity_keeps_two_callers_keys_apart(lock_url: str, lock_name: str) -> None:
@@ -484,3 +506,43 @@ async def test_misuse_is_refused_where_it_is_declared(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="install"):
         async with locks.lifespan(app):
             pass
+
+
+async def test_the_body_runs_under_the_keys_lease_and_stops_when_it_is_lost(
+    redis_server: RedisServer, lock_name: str
+) -> None:
+    app, _, counter, gates = make_app(redis_server.url, ttl=1.5)
+    gates["hold"] = Gate()
+    leases: list[asynclock.Lease] = app.state.leases
+    with recording_logs() as logs, serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            answers: list[httpx.Response] = []
+
+            async def first() -> None:
+                answers.append(await client.post("/hold", headers=key(lock_name)))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(first)
+                await gates["hold"].reached()
+                (lease,) = leases
+                assert lease.name.startswith("\x00asynclock.idempotency:")
+                assert await validate(redis_server.url, lease.name, lease.token)
+                await delete_lock_keys([redis_server.url], lease.name)  # sabotage
+            lost = answers[0]
+            assert lost.status_code == 503, lost.text
+            assert lost.headers["Retry-After"] == "2"  # the ttl, rounded up
+            assert "was lost" in lost.json()["detail"]
+            # Not stored: the retry runs (with a larger token) and is stored.
+            retry = await client.post("/hold", headers=key(lock_name))
+            assert retry.status_code == 200
+            assert retry.json()["run"] == 2 and retry.json()["token"] > lease.token
+            replay = await client.post("/hold", headers=key(lock_name))
+            assert replay.content == retry.content
+    assert counter.runs["hold"] == 2
+    assert not gates["hold"].opened.is_set()  # the first body never passed its gate
+    assert logs.tracebacks() == []
+
+
+async def validate(url: str, name: str, token: int) -> bool:
+    async with asynclock.connect(url) as backend:
+        return await backend.validate(name, token)
