@@ -49,6 +49,7 @@ from asynclock import (
     InProgress,
     LeaseLost,
     RestartGrace,
+    StaleToken,
 )
 
 from ._common import (
@@ -209,13 +210,16 @@ class _Free(Exception):
 def _replay_response(result: object, replay_header: str) -> Response:
     """The stored response of ``result`` (see ``_stored``), or 410 for one too large."""
     if isinstance(result, dict) and result.get("v") == 1 and "body" in result:
-        headers = {str(n): str(v) for n, v in result.get("headers", ())}
-        headers[replay_header] = "true"
-        return Response(
-            content=base64.b64decode(result["body"]),
-            status_code=int(result["status"]),
-            headers=headers,
+        response = Response(
+            content=base64.b64decode(result["body"]), status_code=int(result["status"])
         )
+        # Raw, so a header sent twice (Set-Cookie, Link) is replayed twice.
+        response.raw_headers.extend(
+            (str(n).encode("latin-1"), str(v).encode("latin-1"))
+            for n, v in result.get("headers", ())
+        )
+        response.raw_headers.append((replay_header.lower().encode("latin-1"), b"true"))
+        return response
     status = result.get("status") if isinstance(result, dict) else None
     return Response(
         content=json.dumps(
@@ -433,7 +437,9 @@ def make_idempotent(
                     "the lock server is unavailable, so the request was not run; retry later",
                     retry,
                 ) from None
-            except LeaseLost as exc:
+            except (LeaseLost, StaleToken) as exc:
+                # StaleToken: the fenced save was refused (the lease is no longer live at
+                # the server); the core counts the lease as lost.
                 logger.warning(
                     "idempotent request %s %s stopped: %s", request.method, request.url.path, exc
                 )

@@ -73,7 +73,7 @@ def make_app(
     app = install(FastAPI(lifespan=locks.lifespan))
     counter = Counter()
     gates: dict[str, Gate] = {}
-    idempotent = locks.idempotent(ttl=ttl, keep_headers=("Location",), **options)
+    idempotent = locks.idempotent(ttl=ttl, keep_headers=("Location", "X-Tag"), **options)
 
     @app.post("/orders", status_code=201)
     @idempotent
@@ -89,7 +89,11 @@ def make_app(
     @idempotent
     async def odd() -> Response:
         counter.add("odd")
-        return Response(ODD_BODY, status_code=202, media_type="application/x-odd; charset=utf-8")
+        response = Response(
+            ODD_BODY, status_code=202, media_type="application/x-odd; charset=utf-8"
+        )
+        response.raw_headers += [(b"x-tag", b"one"), (b"x-tag", b"two")]
+        return response
 
     @app.post("/flaky/{mode}")
     @idempotent
@@ -174,6 +178,7 @@ async def test_first_answer_is_replayed_byte_for_byte_with_the_headers_that_matt
             replay = await client.post("/odd", headers=key(lock_name))
             assert (replay.status_code, replay.content) == (202, ODD_BODY)
             assert replay.headers["Content-Type"] == "application/x-odd; charset=utf-8"
+            assert replay.headers.get_list("X-Tag") == ["one", "two"]
             assert counter.runs["odd"] == 1
     assert logs.tracebacks() == []
 
@@ -546,3 +551,25 @@ async def test_the_body_runs_under_the_keys_lease_and_stops_when_it_is_lost(
 async def validate(url: str, name: str, token: int) -> bool:
     async with asynclock.connect(url) as backend:
         return await backend.validate(name, token)
+
+
+async def test_a_duplicate_that_waits_too_long_is_409(lock_url: str, lock_name: str) -> None:
+    app, _, counter, gates = make_app(lock_url, wait=0.3)
+    gates["g"] = Gate()
+    with serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            answers: list[httpx.Response] = []
+
+            async def first() -> None:
+                answers.append(await post_order(client, lock_name))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(first)
+                await gates["g"].reached()
+                with anyio.fail_after(10):
+                    busy = await post_order(client, lock_name)  # waits 0.3 s, then 409
+                assert busy.status_code == 409, busy.text
+                assert busy.headers["Retry-After"] == "1"
+                gates["g"].open()
+            assert answers[0].status_code == 201
+    assert counter.runs["orders"] == 1
