@@ -11,6 +11,9 @@ Holder side::
     @locks.guard("account:{account_id}", ttl=10)
     async def rebuild(account_id: str, lease: Lease = Depends(guard_lease)): ...
 
+Retried requests: ``@locks.idempotent(ttl=10)`` under ``@app.post(...)`` answers a request
+that repeats an ``Idempotency-Key`` with the first answer (IETF draft; needs ``install``).
+
 Resource side: ``token: int = Depends(fencing_token)`` and a fence (``SQLFence``,
 ``RedisFence``) in the write; a stale token answers 412, a missing one 428.
 Client side: ``httpx.AsyncClient(auth=FencingAuth())`` sends the current lease's token.

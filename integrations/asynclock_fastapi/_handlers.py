@@ -56,8 +56,11 @@ def install(app: FastAPI, *, retry_after: float = 1.0) -> FastAPI:
       transaction rolled back or the Lua call wrote nothing);
     - a lease lost after the response started (a stream, a background task) ends the
       response incomplete with one warning in the log, never a traceback;
+    - ``@locks.idempotent`` routes: their responses are held back until stored (see
+      ``_idempotent``); such an app refuses to start without ``install``;
     - OpenAPI: guarded routes list their busy/503 answers and the token response header,
-      routes with a ``FencingToken`` dependency their 400/412/428.
+      routes with a ``FencingToken`` dependency their 400/412/428, idempotent routes their
+      key header and 400/409/410/422/503.
 
     Returns ``app``.
     """
@@ -109,7 +112,8 @@ def install(app: FastAPI, *, retry_after: float = 1.0) -> FastAPI:
 
 
 class ResponsePhase:
-    """ASGI middleware: a guard's lease lost after the endpoint returned.
+    """ASGI middleware: a guard's lease lost after the endpoint returned; the responses of
+    idempotent routes held back until stored.
 
     Nothing sent yet: answer 503. The response already started: stop it where it is, so
     the client sees an incomplete body (the server closes the connection), and log one
