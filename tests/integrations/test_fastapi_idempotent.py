@@ -584,3 +584,24 @@ async def test_a_duplicate_that_waits_too_long_is_409(lock_url: str, lock_name: 
                 gates["g"].open()
             assert answers[0].status_code == 201
     assert counter.runs["orders"] == 1
+
+
+async def test_a_request_fastapi_refuses_as_invalid_is_not_stored(
+    lock_url: str, lock_name: str
+) -> None:
+    app, _, counter, _ = make_app(lock_url)
+    with serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            for _ in range(2):
+                invalid = await client.post(
+                    "/orders", json={"item": "tea", "quantity": "x"}, headers=key(lock_name)
+                )
+                assert invalid.status_code == 422
+                assert invalid.json()["detail"][0]["loc"] == ["body", "quantity"]
+                assert "Idempotent-Replayed" not in invalid.headers
+            # Nothing ran, nothing is kept: the key is free for the corrected request.
+            fixed = await client.post(
+                "/orders", json={"item": "tea", "quantity": 2}, headers=key(lock_name)
+            )
+            assert fixed.status_code == 201, fixed.text
+    assert counter.runs["orders"] == 1
