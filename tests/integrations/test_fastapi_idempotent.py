@@ -131,6 +131,7 @@ def make_app(
 
     leases: list[asynclock.Lease] = []
     app.state.leases = leases
+    app.state.idempotent = idempotent  # for a test's own routes
     return app, locks, counter, gates
 
 
@@ -605,3 +606,34 @@ async def test_a_request_fastapi_refuses_as_invalid_is_not_stored(
             )
             assert fixed.status_code == 201, fixed.text
     assert counter.runs["orders"] == 1
+
+
+async def test_a_refused_fenced_save_sends_nothing_of_the_response_and_stores_nothing(
+    redis_server: RedisServer, lock_name: str
+) -> None:
+    """The lease ends at the server between the endpoint's return and the save (its key
+    deleted by the endpoint itself, as an expiry during a freeze would): the fenced save is
+    refused, the client gets 503, never the response that was not kept, and a retry runs."""
+    app, _, counter, _ = make_app(redis_server.url)
+
+    @app.post("/sabotaged")
+    @app.state.idempotent
+    async def sabotaged() -> dict[str, int]:
+        n = counter.add("sabotaged")
+        if n == 1:
+            await delete_lock_keys([redis_server.url], asynclock.current_lease().name)
+        return {"run": n}
+
+    with recording_logs() as logs, serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            refused = await client.post("/sabotaged", headers=key(lock_name))
+            assert refused.status_code == 503, refused.text
+            assert "was lost" in refused.json()["detail"]
+            assert "run" not in refused.text
+            retry = await client.post("/sabotaged", headers=key(lock_name))
+            assert retry.status_code == 200 and retry.json() == {"run": 2}
+            replay = await client.post("/sabotaged", headers=key(lock_name))
+            assert replay.headers["Idempotent-Replayed"] == "true"
+            assert replay.content == retry.content
+    assert counter.runs["sabotaged"] == 2
+    assert logs.tracebacks() == []
