@@ -131,7 +131,6 @@ def make_app(
 
     leases: list[asynclock.Lease] = []
     app.state.leases = leases
-    app.state.idempotent = idempotent  # for a test's own routes
     return app, locks, counter, gates
 
 
@@ -614,10 +613,10 @@ async def test_a_refused_fenced_save_sends_nothing_of_the_response_and_stores_no
     """The lease ends at the server between the endpoint's return and the save (its key
     deleted by the endpoint itself, as an expiry during a freeze would): the fenced save is
     refused, the client gets 503, never the response that was not kept, and a retry runs."""
-    app, _, counter, _ = make_app(redis_server.url)
+    app, locks, counter, _ = make_app(redis_server.url)
 
     @app.post("/sabotaged")
-    @app.state.idempotent
+    @locks.idempotent(ttl=10)
     async def sabotaged() -> dict[str, int]:
         n = counter.add("sabotaged")
         if n == 1:
