@@ -11,6 +11,9 @@ Holder side::
     @locks.guard("account:{account_id}", ttl=10)
     async def rebuild(account_id: str, lease: Lease = Depends(guard_lease)): ...
 
+Retried requests: ``@locks.idempotent(ttl=10)`` under ``@app.post(...)`` answers a request
+that repeats an ``Idempotency-Key`` with the first answer (IETF draft; needs ``install``).
+
 Resource side: ``token: int = Depends(fencing_token)`` and a fence (``SQLFence``,
 ``RedisFence``) in the write; a stale token answers 412, a missing one 428.
 Client side: ``httpx.AsyncClient(auth=FencingAuth())`` sends the current lease's token.
@@ -31,6 +34,7 @@ from ._fence import (
     fencing_token,
 )
 from ._handlers import ResponsePhase, install
+from ._idempotent import IdempotencyInfo, idempotency_info
 from ._locks import Locks
 from ._plumbing import guard_info, guard_lease
 
@@ -45,6 +49,7 @@ __all__ = (
     "FencingAuth",
     "FencingToken",
     "GuardInfo",
+    "IdempotencyInfo",
     "Locks",
     "LostDuringResponse",
     "ResponsePhase",
@@ -53,6 +58,7 @@ __all__ = (
     "fenced_write",
     "fencing_token",
     "guard_info",
+    "idempotency_info",
     "install",
 )
 

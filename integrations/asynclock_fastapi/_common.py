@@ -33,6 +33,9 @@ STATE_KEY = "asynclock_fastapi.state"
 INSTALLED_KEY = "asynclock_fastapi.installed"
 #: Attribute on a guarded endpoint: its :class:`GuardInfo` (read by ``install`` for OpenAPI).
 GUARD_ATTR = "__asynclock_guard__"
+#: Where an idempotent request keeps the response being captured (``_idempotent.Capture``),
+#: read by ``ResponsePhase`` for every message it sends.
+CAPTURE_KEY = "asynclock_fastapi.capture"
 #: The lock dependency's parameter, put first in a guarded endpoint's signature.
 _LOCK_PARAM = "asynclock_fastapi_lock_"
 _REQUEST_PARAM = "asynclock_fastapi_request_"
@@ -50,6 +53,18 @@ class LostDuringResponse(Exception):
     def __init__(self, lost: LeaseLost, retry_after: int) -> None:
         super().__init__(str(lost))
         self.lost = lost
+        self.retry_after = retry_after
+
+
+class IdempotentAnswer(Exception):
+    """An idempotent request's error answer, raised where the response may be captured
+    already (after the key dependency's ``yield``): ``ResponsePhase`` drops what was held
+    back and sends this instead (a 503 for a lost lease or an unreachable lock server)."""
+
+    def __init__(self, status: int, detail: str, retry_after: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
         self.retry_after = retry_after
 
 

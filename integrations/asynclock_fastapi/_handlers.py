@@ -22,12 +22,15 @@ from asynclock import (
 )
 
 from ._common import (
+    CAPTURE_KEY,
     INSTALLED_KEY,
+    IdempotentAnswer,
     LostDuringResponse,
     grace_unavailable,
     lock_service_unavailable,
 )
 from ._fence import FencingToken, fence_responses
+from ._idempotent import SCHEMA_MARK, idempotency_responses
 from ._plumbing import guard_info, responses_of
 
 logger = logging.getLogger("asynclock_fastapi")
@@ -53,8 +56,11 @@ def install(app: FastAPI, *, retry_after: float = 1.0) -> FastAPI:
       transaction rolled back or the Lua call wrote nothing);
     - a lease lost after the response started (a stream, a background task) ends the
       response incomplete with one warning in the log, never a traceback;
+    - ``@locks.idempotent`` routes: their responses are held back until stored (see
+      ``_idempotent``); such an app refuses to start without ``install``;
     - OpenAPI: guarded routes list their busy/503 answers and the token response header,
-      routes with a ``FencingToken`` dependency their 400/412/428.
+      routes with a ``FencingToken`` dependency their 400/412/428, idempotent routes their
+      key header and 400/409/410/422/503.
 
     Returns ``app``.
     """
@@ -106,7 +112,8 @@ def install(app: FastAPI, *, retry_after: float = 1.0) -> FastAPI:
 
 
 class ResponsePhase:
-    """ASGI middleware: a guard's lease lost after the endpoint returned.
+    """ASGI middleware: a guard's lease lost after the endpoint returned; the responses of
+    idempotent routes held back until stored.
 
     Nothing sent yet: answer 503. The response already started: stop it where it is, so
     the client sees an incomplete body (the server closes the connection), and log one
@@ -122,7 +129,7 @@ class ResponsePhase:
             return
         started = complete = False
 
-        async def tracked(message: Message) -> None:
+        async def forward(message: Message) -> None:
             nonlocal started, complete
             kind = message["type"]
             if kind == "http.response.start":
@@ -131,9 +138,30 @@ class ResponsePhase:
                 complete = True
             await send(message)
 
+        async def tracked(message: Message) -> None:
+            capture = scope.get(CAPTURE_KEY)
+            if capture is not None and capture.active:
+                # An idempotent request's response: held back until it is complete and
+                # stored (see _idempotent), then sent.
+                await capture.send(message, forward)
+            else:
+                await forward(message)
+
         scope[INSTALLED_KEY] = True
         try:
             await self.app(scope, receive, tracked)
+        except IdempotentAnswer as exc:
+            if started:
+                logger.warning(
+                    "%s %s: response cut short: %s", scope.get("method"), scope.get("path"), exc
+                )
+                return
+            response = JSONResponse(
+                {"detail": exc.detail},
+                status_code=exc.status,
+                headers={"Retry-After": exc.retry_after},
+            )
+            await response(scope, receive, send)
         except LostDuringResponse as exc:
             if complete:
                 logger.warning(
@@ -188,6 +216,7 @@ def _document(app: FastAPI) -> None:
                     _add_responses(route, fence_responses(fence.header))
             schema = build()
             _add_token_headers(app, schema)
+            _add_idempotency_answers(schema)
             return schema
         return build()
 
@@ -233,3 +262,31 @@ def _add_token_headers(app: FastAPI, schema: dict[str, Any]) -> None:
                         "forward it to fenced services",
                         "schema": {"type": "integer"},
                     }
+
+
+def _add_idempotency_answers(schema: dict[str, Any]) -> None:
+    """Operations with an idempotency key header (``@locks.idempotent``, found by the mark
+    on the header's schema, so routes of included routers too): the header required or
+    not, and the draft's answers 400, 409, 422, plus 410 and 503."""
+    for path in schema.get("paths", {}).values():
+        for operation in path.values():
+            if not isinstance(operation, dict):
+                continue
+            for parameter in operation.get("parameters", ()):
+                param_schema = parameter.get("schema", {})
+                if SCHEMA_MARK not in param_schema:
+                    continue
+                required = bool(param_schema.pop(SCHEMA_MARK))
+                # FastAPI declares it optional, so that a missing key gets the draft's 400
+                # (not its validation 422); the document says what the route requires.
+                parameter["required"] = required
+                if required:
+                    param_schema.pop("anyOf", None)
+                    param_schema["type"] = "string"
+                    param_schema.pop("default", None)
+                responses = operation.setdefault("responses", {})
+                for code, doc in idempotency_responses(parameter["name"]).items():
+                    if code in responses:
+                        responses[code]["description"] += f"; or {doc['description']}"
+                    else:
+                        responses[code] = doc

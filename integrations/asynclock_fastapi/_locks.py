@@ -24,9 +24,9 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import Depends, Response
 
@@ -58,6 +58,9 @@ from ._plumbing import (
 )
 from ._route import ROUTE_ATTR, RouteGuard, twin_endpoint, wrap_routes
 
+if TYPE_CHECKING:
+    from fastapi import Request
+
 logger = logging.getLogger("asynclock_fastapi")
 
 
@@ -88,6 +91,8 @@ class Locks:
         self._options = options
         self._given = backend
         self._backend: Backend | None = None
+        #: Routes made idempotent with this Locks (the lifespan checks install()).
+        self._idempotent = 0
 
     def __repr__(self) -> str:
         state = "open" if self._backend is not None else "closed"
@@ -114,6 +119,13 @@ class Locks:
         """
         if self._backend is not None:
             raise RuntimeError("this Locks is already open (one lifespan at a time)")
+        if self._idempotent and app is not None:
+            state = getattr(app, "state", None)
+            if not getattr(state, "asynclock_fastapi_installed", False):
+                raise RuntimeError(
+                    "@locks.idempotent routes need asynclock_fastapi.install(app) (its "
+                    "middleware keeps their responses): call it before the app starts"
+                )
         backend = self._given if self._given is not None else self._connect()
         async with backend:
             self._backend = backend
@@ -312,4 +324,60 @@ class Locks:
                 setattr(guarded, ROUTE_ATTR, route_guard)
             return guarded  # type: ignore[return-value]
 
+        return decorate
+
+    def idempotent(
+        self,
+        *,
+        ttl: float,
+        keep: float = 86400.0,
+        required: bool = True,
+        header: str = "Idempotency-Key",
+        replay_header: str = "Idempotent-Replayed",
+        identity: Callable[[Request], str | Awaitable[str]] | None = None,
+        wait: float = 0,
+        retry_after: float = 1.0,
+        keep_headers: Sequence[str] = (),
+    ) -> Callable[[F], F]:
+        """Answer a retried request (same ``Idempotency-Key``, same request) with the first
+        request's response instead of running it again (IETF draft "The Idempotency-Key
+        HTTP Header Field"). Needs :func:`install` (its middleware keeps the responses).
+
+        Put it under the route decorator of an unsafe method (``@app.post(...)`` then
+        ``@locks.idempotent(ttl=10)``); GET, HEAD, OPTIONS requests pass through.
+
+        Args:
+            ttl: the lease ttl of the key while the request runs (renewed; its loss
+                cancels the endpoint and answers 503).
+            keep: seconds a response is kept for replays (1 s to 30 days; 24 h).
+            required: a request without the header gets 400 (False: it runs as usual).
+            header: the request header with the key.
+            replay_header: the response header (``true``) marking a replayed answer.
+            identity: ``identity(request)`` (sync or async) -> str: the caller the key
+                belongs to (the user, the API key), so two callers' keys never clash.
+            wait: seconds a request waits for the running request with its key to finish
+                (then gets its answer); 0: 409 at once.
+            retry_after: the ``Retry-After`` seconds of a 409 (in progress) and of a 503
+                (lock server unreachable).
+            keep_headers: response headers replayed besides ``Content-Type`` (``Location``).
+
+        Raises:
+            TypeError: a sync ``def`` endpoint; bad option types.
+            ValueError: an option out of its bounds.
+        """
+        from ._idempotent import make_idempotent
+
+        decorate = make_idempotent(
+            self,
+            ttl=ttl,
+            keep=keep,
+            required=required,
+            header=header,
+            replay_header=replay_header,
+            identity=identity,
+            wait=wait,
+            retry_after=retry_after,
+            keep_headers=keep_headers,
+        )
+        self._idempotent += 1
         return decorate

@@ -35,6 +35,25 @@ def test_fastapi_app_example() -> None:
     assert "Traceback" not in done.stderr
 
 
+def test_fastapi_idempotent_example() -> None:
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "fastapi_idempotent.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        'first: 201 {"order":"7","charge":1,"token":1}',
+        'retry: 201 {"order":"7","charge":1,"token":1} (Idempotent-Replayed: true)',
+        "same bytes: True",
+        "same key, another amount: 422",
+        "no key: 400",
+    ]
+    assert "Traceback" not in done.stderr
+
+
 def docs_app() -> str:
     """The ``python`` block the FastAPI page marks as tested (its whole app)."""
     text = DOCS.read_text()

@@ -741,6 +741,7 @@ def test_the_integration_uses_only_the_public_asynclock_api() -> None:
         "FencingAuth",
         "FencingToken",
         "GuardInfo",
+        "IdempotencyInfo",
         "Locks",
         "LostDuringResponse",
         "ResponsePhase",
@@ -749,6 +750,7 @@ def test_the_integration_uses_only_the_public_asynclock_api() -> None:
         "fenced_write",
         "fencing_token",
         "guard_info",
+        "idempotency_info",
         "install",
     }
     for name in asynclock_fastapi.__all__:
