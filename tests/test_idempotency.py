@@ -157,6 +157,42 @@ async def test_concurrent_duplicates_run_the_body_once(
     assert results == ["the result"] * 10
 
 
+async def test_waiting_duplicates_in_one_process_replay_what_the_first_stored(
+    backend: asynclock.Backend, key: str
+) -> None:
+    """Duplicates with ``wait=`` in one process wait for the one call of the key that
+    holds its lock and replay what it stored (a different fingerprint is still refused);
+    a stored failure is replayed to them as a failure."""
+    started = anyio.Event()
+    proceed = anyio.Event()
+    outcomes: list[object] = []
+
+    async def first(result: object) -> None:
+        async with backend.idempotent(key, ttl=5.0, wait=10, fingerprint=1) as op:
+            started.set()
+            await proceed.wait()
+            await op.save(result)
+
+    async def duplicate(fingerprint: int) -> None:
+        try:
+            async with backend.idempotent(key, ttl=5.0, wait=10, fingerprint=fingerprint) as op:
+                outcomes.append(("replayed" if op.replayed else "ran", op.result))
+        except asynclock.IdempotencyKeyReused:
+            outcomes.append("reused")
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(first, {"paid": 42})
+            await started.wait()
+            for fingerprint in (1, 1, 2):
+                tg.start_soon(duplicate, fingerprint)
+            await anyio.wait_all_tasks_blocked()
+            proceed.set()
+    assert sorted(map(str, outcomes)) == sorted(
+        map(str, [("replayed", {"paid": 42}), ("replayed", {"paid": 42}), "reused"])
+    )
+
+
 async def test_in_progress_without_wait(backend: asynclock.Backend, key: str) -> None:
     with anyio.fail_after(10):
         async with backend.idempotent(key, ttl=5.0, fingerprint={"a": 1}) as op:

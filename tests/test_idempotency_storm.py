@@ -2,15 +2,14 @@
 few idempotency keys, each body must run once and every duplicate get its stored result.
 
 This is one process of ``benchmarks/bench_idempotency.py``'s table A (which runs four):
-250 concurrent duplicates of each of 20 keys, ``wait=60``, given 20 s. Today it fails on
-SQLite and Redis (a core defect, found by that benchmark; PostgreSQL passes in one process,
-in 27 s, and fails with four, as the benchmark shows): every waiting duplicate waits for
-the key's *lock*, so each release wakes all of a key's waiters in the process at once and
-each of them retries the lock (a thundering herd: about n² attempts for n duplicates,
-where one read of the stored result per duplicate would do). The backend's connection is
-swamped: calls time out (``BackendUnavailable``), the running body's renewal is starved
-(its lease is lost, the body cancelled and run again: a second run), or nothing finishes
-in time.
+250 concurrent duplicates of each of 20 keys, ``wait=60``, given 20 s. It failed on SQLite
+and Redis before (found by that benchmark; PostgreSQL failed with four processes): every
+waiting duplicate waited for the key's *lock*, so each release woke all of a key's waiters
+in the process and each retried the lock (a thundering herd: about n² attempts for n
+duplicates). The backend's connection was swamped: calls timed out
+(``BackendUnavailable``), the running body's renewal was starved (its lease lost, the body
+run again), or nothing finished in time. Now a process's duplicates of a key wait for the
+one call of it that takes the lock, then read the record once.
 """
 
 from __future__ import annotations
@@ -35,12 +34,6 @@ def storm_spec(request: pytest.FixtureRequest) -> BackendSpec:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="core defect: duplicates waiting on an idempotency key herd on its lock "
-    "(see the module docstring)",
-)
 async def test_a_redelivery_storm_runs_each_body_once_and_replays_to_all(
     storm_spec: BackendSpec,
 ) -> None:

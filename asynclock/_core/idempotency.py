@@ -24,6 +24,7 @@ import hashlib
 import inspect
 import json
 import logging
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
@@ -67,6 +68,27 @@ MIN_KEEP, MAX_KEEP, DEFAULT_KEEP = 1.0, 30 * 86400.0, 86400.0
 MAX_MESSAGE = 4096
 
 _RUNNING, _DONE, _FAILED = "running", "done", "failed"
+
+
+class _Flight:
+    """One call of a key in this process that is taking or holding the key's lock: the
+    process's other duplicates of the key (``wait=``) wait for it to end, then read the
+    record once, instead of each waiting for the lock (every release would wake all of
+    them to retry it: attempts grow with the square of the duplicates, a herd that swamped
+    every backend at 250 duplicates of a key)."""
+
+    __slots__ = ("done", "record", "task")
+
+    def __init__(self, task: object) -> None:
+        self.task = task
+        self.done = anyio.Event()
+        #: The record it stored or replayed (done or failed), for the waiters to replay
+        #: without a read of their own.
+        self.record: Record | None = None
+
+
+#: Per backend (its acquisition): the key's lock name -> the flight in this process.
+_flights: weakref.WeakKeyDictionary[Acquisition, dict[str, _Flight]] = weakref.WeakKeyDictionary()
 
 
 # -- arguments -----------------------------------------------------------------------------
@@ -237,6 +259,7 @@ class IdempotentCall:
             raise StaleToken(self.key, self.token, None)
         self._saved = True
         self.result = result
+        guard.final = Record(self.token, payload)
 
 
 # -- the guard --------------------------------------------------------------------------------
@@ -267,10 +290,14 @@ class Idempotent(AsyncContextOnly):
         self.store_errors = check_store_errors(store_errors)
         self._acq = acq
         self._name = lock_name(self.key)
+        self._ttl = ttl
         self._lock = Lock(
             acq, self._name, ttl, self.wait, self.wait is not None, None, internal=True
         )
         self._call: IdempotentCall | None = None
+        self._flight: _Flight | None = None
+        #: The done or failed record this call stored or replayed, for its flight's waiters.
+        self.final: Record | None = None
 
     def __repr__(self) -> str:
         return f"<asynclock.Idempotent {self.key!r}>"
@@ -317,6 +344,8 @@ class Idempotent(AsyncContextOnly):
         if self.fingerprint is not None and head.get("f") != self.fingerprint:
             raise IdempotencyKeyReused(self.key)
         state = head.get("s")
+        if state in (_DONE, _FAILED):
+            self.final = record  # for this call's flight's waiters, if it is one
         if state == _DONE:
             return IdempotentCall(self, None, True, json.loads(body), record.token)
         if state == _FAILED:
@@ -330,10 +359,66 @@ class Idempotent(AsyncContextOnly):
                 "at a time (call backend.idempotent(...) once per call)"
             )
         self._acq.ready()
-        record = await self._get()
-        if record is not None and (call := self._replay(record)) is not None:
+        if self.wait is None:
+            record = await self._get()
+            call = None if record is None else self._replay(record)
+        else:
+            call = await self._join_or_fly()
+        if call is not None:
             self._call = call
             return call
+        try:
+            return await self._enter()
+        except BaseException:
+            self._land()
+            raise
+
+    async def _join_or_fly(self) -> IdempotentCall | None:
+        """Wait (up to ``wait``) while another call of this key in this process takes or
+        holds its lock, replaying what it stored (or reading the record) each time one
+        ends; else become this process's flight and take the lock ourselves (None)."""
+        assert self.wait is not None
+        flights = _flights.setdefault(self._acq, {})
+        task = self._acq.current_task()
+        deadline = anyio.current_time() + self.wait
+        while (flight := flights.get(self._name)) is not None and flight.task != task:
+            with anyio.move_on_after(deadline - anyio.current_time()):
+                await flight.done.wait()
+            record = flight.record if flight.done.is_set() else await self._get()
+            if record is not None and (call := self._replay(record)) is not None:
+                return call
+            if not flight.done.is_set():
+                raise InProgress(self.key, self.wait)
+        if flight is not None:
+            return None  # our own: the lock says AlreadyHeld
+        # This process's flight from here (its duplicates wait for it), reading first.
+        self._flight = flights[self._name] = _Flight(task)
+        try:
+            record = await self._get()
+            call = None if record is None else self._replay(record)
+        except BaseException:
+            self._land()
+            raise
+        if call is not None:
+            self._land()
+            return call
+        left = deadline - anyio.current_time()
+        if left < self.wait:
+            self._lock = Lock(self._acq, self._name, self._ttl, max(left, 0.0), True, None,
+                              internal=True)  # fmt: skip
+        return None
+
+    def _land(self) -> None:
+        """End this call's flight (if it is one): the process's duplicates read the record."""
+        flight, self._flight = self._flight, None
+        if flight is not None:
+            flight.record = self.final
+            flights = _flights.get(self._acq)
+            if flights is not None and flights.get(self._name) is flight:
+                del flights[self._name]
+            flight.done.set()
+
+    async def _enter(self) -> IdempotentCall:
         lock = self._lock
         try:
             lease = await lock.__aenter__()
@@ -343,6 +428,7 @@ class Idempotent(AsyncContextOnly):
             # Finished meanwhile, or another request under this key?
             record = await self._get()
             if record is not None and (call := self._replay(record)) is not None:
+                self._land()
                 self._call = call
                 return call
             raise InProgress(self.key, self.wait) from None
@@ -359,6 +445,7 @@ class Idempotent(AsyncContextOnly):
             raise
         if call.replayed:  # it finished while we waited for the lease
             await lock.__aexit__(None, None, None)
+            self._land()
         self._call = call
         return call
 
@@ -387,13 +474,20 @@ class Idempotent(AsyncContextOnly):
                         m=str(exc)[:MAX_MESSAGE],
                     )
                     with anyio.CancelScope(shield=True):
-                        await self.put(lease, failed)
+                        if await self.put(lease, failed):
+                            self.final = Record(lease.token, failed)
                 elif not call.saved:
                     await self._forget(lease.token)
         except BaseException as err:
-            await self._lock.__aexit__(type(err), err, err.__traceback__)
+            try:
+                await self._lock.__aexit__(type(err), err, err.__traceback__)
+            finally:
+                self._land()
             raise
-        return await self._lock.__aexit__(*exc_info)
+        try:
+            return await self._lock.__aexit__(*exc_info)
+        finally:
+            self._land()
 
     async def run(self, fn: Callable[..., Awaitable[T]], /, *args: Any, **kwargs: Any) -> T:
         """``await fn(*args, **kwargs)`` once for this key: its result is stored and
