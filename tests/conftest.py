@@ -28,11 +28,13 @@ pytest_plugins = [
     "tests.support.etcd_servers",
     "tests.support.local_backends",
     "tests.support.pg_servers",
+    "tests.support.zk_servers",
 ]
 
 #: Every backend the conformance suite runs on (each needs a ``spec_<id>`` fixture).
 BACKENDS = [
-    "memory", "sqlite", "postgres", "postgres_lease", "redis", "redlock", "etcd", "etcd3"
+    "memory", "sqlite", "postgres", "postgres_lease", "redis", "redlock", "etcd", "etcd3",
+    "zookeeper",
 ]  # fmt: skip
 #: Backends whose locks live inside one process (no multi-process tests for them).
 IN_PROCESS_ONLY = {"memory"}
