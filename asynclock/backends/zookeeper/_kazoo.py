@@ -31,6 +31,7 @@ from kazoo.exceptions import (
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
+    SessionExpiredError,
 )
 from kazoo.protocol.states import KazooState
 
@@ -40,6 +41,7 @@ __all__ = (
     "NoNodeError",
     "NodeExistsError",
     "NotEmptyError",
+    "SessionExpiredError",
     "Stat",
     "Zk",
 )

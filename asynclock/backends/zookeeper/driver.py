@@ -25,6 +25,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 import anyio
@@ -35,7 +36,7 @@ from ..._core.errors import ErrorMapper, map_errors
 from ..._core.exceptions import BackendUnavailable
 from ..._core.holder import Holder
 from . import _paths
-from ._kazoo import NoAuthError, NodeExistsError, NoNodeError, Zk
+from ._kazoo import NoAuthError, NodeExistsError, NoNodeError, SessionExpiredError, Zk
 
 logger = logging.getLogger("asynclock.zookeeper")
 T = TypeVar("T")
@@ -116,6 +117,7 @@ class ZooKeeperDriver(Driver):
         self._deadline_scope: anyio.CancelScope | None = None
         self._poke = anyio.Event()
         self._suspend_event = anyio.Event()
+        self._state_changed = anyio.Event()
 
     # -- calls ------------------------------------------------------------------------------
 
@@ -123,13 +125,28 @@ class ZooKeeperDriver(Driver):
         if self.last_contact is None or t_send > self.last_contact:
             self.last_contact = t_send
 
-    async def _call(self, what: str, coro: Awaitable[T]) -> T:
-        t_send = self.clock.now()
+    async def _new_session(self) -> None:
+        """A call failed with SessionExpiredError: kazoo is opening a new session (the old
+        one's holders are lost through the state listener). Wait for it, within the
+        caller's deadline (every state change kazoo reports wakes this to look again)."""
+        while self.zk.client.state != "CONNECTED":
+            await self._state_changed.wait()
+
+    async def _call(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
         with self.errors(what):
             with anyio.fail_after(self.timeout):
-                result = await coro
-        self._contact(t_send)
-        return result
+                for attempt in (1, 2):
+                    t_send = self.clock.now()
+                    try:
+                        result = await call()
+                    except SessionExpiredError:
+                        if attempt == 2:
+                            raise
+                        await self._new_session()
+                        continue
+                    self._contact(t_send)
+                    return result
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def lock_path(self, name: str) -> str:
         return _paths.lock_path(self.prefix, name)
@@ -153,14 +170,14 @@ class ZooKeeperDriver(Driver):
             raise self.errors.unavailable("cannot connect", exc) from None
         self.last_contact = self.clock.now()
         try:
-            found = await self._call("checking the chroot", self.zk.exists("/"))
+            found = await self._call("checking the chroot", partial(self.zk.exists, "/"))
             if found is None:
                 raise BackendUnavailable(
                     f"{self.display}: the chroot {self.chroot} does not exist on the "
                     f"ensemble; create it first (zkCli.sh create {self.chroot}) or leave it "
                     "out of the URL"
                 )
-            await self._call("reading the chroot", self.zk.children("/"))
+            await self._call("reading the chroot", partial(self.zk.children, "/"))
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(self.zk.stop)
@@ -178,6 +195,8 @@ class ZooKeeperDriver(Driver):
     # -- session states (called on the loop from kazoo's listener) -------------------------
 
     def _on_state(self, state: str) -> None:
+        self._state_changed.set()
+        self._state_changed = anyio.Event()
         if state == "suspended":
             self._suspended = True
             self._suspend_event.set()
@@ -247,7 +266,7 @@ class ZooKeeperDriver(Driver):
                         due = min(due, node.expires_at)
                 if self.held:
                     try:
-                        await self._call("ping", self.zk.exists("/"))
+                        await self._call("ping", partial(self.zk.exists, "/"))
                     except Exception as exc:
                         logger.debug("ping failed: %r", exc)
                 for orphan in list(self._orphans):
@@ -268,7 +287,7 @@ class ZooKeeperDriver(Driver):
             return
         lock, owner = orphan
         try:
-            children = await self._call("listing", self.zk.children(lock))
+            children = await self._call("listing", partial(self.zk.children, lock))
         except BackendUnavailable as exc:
             if isinstance(exc.__cause__, NoNodeError):
                 return
@@ -280,7 +299,7 @@ class ZooKeeperDriver(Driver):
     async def _delete(self, path: str) -> bool:
         """Delete a node of ours; False if it was gone already."""
         try:
-            await self._call("delete", self.zk.delete(path))
+            await self._call("delete", partial(self.zk.delete, path))
         except BackendUnavailable as exc:
             if isinstance(exc.__cause__, NoNodeError):
                 return False
@@ -299,9 +318,10 @@ class ZooKeeperDriver(Driver):
         waiting = self.waiting.get(owner)
         if waiting is not None:  # a queued waiter: is its node first now?
             _, path, token = waiting
-            children = await self._call(f"acquire of {name!r} failed", self.zk.children(lock))
+            what = f"acquire of {name!r} failed"
+            children = await self._call(what, partial(self.zk.children, lock))
             if path.rpartition("/")[2] not in children:  # deleted (broken): queue again
-                del self.waiting[owner]
+                self.waiting.pop(owner, None)
                 return await self.acquire(name, owner, ttl, queue=queue, scope=scope)
         else:
             path, token, children = await self._create(name, lock, owner, ttl)
@@ -338,13 +358,18 @@ class ZooKeeperDriver(Driver):
         data = encode_data(owner, ttl)
         with self.errors(f"acquire of {name!r} failed"):
             with anyio.fail_after(self.timeout):
-                for attempt in (1, 2):
+                for attempt in (1, 2, 3):
                     created = self.zk.create_ephemeral_sequential(node, data)
                     listed = self.zk.children_request(lock)
                     try:
                         path, stat = await self.zk.created(created)
+                    except SessionExpiredError:
+                        if attempt == 3:
+                            raise
+                        await self._new_session()
+                        continue
                     except NoNodeError:
-                        if attempt == 2:
+                        if attempt == 3:
                             raise
                         with contextlib.suppress(NodeExistsError):
                             await self.zk.ensure_path(lock)
@@ -433,7 +458,7 @@ class ZooKeeperDriver(Driver):
         """The path of the holder's node of ``name`` (the lowest contender), or None."""
         lock = self.lock_path(name)
         try:
-            children = await self._call("listing", self.zk.children(lock))
+            children = await self._call("listing", partial(self.zk.children, lock))
         except BackendUnavailable as exc:
             if isinstance(exc.__cause__, NoNodeError):
                 return None
@@ -446,7 +471,7 @@ class ZooKeeperDriver(Driver):
             first = await self._first(name)
             if first is None:
                 return False
-            stat = await self._call("validate", self.zk.exists(first))
+            stat = await self._call("validate", partial(self.zk.exists, first))
             if stat is not None:
                 return stat.czxid == token
         return False
@@ -457,7 +482,7 @@ class ZooKeeperDriver(Driver):
             if first is None:
                 return None
             try:
-                data, stat = await self._call("holder", self.zk.get(first))
+                data, stat = await self._call("holder", partial(self.zk.get, first))
             except BackendUnavailable as exc:
                 if isinstance(exc.__cause__, NoNodeError):
                     continue  # released just now: look again
@@ -490,7 +515,7 @@ class ZooKeeperDriver(Driver):
         while pending:
             path = pending.pop()
             try:
-                children = await self._call("listing", self.zk.children(path))
+                children = await self._call("listing", partial(self.zk.children, path))
             except BackendUnavailable as exc:
                 if isinstance(exc.__cause__, (NoNodeError, NoAuthError)):
                     continue
@@ -516,7 +541,7 @@ class ZooKeeperDriver(Driver):
                 with contextlib.suppress(RuntimeError):
                     call.call_soon_threadsafe(loop_wake, name)
 
-        stat = await self._call("watch", self.zk.exists(cursor, watch=fired))
+        stat = await self._call("watch", partial(self.zk.exists, cursor, watch=fired))
         return stat is None  # gone already: try again now
 
 
