@@ -161,6 +161,7 @@ async def test_kazoo_waiter_gets_the_lock_when_we_release(
 # -- connection errors -------------------------------------------------------------------
 
 
+@pytest.mark.filterwarnings("ignore:No chroot path exists:UserWarning")
 async def test_a_chroot_that_does_not_exist_is_a_clear_error(zk_ensemble: ZkEnsemble) -> None:
     with pytest.raises(asynclock.BackendUnavailable, match="chroot /no-such-root does not exist"):
         async with asynclock.connect(zk_ensemble.url + "/no-such-root"):

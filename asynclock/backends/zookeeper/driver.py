@@ -264,11 +264,15 @@ class ZooKeeperDriver(Driver):
                         self._wake(node.name)
                     else:
                         due = min(due, node.expires_at)
-                if self.held:
+                last = self.last_contact if self.last_contact is not None else now
+                ping_at = last + self.session_timeout / 3
+                if self.held and now >= ping_at:
                     try:
                         await self._call("ping", partial(self.zk.exists, "/"))
                     except Exception as exc:
                         logger.debug("ping failed: %r", exc)
+                elif self.held:
+                    due = min(due, ping_at)
                 for orphan in list(self._orphans):
                     try:
                         await self._delete_orphan(orphan)
@@ -359,10 +363,11 @@ class ZooKeeperDriver(Driver):
         with self.errors(f"acquire of {name!r} failed"):
             with anyio.fail_after(self.timeout):
                 for attempt in (1, 2, 3):
-                    created = self.zk.create_ephemeral_sequential(node, data)
-                    listed = self.zk.children_request(lock)
+                    created, listed = await self.zk.create_and_list(node, data, lock)
                     try:
-                        path, stat = await self.zk.created(created)
+                        if isinstance(created, BaseException):
+                            raise created
+                        path, stat = created
                     except SessionExpiredError:
                         if attempt == 3:
                             raise
@@ -374,7 +379,9 @@ class ZooKeeperDriver(Driver):
                         with contextlib.suppress(NodeExistsError):
                             await self.zk.ensure_path(lock)
                         continue
-                    return path, stat.czxid, await self.zk.children_of(listed)
+                    if isinstance(listed, BaseException):
+                        raise listed
+                    return path, stat.czxid, listed
         raise AssertionError("unreachable")  # pragma: no cover
 
     # -- renew, release, validate ------------------------------------------------------------
