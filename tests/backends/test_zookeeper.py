@@ -336,3 +336,28 @@ async def test_leader_killed_while_held_keeps_the_lease(
             assert await b.validate(lock_name, lease.token)
         async with b.lock(lock_name, ttl=6.0, timeout=10) as after:
             assert after.token > lease.token
+
+
+async def test_a_server_restart_keeps_the_lease_and_tokens_rising(
+    zk_factory: ZkFactory, lock_name: str
+) -> None:
+    """kill -9 and start again with the same data: the session (in the server's log)
+    survives a restart shorter than its timeout, and czxids go on from the log (a
+    standalone server keeps its epoch; an ensemble's new leader takes a larger one)."""
+    ensemble = zk_factory(1)
+    url = ensemble.url + "?session_timeout=20"
+    async with asynclock.connect(url) as backend:
+        async with backend.lock(lock_name, ttl=30.0) as lease:
+            before = ensemble.nodes[0].process
+            await in_thread(ensemble.restart, ensemble.nodes[0])
+            assert before is not None and before.returncode is not None  # it was killed
+            with anyio.fail_after(20):
+                while True:  # kazoo reconnects on its own schedule
+                    try:
+                        assert await backend.validate(lock_name, lease.token)
+                        break
+                    except asynclock.BackendUnavailable:
+                        continue
+            assert not lease.lost
+        async with backend.lock(lock_name, ttl=5.0, timeout=10) as after:
+            assert after.token > lease.token
