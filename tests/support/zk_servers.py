@@ -238,13 +238,22 @@ def zk_ensemble3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZkEnsembl
         ensemble.stop()
 
 
-@pytest.fixture(scope="session")
-def spec_zookeeper(zk_ensemble: ZkEnsemble) -> BackendSpec:
+def _spec(id: str, ensemble: ZkEnsemble) -> BackendSpec:
     async def sabotage(backend: asynclock.Backend, name: str) -> None:
         import anyio.to_thread
 
-        await anyio.to_thread.run_sync(delete_lock_nodes, zk_ensemble.hosts, name)
+        await anyio.to_thread.run_sync(delete_lock_nodes, ensemble.hosts, name)
 
     # A killed holder's node lasts until its session expires (not its ttl): the conformance
     # tests wait up to 10 s for that, so ask for 3 s sessions (the default is 10 s).
-    return BackendSpec("zookeeper", zk_ensemble.url, sabotage, options={"session_timeout": 3.0})
+    return BackendSpec(id, ensemble.url, sabotage, options={"session_timeout": 3.0})
+
+
+@pytest.fixture(scope="session")
+def spec_zookeeper(zk_ensemble: ZkEnsemble) -> BackendSpec:
+    return _spec("zookeeper", zk_ensemble)
+
+
+@pytest.fixture(scope="session")
+def spec_zookeeper3(zk_ensemble3: ZkEnsemble) -> BackendSpec:
+    return _spec("zookeeper3", zk_ensemble3)
