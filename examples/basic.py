@@ -1,6 +1,7 @@
 """The smallest useful lock: one name, a ttl, and the fencing token you get for it.
 
 Run: uv run python examples/basic.py [URL]   (default: a SQLite file in a temp dir)
+Any backend URL works, e.g. zookeeper://127.0.0.1:2181 (pip install "asynclock[zookeeper]").
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ async def cli(*args: str) -> tuple[int, str, str]:
 # Every kind of server once (etcd3 is etcd's 3-node cluster: the same commands).
 @pytest.mark.parametrize(
     "shared_spec",
-    ["sqlite", "postgres", "postgres_lease", "redis", "redlock", "etcd"],
+    ["sqlite", "postgres", "postgres_lease", "redis", "redlock", "etcd", "zookeeper"],
     indirect=True,
 )
 async def test_an_operator_sees_the_holder_lists_it_and_breaks_it(

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.zk_servers import ZkEnsemble
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
@@ -28,6 +30,14 @@ def test_basic() -> None:
     out = run("basic.py")
     assert "holding 'report:daily' with token 1" in out
     assert "token 2 (always larger)" in out
+    assert "second holder refused" in out
+
+
+def test_basic_on_zookeeper(zk_ensemble: ZkEnsemble) -> None:
+    out = run("basic.py", zk_ensemble.url)
+    first, again = (int(line.split("token ")[1].split()[0]) for line in out.splitlines()[:2])
+    assert out.startswith("holding 'report:daily' with token ")
+    assert again > first  # czxids: ensemble-wide, so not 1 and 2
     assert "second holder refused" in out
 
 

@@ -23,6 +23,7 @@ URLS = {
     "redlock": "redlock://a,b,c",
     "postgresql": "postgresql://u@h/db",
     "etcd": "etcd://h:2379",
+    "zookeeper": "zookeeper://h:2181",
 }
 
 

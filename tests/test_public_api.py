@@ -113,7 +113,8 @@ def test_core_imports_without_optional_drivers() -> None:
     """Importing asynclock must not import redis, asyncpg, etcd clients or rich."""
     code = (
         "import sys, asynclock, asynclock.fence, asynclock.testing;"
-        "bad = [m for m in ('redis', 'asyncpg', 'aetcd', 'grpc', 'rich', 'celery', 'fastapi')"
+        "bad = [m for m in ('redis', 'asyncpg', 'aetcd', 'grpc', 'rich', 'celery', 'fastapi',"
+        " 'kazoo')"
         " if m in sys.modules]; print(bad); raise SystemExit(1 if bad else 0)"
     )
     done = subprocess.run(

@@ -155,7 +155,7 @@ async def test_two_sqlite_backends_wake_each_other(
 
 # -- backends whose driver library runs only on asyncio ----------------------------------
 
-ASYNCIO_ONLY = ["redis", "redlock", "postgres", "postgres_lease", "etcd"]
+ASYNCIO_ONLY = ["redis", "redlock", "postgres", "postgres_lease", "etcd", "zookeeper"]
 
 
 @pytest.fixture(params=ASYNCIO_ONLY)

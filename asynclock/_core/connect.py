@@ -20,6 +20,7 @@ SCHEMES: dict[str, tuple[str, str | None]] = {
     "postgresql": ("asynclock.backends.postgres", "postgres"),
     "postgres": ("asynclock.backends.postgres", "postgres"),
     "etcd": ("asynclock.backends.etcd", "etcd"),
+    "zookeeper": ("asynclock.backends.zookeeper", "zookeeper"),
 }
 
 
@@ -36,7 +37,8 @@ def connect(
     """Create a backend for ``url``; use it as ``async with connect(url) as backend:``.
 
     Schemes: ``memory://``, ``sqlite:///path/to/file``, ``redis://``, ``rediss://``,
-    ``unix://``, ``redlock://h1,h2,h3``, ``postgresql://``, ``etcd://h1:2379,h2:2379``.
+    ``unix://``, ``redlock://h1,h2,h3``, ``postgresql://``, ``etcd://h1:2379,h2:2379``,
+    ``zookeeper://h1:2181,h2:2181/chroot``.
     Extra keyword ``options`` go to the backend's driver (see its docs).
     """
     if not isinstance(url, str):

@@ -28,6 +28,9 @@ FIXTURES = {
     "etcd_cluster": "etcd",
     "etcd_cluster3": "etcd3",
     "etcd_factory": "etcd",
+    "zk_ensemble": "zookeeper",
+    "zk_factory": "zookeeper",
+    "zk_ensemble3": "zookeeper",
 }
 
 

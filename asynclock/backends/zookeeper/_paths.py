@@ -1,0 +1,68 @@
+"""Lock names as znode paths, and which children of a lock's node are contenders.
+
+A name ``a/b`` is the znode ``<prefix>/a/b`` (so kazoo's ``Lock(client, "/a/b")`` and
+``backend.lock("a/b")`` share a node); in each ``/``-separated segment, ``%`` and the
+characters ZooKeeper refuses in a path (controls, the surrogate and private use range,
+which Java's UTF-16 makes of every character above U+FFFF, and U+FFF0-U+FFFF) are
+percent-encoded, and a segment ``.`` or ``..``
+is written ``%2E``/``%2E%2E``. A name with an empty segment (a leading, trailing or double
+``/``) is one segment with every ``/`` encoded. The mapping is one-to-one.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import unquote
+
+#: Our node names: ``<owner id, 32 hex>__lock__<10-digit sequence>``, kazoo's own layout.
+MARK = "__lock__"
+#: A contender is any child whose name ends in a ZooKeeper sequence number: kazoo's Lock
+#: (``__lock__``) and ReadLock (``__rlock__``), Curator's and aiozk's (``...-lock-``).
+_SEQUENCE = re.compile(r"(-?\d{10})$")
+
+
+def _refused(ch: str) -> bool:
+    code = ord(ch)
+    return (
+        ch in "%/"
+        or code == 0
+        or 0x01 <= code <= 0x1F
+        or 0x7F <= code <= 0x9F
+        or 0xD800 <= code <= 0xF8FF
+        or code >= 0xFFF0  # Java sees code points above 0xFFFF as surrogate pairs
+    )
+
+
+def _quote(segment: str) -> str:
+    if segment in (".", ".."):
+        return "%2E" * len(segment)
+    out: list[str] = []
+    for ch in segment:
+        if _refused(ch):
+            out.extend(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass"))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def lock_path(prefix: str, name: str) -> str:
+    segments = name.split("/")
+    encoded = "/".join(_quote(s) for s in segments) if all(segments) else _quote(name)
+    return f"{prefix}/{encoded}"
+
+
+def name_of(prefix: str, path: str) -> str:
+    """The lock name of the lock node ``path`` (the inverse of :func:`lock_path`)."""
+    return unquote(path[len(prefix) + 1 :], errors="surrogatepass")
+
+
+def sequence(child: str) -> int | None:
+    match = _SEQUENCE.search(child)
+    return None if match is None else int(match.group(1))
+
+
+def contenders(children: list[str]) -> list[str]:
+    """The contenders among ``children``, in queue order (lowest sequence first)."""
+    found = [(seq, c) for c in children if (seq := sequence(c)) is not None]
+    found.sort()
+    return [c for _, c in found]

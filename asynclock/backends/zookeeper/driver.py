@@ -1,0 +1,555 @@
+"""The ZooKeeper driver: kazoo's lock recipe, one session per backend, czxid tokens.
+
+* **Recipe.** A lock ``NAME`` is the znode ``<prefix>/NAME``; each attempt creates an
+  ephemeral sequential child ``<owner id>__lock__<seq>`` (kazoo's layout) and lists the
+  children in the same pipelined round trip. The lowest contender holds (any child ending
+  in a 10-digit sequence is a contender: kazoo's, Curator's and aiozk's nodes too). A
+  blocking waiter keeps its node and watches only its predecessor (FIFO, no herd).
+* **Token.** The holder node's ``czxid``: the ensemble's transaction id of its creation,
+  larger than every earlier one (G2), whatever the name or token scope.
+* **Liveness.** ZooKeeper keeps an ephemeral node as long as the session lives, not for a
+  ttl. Renewal writes the node (``set_data``; a node that is gone is a definite refusal)
+  and stamps the ttl into it, so ``holder()`` can say how long the holder has left. A hold
+  the core stops renewing is deleted by the driver once its ttl has passed (the session
+  lives on for the others). The server ends a session it has not heard from for the
+  negotiated session timeout: when the connection is lost (kazoo: SUSPENDED), every
+  holder is cancelled at ``last contact + timeout x (1 - drift) - margin``, before the
+  server can expire the session and hand the name on (G3); a reconnect in time keeps them.
+  A session lost (expired) cancels every holder at once (G4).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, TypeVar
+
+import anyio
+
+from ..._core.asyncio_only import require_asyncio
+from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
+from ..._core.errors import ErrorMapper, map_errors
+from ..._core.exceptions import BackendUnavailable
+from ..._core.holder import Holder
+from . import _paths
+from ._kazoo import NoAuthError, NodeExistsError, NoNodeError, SessionExpiredError, Zk
+
+logger = logging.getLogger("asynclock.zookeeper")
+T = TypeVar("T")
+
+#: How far a local clock may run slow against the server's (as the core's default).
+DRIFT = 0.01
+#: Taken off the session deadline besides the drift: a scheduling delay here.
+MARGIN = 0.05
+_TAG = b"asynclock"
+
+
+def explain(exc: BaseException) -> str | None:
+    if isinstance(exc, NoAuthError):
+        return (
+            "not authorised by the node's ACL (NoAuth): check the digest user and password "
+            "(zookeeper://user:password@host/...)"
+        )
+    if isinstance(exc, TimeoutError):
+        return "no answer in time (is the ensemble reachable, and does it have a quorum?)"
+    return None
+
+
+def encode_data(owner: str, ttl: float) -> bytes:
+    return b"%s\n%s\n%r" % (_TAG, owner.encode(), ttl)
+
+
+def decode_data(data: bytes) -> tuple[str | None, float | None]:
+    """(owner, ttl) of our nodes; (the data as text or None, None) of anyone else's."""
+    parts = data.split(b"\n")
+    if len(parts) == 3 and parts[0] == _TAG:
+        try:
+            return parts[1].decode(), float(parts[2])
+        except ValueError:
+            pass
+    text = data.decode("utf-8", "replace")
+    return (text or None), None
+
+
+@dataclass(slots=True)
+class _Node:
+    name: str
+    owner: str
+    path: str  # the full path of our child node
+    token: int
+    ttl: float
+    expires_at: float  # local clock: last confirmed renewal's t_send + ttl
+
+
+class ZooKeeperDriver(Driver):
+    """Locks in a ZooKeeper ensemble. See the module docstring and docs/backends/zookeeper.md."""
+
+    remote = True
+
+    def __init__(
+        self,
+        zk_factory: Callable[[Callable[[str], None]], Zk],
+        *,
+        prefix: str,
+        chroot: str,
+        timeout: float,
+        display: str,
+        secret: str | None,
+    ) -> None:
+        super().__init__()
+        self.zk = zk_factory(self._on_state)
+        self.prefix = prefix
+        self.chroot = chroot
+        self.timeout = timeout
+        self.display = display
+        self.errors: ErrorMapper = map_errors(display, secret, explain=explain)
+        self.held: dict[str, _Node] = {}  # owner -> held node
+        #: owner -> (name, node path, czxid) of a queued waiter's node
+        self.waiting: dict[str, tuple[str, str, int]] = {}
+        #: Nodes to delete once the server answers: node path, or (lock path, owner).
+        self._orphans: set[str | tuple[str, str]] = set()
+        self.last_contact: float | None = None
+        self._suspended = False
+        self._deadline_scope: anyio.CancelScope | None = None
+        self._poke = anyio.Event()
+        self._suspend_event = anyio.Event()
+        self._state_changed = anyio.Event()
+
+    # -- calls ------------------------------------------------------------------------------
+
+    def _contact(self, t_send: float) -> None:
+        if self.last_contact is None or t_send > self.last_contact:
+            self.last_contact = t_send
+
+    async def _new_session(self) -> None:
+        """A call failed with SessionExpiredError: kazoo is opening a new session (the old
+        one's holders are lost through the state listener). Wait for it, within the
+        caller's deadline (every state change kazoo reports wakes this to look again)."""
+        while self.zk.client.state != "CONNECTED":
+            await self._state_changed.wait()
+
+    async def _call(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        with self.errors(what):
+            with anyio.fail_after(self.timeout):
+                for attempt in (1, 2):
+                    t_send = self.clock.now()
+                    try:
+                        result = await call()
+                    except SessionExpiredError:
+                        if attempt == 2:
+                            raise
+                        await self._new_session()
+                        continue
+                    self._contact(t_send)
+                    return result
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def lock_path(self, name: str) -> str:
+        return _paths.lock_path(self.prefix, name)
+
+    @property
+    def session_timeout(self) -> float:
+        """The session timeout the server negotiated, seconds (the requested one until
+        a session exists; the server only ever lowers or raises it within its bounds)."""
+        ms = self.zk.negotiated_ms if self.zk.negotiated_ms is not None else self.zk.requested_ms
+        return ms / 1000
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        require_asyncio(self.display, "the kazoo bridge")
+        self.zk.bind_loop()
+        try:
+            await anyio.to_thread.run_sync(self.zk.start, self.timeout)
+        except Exception as exc:
+            await anyio.to_thread.run_sync(self.zk.stop)
+            raise self.errors.unavailable("cannot connect", exc) from None
+        self.last_contact = self.clock.now()
+        try:
+            found = await self._call("checking the chroot", partial(self.zk.exists, "/"))
+            if found is None:
+                raise BackendUnavailable(
+                    f"{self.display}: the chroot {self.chroot} does not exist on the "
+                    f"ensemble; create it first (zkCli.sh create {self.chroot}) or leave it "
+                    "out of the URL"
+                )
+            await self._call("reading the chroot", partial(self.zk.children, "/"))
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self.zk.stop)
+            raise
+
+    async def aclose(self) -> None:
+        with anyio.CancelScope(shield=True):
+            try:
+                # Closing the session deletes its ephemeral nodes at the server at once.
+                with anyio.move_on_after(self.timeout):
+                    await anyio.to_thread.run_sync(self.zk.stop, abandon_on_cancel=True)
+            except Exception as exc:  # pragma: no cover - must not raise
+                logger.debug("closing the ZooKeeper client failed: %r", exc)
+
+    # -- session states (called on the loop from kazoo's listener) -------------------------
+
+    def _on_state(self, state: str) -> None:
+        self._state_changed.set()
+        self._state_changed = anyio.Event()
+        if state == "suspended":
+            self._suspended = True
+            self._suspend_event.set()
+            self._poke.set()
+        elif state == "connected":
+            self._suspended = False
+            if self._deadline_scope is not None:
+                self._deadline_scope.cancel()
+            for name, _, _ in list(self.waiting.values()):
+                self._wake(name)  # a watch may have been missed while away
+            self._poke.set()
+        elif state == "lost":
+            self._suspended = False
+            if self._deadline_scope is not None:
+                self._deadline_scope.cancel()
+            self._lose_all("the ZooKeeper session expired")
+            for owner, (name, _, _) in list(self.waiting.items()):
+                del self.waiting[owner]  # its node went with the session
+                self._wake(name)
+            self._orphans.clear()  # every node of the old session is gone
+
+    def _lose_all(self, why: str) -> None:
+        for owner, node in list(self.held.items()):
+            del self.held[owner]
+            self._notify_lost(node.name, owner, why)
+            self._wake(node.name)
+
+    async def background(self) -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._watch_suspension)
+            tg.start_soon(self._housekeeping)
+
+    async def _watch_suspension(self) -> None:
+        """While the connection is lost, cancel every holder at the session deadline."""
+        while True:
+            await self._suspend_event.wait()
+            self._suspend_event = anyio.Event()
+            if not self._suspended:
+                continue
+            last = self.last_contact if self.last_contact is not None else self.clock.now()
+            deadline = last + self.session_timeout * (1 - DRIFT) - MARGIN
+            with anyio.CancelScope() as scope:
+                self._deadline_scope = scope
+                await anyio.sleep(max(0.0, deadline - self.clock.now()))
+                if self._suspended:
+                    for node in self.held.values():
+                        self._orphans.add(node.path)  # the session may yet come back
+                    self._lose_all(
+                        "connection to ZooKeeper lost: the session may expire at the "
+                        f"server {self.session_timeout:g}s after the last contact"
+                    )
+            self._deadline_scope = None
+
+    async def _housekeeping(self) -> None:
+        """Keep our last contact fresh while we hold, expire holds the core stopped
+        renewing, delete orphans."""
+        while True:
+            now = self.clock.now()
+            due = now + self.session_timeout / 3
+            if not self._suspended:
+                for owner, node in list(self.held.items()):
+                    if now >= node.expires_at:
+                        del self.held[owner]  # the core stopped renewing: expire it
+                        self._orphans.add(node.path)
+                        self._wake(node.name)
+                    else:
+                        due = min(due, node.expires_at)
+                last = self.last_contact if self.last_contact is not None else now
+                ping_at = last + self.session_timeout / 3
+                if self.held and now >= ping_at:
+                    try:
+                        await self._call("ping", partial(self.zk.exists, "/"))
+                    except Exception as exc:
+                        logger.debug("ping failed: %r", exc)
+                elif self.held:
+                    due = min(due, ping_at)
+                for orphan in list(self._orphans):
+                    try:
+                        await self._delete_orphan(orphan)
+                    except Exception as exc:
+                        logger.debug("delete of %r failed, will retry: %r", orphan, exc)
+                        due = min(due, self.clock.now() + 0.2)
+                    else:
+                        self._orphans.discard(orphan)
+            self._poke = anyio.Event()
+            with anyio.move_on_after(max(0.0, due - self.clock.now())):
+                await self._poke.wait()
+
+    async def _delete_orphan(self, orphan: str | tuple[str, str]) -> None:
+        if isinstance(orphan, str):
+            await self._delete(orphan)
+            return
+        lock, owner = orphan
+        try:
+            children = await self._call("listing", partial(self.zk.children, lock))
+        except BackendUnavailable as exc:
+            if isinstance(exc.__cause__, NoNodeError):
+                return
+            raise
+        for child in children:
+            if child.startswith(owner[:32] + _paths.MARK):
+                await self._delete(f"{lock}/{child}")
+
+    async def _delete(self, path: str) -> bool:
+        """Delete a node of ours; False if it was gone already."""
+        try:
+            await self._call("delete", partial(self.zk.delete, path))
+        except BackendUnavailable as exc:
+            if isinstance(exc.__cause__, NoNodeError):
+                return False
+            raise
+        return True
+
+    # -- acquire ----------------------------------------------------------------------------
+
+    async def acquire(
+        self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
+    ) -> int | Busy:
+        # scope: a czxid is above every earlier czxid of the ensemble, so above every
+        # token of any name or scope (G2 for both).
+        lock = self.lock_path(name)
+        t_send = self.clock.now()
+        waiting = self.waiting.get(owner)
+        if waiting is not None:  # a queued waiter: is its node first now?
+            _, path, token = waiting
+            what = f"acquire of {name!r} failed"
+            children = await self._call(what, partial(self.zk.children, lock))
+            if path.rpartition("/")[2] not in children:  # deleted (broken): queue again
+                self.waiting.pop(owner, None)
+                return await self.acquire(name, owner, ttl, queue=queue, scope=scope)
+        else:
+            path, token, children = await self._create(name, lock, owner, ttl)
+        self._contact(t_send)
+        mine = path.rpartition("/")[2]
+        order = _paths.contenders(children)
+        index = order.index(mine) if mine in order else 0
+        if index == 0:
+            self.waiting.pop(owner, None)
+            self.held[owner] = _Node(name, owner, path, token, ttl, t_send + ttl)
+            self._poke.set()
+            return token
+        predecessor = f"{lock}/{order[index - 1]}"
+        detail = f"held by node {order[0]} ({index} ahead in the queue)"
+        if queue:
+            self.waiting[owner] = (name, path, token)
+            return Busy(retry_after=self.session_timeout, detail=detail, cursor=predecessor)
+        self.waiting.pop(owner, None)
+        try:
+            await self._delete(path)
+        except BaseException:
+            self._orphans.add(path)
+            self._poke.set()
+            raise
+        # How long the holder has left is not known without asking (its ttl is in its
+        # node; a crashed holder's node lasts until its session expires).
+        return Busy(detail=detail)
+
+    async def _create(
+        self, name: str, lock: str, owner: str, ttl: float
+    ) -> tuple[str, int, list[str]]:
+        """Create our node and list the children in one pipelined round trip."""
+        node = f"{lock}/{owner[:32]}{_paths.MARK}"
+        data = encode_data(owner, ttl)
+        with self.errors(f"acquire of {name!r} failed"):
+            with anyio.fail_after(self.timeout):
+                for attempt in (1, 2, 3):
+                    created, listed = await self.zk.create_and_list(node, data, lock)
+                    try:
+                        if isinstance(created, BaseException):
+                            raise created
+                        path, stat = created
+                    except SessionExpiredError:
+                        if attempt == 3:
+                            raise
+                        await self._new_session()
+                        continue
+                    except NoNodeError:
+                        if attempt == 3:
+                            raise
+                        with contextlib.suppress(NodeExistsError):
+                            await self.zk.ensure_path(lock)
+                        continue
+                    if isinstance(listed, BaseException):
+                        raise listed
+                    return path, stat.czxid, listed
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- renew, release, validate ------------------------------------------------------------
+
+    async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
+        t_send = self.clock.now()
+        out: list[ExtendResult] = []
+
+        async def one(ref: LeaseRef, node: _Node, slot: int) -> None:
+            try:
+                await self.zk.set_data(node.path, encode_data(ref.owner, ref.ttl))
+            except NoNodeError:
+                if self.held.get(ref.owner) is node:
+                    del self.held[ref.owner]
+                out[slot] = Refused("lock node deleted at the server")
+            except Exception as exc:
+                out[slot] = self.errors.unavailable("renewal failed", exc)
+            else:
+                if self.held.get(ref.owner) is not node:
+                    out[slot] = Refused("lost while renewing")
+                    return
+                node.ttl = ref.ttl
+                node.expires_at = max(node.expires_at, t_send + ref.ttl)
+                out[slot] = True
+
+        # One write per lease, all sent at once on the one connection: one round trip.
+        with anyio.move_on_after(self.timeout) as scope:
+            async with anyio.create_task_group() as tg:
+                for ref in leases:
+                    node = self.held.get(ref.owner)
+                    if node is None or node.token != ref.token or node.name != ref.name:
+                        out.append(Refused("not held by this owner"))
+                        continue
+                    out.append(TimeoutError("renewal got no answer in time"))
+                    tg.start_soon(one, ref, node, len(out) - 1)
+        if not scope.cancelled_caught:
+            self._contact(t_send)
+        return out
+
+    async def release(self, name: str, owner: str, token: int | None) -> bool:
+        node = self.held.get(owner)
+        if node is not None and node.name == name:
+            if token is not None and node.token != token:
+                return False
+            removed = await self._delete(node.path)  # local state after the server (G6)
+            if self.held.get(owner) is node:
+                del self.held[owner]
+            self._wake(name)
+            return removed
+        if token is not None:
+            return False
+        waiting = self.waiting.get(owner)
+        if waiting is not None:
+            return await self._drop(owner, waiting[1])
+        # An interrupted first attempt: its node may exist (the create may have run).
+        orphan = (self.lock_path(name), owner)
+        try:
+            await self._delete_orphan(orphan)
+        except BaseException:
+            self._orphans.add(orphan)
+            self._poke.set()
+            raise
+        return False
+
+    async def _drop(self, owner: str, path: str) -> bool:
+        self.waiting.pop(owner, None)
+        try:
+            return await self._delete(path)
+        except BaseException:
+            self._orphans.add(path)
+            self._poke.set()
+            raise
+
+    async def abandon(self, name: str, owner: str) -> None:
+        waiting = self.waiting.get(owner)
+        if waiting is not None:
+            await self._drop(owner, waiting[1])
+            self._wake(name)
+
+    async def _first(self, name: str) -> str | None:
+        """The path of the holder's node of ``name`` (the lowest contender), or None."""
+        lock = self.lock_path(name)
+        try:
+            children = await self._call("listing", partial(self.zk.children, lock))
+        except BackendUnavailable as exc:
+            if isinstance(exc.__cause__, NoNodeError):
+                return None
+            raise
+        order = _paths.contenders(children)
+        return f"{lock}/{order[0]}" if order else None
+
+    async def validate(self, name: str, token: int) -> bool:
+        for _ in range(3):
+            first = await self._first(name)
+            if first is None:
+                return False
+            stat = await self._call("validate", partial(self.zk.exists, first))
+            if stat is not None:
+                return stat.czxid == token
+        return False
+
+    async def holder(self, name: str) -> Holder | None:
+        for _ in range(3):
+            first = await self._first(name)
+            if first is None:
+                return None
+            try:
+                data, stat = await self._call("holder", partial(self.zk.get, first))
+            except BackendUnavailable as exc:
+                if isinstance(exc.__cause__, NoNodeError):
+                    continue  # released just now: look again
+                raise
+            owner, ttl = decode_data(data)
+            remaining = None
+            if ttl is not None:
+                # Time left of the ttl since the last renewal, by the server's clock
+                # (mtime) read against ours.
+                remaining = max(0.0, stat.mtime / 1000 + ttl - time.time())
+            return Holder(name, owner, stat.czxid, remaining)
+        return None
+
+    async def break_lock(self, name: str) -> bool:
+        first = await self._first(name)
+        if first is None:
+            return False
+        # G2: whoever comes next creates a node with a larger czxid; the broken holder's
+        # next renewal finds its node gone (refused).
+        broken = await self._delete(first)
+        for owner, node in list(self.held.items()):
+            if node.path == first:
+                del self.held[owner]
+        self._wake(name)
+        return broken
+
+    async def names(self) -> list[str]:
+        found: list[str] = []
+        pending = [self.prefix or "/"]
+        while pending:
+            path = pending.pop()
+            try:
+                children = await self._call("listing", partial(self.zk.children, path))
+            except BackendUnavailable as exc:
+                if isinstance(exc.__cause__, (NoNodeError, NoAuthError)):
+                    continue
+                raise
+            base = "" if path == "/" else path
+            if path != (self.prefix or "/") and _paths.contenders(children):
+                found.append(_paths.name_of(self.prefix, path))
+            for child in children:
+                if _paths.sequence(child) is None and not (base == "" and child == "zookeeper"):
+                    pending.append(f"{base}/{child}")
+        return sorted(found)
+
+    # -- waiting: watch the predecessor --------------------------------------------------------
+
+    async def watch(self, name: str, cursor: object = None) -> bool:
+        if not isinstance(cursor, str):
+            return False
+        loop_wake = self._wake
+        call = self.zk._loop
+
+        def fired(event: Any) -> None:  # kazoo's thread
+            if call is not None:
+                with contextlib.suppress(RuntimeError):
+                    call.call_soon_threadsafe(loop_wake, name)
+
+        stat = await self._call("watch", partial(self.zk.exists, cursor, watch=fired))
+        return stat is None  # gone already: try again now
+
+
+__all__ = ("ZooKeeperDriver",)

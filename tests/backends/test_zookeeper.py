@@ -1,0 +1,363 @@
+"""The ZooKeeper backend beyond the conformance suite: kazoo interop both ways, session
+expiry and partitions, chroot and digest auth errors, the session timeout it negotiates."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import anyio
+import pytest
+from kazoo.client import KazooClient
+from kazoo.security import make_digest_acl
+
+import asynclock
+import asynclock.testing
+from asynclock._harness.proxy import Proxy
+from asynclock.backends.zookeeper import ZooKeeperDriver
+from asynclock.backends.zookeeper._paths import lock_path, name_of
+from tests.support.zk_servers import ZkEnsemble, ZkFactory
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
+T = TypeVar("T")
+
+
+def zk_driver(backend: asynclock.Backend) -> ZooKeeperDriver:
+    driver = backend.driver
+    assert isinstance(driver, ZooKeeperDriver)
+    return driver
+
+
+async def in_thread(fn: Callable[..., T], *args: Any) -> T:
+    return await anyio.to_thread.run_sync(fn, *args)
+
+
+@asynccontextmanager
+async def kazoo(hosts: str, **kwargs: Any) -> AsyncIterator[KazooClient]:
+    client = KazooClient(hosts=hosts, **kwargs)
+    await in_thread(lambda: client.start(timeout=15))
+    try:
+        yield client
+    finally:
+        await in_thread(client.stop)
+        await in_thread(client.close)
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 10.0) -> None:
+    """Poll a condition on the server or the driver (no event exists for it) until true."""
+    with anyio.fail_after(timeout):
+        while True:
+            result = check()
+            if hasattr(result, "__await__"):
+                result = await result
+            if result:
+                return
+            await anyio.sleep(0.02)
+
+
+def expire(hosts: str, client_id: tuple[int, bytes]) -> None:
+    """Expire a session at the server: join it from another connection and close it."""
+    intruder = KazooClient(hosts=hosts, client_id=client_id)
+    intruder.start(timeout=15)
+    intruder.stop()
+    intruder.close()
+
+
+# -- names as paths ---------------------------------------------------------------------
+
+
+def test_names_map_to_paths_one_to_one() -> None:
+    cases = {
+        "invoice:42": "/invoice:42",
+        "a/b": "/a/b",
+        "100%": "/100%25",
+        "/a": "/%2Fa",
+        "a//b": "/a%2F%2Fb",
+        "a/../b": "/a/%2E%2E/b",
+        "é😀": "/é%F0%9F%98%80",
+        "x\x01": "/x%01",
+    }
+    for name, path in cases.items():
+        assert lock_path("", name) == path
+        assert lock_path("/p", name) == "/p" + path
+        assert name_of("", path) == name
+    assert lock_path("", "a%2Fb") != lock_path("", "a/b")
+
+
+# -- interop with kazoo's own Lock -------------------------------------------------------
+
+
+async def test_kazoo_lock_and_ours_exclude_each_other(
+    zk_ensemble: ZkEnsemble, lock_name: str
+) -> None:
+    path = lock_path("", lock_name)
+    async with kazoo(zk_ensemble.hosts) as client, asynclock.connect(zk_ensemble.url) as ours:
+        theirs = client.Lock(path, "kazoo-holder")
+        assert await in_thread(lambda: theirs.acquire(timeout=5))
+        with pytest.raises(asynclock.LockHeld):
+            async with ours.lock(lock_name, ttl=5.0, blocking=False):
+                pytest.fail("acquired while kazoo holds the lock")
+        holder = await ours.holder(lock_name)
+        assert holder is not None and holder.owner == "kazoo-holder"
+        assert holder.remaining is None  # kazoo keeps no ttl
+        assert await ours.validate(lock_name, holder.token or 0)
+        # A waiter of ours queues behind kazoo's node and gets the lock when kazoo lets go.
+        async with anyio.create_task_group() as tg:
+            got = anyio.Event()
+
+            async def wait_for_it() -> None:
+                async with ours.lock(lock_name, ttl=5.0, timeout=10) as lease:
+                    assert holder is not None and lease.token > (holder.token or 0)
+                    got.set()
+
+            tg.start_soon(wait_for_it)
+
+            async def queued() -> bool:
+                return len(await in_thread(client.get_children, path)) == 2
+
+            await eventually(queued)  # our waiter's node is behind kazoo's
+            assert not got.is_set()
+            await in_thread(theirs.release)
+            with anyio.fail_after(10):
+                await got.wait()
+        # And the other way: kazoo cannot take the lock while we hold it, then can.
+        async with ours.lock(lock_name, ttl=5.0) as lease:
+            other = client.Lock(path, "kazoo-2")
+            assert not await in_thread(lambda: other.acquire(blocking=False))
+            contenders = await in_thread(other.contenders)
+            assert lease.owner in contenders[0]  # our node's data names the owner
+        assert await in_thread(lambda: other.acquire(timeout=5))
+        await in_thread(other.release)
+
+
+async def test_kazoo_waiter_gets_the_lock_when_we_release(
+    zk_ensemble: ZkEnsemble, lock_name: str
+) -> None:
+    path = lock_path("", lock_name)
+    async with kazoo(zk_ensemble.hosts) as client, asynclock.connect(zk_ensemble.url) as ours:
+        async with ours.lock(lock_name, ttl=5.0) as lease:
+            theirs = client.Lock(path, "kazoo-waiter")
+            async with anyio.create_task_group() as tg:
+                acquired: list[bool] = []
+
+                async def kazoo_waits() -> None:
+                    acquired.append(await in_thread(lambda: theirs.acquire(timeout=10)))
+
+                tg.start_soon(kazoo_waits)
+
+                async def queued() -> bool:  # kazoo's node is behind ours
+                    return len(await in_thread(client.get_children, path)) == 2
+
+                await eventually(queued)
+                assert not acquired
+                assert await ours.validate(lock_name, lease.token)
+                await lease.release()
+        assert acquired == [True]
+        await in_thread(theirs.release)
+
+
+# -- connection errors -------------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:No chroot path exists:UserWarning")
+async def test_a_chroot_that_does_not_exist_is_a_clear_error(zk_ensemble: ZkEnsemble) -> None:
+    with pytest.raises(asynclock.BackendUnavailable, match="chroot /no-such-root does not exist"):
+        async with asynclock.connect(zk_ensemble.url + "/no-such-root"):
+            pytest.fail("connected")
+
+
+async def test_a_chroot_keeps_locks_apart(zk_ensemble: ZkEnsemble, lock_name: str) -> None:
+    async with kazoo(zk_ensemble.hosts) as client:
+        await in_thread(client.ensure_path, "/tenant-a")
+    async with (
+        asynclock.connect(zk_ensemble.url + "/tenant-a") as a,
+        asynclock.connect(zk_ensemble.url) as root,
+    ):
+        async with a.lock(lock_name, ttl=5.0):
+            async with root.lock(lock_name, ttl=5.0, blocking=False):
+                pass  # another node: /<name>, not /tenant-a/<name>
+            assert await root.locked("tenant-a/" + lock_name)
+
+
+async def test_digest_auth_with_a_wrong_password(zk_ensemble: ZkEnsemble, lock_name: str) -> None:
+    right, wrong = "right-Pa55word", "Wr0ng-Pa55word"
+    async with kazoo(zk_ensemble.hosts, auth_data=[("digest", f"app:{right}")]) as admin:
+        if not await in_thread(admin.exists, "/secured"):
+            acl = [make_digest_acl("app", right, all=True)]
+            await in_thread(lambda: admin.create("/secured", b"", acl=acl))
+    with pytest.raises(asynclock.BackendUnavailable) as info:
+        async with asynclock.connect(f"zookeeper://app:{wrong}@{zk_ensemble.hosts}/secured"):
+            pytest.fail("connected with a wrong password")
+    message = str(info.value)
+    assert "check the digest user and password" in message
+    assert wrong not in message and right not in message
+    assert wrong not in repr(info.value)
+    async with asynclock.connect(f"zookeeper://app:{right}@{zk_ensemble.hosts}/secured") as ok:
+        async with ok.lock(lock_name, ttl=5.0) as lease:
+            assert await ok.validate(lock_name, lease.token)
+
+
+# -- sessions ----------------------------------------------------------------------------
+
+
+async def test_documented_defaults_and_the_negotiated_timeout(zk_ensemble: ZkEnsemble) -> None:
+    """Pins _kazoo._Capture: the session timeout is read from what the server granted."""
+    async with asynclock.connect(zk_ensemble.url) as backend:
+        driver = zk_driver(backend)
+        assert driver.zk.negotiated_ms == 10_000  # the default, 10 s, within the server's bounds
+        assert driver.session_timeout == 10.0
+        assert driver.timeout == 5.0
+        assert driver.prefix == ""
+    # Past the server's maxSessionTimeout (60 s here): the server lowers it, the driver
+    # follows the server.
+    async with asynclock.connect(zk_ensemble.url + "?session_timeout=100") as backend:
+        assert zk_driver(backend).session_timeout == 60.0
+    async with asynclock.connect(zk_ensemble.url, session_timeout=0.1) as backend:
+        assert zk_driver(backend).session_timeout == 0.4  # raised to minSessionTimeout
+
+
+async def test_session_expiry_cancels_the_holder(zk_ensemble: ZkEnsemble, lock_name: str) -> None:
+    url = zk_ensemble.url + "?session_timeout=3"
+    async with asynclock.connect(url) as backend, asynclock.connect(url) as other:
+        with pytest.raises(asynclock.LeaseLost) as info:
+            async with backend.lock(lock_name, ttl=30.0) as lease:
+                client_id = zk_driver(backend).zk.client.client_id
+                await in_thread(expire, zk_ensemble.hosts, client_id)
+                with anyio.fail_after(15):
+                    await anyio.sleep_forever()
+        assert "session expired" in info.value.reason
+        async with other.lock(lock_name, ttl=5.0, timeout=10) as successor:
+            assert successor.token > lease.token
+        # The backend makes a new session and goes on.
+        async with backend.lock(lock_name, ttl=5.0, timeout=10) as again:
+            assert again.token > successor.token
+
+
+async def test_session_expiry_while_a_waiter_watches(
+    zk_ensemble: ZkEnsemble, lock_name: str
+) -> None:
+    url = zk_ensemble.url + "?session_timeout=3"
+    async with asynclock.connect(url) as holding, asynclock.connect(url) as waiting:
+        first = await holding.acquire(lock_name, ttl=10.0)
+        got: list[int] = []
+        async with anyio.create_task_group() as tg:
+
+            async def waiter() -> None:
+                async with waiting.lock(lock_name, ttl=5.0, timeout=20) as lease:
+                    got.append(lease.token)
+
+            tg.start_soon(waiter)
+            await eventually(lambda: zk_driver(waiting).waiting)
+            client_id = zk_driver(waiting).zk.client.client_id
+            await in_thread(expire, zk_ensemble.hosts, client_id)
+            # Its queued node went with the session; it queues again.
+            await eventually(lambda: zk_driver(waiting).zk.client.client_id != client_id)
+            assert await holding.validate(lock_name, first.token)
+            await first.release()
+        assert got and got[0] > first.token
+
+
+async def test_partitioned_holder_is_cancelled_before_its_session_expires(
+    zk_ensemble: ZkEnsemble, lock_name: str
+) -> None:
+    host, port = zk_ensemble.nodes[0].address.rsplit(":", 1)
+    proxy = Proxy((host, int(port)))
+    session = 2.0
+    async with anyio.create_task_group() as tg:
+        await tg.start(proxy.serve)
+        url = f"zookeeper://{proxy.address}?session_timeout={session}&timeout=1"
+        async with asynclock.connect(url) as cut_off, asynclock.connect(zk_ensemble.url) as other:
+            seen_at_loss: asynclock.Holder | None = None
+            with pytest.raises(asynclock.LeaseLost) as info:
+                # A ttl far beyond the session timeout: the session deadline is what ends it.
+                async with cut_off.lock(lock_name, ttl=60.0) as lease:
+                    assert await cut_off.validate(lock_name, lease.token)
+                    proxy.set_mode("blackhole")
+                    try:
+                        with anyio.fail_after(10):
+                            await anyio.sleep_forever()
+                    finally:
+                        lost_at = time.monotonic()
+                        with anyio.CancelScope(shield=True):
+                            # The server has not expired the session yet: the node is there.
+                            seen_at_loss = await other.holder(lock_name)
+            assert "connection to ZooKeeper lost" in info.value.reason
+            assert seen_at_loss is not None and seen_at_loss.token == lease.token
+            async with other.lock(lock_name, ttl=5.0, timeout=15) as successor:
+                successor_at = time.monotonic()
+                assert successor.token > lease.token
+            assert successor_at - lost_at > 0.1
+            proxy.heal()
+        tg.cancel_scope.cancel()
+
+
+async def test_a_thousand_names_on_one_session(zk_ensemble: ZkEnsemble) -> None:
+    names = [f"many:{i}" for i in range(1000)]
+    async with asynclock.connect(zk_ensemble.url) as backend:
+        leases = []
+        limit = anyio.CapacityLimiter(50)
+
+        async def take(name: str) -> None:
+            async with limit:
+                leases.append(await backend.acquire(name, ttl=5.0))
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for name in names:
+                    tg.start_soon(take, name)
+            rounds = backend.stats().renewal_round_trips
+            await asynclock.testing.next_renewal_round(backend)
+            assert backend.stats().renewal_round_trips - rounds <= 2
+            assert not any(lease.lost for lease in leases)
+            tokens = [lease.token for lease in leases]
+            assert len(set(tokens)) == 1000
+            async with anyio.create_task_group() as tg:
+                for lease in leases:
+                    tg.start_soon(lease.release)
+        assert not await backend.locked(names[0])
+
+
+async def test_leader_killed_while_held_keeps_the_lease(
+    zk_factory: ZkFactory, lock_name: str
+) -> None:
+    ensemble = zk_factory(3)
+    leader = ensemble.leader()
+    async with asynclock.connect(ensemble.url + "?session_timeout=6", release_timeout=10) as b:
+        async with b.lock(lock_name, ttl=6.0) as lease:
+            await asynclock.testing.next_renewal_round(b)
+            await in_thread(leader.kill)
+            with anyio.fail_after(30):
+                await in_thread(ensemble.leader)
+                for _ in range(3):
+                    await asynclock.testing.next_renewal_round(b)
+            assert not lease.lost
+            assert await b.validate(lock_name, lease.token)
+        async with b.lock(lock_name, ttl=6.0, timeout=10) as after:
+            assert after.token > lease.token
+
+
+async def test_a_server_restart_keeps_the_lease_and_tokens_rising(
+    zk_factory: ZkFactory, lock_name: str
+) -> None:
+    """kill -9 and start again with the same data: the session (in the server's log)
+    survives a restart shorter than its timeout, and czxids go on from the log (a
+    standalone server keeps its epoch; an ensemble's new leader takes a larger one)."""
+    ensemble = zk_factory(1)
+    url = ensemble.url + "?session_timeout=20"
+    async with asynclock.connect(url) as backend:
+        async with backend.lock(lock_name, ttl=30.0) as lease:
+            before = ensemble.nodes[0].process
+            await in_thread(ensemble.restart, ensemble.nodes[0])
+            assert before is not None and before.returncode is not None  # it was killed
+            with anyio.fail_after(20):
+                while True:  # kazoo reconnects on its own schedule
+                    try:
+                        assert await backend.validate(lock_name, lease.token)
+                        break
+                    except asynclock.BackendUnavailable:
+                        continue
+            assert not lease.lost
+        async with backend.lock(lock_name, ttl=5.0, timeout=10) as after:
+            assert after.token > lease.token
