@@ -34,11 +34,8 @@ pytest_plugins = [
 #: Every backend the conformance suite runs on (each needs a ``spec_<id>`` fixture).
 BACKENDS = [
     "memory", "sqlite", "postgres", "postgres_lease", "redis", "redlock", "etcd", "etcd3",
-    "zookeeper",
+    "zookeeper", "zookeeper3",
 ]  # fmt: skip
-# "zookeeper3" (a 3-node ensemble, spec_zookeeper3) passes the conformance suite too (113
-# tests, ~45 s here): left out of the default run for the suite's time budget; add it to
-# BACKENDS to run it. The 3-node leader-kill test runs either way (test_zookeeper.py).
 
 #: Backends whose locks live inside one process (no multi-process tests for them).
 IN_PROCESS_ONLY = {"memory"}

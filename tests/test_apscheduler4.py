@@ -49,6 +49,8 @@ def test_the_apscheduler4_integration_passes_its_tests_in_its_own_environment() 
         TESTS,
         "-q",
         "-x",
+        "-n",
+        "0",
         "--confcutdir",
         TESTS,
     ]
