@@ -27,6 +27,7 @@ from asynclock._core.backend import parts_of
 from asynclock.fence import RedisFence, SQLFence
 from asynclock.testing import force_loss, next_renewal_round
 from tests.support.redis_servers import RedisServer
+from tests.conftest import BACKENDS
 from tests.support.spec import BackendSpec
 
 pytestmark = pytest.mark.anyio
@@ -76,7 +77,7 @@ def telemetry() -> Iterator[Telemetry]:
     seam.on_stale_token = hook
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
+@pytest.fixture(params=BACKENDS)
 def otel_spec(request: pytest.FixtureRequest) -> BackendSpec:
     spec: BackendSpec = request.getfixturevalue(f"spec_{request.param}")
     return spec

@@ -43,8 +43,9 @@ T = TypeVar("T")
 
 #: How far a local clock may run slow against the server's (as the core's default).
 DRIFT = 0.01
-#: Taken off the session deadline besides the drift: a scheduling delay here.
-MARGIN = 0.05
+#: Taken off the session deadline besides the drift: room for a late wake-up of this
+#: loop (a loaded process) and the cancelled work to stop, before the server expires it.
+MARGIN = 0.15
 _TAG = b"asynclock"
 
 
