@@ -52,6 +52,7 @@ __all__ = (
     "ATTR_RESULT",
     "ATTR_TOKEN",
     "SECONDS_BUCKETS",
+    "annotate_current_span",
     "default_name_template",
     "instrument",
     "instrument_fences",
@@ -232,6 +233,8 @@ class _OtelObserver(_seam.Observer):
         if lease is not None:
             result, error_type = "acquired", ""
             self._hold(lease, attrs)
+            if span is not None:  # tracing: the caller's span (a request's, a task's) too
+                _annotate(_trace.get_current_span(), lease.token, attrs[ATTR_NAME_TEMPLATE])
         else:
             assert error is not None
             result, error_type = _result_of(error)
@@ -297,6 +300,26 @@ class _OtelObserver(_seam.Observer):
             self.m.renewals.add(renewed, {**self.base, ATTR_RESULT: "ok"})
         if failed:
             self.m.renewals.add(failed, {**self.base, ATTR_RESULT: "failed"})
+
+
+def _annotate(span: Any, token: int, template: str) -> bool:
+    if not span.is_recording():
+        return False
+    span.set_attribute(ATTR_TOKEN, token)
+    span.set_attribute(ATTR_NAME_TEMPLATE, template)
+    return True
+
+
+def annotate_current_span(lease: Lease, template: str | None = None) -> bool:
+    """Put ``lease``'s fencing token (``asynclock.lease.token``) and its name template
+    (``asynclock.lock.name_template``: ``template``, else :func:`default_name_template`
+    of its name) on the span current in this thread or task, if one is recording: the
+    span of the Celery task, the request or the job that runs under the lease. The Celery
+    integration calls it for every locked run; an instrumented backend (with a tracer)
+    does it for every acquire. Returns whether a span took them."""
+    if template is None:
+        template = default_name_template(lease.name)
+    return _annotate(_trace.get_current_span(), lease.token, template)
 
 
 _fence_counter: Any = None

@@ -374,3 +374,25 @@ anyio.run(main)
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "token 1\n"
+
+
+async def test_an_acquire_puts_the_token_on_the_callers_span(telemetry: Telemetry) -> None:
+    """The span current where a lease is taken (a request's, a task's) gets its token and
+    name template; annotate_current_span() does the same for a lease taken elsewhere and
+    says False when no span records."""
+    tracer = telemetry.tracers.get_tracer("test")
+    async with asynclock.connect("memory://") as backend:
+        asynclock.otel.instrument(backend, tracer_provider=telemetry.tracers)
+        with tracer.start_as_current_span("request"):
+            async with backend.lock("invoice:42", ttl=5) as lease:
+                token = lease.token
+        assert not asynclock.otel.annotate_current_span(lease)  # no span current here
+        with tracer.start_as_current_span("job"):
+            assert asynclock.otel.annotate_current_span(lease, "invoice:{id}")
+    spans = {s.name: dict(s.attributes or {}) for s in telemetry.spans()}
+    assert spans["request"] == {
+        "asynclock.lease.token": token,
+        "asynclock.lock.name_template": "invoice:*",
+    }
+    assert spans["job"]["asynclock.lock.name_template"] == "invoice:{id}"
+    assert "invoice:42" not in str(spans)

@@ -37,6 +37,11 @@ from ._idempotent import (
 from ._policy import RETRY_BACKOFF, RETRY_BACKOFF_MAX, Namer, Policy, _namer, _policy
 from ._runtime import backend_url, get_runtime
 
+try:  # the otel extra: the run's span (Celery's instrumentation's) carries the token
+    from asynclock.otel import annotate_current_span
+except ImportError:  # pragma: no cover - depends on the environment
+    annotate_current_span = None  # type: ignore[assignment]
+
 logger = logging.getLogger("asynclock.celery")
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -67,6 +72,7 @@ def run_guarded(
     name: str,
     policy: Policy,
     is_async: bool,
+    template: asynclock.NameTemplate | None = None,
 ) -> Any:
     """Run ``body`` holding ``name``; see :class:`LockedTask` for the contract."""
     app: Celery = task.app if task is not None else current_app
@@ -95,6 +101,7 @@ def run_guarded(
         if task is not None:
             task.request.asynclock_lease = lease
             task.request.fencing_token = lease.token
+        _annotate(lease, template)
         if is_async:
             result, error = _run_async(body, lease, hold)
         else:
@@ -162,6 +169,7 @@ def run_idempotent(
     if task is not None:
         task.request.asynclock_lease = lease
         task.request.fencing_token = lease.token
+    _annotate(lease, idempotency.key, "idempotency:*")
     if is_async:
         result, error = _run_async(body, lease, run)
     else:
@@ -172,6 +180,14 @@ def run_idempotent(
     if error is not None:  # not an Exception (SystemExit ...): the key was freed
         raise error
     return result
+
+
+def _annotate(
+    lease: asynclock.Lease, template: asynclock.NameTemplate | None, default: str | None = None
+) -> None:
+    """The token and the name template on the run's span, if one records (OpenTelemetry)."""
+    if annotate_current_span is not None:
+        annotate_current_span(lease, template.template if template is not None else default)
 
 
 def _who(task: Any) -> str:
@@ -479,6 +495,7 @@ class LockedTask(Task):  # type: ignore[misc]  # Celery ships no type informatio
                     name=name,
                     policy=self._lock_policy,
                     is_async=is_async,
+                    template=self._lock_template,
                 )
 
         if get_current_task() is self:  # the worker (or apply()) pushed our request
@@ -579,6 +596,7 @@ def locked(
                 name=name,
                 policy=policy,
                 is_async=is_async,
+                template=name_template,
             )
 
         wrapper.__signature__ = signature  # type: ignore[attr-defined]

@@ -36,6 +36,11 @@ from ._common import (
     lock_service_unavailable,
 )
 
+try:  # the otel extra: the request's span carries the guard's token
+    from asynclock.otel import annotate_current_span
+except ImportError:  # pragma: no cover - depends on the environment
+    annotate_current_span = None  # type: ignore[assignment]
+
 if TYPE_CHECKING:
     from ._locks import Locks
 
@@ -94,6 +99,13 @@ def missing_query(field: str) -> RequestValidationError:
     return RequestValidationError(
         [{"type": "missing", "loc": ("query", field), "msg": "Field required"}]
     )
+
+
+def annotate_span(lease: Lease, template: NameTemplate) -> None:
+    """The lease's token and the guard's template on the request's span, if one records
+    (OpenTelemetry's FastAPI/ASGI instrumentation's server span)."""
+    if annotate_current_span is not None:
+        annotate_current_span(lease, template.template)
 
 
 def lock_name(template: NameTemplate, values: dict[str, Any]) -> str:
@@ -213,6 +225,7 @@ def _make_lock_dependency(
         try:
             async with lock as lease:
                 state.lease = lease
+                annotate_span(lease, template)
                 if header is not None:
                     response.headers[header] = str(lease.token)
                 yield state

@@ -54,7 +54,7 @@ from starlette.datastructures import QueryParams
 from asynclock import AcquireTimeout, BackendUnavailable, LeaseLost, LockHeld, NameTemplate
 
 from ._common import _REQUEST_PARAM, _RESPONSE_PARAM, GUARD_ATTR, STATE_KEY, _GuardState
-from ._plumbing import Answers, lock_name, missing_query
+from ._plumbing import Answers, annotate_span, lock_name, missing_query
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -207,6 +207,7 @@ def _wrapper(guard: RouteGuard, route_app: ASGIApp, query: list[str]) -> ASGIApp
         try:
             async with locks.backend.lock(name, **options) as lease:
                 state.lease = lease
+                annotate_span(lease, template)
                 await route_app(scope, receive, send)
         except (LockHeld, AcquireTimeout, BackendUnavailable, LeaseLost) as exc:
             if state.lost_answered and isinstance(exc, LeaseLost):

@@ -464,3 +464,36 @@ def test_the_private_celery_api_locked_task_uses_is_still_there() -> None:
     finally:
         _state._task_stack.pop()
     assert _state.get_current_task() is None
+
+
+def test_the_runs_span_carries_its_token_and_template() -> None:
+    """With OpenTelemetry, the span current while a locked task runs (the one Celery's
+    instrumentation opens; here the test's own) gets the lease's fencing token and the
+    lock's name template (never the raw name)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    with tracer.start_as_current_span("run report"):
+        assert run_eagerly(tasks.report, (5,), {"region": "ap"}, throw=True).get() == "report:5:ap"
+    app = make_app()
+
+    @app.task(base=LockedTask, idempotent=True, idempotency_key="span:{n}", lock_ttl=5)
+    def once(n: int) -> int:
+        return n
+
+    with tracer.start_as_current_span("run idempotent"):
+        assert run_eagerly(once, (7,), throw=True).get() == 7
+    (run, idempotent) = exporter.get_finished_spans()
+    attributes = dict(run.attributes or {})
+    assert attributes["asynclock.lock.name_template"] == "report:{customer_id}:{region}"
+    assert isinstance(attributes["asynclock.lease.token"], int)
+    assert attributes["asynclock.lease.token"] >= 1
+    assert "report:5:ap" not in str(attributes)
+    attributes = dict(idempotent.attributes or {})
+    assert attributes["asynclock.lock.name_template"] == "span:{n}"
+    assert isinstance(attributes["asynclock.lease.token"], int)

@@ -766,3 +766,57 @@ def test_httpx_is_imported_only_for_fencing_auth() -> None:
         "asynclock_fastapi.FencingAuth; assert 'httpx' in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+async def test_the_requests_span_carries_the_guards_token_and_template(
+    redis_server: RedisServer, lock_name: str
+) -> None:
+    """With OpenTelemetry, the request's span (the ASGI/FastAPI instrumentation's server
+    span; here a middleware's) gets the guard's fencing token and template, on both ways
+    a guard holds its lease (around the route's app; in its dependency)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    app, locks = make_app(redis_server.url)
+
+    class SpanPerRequest:
+        def __init__(self, app: Any) -> None:
+            self.app = app
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] != "http":
+                return await self.app(scope, receive, send)
+            with tracer.start_as_current_span(f"{scope['method']} {scope['path']}"):
+                await self.app(scope, receive, send)
+
+    app.add_middleware(SpanPerRequest)
+
+    @app.post("/wrapped/{key}")
+    @locks.guard("wrapped:{key}", ttl=5)
+    async def wrapped(key: str, lease: Lease = Depends(guard_lease)) -> int:
+        return lease.token
+
+    @app.post("/dependency/{number}")
+    @locks.guard("dependency:{number}", ttl=5)
+    async def dependency(number: int, lease: Lease = Depends(guard_lease)) -> int:
+        return lease.token
+
+    with serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            with anyio.fail_after(30):
+                first = (await client.post(f"/wrapped/{lock_name}")).json()
+                second = (await client.post("/dependency/7")).json()
+    spans = {s.name: dict(s.attributes or {}) for s in exporter.get_finished_spans()}
+    assert spans[f"POST /wrapped/{lock_name}"] == {
+        "asynclock.lease.token": first,
+        "asynclock.lock.name_template": "wrapped:{key}",
+    }
+    assert spans["POST /dependency/7"] == {
+        "asynclock.lease.token": second,
+        "asynclock.lock.name_template": "dependency:{number}",
+    }
