@@ -619,6 +619,66 @@ def test_async_job_sees_its_claim_and_runs_once(tmp_path: Path) -> None:
     assert name.startswith("report@") and name.endswith("+00:00") and token >= 1 and same
 
 
+def test_each_run_is_a_span_with_its_claims_token(tmp_path: Path) -> None:
+    """With OpenTelemetry, every run (thread pool and asyncio) is a span ``run {job id}``,
+    current in the job, with the claim's token and the run time."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    url = f"sqlite:///{tmp_path / 'locks.db'}"
+    tokens: dict[str, int] = {}
+    ran = threading.Event()
+
+    def sync_job() -> None:
+        assert trace.get_current_span().is_recording()
+        tokens["sync"] = current_occurrence().token
+        ran.set()
+
+    async def async_job() -> None:
+        assert trace.get_current_span().is_recording()
+        tokens["async"] = current_occurrence().token
+
+    start = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+    background = BackgroundScheduler(timezone="UTC")
+    background.add_executor(ClaimingExecutor(url, claim_ttl=5.0, tracer_provider=provider))
+    background.add_job(sync_job, "date", run_date=start, id="sync-job", misfire_grace_time=2)
+    background.start()
+    try:
+        assert ran.wait(10)
+    finally:
+        background.shutdown(wait=True)
+
+    async def main() -> None:
+        done = anyio.Event()
+        scheduler = AsyncIOScheduler(timezone="UTC")
+        scheduler.add_executor(ClaimingExecutor(url, claim_ttl=5.0, tracer_provider=provider))
+        when = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=1)
+
+        async def job() -> None:
+            await async_job()
+            done.set()
+
+        scheduler.add_job(job, "date", run_date=when, id="async-job", misfire_grace_time=2)
+        scheduler.start()
+        try:
+            with anyio.fail_after(10):
+                await done.wait()
+        finally:
+            scheduler.shutdown(wait=False)
+
+    anyio.run(main)
+    spans = {s.name: dict(s.attributes or {}) for s in exporter.get_finished_spans()}
+    assert spans["run sync-job"]["asynclock.lease.token"] == tokens["sync"]
+    assert spans["run sync-job"]["apscheduler.run_time"] == start.isoformat()
+    assert spans["run async-job"]["asynclock.lease.token"] == tokens["async"]
+    assert spans["run async-job"]["apscheduler.job.id"] == "async-job"
+
+
 def test_a_sync_job_whose_claim_is_lost_is_interrupted_with_lease_lost(
     spec_sqlite: BackendSpec,
 ) -> None:

@@ -63,7 +63,7 @@ from ._jobs import (
     takeover_bounds,
 )
 from ._loop import Bridge, check_target
-from ._runners import async_runner, sync_runner
+from ._runners import async_runner, run_tracer, sync_runner
 
 logger = logging.getLogger("asynclock.apscheduler")
 
@@ -112,6 +112,9 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
             raise it for jobs that run long. A lock server that does not answer is
             asked again, with backoff, until it ends; then the occurrence is reported
             missed.
+        tracer_provider: OpenTelemetry's (default: the global one; nothing without the
+            ``otel`` extra): each run is a span ``run {job id}`` (INTERNAL) with the claim's
+            token (``asynclock.lease.token``) and the run time, current while the job runs.
 
     During a restart grace of the lock server (it lost its data: a new database, or a
     restart without persistence) an occurrence waits for the grace's end only if it can
@@ -128,6 +131,7 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
         inner: BaseExecutor | None = None,
         clock_skew: float = 1.0,
         takeover_window: float | None = None,
+        tracer_provider: Any | None = None,
     ) -> None:
         super().__init__()
         target = check_target(url_or_backend)
@@ -146,6 +150,7 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
             )
         self.claim_ttl = float(claim_ttl)
         self.clock_skew = float(clock_skew)
+        self._tracer = run_tracer(tracer_provider)
         self.takeover_window = takeover_window
         self._inner = inner
         self._loop_thread = Bridge(target)
@@ -359,13 +364,13 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
         self, func: Callable[..., Any], occurrence: Occurrence, claim: _Claim
     ) -> Callable[..., Any]:
         thread, _ = self._loop_thread.require()
-        return sync_runner(thread, func, occurrence, lambda: self._finish(claim))
+        return sync_runner(thread, func, occurrence, lambda: self._finish(claim), self._tracer)
 
     def _async_runner(
         self, func: Callable[..., Any], occurrence: Occurrence, claim: _Claim
     ) -> Callable[..., Any]:
         thread, _ = self._loop_thread.require()
-        return async_runner(thread, func, occurrence, lambda: self._finish(claim))
+        return async_runner(thread, func, occurrence, lambda: self._finish(claim), self._tracer)
 
 
 _SLOT_POLL = 0.05  # seconds between hand-over attempts of a takeover waiting for a slot

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -12,12 +13,43 @@ import asynclock.from_thread
 
 from ._jobs import _OCCURRENCE, Occurrence
 
+try:  # the otel extra: one span per run, carrying the claim's token
+    from opentelemetry import trace as _trace
+except ImportError:  # pragma: no cover - depends on the environment
+    _trace = None  # type: ignore[assignment]
+
+
+def run_tracer(tracer_provider: Any | None) -> Any | None:
+    """The tracer of the runs' spans (``tracer_provider``, else the global one), or None
+    without OpenTelemetry."""
+    if _trace is None:
+        return None
+    return _trace.get_tracer("asynclock_apscheduler", tracer_provider=tracer_provider)
+
+
+def _run_span(tracer: Any | None, occurrence: Occurrence) -> contextlib.AbstractContextManager[Any]:
+    """``run {job id}``, INTERNAL, current while the job runs: its token and run time."""
+    if tracer is None:
+        return contextlib.nullcontext()
+    span: contextlib.AbstractContextManager[Any] = tracer.start_as_current_span(
+        f"run {occurrence.job_id}",
+        kind=_trace.SpanKind.INTERNAL,
+        attributes={
+            "asynclock.lease.token": occurrence.token,
+            "asynclock.lock.name_template": "{job_id}@{run_time}",
+            "apscheduler.job.id": occurrence.job_id,
+            "apscheduler.run_time": occurrence.run_time.isoformat(),
+        },
+    )
+    return span
+
 
 def sync_runner(
     thread: asynclock.from_thread.LoopThread,
     func: Callable[..., Any],
     occurrence: Occurrence,
     finish: Callable[[], concurrent.futures.Future[Any] | None],
+    tracer: Any | None = None,
 ) -> Callable[..., Any]:
     """``func`` for a thread-pool run under the occurrence's claim (stopped on loss)."""
 
@@ -27,7 +59,7 @@ def sync_runner(
         watch = thread.submit(asynclock.from_thread.stop_on_loss(lease, guard))
         token = _OCCURRENCE.set(occurrence)
         try:
-            with asynclock.use_lease(lease):
+            with _run_span(tracer, occurrence), asynclock.use_lease(lease):
                 try:
                     try:
                         guard.enter()
@@ -58,6 +90,7 @@ def async_runner(
     func: Callable[..., Any],
     occurrence: Occurrence,
     finish: Callable[[], concurrent.futures.Future[Any] | None],
+    tracer: Any | None = None,
 ) -> Callable[..., Any]:
     """``func`` for an AsyncIOExecutor run under the occurrence's claim (cancelled on loss)."""
 
@@ -75,7 +108,7 @@ def async_runner(
         watch = thread.submit(_on_loss(lease, lambda: loop.call_soon_threadsafe(stop)))
         token = _OCCURRENCE.set(occurrence)
         try:
-            with asynclock.use_lease(lease):
+            with _run_span(tracer, occurrence), asynclock.use_lease(lease):
                 try:
                     result = await func(*args, **kwargs)
                 except asyncio.CancelledError:
