@@ -26,8 +26,8 @@ from asynclock._core import observer as seam
 from asynclock._core.backend import parts_of
 from asynclock.fence import RedisFence, SQLFence
 from asynclock.testing import force_loss, next_renewal_round
-from tests.support.redis_servers import RedisServer
 from tests.conftest import BACKENDS
+from tests.support.redis_servers import RedisServer
 from tests.support.spec import BackendSpec
 
 pytestmark = pytest.mark.anyio
