@@ -38,6 +38,7 @@ examples:
   asynclock drill --spawn sqlite
   asynclock drill --spawn redis --workers 6 --duration 60 --report drill-report
   asynclock drill --spawn sqlite --no-fence
+  asynclock drill --spawn zookeeper        (a 3-member ensemble; members are killed)
   asynclock drill --url redis://127.0.0.1:6379/0 --faults pause,kill"""
 
 
@@ -76,7 +77,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--url",
         metavar="URL",
         help="your lock deployment (sqlite:///..., "
-        "redis://..., redlock://h1,h2,h3, postgresql://..., etcd://...)",
+        "redis://..., redlock://h1,h2,h3, postgresql://..., etcd://..., zookeeper://h1,h2,h3)",
     )
     where.add_argument("--spawn", choices=SPAWN, help="start throwaway servers on this machine")
     # (option, kind, low, high, default, metavar, help): the numbers share one shape.

@@ -18,10 +18,10 @@ import anyio
 
 from .._core.urls import Host, parse_multi_host_url, url_scheme
 from .pg_server import running_pg
-from .servers import EtcdMember, EtcdServers, RedisServer
+from .servers import EtcdMember, EtcdServers, RedisServer, ZookeeperServers
 
 #: What ``spawn=`` can start.
-SPAWN = ("sqlite", "redis", "redlock", "postgres", "postgres-lease", "etcd")
+SPAWN = ("sqlite", "redis", "redlock", "postgres", "postgres-lease", "etcd", "zookeeper")
 
 _DEFAULT_PORTS = {
     "redis": 6379,
@@ -30,6 +30,7 @@ _DEFAULT_PORTS = {
     "postgresql": 5432,
     "postgres": 5432,
     "etcd": 2379,
+    "zookeeper": 2181,
 }
 
 
@@ -91,6 +92,11 @@ def check_url(url: str, faults: Sequence[str], allow_remote_faults: bool) -> str
 # -- servers -------------------------------------------------------------------------------
 
 
+#: The session timeout a ``spawn="zookeeper"`` drill's workers ask for, seconds.
+ZK_DRILL_SESSION = 2
+ZK_COMES_BACK = "with its data (transaction log fsynced) and rejoins the quorum"
+
+
 @dataclass
 class LockServer:
     """A lock server the drill started: the kill fault kill -9s it and starts it again."""
@@ -143,6 +149,20 @@ def spawned(kind: str, tmp: Path, run_id: str) -> Iterator[Deployment]:
                 for m in cluster.members
             ]
             yield Deployment(kind, cluster.url, f"sqlite:{tmp / 'register.db'}#drill", nodes)
+            return
+        if kind == "zookeeper":
+            # fsync on (ZooKeeper's default). A killed member rejoins the quorum before the
+            # next one is killed, so two of three always serve.
+            ensemble = ZookeeperServers(tmp / "zookeeper", 3, durable=True).start()
+            stack.callback(ensemble.stop)
+            members = [
+                LockServer(m.address, m.kill, partial(ensemble.rejoin, m), ZK_COMES_BACK)
+                for m in ensemble.members
+            ]
+            # A killed (or frozen) holder's node lasts until its session expires: ask for
+            # 2 s sessions, not the default 10 s, so the drill's successors get their turn.
+            url = f"{ensemble.url}?session_timeout={ZK_DRILL_SESSION}"
+            yield Deployment(kind, url, f"sqlite:{tmp / 'register.db'}#drill", members)
             return
         store = RedisServer(tmp / "register").start()
         stack.callback(store.stop)

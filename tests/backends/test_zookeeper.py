@@ -361,3 +361,37 @@ async def test_a_server_restart_keeps_the_lease_and_tokens_rising(
             assert not lease.lost
         async with backend.lock(lock_name, ttl=5.0, timeout=10) as after:
             assert after.token > lease.token
+
+
+async def test_every_member_killed_while_held_then_restarted(
+    zk_factory: ZkFactory, lock_name: str
+) -> None:
+    """kill -9 all three members of an ensemble while a lock is held, then start them again
+    with their data. The holder is cancelled once its session deadline passes (no member to
+    reach: it cannot know whether the ensemble expired its session), not at the kill; after
+    the restart the name can be taken again, from this backend and from another, with tokens
+    larger than the lost holder's (the new leader's epoch is larger)."""
+    ensemble = zk_factory(3)
+    session = 3.0
+    url = f"{ensemble.url}?session_timeout={session:g}"
+    async with asynclock.connect(url) as backend:
+        with pytest.raises(asynclock.LeaseLost) as info:
+            # A ttl far beyond the session timeout: the session deadline is what ends it.
+            async with backend.lock(lock_name, ttl=60.0) as lease:
+                await asynclock.testing.next_renewal_round(backend)
+                killed_at = time.monotonic()
+                await in_thread(ensemble.stop)  # kill -9 every member
+                try:
+                    with anyio.fail_after(3 * session):
+                        await anyio.sleep_forever()
+                finally:
+                    lost_after = time.monotonic() - killed_at
+        assert "connection to ZooKeeper lost" in info.value.reason, info.value.reason
+        # Not at the kill (it rides a short outage), and no later than the session deadline.
+        assert 0.3 * session < lost_after <= session + 1.0, lost_after
+        await in_thread(ensemble.start)
+        async with asynclock.connect(ensemble.url) as other:
+            async with other.lock(lock_name, ttl=5.0, timeout=30) as successor:
+                assert successor.token > lease.token
+            async with backend.lock(lock_name, ttl=5.0, timeout=30) as again:
+                assert again.token > successor.token

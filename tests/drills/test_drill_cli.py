@@ -76,6 +76,18 @@ def test_the_reports_legend_names_only_the_faults_the_run_made(tmp_path: Path) -
     )
 
 
+def test_cli_spawn_zookeeper_kills_ensemble_members_and_loses_nothing() -> None:
+    """``asynclock drill --spawn zookeeper``: a 3-member ensemble of its own, a member killed -9
+    and rejoined, nothing lost with the fence."""
+    result = drill_cli(
+        "--spawn", "zookeeper", "--workers", "3", "--duration", "3", "--ttl", "0.3",
+        "--faults", "pause,kill", "--seed", "5", timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "--spawn zookeeper" in result.stdout and "Nothing was lost" in result.stdout
+    assert "lock node" in result.stdout or "node 127.0.0.1:" in result.stdout, result.stdout
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

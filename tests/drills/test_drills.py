@@ -25,9 +25,11 @@ from tests.support.spec import BackendSpec
 
 #: Drills that start their own throwaway servers. Every kind but SQLite has lock servers
 #: the kill fault kills -9 (the register is on a server of its own): a lone server (redis,
-#: both PostgreSQL modes) comes back at once, a cluster's node (redlock, etcd: 3 nodes) at
-#: the next server kill.
-SPAWN = ["sqlite", "redis", "redlock", "postgres", "postgres-lease", "etcd"]
+#: both PostgreSQL modes) comes back at once, a cluster's node (redlock, etcd, zookeeper:
+#: 3 nodes) at the next server kill.
+SPAWN = ["sqlite", "redis", "redlock", "postgres", "postgres-lease", "etcd", "zookeeper"]
+#: Spawned kinds whose lock servers are a cluster's nodes (one killed at a time).
+CLUSTERS = ("redlock", "etcd", "zookeeper")
 #: Drills against the suite's servers by URL (``spec_<id>`` fixtures): PostgreSQL's lease
 #: mode (``--spawn postgres`` is session mode) and etcd (a local SQLite register). A new
 #: backend is one more fixture id here.
@@ -61,7 +63,7 @@ def test_spawned_drill_loses_nothing_with_the_fence(spawn: str, tmp_path: Path) 
     _assert_clean(report)
     if spawn != "sqlite":  # a lock server was killed -9 and restarted; no update was lost
         assert report.counters()["lock server kills"] >= 1, report.faults
-        where = "node" if spawn in ("redlock", "etcd") else "server"
+        where = "node" if spawn in CLUSTERS else "server"
         kills = [f for f in report.faults if f.kind == "kill" and f.target.startswith(where)]
         assert len(kills) == len(report.outages) >= 1, report.faults
         assert all(back > down for down, back in report.outages), report.outages
@@ -144,7 +146,7 @@ def test_no_fence_shows_the_lost_update() -> None:
 def test_bad_options_raise_before_anything_starts() -> None:
     with pytest.raises(ValueError, match=r"exactly one of url= .* or spawn="):
         asynclock.drill.run()
-    with pytest.raises(ValueError, match="spawn must be one of"):
+    with pytest.raises(ValueError, match=r"spawn must be one of .*etcd, zookeeper"):
         asynclock.drill.run(spawn="mysql")
     with pytest.raises(ValueError, match="unknown fault 'flood'"):
         asynclock.drill.run(spawn="sqlite", faults=("flood",))

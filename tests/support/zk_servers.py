@@ -1,7 +1,8 @@
 """Real ZooKeeper servers for the tests, on free loopback ports, data in temporary dirs.
 
-Run from Debian's ``zookeeper`` package jars with a headless JRE (.ci/run installs both when
-missing) and the suite's own config: ``admin.enableServer=false`` (or Jetty takes :8080),
+Started by the package's own launcher (:class:`asynclock._harness.servers.ZookeeperServers`,
+also the drill's): Debian's ``zookeeper`` package jars with a headless JRE (.ci/run installs
+both when missing) and the suite's own config: ``admin.enableServer=false`` (or Jetty takes :8080),
 a short tick, and a ``maxSessionTimeout`` that allows the driver's default. Provides the
 conformance fixture ``spec_zookeeper`` (one server for the session), ``zk_ensemble3`` (three
 members, for leader kills) and ``zk_factory`` for tests that kill or restart their own.
@@ -9,165 +10,33 @@ members, for leader kills) and ``zk_factory`` for tests that kill or restart the
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 import asynclock
+from asynclock._harness.servers import ZookeeperMember as ZkNode
+from asynclock._harness.servers import ZookeeperServers, find_zookeeper
+from asynclock._harness.servers import zookeeper_four_letter as four_letter
 from asynclock.backends.zookeeper._paths import lock_path
 
-from .redis_servers import free_port
 from .spec import BackendSpec
 
-JAR = Path("/usr/share/java/zookeeper.jar")
-MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
-TICK_MS = 200
+__all__ = ["ZkEnsemble", "ZkFactory", "ZkNode", "four_letter", "raw_client"]
 
 
-def _java() -> str:
-    java = shutil.which("java")
-    if java is None or not JAR.exists():
-        pytest.fail(
-            "the ZooKeeper tests need Debian's zookeeper and default-jre-headless packages "
-            "(.ci/run installs them)"
-        )
-    return java
-
-
-def four_letter(port: int, word: bytes, timeout: float = 0.5) -> str:
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as conn:
-        conn.sendall(word)
-        chunks = []
-        while chunk := conn.recv(4096):
-            chunks.append(chunk)
-    return b"".join(chunks).decode(errors="replace")
-
-
-@dataclass
-class ZkNode:
-    """One ZooKeeper server: ``kill``, ``start`` it again (same ports, same data)."""
-
-    sid: int
-    directory: Path
-    client_port: int = field(default_factory=free_port)
-    peer_port: int = field(default_factory=free_port)
-    election_port: int = field(default_factory=free_port)
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.client_port}"
-
-    def write_config(self, members: list[ZkNode]) -> Path:
-        data = self.directory / "data"
-        data.mkdir(parents=True, exist_ok=True)
-        lines = [
-            f"tickTime={TICK_MS}",
-            f"dataDir={data}",
-            f"clientPort={self.client_port}",
-            "clientPortAddress=127.0.0.1",
-            "admin.enableServer=false",
-            "minSessionTimeout=400",
-            "maxSessionTimeout=60000",
-            "4lw.commands.whitelist=ruok,srvr,stat,conf",
-            "initLimit=20",
-            "syncLimit=10",
-            "forceSync=no",
-        ]
-        if len(members) > 1:
-            (data / "myid").write_text(f"{self.sid}\n")
-            lines += [f"server.{m.sid}=127.0.0.1:{m.peer_port}:{m.election_port}" for m in members]
-        config = self.directory / "zoo.cfg"
-        config.write_text("\n".join(lines) + "\n")
-        return config
-
-    def start(self, members: list[ZkNode]) -> None:
-        config = self.write_config(members)
-        args = [
-            _java(), "-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-            "-Dzookeeper.log.dir=" + str(self.directory),
-            "-cp", str(JAR), MAIN, str(config),
-        ]  # fmt: skip
-        log = (self.directory / "server.log").open("ab")
-        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-
-    def mode(self) -> str | None:
-        """ "leader", "follower" or "standalone" once it serves; None before."""
-        try:
-            text = four_letter(self.client_port, b"srvr")
-        except OSError:
-            return None
-        for line in text.splitlines():
-            if line.startswith("Mode:"):
-                return line.split(":", 1)[1].strip()
-        return None
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGCONT)
-            self.process.kill()
-            self.process.wait()
-        self.process = None
-
-
-class ZkEnsemble:
-    """``size`` servers started together; ``url`` lists every client endpoint."""
-
-    def __init__(self, root: Path, size: int) -> None:
-        self.nodes = [ZkNode(i + 1, root / f"n{i + 1}") for i in range(size)]
-
-    @property
-    def hosts(self) -> str:
-        return ",".join(n.address for n in self.nodes)
-
-    @property
-    def url(self) -> str:
-        return f"zookeeper://{self.hosts}"
+class ZkEnsemble(ZookeeperServers):
+    """The launcher ``asynclock drill --spawn zookeeper`` uses (``asynclock._harness``), with
+    a test failure that says what to install when ZooKeeper is missing."""
 
     def start(self) -> ZkEnsemble:
-        for node in self.nodes:
-            node.start(self.nodes)
-        self.wait_serving()
+        try:
+            find_zookeeper()
+        except RuntimeError as missing:
+            pytest.fail(str(missing))
+        super().start()
         return self
-
-    def wait_serving(self, timeout: float = 60) -> None:
-        give_up = time.monotonic() + timeout
-        while not all(n.mode() for n in self.nodes if n.process is not None):
-            for node in self.nodes:
-                if node.process is not None and node.process.poll() is not None:
-                    log = (node.directory / "server.log").read_text(errors="replace")
-                    raise RuntimeError(f"zookeeper {node.sid} exited: {log[-2000:]}")
-            if time.monotonic() > give_up:
-                raise RuntimeError(f"zookeeper did not serve in {timeout}s")
-            time.sleep(0.05)  # polling for readiness, not a guess
-
-    def leader(self) -> ZkNode:
-        give_up = time.monotonic() + 30
-        while True:
-            for node in self.nodes:
-                if node.process is not None and node.mode() in ("leader", "standalone"):
-                    return node
-            if time.monotonic() > give_up:
-                raise RuntimeError("no zookeeper leader within 30s")
-            time.sleep(0.05)
-
-    def restart(self, node: ZkNode) -> None:
-        node.kill()
-        node.start(self.nodes)
-        self.wait_serving()
-
-    def stop(self) -> None:
-        for node in self.nodes:
-            node.kill()
 
 
 def raw_client(hosts: str, **kwargs: object) -> object:
