@@ -790,7 +790,8 @@ async def test_the_requests_span_carries_the_guards_token_and_template(
 
         async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
             if scope["type"] != "http":
-                return await self.app(scope, receive, send)
+                await self.app(scope, receive, send)
+                return
             with tracer.start_as_current_span(f"{scope['method']} {scope['path']}"):
                 await self.app(scope, receive, send)
 
