@@ -12,6 +12,11 @@ lock), in one run side by side:
   synchronous redis-py client in the child (``SET NX PX``, then ``DEL``): no background
   thread, no renewal, no owner check, no fencing token. What a lock held for the execution
   cannot go below on one worker (the fair comparison);
+* floor + token, owner: the same two round trips as scripts that also keep what makes a
+  lock honest at the server: a token from a per-name counter (``INCR``, then ``SET NX PX``)
+  and an owner-checked release (``GET`` = owner:token, then ``DEL``). What LockedTask cannot
+  go below without dropping a guarantee (it adds the restart grace, the fair queue's
+  checks, renewal and the watch on the lease);
 * ablation, lock calls in one hop: a plain task that takes and releases an asynclock
   Redis lease in one coroutine on an event-loop thread of its own (one hop, no guard,
   nothing watching the lease while a body runs): the cost of the core's acquire and
@@ -130,6 +135,35 @@ def floor(i: int) -> int:
     key = f"floor:{i}"
     client.set(key, "owner", nx=True, px=30_000)
     client.delete(key)
+    return i
+
+
+# The guarantee floor: the least a lock keeping G2 (a token from a counter that only
+# rises) and G6 (an owner-checked release) sends, one script per round trip. No grace, no
+# queue, no renewal, no watch on the lease.
+_TAKE = """
+local token = redis.call('INCR', KEYS[2])
+if redis.call('SET', KEYS[1], ARGV[1] .. ':' .. token, 'NX', 'PX', ARGV[2]) then
+  return token
+end
+return nil
+"""
+_GIVE_BACK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+_scripts: list[tuple[Any, Any]] = []
+
+
+@app.task(name="bench.guaranteed")
+def guaranteed(i: int) -> int:
+    if not _scripts:  # registered once per child, after the fork
+        client = redis.Redis.from_url(os.environ["BENCH_LOCKS"])
+        _scripts.append((client.register_script(_TAKE), client.register_script(_GIVE_BACK)))
+    take, give_back = _scripts[0]
+    key, owner = f"guaranteed:{i}", f"{os.getpid()}-{i}"
+    token = take(keys=[key, f"{key}:fence"], args=[owner, 30_000])
+    give_back(keys=[key], args=[f"{owner}:{token}"])
     return i
 
 
@@ -321,21 +355,24 @@ def print_part_a(loop: str, load: list[float], runs: dict[str, list[Tuple4]]) ->
     }
     plain_rate, plain_total, plain_cpu, plain_server = medians["plain task"]
     floor_rate = medians["floor: SET NX + DEL"][0]
+    kept_rate = medians["floor + token, owner"][0]
     print(
-        f"  {'':<22} {'':>15} {'':>9} {'':>9} {'':>17} {'':>9}  {'CPU ms per task':^26}\n"
-        f"  {'variant':<22} {'worker tasks/s':>15} {'vs plain':>9} {'vs floor':>9} "
+        f"  {'':<22} {'':>15} {'':>9} {'':>9} {'':>7} {'':>17} {'':>9}  {'CPU ms per task':^26}\n"
+        f"  {'variant':<22} {'worker tasks/s':>15} {'vs plain':>9} {'vs floor':>9} {'vs f+g':>7} "
         f"{'send+run tasks/s':>17} {'vs plain':>9}  {'worker':>7} {'redis':>7} {'added':>7}"
     )
     for name, (rate, total, cpu, server_cpu) in medians.items():
         added = cpu + server_cpu - plain_cpu - plain_server
         print(
             f"  {name:<22} {rate:>15.0f} {rate / plain_rate:>8.2f}x {rate / floor_rate:>8.2f}x "
+            f"{rate / kept_rate:>6.2f}x "
             f"{total:>17.0f} {total / plain_total:>8.2f}x  "
             f"{cpu * 1000:>7.3f} {server_cpu * 1000:>7.3f} {added * 1000:>+7.3f}"
         )
     print(
         "  (CPU: the worker's processes, all threads, and the Redis server, which also\n"
-        "  serves the broker and the results; added: over the plain task's)"
+        "  serves the broker and the results; added: over the plain task's;\n"
+        "  vs f+g: against the floor + token, owner row)"
     )
 
 
@@ -367,6 +404,7 @@ def main() -> None:
             variants: dict[str, Any] = {
                 "plain task": plain,
                 "floor: SET NX + DEL": floor,
+                "floor + token, owner": guaranteed,
                 "ablation: lock, 1 hop": hop,
                 "LockedTask (redis)": locked,
             }
