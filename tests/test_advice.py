@@ -105,8 +105,13 @@ async def test_advice_numbers_from_controlled_holds_and_renewal_lag(
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("spec", ["sqlite"], indirect=True)
-async def test_ttl_from_real_round_trips_on_sqlite(spec: BackendSpec, lock_name: str) -> None:
+@pytest.mark.parametrize(
+    "spec", ["sqlite", "postgres", "postgres_lease", "redis", "redlock", "etcd", "zookeeper"],
+    indirect=True,
+)
+async def test_ttl_from_real_round_trips(spec: BackendSpec, lock_name: str) -> None:
+    """Each real server's renewal round trips feed the ttl advice (the servers just started:
+    the suite's defaults)."""
     async with spec.connect() as backend:
         backend.collect_advice()
         async with backend.lock(lock_name, ttl=0.2):
