@@ -106,7 +106,8 @@ async def test_advice_numbers_from_controlled_holds_and_renewal_lag(
 
 @pytest.mark.anyio
 @pytest.mark.parametrize(
-    "spec", ["sqlite", "postgres", "postgres_lease", "redis", "redlock", "etcd", "zookeeper"],
+    "spec",
+    ["sqlite", "postgres", "postgres_lease", "redis", "redlock", "etcd", "zookeeper"],
     indirect=True,
 )
 async def test_ttl_from_real_round_trips(spec: BackendSpec, lock_name: str) -> None:
