@@ -146,15 +146,31 @@ class Capture:
     """One response held back by ``ResponsePhase`` until it is complete and stored.
 
     ``on_complete`` (the key dependency's) is awaited with the whole response before any
-    of it is sent; if it raises, nothing was sent and the error answers instead.
+    of it is sent; if it raises, nothing was sent and the error answers instead. If it
+    calls :meth:`hold`, the response waits for :meth:`flush` (an answer not stored goes
+    out once its key is free, so a retry sent when it arrives runs).
     """
 
-    __slots__ = ("active", "messages", "on_complete")
+    __slots__ = ("_forward", "_hold", "active", "messages", "on_complete")
 
     def __init__(self, on_complete: Callable[[Capture], Awaitable[None]]) -> None:
         self.active = True
         self.messages: list[Message] = []
         self.on_complete = on_complete
+        self._hold = False
+        self._forward: Send | None = None
+
+    def hold(self) -> None:
+        """Keep the complete response until :meth:`flush` (called from ``on_complete``)."""
+        self._hold = True
+
+    async def flush(self) -> None:
+        """Send a response :meth:`hold` kept (nothing if there is none)."""
+        forward, self._forward = self._forward, None
+        held, self.messages = self.messages, []
+        if forward is not None:
+            for m in held:
+                await forward(m)
 
     @property
     def status(self) -> int:
@@ -183,12 +199,16 @@ class Capture:
         if kind == "http.response.body" and not message.get("more_body", False):
             self.active = False
             await self.on_complete(self)  # may raise: then nothing was sent
+            if self._hold:
+                self._forward = forward
+                return
             for m in self.messages:
                 await forward(m)
 
     def discard(self) -> None:
         self.active = False
         self.messages = []
+        self._forward = None
 
 
 class _KeyState:
@@ -383,7 +403,11 @@ def make_idempotent(
                     async def store(capture: Capture) -> None:
                         status = capture.status
                         if status >= 500 or status in UNSTORED:
-                            return  # freed below: a retry runs
+                            # Freed below, when the request's dependencies end (after
+                            # the response and its background tasks, in FastAPI); the
+                            # answer waits for it, so a retry sent on it runs (not 409).
+                            capture.hold()
+                            return
                         headers = [
                             [n.decode("latin-1"), v.decode("latin-1")]
                             for n, v in capture.headers
@@ -414,7 +438,7 @@ def make_idempotent(
                     if not state.stored:
                         raise _Free
             except _Free:
-                pass
+                await capture.flush()  # the key is free: the answer not stored goes out
             except IdempotencyKeyReused:
                 raise HTTPException(
                     422,

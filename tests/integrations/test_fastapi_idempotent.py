@@ -26,6 +26,7 @@ from asynclock_fastapi import Locks, idempotency_info, install
 from tests.integrations.test_fastapi_guard import Gate
 from tests.support.asgi_servers import recording_logs, serving
 from tests.support.redis_servers import RedisFactory, RedisServer, delete_lock_keys
+from tests.support.spec import BackendSpec
 
 pytestmark = pytest.mark.anyio
 
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.anyio
 ODD_BODY = b'{ "z" : 1,\n  "a":"caf\xc3\xa9" }  '
 
 
-@pytest.fixture(params=["redis", "sqlite"])
+@pytest.fixture(params=["redis", "sqlite", "postgres", "etcd"])
 def lock_spec(request: pytest.FixtureRequest) -> str:
     """Which lock backend (a ``*_spec`` parameter, so ``--backend redis`` selects by it)."""
     name: str = request.param
@@ -45,7 +46,10 @@ def lock_spec(request: pytest.FixtureRequest) -> str:
 def lock_url(lock_spec: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if lock_spec == "redis":
         return str(request.getfixturevalue("redis_server").url)
-    return f"sqlite:///{tmp_path / 'locks.db'}"
+    if lock_spec == "sqlite":
+        return f"sqlite:///{tmp_path / 'locks.db'}"
+    spec: BackendSpec = request.getfixturevalue(f"spec_{lock_spec}")
+    return spec.url
 
 
 class Order(BaseModel):
