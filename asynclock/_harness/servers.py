@@ -101,6 +101,14 @@ def redis_ping(port: int, password: str | None = None) -> bool:
     return reply.startswith((b"+PONG", b"-NOAUTH", b"-ERR"))
 
 
+def _kill(process: subprocess.Popen[bytes] | None) -> None:
+    """``kill -9`` a server that may be stopped (SIGSTOP) or gone already."""
+    if process is not None and process.poll() is None:
+        os.kill(process.pid, signal.SIGCONT)
+        process.kill()
+        process.wait(30)
+
+
 @dataclass
 class RedisServer:
     """A redis-server child process; ``kill``, ``freeze``/``thaw`` and ``restart`` it."""
@@ -181,10 +189,7 @@ class RedisServer:
 
     def kill(self) -> None:
         """``kill -9``: no shutdown, no save."""
-        if self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGCONT)
-            self.process.kill()
-            self.process.wait(30)
+        _kill(self.process)
         self.process = None
 
     def freeze(self) -> None:
@@ -409,10 +414,7 @@ class ZookeeperMember:
 
     def kill(self) -> None:
         """``kill -9``."""
-        if self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGCONT)
-            self.process.kill()
-            self.process.wait(30)
+        _kill(self.process)
         self.process = None
 
 
