@@ -526,7 +526,9 @@ def make_idempotent(
 
 async def _body_of(request: Request) -> bytes:
     """The request body's bytes, as FastAPI read them; a form FastAPI parsed already (its
-    stream is consumed) by its fields: names, values, and each upload's name and size."""
+    stream is consumed) by its fields: names, values, and each upload's name, type and a
+    SHA-256 of its contents (so a multipart body's boundary, which a client picks anew for
+    each request, is not part of it, and another file is)."""
     try:
         return await request.body()
     except RuntimeError:
@@ -535,8 +537,13 @@ async def _body_of(request: Request) -> bytes:
         for field, value in form.multi_items():
             if isinstance(value, str):
                 parts.append([field, value])
-            else:
-                parts.append([field, value.filename, value.size])
+                continue
+            digest = hashlib.sha256()
+            await value.seek(0)
+            while chunk := await value.read(1 << 16):
+                digest.update(chunk)
+            await value.seek(0)  # the endpoint reads it from the start
+            parts.append([field, value.filename, value.content_type, digest.hexdigest()])
         return json.dumps(parts).encode()
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from fastapi import APIRouter, FastAPI, HTTPException, Request, Response
+from fastapi import APIRouter, FastAPI, Form, HTTPException, Request, Response, UploadFile
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
@@ -237,6 +237,59 @@ async def test_optional_key_runs_without_one(lock_url: str, lock_name: str) -> N
                 answer = await client.post("/orders", json={"item": "tea"})
                 assert answer.status_code == 201
             assert counter.runs["orders"] == 2
+
+
+async def test_form_and_multipart_bodies_reach_the_endpoint_and_are_fingerprinted(
+    lock_url: str, lock_name: str
+) -> None:
+    """The key reads the body to fingerprint it; FastAPI's form parser still gets all of
+    it (URL-encoded and multipart with a file), a duplicate is replayed and another form
+    with the same key is 422."""
+    locks = Locks(lock_url)
+    app = install(FastAPI(lifespan=locks.lifespan))
+    counter = Counter()
+
+    @app.post("/signup")
+    @locks.idempotent(ttl=10)
+    async def signup(email: str = Form(), plan: str = Form("free")) -> dict[str, Any]:
+        return {"run": counter.add("signup"), "email": email, "plan": plan}
+
+    @app.post("/upload")
+    @locks.idempotent(ttl=10)
+    async def upload(note: str = Form(), file: UploadFile | None = None) -> dict[str, Any]:
+        data = await file.read() if file is not None else b""
+        return {"run": counter.add("upload"), "note": note, "size": len(data)}
+
+    with serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            form = {"email": "a@example.com", "plan": "pro"}
+            first = await client.post("/signup", data=form, headers=key(f"{lock_name}-f"))
+            assert first.json() == {"run": 1, "email": "a@example.com", "plan": "pro"}
+            again = await client.post("/signup", data=form, headers=key(f"{lock_name}-f"))
+            assert again.content == first.content
+            assert again.headers["Idempotent-Replayed"] == "true"
+            other = {"email": "b@example.com"}
+            reused = await client.post("/signup", data=other, headers=key(f"{lock_name}-f"))
+            assert reused.status_code == 422, reused.text
+
+            payload = b"\x00\x01" * 40_000  # 80 kB: more than one read of the stream
+            files = {"file": ("a.bin", payload, "application/octet-stream")}
+            sent = await client.post(
+                "/upload", data={"note": "n"}, files=files, headers=key(f"{lock_name}-u")
+            )
+            assert sent.json() == {"run": 1, "note": "n", "size": 80_000}, sent.text
+            replay = await client.post(
+                "/upload", data={"note": "n"}, files=files, headers=key(f"{lock_name}-u")
+            )
+            # Another multipart boundary (httpx picks one per request), the same form: replayed.
+            assert replay.content == sent.content, replay.text
+            assert replay.headers["Idempotent-Replayed"] == "true"
+            changed = {"file": ("a.bin", payload[:-1] + b"\x02", "application/octet-stream")}
+            reused = await client.post(
+                "/upload", data={"note": "n"}, files=changed, headers=key(f"{lock_name}-u")
+            )
+            assert reused.status_code == 422, reused.text
+    assert counter.runs == {"signup": 1, "upload": 1}
 
 
 async def test_reused_key_with_another_payload_is_422(lock_url: str, lock_name: str) -> None:
