@@ -131,6 +131,27 @@ async def test_a_restart_without_persistence_starts_one_grace_from_the_restart(
                 assert lease.token > 0
 
 
+async def test_a_grace_that_ended_is_kept_across_a_restart_with_persistence(
+    redis_factory: RedisFactory,
+) -> None:
+    """Once its grace is over the epoch key holds "0" (the steady-state acquire then reads
+    no TIME); a restart that kept the data (appendfsync always) keeps it, so it starts no
+    grace, and the tokens go on from the kept counter."""
+    server = redis_factory(persist=True, fresh=True)
+    client = redis.asyncio.Redis.from_url(server.url)
+    try:
+        async with asynclock.connect(server.url) as backend:
+            with anyio.fail_after(10):
+                async with backend.lock("p", ttl=0.5) as first:  # waits the 0.5 s grace
+                    pass
+            assert await client.get(epoch_key()) == b"0"
+            server.restart(keep_data=True)  # returns once it answers PING
+            async with backend.lock("p", ttl=0.5, blocking=False) as second:
+                assert second.token == first.token + 1
+    finally:
+        await client.aclose()
+
+
 async def test_redlock_reports_its_nodes_grace(redis_factory: RedisFactory) -> None:
     """Redlock on three nodes started just now: the quorum waits for their restart grace,
     and says so (error, holder, locked), then grants."""

@@ -14,23 +14,36 @@ import hashlib
 # channel, "<prefix>w:<probe>", which that backend subscribes to while it lives: PUBLISH
 # there answers 0 once its connection is gone (the process died).
 
+# The server's clock, read at most once per call and only by a call that needs it (the
+# steady-state acquire does not: the counter exists and the grace is over).
+_CLOCK = """
+local clock_t
+-- Now in Unix ms on the server's clock, and the TIME reply.
+local function clock()
+  if not clock_t then clock_t = redis.call('TIME') end
+  return tonumber(clock_t[1]) * 1000 + math.floor(tonumber(clock_t[2]) / 1000), clock_t
+end
+"""
+
 # Shared helpers for the scripts that take and free a lease (single node and Redlock).
 _LEASE = """
--- G2: the name's next token. A missing counter (data loss) is seeded from TIME in
--- ms * 1000 before the INCR, so tokens keep rising across a restart that lost it.
--- t: a TIME reply already read, or nil.
-local function next_token(fence, t)
-  if redis.call('EXISTS', fence) == 0 then
-    t = t or redis.call('TIME')
+-- G2: the name's next token. INCR answers 1 only for a missing counter (a new name, or
+-- data loss): it is then seeded from TIME in ms * 1000 before counting on, so tokens keep
+-- rising across a restart that lost it.
+local function next_token(fence)
+  local n = redis.call('INCR', fence)
+  if n == 1 then
+    local _, t = clock()
     local ms = math.floor(tonumber(t[2]) / 1000)
     redis.call('SET', fence, t[1] .. string.format('%03d', ms) .. '000')
+    n = redis.call('INCR', fence)
   end
-  return redis.call('INCR', fence)
+  return n
 end
 -- G2 per token scope: the next token of the name's counter and of the scope's (both
 -- seeded as above), whichever is larger; both counters end at it.
-local function scoped_token(fence, scope, t)
-  local a, b = next_token(fence, t), next_token(scope, t)
+local function scoped_token(fence, scope)
+  local a, b = next_token(fence), next_token(scope)
   if a < b then redis.call('SET', fence, b) elseif b < a then redis.call('SET', scope, a) end
   return math.max(a, b)
 end
@@ -48,21 +61,28 @@ local function held_token(cur, owner)
 end
 -- G1 across data loss: the restart grace. The epoch key holds the Unix ms at which the
 -- database's grace ends, one end for every request, and lives as long as the database's
--- data. When it is missing (a new database, a flush, a restart that lost the data) a lease
--- granted before may still run in its holder, so nothing is granted until the server's
--- start + grace ms: data cannot have been lost before the server started, so a server up
--- for longer than the grace waits for nothing (an INFO that fails counts as just started).
--- t: a TIME reply. Returns the ms left (0: none) and the end.
-local function grace_left(epoch, grace, t)
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local ends = tonumber(redis.call('GET', epoch) or '')
+-- data; "0" once the grace is over (so the steady state needs no TIME). When it is missing
+-- (a new database, a flush, a restart that lost the data) a lease granted before may still
+-- run in its holder, so nothing is granted until the server's start + grace ms: data
+-- cannot have been lost before the server started, so a server up for longer than the
+-- grace waits for nothing (an INFO that fails counts as just started).
+-- Returns the ms left (0: none) and the end.
+local function grace_left(epoch, grace)
+  local kept = redis.call('GET', epoch)
+  if kept == '0' then return 0, 0 end
+  local now = clock()
+  local ends = tonumber(kept or '')
   if ends == nil then
     local info = redis.pcall('INFO', 'server')
     local up = type(info) == 'string' and tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
     ends = now - (up or 0) * 1000 + tonumber(grace)
-    redis.call('SET', epoch, string.format('%d', ends))
   end
-  return math.max(0, ends - now), ends
+  if ends <= now then
+    redis.call('SET', epoch, '0')
+    return 0, ends
+  end
+  if tonumber(kept or '') == nil then redis.call('SET', epoch, string.format('%d', ends)) end
+  return ends - now, ends
 end
 -- G5, for release: true if cur is owner's lease with token ('' = unknown: an interrupted
 -- acquire, any token of ours), false if it is only owner's reservation (token ''), nil if
@@ -80,10 +100,6 @@ end
 
 # Shared helpers for the scripts that hand a free name to the next waiter.
 _HANDOFF = """
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
-end
 -- (owner, ttl, probe or nil) of queue member m.
 local function parse_member(m)
   local owner, ttl, probe = string.match(m, '^([^:]*):(%d+):(%x+)$')
@@ -94,9 +110,9 @@ end
 -- Forget waiters that stopped asking (their entry expired) or died (nobody listens on
 -- their probe channel: the waiter's connection closed); return the oldest live one.
 -- lock: the lock key, whose text up to '{' is the key prefix.
-local function head(q, qx, now, lock)
+local function head(q, qx, lock)
   if redis.call('EXISTS', q) == 0 then return nil end
-  local dead = redis.call('ZRANGEBYSCORE', qx, '-inf', now, 'LIMIT', 0, 100)
+  local dead = redis.call('ZRANGEBYSCORE', qx, '-inf', (clock()), 'LIMIT', 0, 100)
   for _, m in ipairs(dead) do
     redis.call('ZREM', q, m)
     redis.call('ZREM', qx, m)
@@ -130,11 +146,7 @@ end
 -- Delete the lock key and hand the name to the oldest live waiter, if any.
 local function free(lock, q, qx, chan)
   redis.call('DEL', lock)
-  if redis.call('EXISTS', q) == 1 then
-    handoff(lock, q, qx, chan, head(q, qx, (now_ms()), lock))
-  else
-    redis.call('PUBLISH', chan, '')
-  end
+  handoff(lock, q, qx, chan, head(q, qx, lock))
 end
 """
 
@@ -149,20 +161,20 @@ end
 # key has no expiry (not ours: another tool's or a legacy key).
 # The fence counter is never deleted (see next_token).
 ACQUIRE = (
-    _LEASE
+    _CLOCK
+    + _LEASE
     + _HANDOFF
     + """
 local lock, fence, q, qx, epoch = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local owner, ttl, mode, chan = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local member = owner .. ':' .. ttl
 local cur = redis.call('GET', lock)
-local now, t = now_ms()
 if mode == '2' and ARGV[6] ~= '' then
   local plain = member
   member = member .. ':' .. ARGV[6]
   local score = redis.call('ZSCORE', q, plain)
   if score then  -- queued before our probe was subscribed: add it, keep the place
-    local until_ms = redis.call('ZSCORE', qx, plain) or (now + 1000)
+    local until_ms = redis.call('ZSCORE', qx, plain) or (clock() + 1000)
     redis.call('ZREM', q, plain)
     redis.call('ZREM', qx, plain)
     redis.call('ZADD', q, score, member)
@@ -171,7 +183,7 @@ if mode == '2' and ARGV[6] ~= '' then
 end
 local function grant()
   local token
-  if KEYS[6] then token = scoped_token(fence, KEYS[6], t) else token = next_token(fence, t) end
+  if KEYS[6] then token = scoped_token(fence, KEYS[6]) else token = next_token(fence) end
   hold(lock, owner, token, ttl)
   if mode == '2' and redis.call('EXISTS', q) == 1 then
     redis.call('ZREM', q, member)
@@ -184,13 +196,13 @@ local mine = held_token(cur, owner)
 if mine then return {mine} end
 local left, grace, ends = nil, 0, nil
 if cur == false then
-  grace, ends = grace_left(epoch, ARGV[5], t)
+  grace, ends = grace_left(epoch, ARGV[5])
 end
 if grace > 0 then
   left = grace  -- In the restart grace: wait (and queue) as if the name were held.
 elseif cur == false then
   if mode == '0' then return grant() end
-  local first = head(q, qx, now, lock)
+  local first = head(q, qx, lock)
   if first == nil or first == member then return grant() end
   left = handoff(lock, q, qx, chan, first)
 else
@@ -199,6 +211,7 @@ end
 local no_expiry = left == -1
 if left == nil or left < 0 then left = 0 end
 if mode == '2' then
+  local now, t = clock()
   redis.call('ZADD', q, 'NX', t[1] .. string.format('%06d', tonumber(t[2])), member)
   local life = left + math.floor(left / 5) + 200
   redis.call('ZADD', qx, now + life, member)
@@ -238,7 +251,8 @@ return out
 # match any token of ours or our reservation), channel.
 # Returns 1 if our lease was removed, 0 if it was not ours (or only a reservation).
 RELEASE = (
-    _LEASE
+    _CLOCK
+    + _LEASE
     + _HANDOFF
     + """
 local lock, q, qx = KEYS[1], KEYS[2], KEYS[3]
@@ -258,7 +272,8 @@ return 0
 # If the name was reserved for this waiter, pass the reservation on to the next one.
 # Returns 1.
 ABANDON = (
-    _HANDOFF
+    _CLOCK
+    + _HANDOFF
     + """
 local lock, q, qx = KEYS[1], KEYS[2], KEYS[3]
 local plain = string.match(ARGV[1], '^([^:]*:%d+)') or ARGV[1]
@@ -268,7 +283,7 @@ for _, m in ipairs({ARGV[1], plain}) do
 end
 if redis.call('GET', lock) == '~' .. ARGV[2] then
   redis.call('DEL', lock)
-  handoff(lock, q, qx, ARGV[3], head(q, qx, (now_ms()), lock))
+  handoff(lock, q, qx, ARGV[3], head(q, qx, lock))
 end
 return 1
 """
@@ -283,7 +298,8 @@ return 1
 # restart grace, {0, -1} when the lock key has no expiry (as ACQUIRE). The counter is seeded
 # from TIME exactly as in ACQUIRE (next_token).
 REDLOCK_ACQUIRE = (
-    _LEASE
+    _CLOCK
+    + _LEASE
     + """
 local lock, fence, owner = KEYS[1], KEYS[2], ARGV[1]
 local cur = redis.call('GET', lock)
@@ -295,11 +311,10 @@ if cur and cur ~= '~' .. owner then
   if left < 0 then left = 0 end
   return {0, left}
 end
-local t = redis.call('TIME')
-local left, ends = grace_left(KEYS[3], ARGV[3], t)
+local left, ends = grace_left(KEYS[3], ARGV[3])
 if left > 0 then return {0, left, ends} end
 local token
-if KEYS[4] then token = scoped_token(fence, KEYS[4], t) else token = next_token(fence, t) end
+if KEYS[4] then token = scoped_token(fence, KEYS[4]) else token = next_token(fence) end
 hold(lock, owner, token, ARGV[2])
 return {token}
 """
@@ -312,7 +327,8 @@ return {token}
 # ours or our reservation), channel.
 # Returns 1 if our lease was removed, 0 if it was not ours (or only a reservation).
 REDLOCK_RELEASE = (
-    _LEASE
+    _CLOCK
+    + _LEASE
     + """
 local cur = redis.call('GET', KEYS[1])
 if cur == false then return 0 end
@@ -365,7 +381,8 @@ return {cur, redis.call('PTTL', KEYS[1])}
 # queue_exp. ARGV: channel. Returns 1 if a lease was deleted, 0 if none held the lock (a
 # waiter's reservation is left alone).
 BREAK = (
-    _HANDOFF
+    _CLOCK
+    + _HANDOFF
     + """
 local lock, q, qx, chan = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
 local cur = redis.call('GET', lock)
