@@ -45,9 +45,23 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
             raise LeaseLost(lease.name, lease.token, lease.lost.reason or "lost")
 
 
+# signal.getsignal turns every answer into a Handlers enum, which for a function costs a
+# raised and caught ValueError (2 us, on every guarded run); the C function answers as is.
+def _raw_getsignal() -> Callable[[int], object]:
+    try:
+        import _signal  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:  # not CPython
+        return signal.getsignal
+    getsignal: Callable[[int], object] = _signal.getsignal
+    return getsignal
+
+
+_getsignal = _raw_getsignal()
+
+
 def ensure_handler() -> None:
     """Install the ``SIGUSR2`` handler (main thread only; cheap when already installed)."""
-    if signal.getsignal(INTERRUPT_SIGNAL) is not _on_signal:
+    if _getsignal(INTERRUPT_SIGNAL) is not _on_signal:
         signal.signal(INTERRUPT_SIGNAL, _on_signal)
 
 

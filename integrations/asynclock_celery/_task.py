@@ -79,7 +79,8 @@ def run_guarded(
     runtime = get_runtime()
     # A run a worker took from the queue can be sent again later; an eager or direct call
     # cannot (Celery's eager retry runs again at once, whatever the countdown).
-    queued = task is not None and not task.request.is_eager and not task.request.called_directly
+    request = task.request if task is not None else None  # a lookup in Celery's stack
+    queued = request is not None and not request.is_eager and not request.called_directly
     while True:
         hold = Handover(runtime.loop)
         try:
@@ -98,9 +99,9 @@ def run_guarded(
     lease = hold.lease
     assert lease is not None
     try:
-        if task is not None:
-            task.request.asynclock_lease = lease
-            task.request.fencing_token = lease.token
+        if request is not None:
+            request.asynclock_lease = lease
+            request.fencing_token = lease.token
         _annotate(lease, template)
         if is_async:
             result, error = _run_async(body, lease, hold)

@@ -45,20 +45,13 @@ class BlockingCalls:
         #: Every connection made, to close them with the driver.
         self._made: list[Any] = []
 
-    def _connection(self) -> Any:
+    def _connection(self) -> tuple[Any, bool]:
+        """This thread's connection, and whether it was used before (it may have been
+        closed by the server since: a restart, a timeout, ``CLIENT KILL``)."""
         local = self._local
         conn = getattr(local, "conn", None)
         if conn is not None and local.pid == os.getpid():
-            # Every call reads its whole reply, so an idle connection with something to
-            # read has been closed by the server (a restart, a timeout, CLIENT KILL):
-            # reconnect before sending rather than fail the call (one poll, no round trip).
-            try:
-                stale = conn.can_read(timeout=0)
-            except redis.exceptions.ConnectionError:
-                stale = True
-            if stale:
-                conn.disconnect()
-            return conn
+            return conn, True
         with self._lock:
             if self._pool is None:
                 node = self._driver.node
@@ -77,10 +70,24 @@ class BlockingCalls:
             conn = self._pool.make_connection()
             self._made.append(conn)
         local.conn, local.pid = conn, os.getpid()
-        return conn
+        return conn, False
 
     def _run(self, script: str, keys: tuple[bytes, ...], args: tuple[bytes, ...]) -> Any:
-        conn = self._connection()
+        conn, reused = self._connection()
+        try:
+            return self._call(conn, script, keys, args)
+        except redis.exceptions.ConnectionError:
+            if not reused:
+                raise
+            # A kept connection the server had closed: once more on a new one, rather than
+            # fail the call (cheaper than polling the socket before every call). Both
+            # scripts may run twice: an acquire by the same owner answers the lease it
+            # holds, a release of a lease already released answers 0.
+            return self._call(conn, script, keys, args)
+
+    def _call(
+        self, conn: Any, script: str, keys: tuple[bytes, ...], args: tuple[bytes, ...]
+    ) -> Any:
         try:
             conn.send_packed_command([pack_script(script, keys, args)])
             try:
