@@ -92,8 +92,9 @@ async def test_a_server_up_longer_than_the_grace_waits_for_nothing(
     server = redis_factory(fresh=True)
     client = redis.asyncio.Redis.from_url(server.url)
     try:
-        # INFO counts whole seconds: once it says 1, the server is up >= 1 s > the grace.
-        await wait_until(lambda: _up_at_least(server, client, 1), timeout=10)
+        # INFO counts whole seconds of the clock: once it says 2, the server is up > 1 s,
+        # more than the grace.
+        await wait_until(lambda: _up_at_least(server, client, 2), timeout=10)
         url = server.url[: -len("/0")] + "/3"  # a database never used before
         async with asynclock.connect(url, restart_grace=0.5) as backend:
             async with backend.lock("first", ttl=5.0, blocking=False) as lease:

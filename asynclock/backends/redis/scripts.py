@@ -70,12 +70,16 @@ end
 local function grace_left(epoch, grace)
   local kept = redis.call('GET', epoch)
   if kept == '0' then return 0, 0 end
-  local now = clock()
+  local now, t = clock()
   local ends = tonumber(kept or '')
   if ends == nil then
     local info = redis.pcall('INFO', 'server')
     local up = type(info) == 'string' and tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
-    ends = now - (up or 0) * 1000 + tonumber(grace)
+    -- The uptime is whole seconds of the clock (now's second minus the start's), so the
+    -- start is before the second after now's second - up: take that, the latest it can
+    -- be (never after now), so the grace is never short of a holder from before.
+    local start = math.min(now, (tonumber(t[1]) - (up or 0) + 1) * 1000)
+    ends = start + tonumber(grace)
   end
   if ends <= now then
     redis.call('SET', epoch, '0')
