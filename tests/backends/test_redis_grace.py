@@ -153,6 +153,32 @@ async def test_a_grace_that_ended_is_kept_across_a_restart_with_persistence(
         await client.aclose()
 
 
+async def test_a_grace_never_ends_before_the_grace_after_the_real_restart(
+    redis_factory: RedisFactory,
+) -> None:
+    """INFO's uptime is whole seconds of the clock: a server started late in one second
+    and asked early in the next says 1 while it has been up for a few ms. Taking now - 1 s
+    as its start ended the grace almost a second early, while a holder from before the
+    restart could still be working. The restart is timed to start just before a second
+    ends and the acquire to come after it."""
+    server = redis_factory()
+    async with asynclock.connect(server.url) as backend:
+        async with backend.lock("r", ttl=1.5, blocking=False):
+            pass
+        for _ in range(10):  # a restart slower than the rest of the second: again
+            await wait_until(lambda: 0.85 < time.time() % 1 < 0.9, timeout=5)
+            before = time.time()
+            server.restart(keep_data=False)
+            if int(time.time()) == int(before):
+                break
+        else:
+            pytest.fail("10 restarts each took more than 0.1 s")
+        await wait_until(lambda: int(time.time()) > int(before), timeout=5)
+        with pytest.raises(asynclock.RestartGrace) as info:
+            await backend.acquire("r", ttl=1.5, blocking=False)
+        assert info.value.until - 1.5 >= before - 0.002
+
+
 async def test_redlock_reports_its_nodes_grace(redis_factory: RedisFactory) -> None:
     """Redlock on three nodes started just now: the quorum waits for their restart grace,
     and says so (error, holder, locked), then grants."""
