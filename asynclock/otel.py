@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._core import observer as _seam
 from ._core.advice import default_name_template
-from ._core.backend import Backend, parts_of
+from ._core.backend import Backend
 from ._core.exceptions import AcquireTimeout, LockHeld
 from ._core.lease import Lease
 
@@ -104,7 +104,7 @@ class _Instruments:
     refused by the SDK, or silently merged)."""
 
     def __init__(self, provider: MeterProvider | None) -> None:
-        from . import __version__
+        from ._version import __version__
 
         #: The observers whose held leases ``asynclock.lease.active`` reports.
         self.observers: weakref.WeakSet[_OtelObserver] = weakref.WeakSet()
@@ -369,9 +369,8 @@ def instrument(
             "name_template must be a function from a lock name to a low-cardinality "
             f"template (str -> str), not {type(name_template).__name__}"
         )
-    from . import __version__
+    from ._version import __version__
 
-    _, acq = parts_of(backend)
     _detach(backend)  # replaces any earlier instrumentation
     if _seam.on_stale_token is None:
         instrument_fences(meter_provider=meter_provider)
@@ -391,7 +390,7 @@ def instrument(
     instruments = _instruments(meter_provider)
     observer = _OtelObserver(scheme, instruments, tracer, name_template)
     instruments.observers.add(observer)
-    _seam.add_observer(acq, observer)  # beside backend.collect_advice()'s, if any
+    backend.add_observer(observer)  # beside backend.collect_advice()'s, if any
     return True
 
 
@@ -412,8 +411,7 @@ def uninstrument(backend: Backend) -> None:
 
 
 def _detach(backend: Backend) -> None:
-    _, acq = parts_of(backend)
-    for old in _seam.observers_of(acq):
+    for old in backend.observers():
         if isinstance(old, _OtelObserver):
             old.m.observers.discard(old)  # its leases leave asynclock.lease.active
-            _seam.remove_observer(acq, old)
+            backend.remove_observer(old)

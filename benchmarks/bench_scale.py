@@ -113,8 +113,6 @@ def rss_mb() -> float:
 
 
 async def hold_many(url: str, n: int, ttl: float, concurrency: int) -> dict[str, Any]:
-    from asynclock._core.observer import add_observer
-
     warnings = Counting()
     logging.getLogger("asynclock").addHandler(warnings)
     rounds = Rounds()
@@ -128,7 +126,7 @@ async def hold_many(url: str, n: int, ttl: float, concurrency: int) -> dict[str,
             return await real_extend(refs)
 
         driver.extend = counted  # type: ignore[method-assign,assignment]
-        add_observer(backend._acq, rounds)
+        backend.add_observer(rounds)
         held = anyio.Event()
         go = anyio.Event()
         count = [0, 0, 0]  # held, lost, failed to acquire

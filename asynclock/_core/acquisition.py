@@ -26,12 +26,13 @@ import anyio.lowlevel
 
 from .bounds import ArmOnSuspend, CallBounds, cleanup, shielded_call
 from .clock import Clock
-from .context import LEASES, Entry, ExcInfo, push_lease
+from .context import LEASES, Entry, ExcInfo, enter_body, lost_on_exit, refuse_nested
 from .driver import Busy, Driver
 from .exceptions import (
     AcquireTimeout,
     AsynclockError,
     BackendUnavailable,
+    LeaseLost,
     LockHeld,
     RestartGrace,
 )
@@ -43,9 +44,10 @@ from .fastpath import (
     _level_cache,
 )
 from .lease import Lease
-from .lock import _check_lock_args, _check_scope, _refuse_nested, lost_on_exit
-from .session import IDLE_NAP, Session, deadline_reason
+from .renewer import IDLE_NAP
+from .session import Session, deadline_reason
 from .stats import StatsRecorder
+from .validation import check_lock_args, check_scope
 
 logger = logging.getLogger("asynclock")
 #: ``logger.isEnabledFor``'s answer for a level, if known (see fastpath._level_cache).
@@ -66,11 +68,12 @@ class Acquisition:
         self.clock = clock
         self.bounds = bounds
         self.stats: StatsRecorder = session.stats
-        self._record_hold = self.stats.hold_times.append
         # Owners: 96 random bits per backend above a counter, as 32 hex digits (unique per
         # acquisition; one int formatted per acquisition, no syscall for fresh randomness).
         self._owner_seq = itertools.count((int.from_bytes(os.urandom(12), "big") << 32) + 1)
-        self._release_events: dict[str, anyio.Event] = {}
+        #: Each waiter's wake-up: name -> owner -> the event a release of the name (or a
+        #: hand-off to that owner) sets (see :meth:`wake`).
+        self._release_events: dict[str, dict[str, anyio.Event]] = {}
         #: The running loop's cancel scope class (holder scopes are made directly,
         #: skipping anyio's per-call back-end lookup: a measurable part of a fast hold).
         self.scope_type: type[anyio.CancelScope] = anyio.CancelScope
@@ -111,6 +114,10 @@ class Acquisition:
     def unbind_loop(self) -> None:
         """Closed: nothing runs on the loop any more (and the loop is not kept alive)."""
         self.current_task = _any_current_task
+
+    def new_owner(self) -> str:
+        """A fresh owner id (as each acquisition's)."""
+        return "%032x" % next(self._owner_seq)  # noqa: UP031 (see acquire)
 
     def require_open(self) -> None:
         if not self.open:
@@ -182,14 +189,14 @@ class Acquisition:
         token_scope: object,
     ) -> Lease:
         """``backend.acquire()``: its arguments checked, then :meth:`acquire`."""
-        args = _check_lock_args(name, ttl, timeout, blocking, max_hold)
+        args = check_lock_args(name, ttl, timeout, blocking, max_hold)
         task = self.current_task()
         if self.open and task is None:
             self.wrong_loop()
-        scope = None if token_scope is None else _check_scope(token_scope)
+        scope = None if token_scope is None else check_scope(token_scope)
         stack = LEASES.get()
         if stack:  # inside this task's own `async with` for the name: it would wait for itself
-            _refuse_nested(self, args[0], stack, task)
+            refuse_nested(self, args[0], stack, task)
         return await self.acquire(*args, token_scope=scope)
 
     async def acquire(
@@ -202,14 +209,23 @@ class Acquisition:
         owner_tag: str = "",
         token_scope: str | None = None,
         holder: Holder | None = None,
+        template: str | None = None,
+        observed: bool = False,
     ) -> Lease:
         """The lease for ``name``, granted (arguments already checked).
 
         ``holder``: ``Lock.__aenter__``'s lock, running task and this context's lease stack.
-        The granted lease's holder scope is then entered and the lease pushed on the stack
-        here (``context.push_lease``, inline): ``Lock.__aenter__`` returns this coroutine
-        instead of awaiting it in one of its own, a coroutine layer less per hold.
+        The granted lease's body is then begun here (``context.enter_body``): its holder
+        scope entered and the lease pushed on the stack, or LeaseLost raised (after the
+        release) if the lease is lost or past its deadline before the body could begin.
+        ``Lock.__aenter__`` returns this coroutine instead of awaiting it in one of its
+        own, a coroutine layer less per hold. ``template``: the lock's name template, for
+        the observers (``observed``: they were told already).
         """
+        if self.session.observer is not None and not observed:
+            return await self._observed_acquire(
+                name, ttl, timeout, blocking, max_hold, owner_tag, token_scope, holder, template
+            )
         if not self.open:
             self.require_open()
         if _get_ident() != self._thread:
@@ -242,14 +258,8 @@ class Acquisition:
                 lease = await self._wait(
                     name, owner, ttl, t_send, timeout, blocking, max_hold, result, token_scope
                 )
-                if holder is not None and lease.lost.reason is not None:
-                    # Lost during the wait's clean-up (unwatch awaits after the grant):
-                    # push_lease starts the holder's scope cancelled.
-                    lease._task = holder[1]
-                    push_lease(holder[0], lease, self.scope_type(), holder[2])
-                    holder = None
             elif self.open:
-                lease = session.grant(name, owner, result, ttl, t_send, max_hold, self)
+                lease = session.grant(name, owner, result, ttl, t_send, max_hold, self, self.driver)
             else:
                 await self._refuse_grant(name, owner, result)
         except BaseException:
@@ -261,12 +271,41 @@ class Acquisition:
             if self._settled is not None and not self._pending:
                 self._settled.set()
         if holder is not None:
-            # context.push_lease, inline (no await since the grant, or the wait's branch
-            # above checked: the lease is not lost).
-            pusher, lease._task, stack = holder
-            scope = self.scope_type().__enter__()
-            lease._scope = scope
-            LEASES.set(stack + ((pusher, lease, scope),))  # noqa: RUF005 (no list: cheaper)
+            try:
+                enter_body(holder[0], lease, holder[1], self.scope_type(), holder[2])
+            except LeaseLost:
+                # Lost (or past its deadline: a frozen process) before the body began: the
+                # body never runs; the release loses it if it was not, and gives it back.
+                await self.release(lease, quiet=True)
+                raise
+        return lease
+
+    async def _observed_acquire(
+        self,
+        name: str,
+        ttl: float,
+        timeout: float | None,
+        blocking: bool,
+        max_hold: float | None,
+        owner_tag: str,
+        token_scope: str | None,
+        holder: Holder | None,
+        template: str | None,
+    ) -> Lease:
+        """:meth:`acquire` told to the observers (the session has some)."""
+        observer = self.session.observer
+        assert observer is not None
+        state = observer.acquire_started(name, template)
+        now = self.clock.now
+        started = now()
+        try:
+            lease = await self.acquire(
+                name, ttl, timeout, blocking, max_hold, owner_tag, token_scope, holder, None, True
+            )
+        except BaseException as exc:
+            observer.acquire_finished(state, None, now() - started, exc)
+            raise
+        observer.acquire_finished(state, lease, now() - started, None)
         return lease
 
     async def _refuse_grant(self, name: str, owner: str, token: int) -> NoReturn:
@@ -321,7 +360,7 @@ class Acquisition:
                     # its busy answer may predate the release, so try again at once. The
                     # first attempt's misses are the driver's to report (watch below).
                     if released is None:  # the first busy answer: listen from now on
-                        released, retry_now = self._listen(name), False
+                        released, retry_now = self._listen(name, owner), False
                     else:
                         retry_now = released.is_set()  # then the one below is fresh
                     if not watching or result.cursor != watched:
@@ -337,7 +376,7 @@ class Acquisition:
                             delay = min(delay, give_up_at - now)
                         with anyio.move_on_after(max(0.0, delay)):
                             await released.wait()
-                    released = self._listen(name)  # a fresh one if that one was set
+                    released = self._listen(name, owner)  # a fresh one if that one was set
                     t_send = clock.now()
                     try:
                         attempt = await driver.acquire(
@@ -349,7 +388,7 @@ class Acquisition:
                     if not isinstance(attempt, Busy):
                         if self.open:
                             return self.session.grant(
-                                name, owner, attempt, ttl, t_send, max_hold, self
+                                name, owner, attempt, ttl, t_send, max_hold, self, driver
                             )
                         await self._refuse_grant(name, owner, attempt)
                     result = attempt
@@ -358,22 +397,54 @@ class Acquisition:
             )
         finally:
             self._waiters.discard(closing)
+            self._unlisten(name, owner)
             if watching:
                 await cleanup(driver.unwatch(name), self.bounds, "unwatch")
 
-    def _listen(self, name: str) -> anyio.Event:
-        """The event the next release or wake-up of ``name`` sets (one per name, shared by
-        this backend's waiters; set and dropped by :meth:`_wake_waiters`)."""
-        released = self._release_events.get(name)
-        if released is None:
-            released = self._release_events[name] = anyio.Event()
+    def _listen(self, name: str, owner: str) -> anyio.Event:
+        """The event the next release of ``name`` (or hand-off of it to ``owner``) sets:
+        one per waiter, a fresh one once set (see :meth:`wake`)."""
+        events = self._release_events.get(name)
+        if events is None:
+            events = self._release_events[name] = {}
+        released = events.get(owner)
+        if released is None or released.is_set():
+            released = events[owner] = anyio.Event()
         return released
 
-    def wake(self, name: str) -> None:
-        """Wake this backend's waiters for ``name`` (a release was seen)."""
-        event = self._release_events.pop(name, None)
-        if event is not None:
-            event.set()
+    def _unlisten(self, name: str, owner: str) -> None:
+        events = self._release_events.get(name)
+        if events is not None:
+            events.pop(owner, None)
+            if not events:
+                del self._release_events[name]
+
+    # -- what a lease's own methods go through (lease.Grantor) ------------------------------
+
+    async def let_expire(self, lease: Lease) -> bool:
+        return await self.session.let_expire(lease)
+
+    async def extend(self, lease: Lease, ttl: object) -> None:
+        await self.session.extend(lease, ttl)
+
+    def lose(self, lease: Lease, reason: str) -> None:
+        self.session.lose(lease, reason)
+
+    def wake(self, name: str, owner: str | None = None) -> None:
+        """Wake this backend's waiters for ``name``: a release was seen (every waiter may
+        try), or, with ``owner``, the name was handed to that waiter (only it wakes: a
+        driver with a queue says whose turn it is, and ten thousand waiters of one name
+        cost one wake-up per hand-off, not ten thousand)."""
+        events = self._release_events.get(name)
+        if not events:
+            return
+        if owner is None:
+            for event in events.values():
+                event.set()
+            return
+        one = events.get(owner)
+        if one is not None:
+            one.set()
 
     # -- from another thread (asynclock.from_thread) ----------------------------------------
 
@@ -403,7 +474,7 @@ class Acquisition:
         if token is None:
             return None
         session = self.session
-        lease = session.new_lease(name, owner, token, ttl, t_send, self)
+        lease = session.new_lease(name, owner, token, ttl, t_send, None, self, self.driver)
         lease.lost._on_set = on_lost
         # Left for the loop, not posted: a wake-up of the loop thread per run costs as much
         # CPU as the round trip. The renewer looks within IDLE_NAP; only a lease that must
@@ -428,7 +499,7 @@ class Acquisition:
             return False  # released by the loop already (the backend closed)
         # From here the renewer and the watchdog skip it (no renewal of a lease being
         # released, no loss reported for it), until _settle drops it on the loop.
-        lease._released = True
+        self.session.released_locally(lease)
         ok: bool | None = None
         calls = self.driver.thread_calls()
         try:
@@ -455,8 +526,6 @@ class Acquisition:
             return  # lost before the loop saw it (force_loss, a close): never renewed
         self.session.adopt(lease)
         self.driver.adopted(lease.name, lease.owner)
-        if self.session.observer is not None:
-            self.session.observer.adopted(lease)
         if not self.open and not lease._released:
             # Granted while the backend closed: nobody will renew it.
             self.session.lose(lease, "backend closed")
@@ -470,12 +539,10 @@ class Acquisition:
             self.session.observer.released(lease, now - lease.acquired_at)
         if ok is None:
             return  # not confirmed (logged), or the backend had closed and released it
-        self._record_hold(now - lease.acquired_at)
         if ok and not lease.lost:
-            self.stats.released += 1
-            if self._release_events:
-                self.wake(lease.name)
+            self.session.finish(lease, now)
             return
+        self.stats.hold_times.append(now - lease.acquired_at)
         if not ok and not lease.lost:
             lease.lost._set("lease had already ended at the server when released")
         logger.info(
@@ -523,6 +590,7 @@ class Acquisition:
                 self.wrong_loop()
             session = self.session
             # Stop renewing first: renewal is tied to the holder's life, never outlives it.
+            # (Session.drop, inline.)
             try:  # noqa: SIM105 (suppress() costs a context manager per hold)
                 del session.held[lease.owner]
             except KeyError:
@@ -531,6 +599,8 @@ class Acquisition:
                 session.drop(lease)
             if not lease._released:
                 now = self.clock.now()
+                if session.observer is not None:
+                    session.observer.released(lease, now - lease.acquired_at)
                 # Past lease.deadline (the loop was blocked, the watchdog never ran): lost.
                 if (
                     now >= lease._deadline
@@ -539,7 +609,7 @@ class Acquisition:
                     session.lose(lease, deadline_reason(lease, now))
                 was_lost = lease.lost.reason is not None
                 error: BaseException | None = None
-                call = self.driver.release(lease.name, lease.owner, lease.token)
+                call = lease._keeper.release(lease.name, lease.owner, lease.token)
                 try:
                     if scope is None:
                         ok = await shielded_call(call, self.bounds)
@@ -570,11 +640,8 @@ class Acquisition:
                     # Our own deadline (release_timeout) fired: report it as a timeout
                     # (below); the scope is left next, with no await in between.
                 if ok and not was_lost:  # the usual case
-                    lease._released = released = True
-                    self._record_hold(now - lease.acquired_at)
-                    self.stats.released += 1
-                    if self._release_events:
-                        self.wake(lease.name)
+                    session.finish(lease, now)
+                    released = True
                     if _known_level(_DEBUG, True) and logger.isEnabledFor(_DEBUG):
                         logger.debug("released %r token=%d", lease.name, lease.token)
                 else:
@@ -605,15 +672,14 @@ class Acquisition:
             why = f"release failed: {error!r}" if error else "release timed out"
             why += f"; the server expires it within its ttl ({lease.ttl:g}s)"
             if quiet or was_lost:
-                logger.warning("release of %r token=%d: %s", lease.name, lease.token, why)
+                self.session.release_failed(lease, why)
                 return
             raise BackendUnavailable(f"{self.driver.display}: {why}") from error
-        self.stats.hold_times.append(now - lease.acquired_at)
         if ok:
             # Lost locally (deadline) but still ours at the server: freed early, still lost.
-            lease._released = True
-            self.wake(lease.name)
+            self.session.finish(lease, now, released=False)
             return
+        self.stats.hold_times.append(now - lease.acquired_at)
         if not was_lost:
             self.session.lose(lease, "lease had already ended at the server when released")
         logger.info(
