@@ -43,6 +43,7 @@ from .fastpath import (
     _describe_loop,
     _level_cache,
 )
+from .keeper import Grants
 from .lease import Lease
 from .renewer import IDLE_NAP
 from .session import Session, deadline_reason
@@ -211,6 +212,7 @@ class Acquisition:
         holder: Holder | None = None,
         template: str | None = None,
         observed: bool = False,
+        via: Grants | None = None,
     ) -> Lease:
         """The lease for ``name``, granted (arguments already checked).
 
@@ -220,12 +222,16 @@ class Acquisition:
         release) if the lease is lost or past its deadline before the body could begin.
         ``Lock.__aenter__`` returns this coroutine instead of awaiting it in one of its
         own, a coroutine layer less per hold. ``template``: the lock's name template, for
-        the observers (``observed``: they were told already).
+        the observers (``observed``: they were told already). ``via``: the server side of
+        another kind of hold that is acquired and waited for as a lock is (a semaphore's
+        permits: see ``Holds.acquire``); None: the driver's locks.
         """
         if self.session.observer is not None and not observed:
             return await self._observed_acquire(
-                name, ttl, timeout, blocking, max_hold, owner_tag, token_scope, holder, template
-            )
+                name, ttl, timeout, blocking, max_hold, owner_tag, token_scope, holder, template,
+                via,
+            )  # fmt: skip
+        grants: Grants = self.driver if via is None else via
         if not self.open:
             self.require_open()
         if _get_ident() != self._thread:
@@ -246,25 +252,26 @@ class Acquisition:
             t_send = self.clock.now()
             try:
                 if token_scope is None:
-                    result = await self.driver.acquire(name, owner, ttl, queue=blocking)
+                    result = await grants.acquire(name, owner, ttl, queue=blocking)
                 else:
-                    result = await self.driver.acquire(
+                    result = await grants.acquire(
                         name, owner, ttl, queue=blocking, scope=token_scope
                     )
             except BaseException as exc:
-                await self._undo_acquire(name, owner, exc)
+                await self._undo_acquire(name, owner, exc, grants)
                 raise  # _undo_acquire raised the wrapped error for plain exceptions
             if isinstance(result, Busy):
                 lease = await self._wait(
-                    name, owner, ttl, t_send, timeout, blocking, max_hold, result, token_scope
-                )
+                    name, owner, ttl, t_send, timeout, blocking, max_hold, result, token_scope,
+                    grants,
+                )  # fmt: skip
             elif self.open:
-                lease = session.grant(name, owner, result, ttl, t_send, max_hold, self, self.driver)
+                lease = session.grant(name, owner, result, ttl, t_send, max_hold, self, grants)
             else:
-                await self._refuse_grant(name, owner, result)
+                await self._refuse_grant(name, owner, result, grants)
         except BaseException:
             if blocking:  # leave the wait queue (after any clean-up of the attempt)
-                await cleanup(self.driver.abandon(name, owner), self.bounds, "abandon wait")
+                await cleanup(grants.abandon(name, owner), self.bounds, "abandon wait")
             raise
         finally:
             self._pending -= 1
@@ -291,6 +298,7 @@ class Acquisition:
         token_scope: str | None,
         holder: Holder | None,
         template: str | None,
+        via: Grants | None,
     ) -> Lease:
         """:meth:`acquire` told to the observers (the session has some)."""
         observer = self.session.observer
@@ -300,25 +308,28 @@ class Acquisition:
         started = now()
         try:
             lease = await self.acquire(
-                name, ttl, timeout, blocking, max_hold, owner_tag, token_scope, holder, None, True
-            )
+                name, ttl, timeout, blocking, max_hold, owner_tag, token_scope, holder, None, True,
+                via,
+            )  # fmt: skip
         except BaseException as exc:
             observer.acquire_finished(state, None, now() - started, exc)
             raise
         observer.acquire_finished(state, lease, now() - started, None)
         return lease
 
-    async def _refuse_grant(self, name: str, owner: str, token: int) -> NoReturn:
+    async def _refuse_grant(self, name: str, owner: str, token: int, grants: Grants) -> NoReturn:
         """Granted after close began: nobody would renew it, so give it back and raise."""
-        await cleanup(self.driver.release(name, owner, token), self.bounds, "release after close")
+        await cleanup(grants.release(name, owner, token), self.bounds, "release after close")
         raise BackendUnavailable(
             f"{self.driver.display}: backend closed while acquiring {name!r}; "
             "the lease it granted meanwhile was released"
         )
 
-    async def _undo_acquire(self, name: str, owner: str, exc: BaseException) -> None:
+    async def _undo_acquire(
+        self, name: str, owner: str, exc: BaseException, grants: Grants
+    ) -> None:
         """An attempt was interrupted or failed: the server may have granted it (G6)."""
-        driver = self.driver
+        driver = grants
         await cleanup(driver.release(name, owner, None), self.bounds, "clean up acquire")
         if isinstance(exc, Exception) and not isinstance(exc, AsynclockError):
             raise BackendUnavailable(
@@ -335,10 +346,11 @@ class Acquisition:
         blocking: bool,
         max_hold: float | None,
         result: Busy,
-        token_scope: str | None = None,
+        token_scope: str | None,
+        grants: Grants,
     ) -> Lease:
         """After a failed first attempt: wait for a release and try again (or give up)."""
-        driver, clock = self.driver, self.clock
+        driver, clock = grants, self.clock
         give_up_at = None if timeout is None else started + timeout
         watching, watched = False, result.cursor
         released: anyio.Event | None = None  # this backend's wake-up for ``name``
@@ -383,14 +395,14 @@ class Acquisition:
                             name, owner, ttl, queue=blocking, scope=token_scope
                         )
                     except BaseException as exc:
-                        await self._undo_acquire(name, owner, exc)
+                        await self._undo_acquire(name, owner, exc, driver)
                         raise
                     if not isinstance(attempt, Busy):
                         if self.open:
                             return self.session.grant(
                                 name, owner, attempt, ttl, t_send, max_hold, self, driver
                             )
-                        await self._refuse_grant(name, owner, attempt)
+                        await self._refuse_grant(name, owner, attempt, driver)
                     result = attempt
             raise BackendUnavailable(
                 f"{driver.display}: backend closed while waiting for lock {name!r}"

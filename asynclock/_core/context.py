@@ -9,7 +9,7 @@ A context variable is per task (child tasks get a copy) and per thread, never sh
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from types import TracebackType
@@ -87,6 +87,46 @@ def leave_body(pusher: object) -> Entry:
     lease._scope = None
     lease._task = None  # the hold is over (and a kept lease must not keep its task)
     return entry
+
+
+def enter_group(
+    pusher: object,
+    leases: Sequence[Lease],
+    task: object,
+    scope: anyio.CancelScope,
+    stack: tuple[Entry, ...],
+) -> None:
+    """:func:`enter_body` for one body holding several leases at once (``lock_all``): one
+    holder scope for all of them, so the loss of any one cancels the body; LeaseLost,
+    before any of the body runs, if any one is lost, released or past its deadline. Each
+    lease is pushed (the last is :func:`current_lease`); :func:`leave_group` ends it."""
+    for lease in leases:
+        if lease.lost.reason is not None or lease._released:
+            lease.check()
+        now = lease._grantor.clock.now()
+        if now >= lease.deadline:
+            lease.check()
+    scope.__enter__()
+    for lease in leases:
+        lease._scope = scope
+        lease._task = task
+        if lease.lost.reason is not None:  # lost meanwhile (no await since the check)
+            scope.cancel()
+    LEASES.set(stack + tuple((pusher, lease, scope) for lease in leases))
+
+
+def leave_group(pusher: object) -> tuple[list[Lease], anyio.CancelScope | None]:
+    """End ``pusher``'s group body: its entries off the stack, each lease's holder scope
+    and task unset; returns the leases and their (not yet left) scope."""
+    stack = LEASES.get()
+    mine = [entry for entry in stack if entry[0] is pusher]
+    if not mine:
+        raise AssertionError(f"{pusher!r}: __aexit__ without __aenter__")
+    LEASES.set(tuple(entry for entry in stack if entry[0] is not pusher))
+    for _, lease, _ in mine:
+        lease._scope = None
+        lease._task = None
+    return [entry[1] for entry in mine], mine[0][2]
 
 
 def pop_lease(pusher: object) -> Entry | None:

@@ -16,13 +16,14 @@ from typing import Protocol
 from .claim_store import ClaimStore
 from .clock import Clock, MonotonicClock
 from .holder import Holder
-from .keeper import RENEW_CHUNK, ExtendResult, Keeper, LeaseRef, Refused
+from .keeper import RENEW_CHUNK, Busy, ExtendResult, Grants, Keeper, LeaseRef, Refused
 
 __all__ = (
     "RENEW_CHUNK",
     "Busy",
     "Driver",
     "ExtendResult",
+    "Grants",
     "Keeper",
     "LeaseRef",
     "Record",
@@ -31,27 +32,6 @@ __all__ = (
     "Wake",
     "leave_queue",
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Busy:
-    """An acquire attempt found the name held.
-
-    ``retry_after`` is how long the current lease has left at most (Redis ``PTTL``, a
-    lease row's expiry), or a backend's suggested poll delay; ``None`` if unknown.
-    ``detail``, if given, says why (it goes into :class:`~asynclock.LockHeld`'s message).
-    ``cursor``, if given, is opaque to the core: where the driver's watch should start
-    (etcd: the revision the attempt read). The core passes it to ``watch(name, cursor)``.
-    ``grace_until``, if given, means the server grants nothing before that Unix time (its
-    restart grace after data loss), not that someone holds the name: ``retry_after`` is
-    then the time left and ``detail`` says why; the core raises
-    :class:`~asynclock.RestartGrace` instead of :class:`~asynclock.LockHeld`.
-    """
-
-    retry_after: float | None = None
-    detail: str | None = None
-    cursor: object = None
-    grace_until: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

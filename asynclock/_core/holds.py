@@ -24,16 +24,24 @@ The feature keeps its storage and its own state; it never writes a lease's field
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import anyio
 
 from .bounds import CallBounds, shielded_call
 from .clock import Clock
-from .context import LEASES, ExcInfo, enter_body, leave_body, lost_on_exit
+from .context import (
+    LEASES,
+    ExcInfo,
+    enter_body,
+    enter_group,
+    leave_body,
+    leave_group,
+    lost_on_exit,
+)
 from .exceptions import BackendUnavailable
-from .keeper import Keeper
+from .keeper import Grants, Keeper
 from .lease import Lease
 from .session import deadline_reason
 
@@ -107,6 +115,33 @@ class Holds:
         session.adopt(lease)
         return lease
 
+    async def acquire(
+        self,
+        name: str,
+        ttl: float,
+        *,
+        timeout: float | None = None,
+        blocking: bool = True,
+        max_hold: float | None = None,
+    ) -> Lease:
+        """For a keeper that grants by name with a wait queue (a
+        :class:`~.keeper.Grants`: a semaphore's permits, a read-write lock's modes): the
+        lease for ``name``, acquired and waited for exactly as a lock is (busy with
+        ``blocking=False``: LockHeld; ``timeout``: AcquireTimeout; an interrupted attempt
+        cleaned up, G6), then renewed by the session through the keeper. Arguments are the
+        caller's to check (``validation.check_lock_args``). ``lease.release()`` gives it
+        back through the keeper."""
+        keeper = self.keeper
+        assert hasattr(keeper, "acquire"), f"{keeper!r} grants nothing by name"
+        return await self._acq.acquire(
+            name,
+            ttl,
+            timeout,
+            blocking,
+            max_hold,
+            via=keeper,  # type: ignore[arg-type]
+        )
+
     # -- the body of a hold -----------------------------------------------------------------
 
     def enter(self, pusher: object, lease: Lease) -> None:
@@ -119,6 +154,22 @@ class Holds:
             if lease.lost.reason is None and not lease.released:
                 self._session.lose(lease, deadline_reason(lease, self.clock.now()))
             raise
+
+    def enter_all(self, pusher: object, leases: Sequence[Lease]) -> None:
+        """:meth:`enter` for one body holding several leases (all or nothing): one holder
+        scope, cancelled by the loss of any one of them."""
+        self._acq.check_loop()
+        enter_group(pusher, leases, self._acq.current_task(), anyio.CancelScope(), LEASES.get())
+
+    def exit_all(self, pusher: object, exc_info: ExcInfo) -> bool:
+        """:meth:`exit` for :meth:`enter_all`: raises LeaseLost if any lease was lost."""
+        leases, scope = leave_group(pusher)
+        assert scope is not None
+        swallowed = bool(scope.__exit__(*exc_info))
+        lost = next((lease for lease in leases if lease.lost.reason is not None), None)
+        if lost is not None:
+            return lost_on_exit(lost, swallowed, exc_info[0])
+        return swallowed
 
     def exit(self, pusher: object, exc_info: ExcInfo, *, ended: bool) -> bool:
         """End ``pusher``'s body: what ``__aexit__`` returns (True: the exception was the

@@ -10,6 +10,27 @@ from typing import Protocol
 
 
 @dataclass(frozen=True, slots=True)
+class Busy:
+    """An acquire attempt found the name held.
+
+    ``retry_after`` is how long the current lease has left at most (Redis ``PTTL``, a
+    lease row's expiry), or a backend's suggested poll delay; ``None`` if unknown.
+    ``detail``, if given, says why (it goes into :class:`~asynclock.LockHeld`'s message).
+    ``cursor``, if given, is opaque to the core: where the driver's watch should start
+    (etcd: the revision the attempt read). The core passes it to ``watch(name, cursor)``.
+    ``grace_until``, if given, means the server grants nothing before that Unix time (its
+    restart grace after data loss), not that someone holds the name: ``retry_after`` is
+    then the time left and ``detail`` says why; the core raises
+    :class:`~asynclock.RestartGrace` instead of :class:`~asynclock.LockHeld`.
+    """
+
+    retry_after: float | None = None
+    detail: str | None = None
+    cursor: object = None
+    grace_until: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class LeaseRef:
     """What identifies one lease at the server, plus the ttl to renew it with."""
 
@@ -62,3 +83,20 @@ class Keeper(Protocol):
 
 #: How many leases one renewal call carries unless the driver says otherwise.
 RENEW_CHUNK = 1000
+
+
+class Grants(Keeper, Protocol):
+    """A keeper whose leases are acquired and waited for as locks are (by name, with a
+    wait queue): a driver for its locks, a semaphore's permits, a read-write lock's
+    modes. ``Acquisition.acquire(..., via=grants)`` runs the same acquire, wait, clean-up
+    and grant path over it (see :class:`~asynclock._core.driver.Driver` for each call)."""
+
+    async def acquire(
+        self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
+    ) -> int | Busy: ...
+
+    async def watch(self, name: str, cursor: object = None) -> bool: ...
+
+    async def unwatch(self, name: str) -> None: ...
+
+    async def abandon(self, name: str, owner: str) -> None: ...
