@@ -18,15 +18,15 @@ import logging
 import os
 import random
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
 import anyio
 import anyio.lowlevel
 
-from .bounds import ArmOnSuspend, CallBounds, cleanup, shielded_call
+from .bounds import CallBounds, cleanup
 from .clock import Clock
-from .context import LEASES, Entry, ExcInfo, enter_body, lost_on_exit, refuse_nested
+from .context import LEASES, Entry, enter_body, refuse_nested
 from .driver import Busy, Driver
 from .exceptions import (
     AcquireTimeout,
@@ -45,9 +45,10 @@ from .fastpath import (
 )
 from .keeper import Grants
 from .lease import Lease
-from .renewer import IDLE_NAP
-from .session import Session, deadline_reason
+from .release import Releasing
+from .session import Session
 from .stats import StatsRecorder
+from .threads import ThreadGrants
 from .validation import check_lock_args, check_scope
 
 logger = logging.getLogger("asynclock")
@@ -60,7 +61,7 @@ _get_ident = threading.get_ident
 DEFAULT_POLL = 0.05
 
 
-class Acquisition:
+class Acquisition(Releasing, ThreadGrants):
     """Acquire, wait, grant and release the leases of one backend (one event loop)."""
 
     def __init__(self, driver: Driver, session: Session, clock: Clock, bounds: CallBounds) -> None:
@@ -458,253 +459,10 @@ class Acquisition:
         if one is not None:
             one.set()
 
-    # -- from another thread (asynclock.from_thread) ----------------------------------------
-
-    def thread_acquire(
-        self, name: str, ttl: float, post: Post, on_lost: Callable[[], object]
-    ) -> Lease | None:
-        """On a thread other than the loop's: one attempt at ``name`` with the driver's
-        blocking calls, the lease if granted now; None if the driver has no such calls, or
-        the name is busy (or in a restart grace), or the attempt failed: the caller then
-        acquires through the loop, which waits, queues and explains. ``on_lost`` runs on
-        the loop when the lease is lost. ``post`` (the loop's ``call_soon_threadsafe``)
-        hands the lease to the loop's renewer and watchdog, without waiting for them: its
-        deadline counts from before the request was sent, wherever it is kept (G3)."""
-        calls = self.driver.thread_calls()
-        if calls is None or not self.open or ttl <= self.session.min_ttl:
-            return None
-        owner = "%032x" % next(self._owner_seq)  # noqa: UP031 (as acquire)
-        t_send = self.clock.now()
-        try:
-            token = calls.acquire(name, owner, ttl)
-        except Exception as exc:
-            # It may have been granted all the same: give it back (owner-checked) from the
-            # loop; the loop's acquire that follows reports what is wrong.
-            logger.debug("blocking acquire of %r failed, asking the loop: %r", name, exc)
-            post(self._give_back, name, owner)
-            return None
-        if token is None:
-            return None
-        session = self.session
-        lease = session.new_lease(name, owner, token, ttl, t_send, None, self, self.driver)
-        lease.lost._on_set = on_lost
-        # Left for the loop, not posted: a wake-up of the loop thread per run costs as much
-        # CPU as the round trip. The renewer looks within IDLE_NAP; only a lease that must
-        # be renewed sooner than that (a short ttl) wakes it now.
-        session.inbox_used = True
-        session.inbox.append((self._adopt, (lease,)))
-        if ttl * session.heartbeat < 2 * IDLE_NAP:
-            post(session.run_inbox)
-        return lease
-
-    def catch_up(self) -> None:
-        """On the loop: do now what other threads left for it (grants, releases), so a
-        snapshot (``stats()``, ``held()``) includes them. Elsewhere: nothing."""
-        if self.session.inbox and _get_ident() == self._thread:
-            self.session.run_inbox()
-
-    def thread_release(self, lease: Lease) -> bool:
-        """On the thread :meth:`thread_acquire` granted ``lease`` to: release it at the
-        server (owner-checked, G6) with the driver's blocking call, then hand the
-        bookkeeping to the loop (its inbox) without waiting for it. True if released."""
-        if lease._released:
-            return False  # released by the loop already (the backend closed)
-        # From here the renewer and the watchdog skip it (no renewal of a lease being
-        # released, no loss reported for it), until _settle drops it on the loop.
-        self.session.released_locally(lease)
-        ok: bool | None = None
-        calls = self.driver.thread_calls()
-        try:
-            if calls is not None and self.open:
-                ok = calls.release(lease.name, lease.owner, lease.token)
-        except Exception as exc:
-            logger.warning(
-                "release of %r token=%d was not confirmed (the server expires it within "
-                "its ttl, %gs): %r",
-                lease.name,
-                lease.token,
-                lease.ttl,
-                exc,
-            )
-        finally:  # even if interrupted (a time limit's signal): the loop must drop it
-            # Left for the loop (not urgent: the renewer and watchdog skip it already).
-            self.session.inbox.append((self._settle, (lease, ok, self.clock.now())))
-        return bool(ok)
-
-    def _adopt(self, lease: Lease) -> None:
-        """On the loop: renew a lease another thread was granted (:meth:`thread_acquire`)."""
-        # (Queued before the release's _settle, so it runs first even for a short body.)
-        if lease.lost:
-            return  # lost before the loop saw it (force_loss, a close): never renewed
-        self.session.adopt(lease)
-        self.driver.adopted(lease.name, lease.owner)
-        if not self.open and not lease._released:
-            # Granted while the backend closed: nobody will renew it.
-            self.session.lose(lease, "backend closed")
-            self._spawn(self.release(lease, quiet=True))
-
-    def _settle(self, lease: Lease, ok: bool | None, now: float) -> None:
-        """On the loop: the bookkeeping of a release made by :meth:`thread_release`."""
-        self.session.drop(lease)
-        self.driver.forget(lease.owner)
-        if self.session.observer is not None:
-            self.session.observer.released(lease, now - lease.acquired_at)
-        if ok is None:
-            return  # not confirmed (logged), or the backend had closed and released it
-        if ok and not lease.lost:
-            self.session.finish(lease, now)
-            return
-        self.stats.hold_times.append(now - lease.acquired_at)
-        if not ok and not lease.lost:
-            lease.lost._set("lease had already ended at the server when released")
-        logger.info(
-            "release of %r token=%d was a no-op: lease already lost", lease.name, lease.token
-        )
-
-    def _give_back(self, name: str, owner: str) -> None:
-        """On the loop: release what a failed blocking acquire may have been granted."""
-        self._spawn(cleanup(self.driver.release(name, owner, None), self.bounds, "give back"))
-
-    def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:
-        import asyncio
-
-        task = asyncio.get_running_loop().create_task(coro)
-        self._spawned.add(task)
-        task.add_done_callback(self._spawned.discard)
-
-    # -- release ---------------------------------------------------------------------------
-
-    async def release(
-        self,
-        lease: Lease,
-        quiet: bool = False,
-        scope: anyio.CancelScope | None = None,
-        exiting: ExcInfo | None = None,
-    ) -> bool:
-        """Release ``lease`` at the server (G6). True if released; False if it was lost or
-        released already (a reported no-op) or, with ``quiet``, if the server did not
-        confirm (else BackendUnavailable).
-
-        ``scope``: a shielded cancel scope the caller is inside and owns (the holder's own
-        scope, shield turned on after the body); the release then runs in it instead of a
-        new one, and its deadline bounds the call.
-
-        ``exiting``: ``Lock.__aexit__``'s arguments, for a lock whose holder scope is
-        ``scope``: the release ends by leaving ``scope`` with them (whatever happens) and
-        returns what ``__aexit__`` returns, or raises :class:`LeaseLost` for a lost lease.
-        ``Lock.__aexit__`` returns this coroutine instead of awaiting it in one of its own:
-        a coroutine layer less per hold.
-        """
-        released = False
-        try:
-            # (A lock exits in the task that entered it: on the right loop, checked then.)
-            if exiting is None and _get_ident() != self._thread:
-                self.wrong_loop()
-            session = self.session
-            # Stop renewing first: renewal is tied to the holder's life, never outlives it.
-            # (Session.drop, inline.)
-            try:  # noqa: SIM105 (suppress() costs a context manager per hold)
-                del session.held[lease.owner]
-            except KeyError:
-                pass  # lost (or let expire): dropped already
-            if session.extends:
-                session.drop(lease)
-            if not lease._released:
-                now = self.clock.now()
-                if session.observer is not None:
-                    session.observer.released(lease, now - lease.acquired_at)
-                # Past lease.deadline (the loop was blocked, the watchdog never ran): lost.
-                if (
-                    now >= lease._deadline
-                    or (lease.hard_deadline is not None and now >= lease.hard_deadline)
-                ) and lease.lost.reason is None:
-                    session.lose(lease, deadline_reason(lease, now))
-                was_lost = lease.lost.reason is not None
-                error: BaseException | None = None
-                call = lease._keeper.release(lease.name, lease.owner, lease.token)
-                try:
-                    if scope is None:
-                        ok = await shielded_call(call, self.bounds)
-                    elif self._remote:  # it will suspend: arm at once, no trampoline per resume
-                        bounds = self.bounds
-                        bounds.inflight[scope] = now + bounds.timeout  # bounds.arm(), inline
-                        if bounds.parked is not None:
-                            bounds.unpark()
-                        try:
-                            ok = await call
-                        finally:
-                            bounds.inflight.pop(scope, None)
-                    else:
-                        # Run the call up to its first suspension right here: most releases
-                        # (SQLite, memory) finish without one and need no timer at all.
-                        try:
-                            first = call.send(None)
-                        except StopIteration as done:
-                            ok = done.value
-                        else:
-                            ok = await ArmOnSuspend(call, scope, self.bounds, first)
-                except Exception as exc:
-                    ok, error = None, exc
-                except anyio.get_cancelled_exc_class():
-                    if scope is None or not scope.cancel_called:
-                        raise
-                    ok = None
-                    # Our own deadline (release_timeout) fired: report it as a timeout
-                    # (below); the scope is left next, with no await in between.
-                if ok and not was_lost:  # the usual case
-                    session.finish(lease, now)
-                    released = True
-                    if _known_level(_DEBUG, True) and logger.isEnabledFor(_DEBUG):
-                        logger.debug("released %r token=%d", lease.name, lease.token)
-                else:
-                    self._not_released(lease, ok, error, now, was_lost, quiet)
-        finally:
-            if exiting is not None:
-                assert scope is not None
-                swallowed = scope.__exit__(*exiting)
-        if exiting is None:
-            return released
-        if not released and lease.lost.reason is not None:
-            return lost_on_exit(lease, swallowed, exiting[0])
-        return swallowed
-
-    def _not_released(
-        self,
-        lease: Lease,
-        ok: bool | None,
-        error: BaseException | None,
-        now: float,
-        was_lost: bool,
-        quiet: bool,
-    ) -> None:
-        """The release's answer, when it was not a plain "released" (see :meth:`release`)."""
-        if ok is None:
-            # Unconfirmed: keep the lease as it is so `release()` can be retried; renewal
-            # has stopped, so the server lets it expire within its ttl either way.
-            why = f"release failed: {error!r}" if error else "release timed out"
-            why += f"; the server expires it within its ttl ({lease.ttl:g}s)"
-            if quiet or was_lost:
-                self.session.release_failed(lease, why)
-                return
-            raise BackendUnavailable(f"{self.driver.display}: {why}") from error
-        if ok:
-            # Lost locally (deadline) but still ours at the server: freed early, still lost.
-            self.session.finish(lease, now, released=False)
-            return
-        self.stats.hold_times.append(now - lease.acquired_at)
-        if not was_lost:
-            self.session.lose(lease, "lease had already ended at the server when released")
-        logger.info(
-            "release of %r token=%d was a no-op: lease already lost", lease.name, lease.token
-        )
-
 
 #: What ``Lock.__aenter__`` hands :meth:`Acquisition.acquire`: the lock, the running task
 #: and this context's lease stack.
 Holder = tuple[object, object, tuple[Entry, ...]]
-
-#: How another thread runs a function on the loop (``loop.call_soon_threadsafe``).
-Post = Callable[..., object]
 
 #: Errors :meth:`Acquisition.call` lets through as they are.
 Passing = tuple[type[Exception], ...]

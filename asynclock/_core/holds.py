@@ -25,7 +25,7 @@ The feature keeps its storage and its own state; it never writes a lease's field
 from __future__ import annotations
 
 from collections.abc import Coroutine, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
@@ -41,7 +41,7 @@ from .context import (
     lost_on_exit,
 )
 from .exceptions import BackendUnavailable
-from .keeper import Grants, Keeper
+from .keeper import Keeper
 from .lease import Lease
 from .session import deadline_reason
 

@@ -449,7 +449,7 @@ class PostgresDriver(Driver):
         raise NotImplementedError
 
     async def claim_holder(self, name: str) -> Holder | None:
-        from .claims import claim_holder
+        from .claim_holder import claim_holder
 
         return await claim_holder(self, name)
 
