@@ -28,6 +28,7 @@ from ._core.holder import Holder
 from ._core.idempotency import Idempotent, IdempotentCall
 from ._core.leadership import Leader, Leadership, Term
 from ._core.lease import Lease, LossSignal
+from ._core.observer import Observer
 from ._core.stats import BackendStats, HoldTimes
 from ._core.templates import NameTemplate
 from ._core.validation import MAX_TTL, check_seconds
@@ -60,6 +61,7 @@ __all__ = (
     "MAX_TTL",
     "MonotonicClock",
     "NameTemplate",
+    "Observer",
     "QuorumNotReached",
     "ReplayedFailure",
     "RestartGrace",

@@ -139,6 +139,14 @@ class _Instruments:
             unit="{renewal}",
             description="Lease renewals, by result (ok, failed).",
         )
+        self.late = meter.create_counter(
+            "asynclock.lease.renewals_late",
+            unit="{renewal}",
+            description=(
+                "Renewals sent with less than half of the lease's margin left: the renewer "
+                "or the event loop falling behind, before any lease is lost."
+            ),
+        )
         self.stale = meter.create_counter(
             "asynclock.fence.rejections",
             unit="{write}",
@@ -300,6 +308,9 @@ class _OtelObserver(_seam.Observer):
             self.m.renewals.add(renewed, {**self.base, ATTR_RESULT: "ok"})
         if failed:
             self.m.renewals.add(failed, {**self.base, ATTR_RESULT: "failed"})
+
+    def renewal_behind(self, leases: int, left: float) -> None:
+        self.m.late.add(leases, self.base)
 
 
 def _annotate(span: Any, token: int, template: str) -> bool:

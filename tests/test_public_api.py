@@ -36,6 +36,7 @@ PUBLIC = {
     "MAX_TTL",
     "MonotonicClock",
     "NameTemplate",
+    "Observer",
     "QuorumNotReached",
     "ReplayedFailure",
     "RestartGrace",
