@@ -387,27 +387,30 @@ def test_guard_cancels_a_coroutine_on_another_loop(url: str) -> None:
 def test_a_coroutine_body_inside_a_hold_is_cancelled_and_its_loop_stays_usable(
     url: str, where: str
 ) -> None:
-    """Celery's async tasks: a hold around ``runner.run(coroutine)``, the coroutine under
-    ``async with guard``. A loss cancels the coroutine (never a signal or an async
-    exception inside the runner's loop), the hold raises LeaseLost, and the runner runs
-    the next body as if nothing happened (no task of the lost one left on it)."""
+    """Celery's async tasks: a hold around ``guard(lease, loop).run(runner, body)``. A
+    loss while the coroutine runs cancels it (never a signal or an async exception inside
+    the runner's loop), one before it starts is LeaseLost before the loop runs, the hold
+    raises LeaseLost, and the runner runs the next body as if nothing happened (no task of
+    the lost one left on it)."""
     outcome: list[object] = []
 
     def run(thread: LoopThread) -> None:
         with asyncio.Runner() as runner:
-            for n, lose in ((1, True), (2, False)):
+            for n, when in enumerate(("during", "before", "never")):
                 try:
                     with hold(thread, url, f"co:{n}", ttl=5.0) as lease:
 
-                        async def body(lease: asynclock.Lease = lease, lose: bool = lose) -> str:
-                            async with guard(lease, thread.loop):
-                                if lose:
-                                    thread.call(asynclock.testing.force_loss, lease, "lost")
-                                    await asyncio.sleep(WAIT)
-                                await asyncio.sleep(0)
-                                return "returned"
+                        async def body(lease: asynclock.Lease = lease, when: str = when) -> str:
+                            assert asynclock.current_lease() is lease
+                            if when == "during":
+                                thread.call(asynclock.testing.force_loss, lease, "lost")
+                                await asyncio.sleep(WAIT)
+                            await asyncio.sleep(0)
+                            return "returned"
 
-                        outcome.append(runner.run(body()))
+                        if when == "before":
+                            thread.call(asynclock.testing.force_loss, lease, "lost first")
+                        outcome.append(guard(lease, thread.loop).run(runner, body))
                 except asynclock.LeaseLost as exc:
                     outcome.append(f"LeaseLost: {exc.reason}")
                 outcome.append(len(asyncio.all_tasks(runner.get_loop())))
@@ -417,7 +420,7 @@ def test_a_coroutine_body_inside_a_hold_is_cancelled_and_its_loop_stays_usable(
             run(thread)
         else:
             in_thread(lambda: run(thread))
-    assert outcome == ["LeaseLost: lost", 0, "returned", 0]
+    assert outcome == ["LeaseLost: lost", 0, "LeaseLost: lost first", 0, "returned", 0]
 
 
 def test_idempotent_runs_once_replays_and_hands_the_outcome_back(url: str, lock_name: str) -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from types import TracebackType
+from typing import TypeVar, cast
 
 import anyio
 
@@ -16,6 +18,7 @@ from .._core.lease import Lease
 from ._guard import AsyncLeaseLost, BodyGuard, _active, lost_error
 
 ExcInfo = tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
+T = TypeVar("T")
 
 
 class GuardedBody:
@@ -68,7 +71,8 @@ async def _stop_on_loss(lease: Lease, guard: BodyGuard) -> None:
 
 class Guard:
     """What :func:`guard` returns: ``with`` for a body in this thread, ``async with`` for a
-    coroutine in this task (on an event loop other than the lease's)."""
+    coroutine in this task (on an event loop other than the lease's), :meth:`run` for a
+    coroutine this thread runs on its own runner."""
 
     __slots__ = ("_body", "_loop", "_scope", "_watch", "lease")
 
@@ -144,6 +148,47 @@ class Guard:
             raise AssertionError("unreachable: a guard is cancelled only when its lease is lost")
         self._end(*exc_info)
 
+    # -- a coroutine run from this thread on its own runner
+
+    def run(self, runner: asyncio.Runner, fn: Callable[[], Awaitable[T]]) -> T:
+        """``runner.run(fn())``, cancelled on loss: the block's ``LeaseLost``. The guard is
+        active before the runner's loop starts, so a loss at any moment (also under a
+        :func:`hold` on this thread, which then cancels this coroutine instead of
+        interrupting the thread) reaches the coroutine, never the loop's machinery."""
+        body_loop = runner.get_loop()
+        state = _Run()
+
+        def cancel() -> None:  # on the runner's loop, whenever it next runs (this run or
+            state.cancelled = True  # a later one: then it finds this run's scope exited)
+            if state.scope is not None:
+                state.scope.cancel()
+
+        async def main() -> T | None:
+            # The runner's tasks run in its own context: the lease is made current there.
+            with anyio.CancelScope() as scope, use_lease(self.lease):
+                state.scope = scope
+                if state.cancelled:
+                    scope.cancel()
+                return await fn()
+            return None  # cancelled: the guard's exit raises LeaseLost
+
+        self._start(BodyGuard(self.lease, lambda: body_loop.call_soon_threadsafe(cancel)))
+        try:
+            result = runner.run(main())
+        except BaseException as exc:
+            self._end(type(exc), exc, exc.__traceback__)
+            raise
+        self._end(None, None, None)  # LeaseLost if the lease was lost
+        return cast(T, result)
+
+
+class _Run:
+    __slots__ = ("cancelled", "scope")
+
+    def __init__(self) -> None:
+        self.cancelled = False
+        self.scope: anyio.CancelScope | None = None
+
 
 def guard(lease: Lease, loop: asyncio.AbstractEventLoop) -> Guard:
     """Stop a body that runs outside the loop holding ``lease`` when the lease is lost.
@@ -155,9 +200,12 @@ def guard(lease: Lease, loop: asyncio.AbstractEventLoop) -> Guard:
       interrupted with ``LeaseLost``, as in :func:`hold` (a signal on the main thread, an
       async exception on any other);
     * ``async with guard(lease, loop):`` in a coroutine on another event loop (a job on a
-      scheduler's loop, a task's own ``asyncio.Runner``): it is cancelled. Inside a
-      :func:`hold` or :func:`idempotent` block on this thread, this is how a coroutine
-      body is run: the hold then cancels it instead of interrupting the thread.
+      scheduler's loop): it is cancelled;
+    * ``guard(lease, loop).run(runner, fn)``: ``fn()``, a coroutine function, on this
+      thread's own ``asyncio.Runner``, cancelled. Inside a :func:`hold` or
+      :func:`idempotent` block of the same thread, this is how a coroutine body is run
+      (Celery's async tasks): the hold then cancels it instead of interrupting the
+      thread, which would raise inside the runner's loop and leave its task behind.
 
     Either way the lease is :func:`asynclock.current_lease` inside, a lease lost already is
     ``LeaseLost`` at once, and the block raises ``LeaseLost`` if the lease was lost during

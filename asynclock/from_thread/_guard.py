@@ -42,6 +42,12 @@ class AsyncLeaseLost(LeaseLost):
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
+    if asyncio._get_running_loop() is not None:
+        # An event loop runs in this thread, with no guarded coroutine to cancel (one
+        # would have been, see BodyGuard.interrupt): raised here, LeaseLost would end the
+        # loop's machinery mid-step and leave its tasks behind. The signal is sent again
+        # (RESEND) until the loop has returned, or a guarded coroutine's entry sees the loss.
+        return
     for guard in reversed(_active.get(threading.get_ident(), [])):
         if guard.in_body and guard.fired and not guard.delivered:
             guard.delivered = True

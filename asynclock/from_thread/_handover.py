@@ -248,8 +248,8 @@ def hold(
     lease :func:`asynclock.current_lease` in the body, stops the body with ``LeaseLost``
     if the lease is lost (the block then raises ``LeaseLost`` even if the body swallowed
     it), and releases when the body is over. A coroutine body (run on this thread's own
-    event loop) goes inside ``async with guard(lease, thread.loop):``, which cancels it
-    instead.
+    ``asyncio.Runner``) goes through ``guard(lease, thread.loop).run(runner, fn)``, which
+    cancels it instead.
     """
     return Hold(thread, target, name, ttl, blocking, timeout)
 

@@ -116,9 +116,4 @@ def run_body(
     coroutine body on this thread's runner, cancelled on loss (``from_thread.guard``)."""
     if not is_async:
         return body()
-
-    async def main() -> Any:
-        async with guard(lease, loop):
-            return await cast(Coroutine[Any, Any, Any], body())
-
-    return _runner().run(main())
+    return guard(lease, loop).run(_runner(), cast(Callable[[], Coroutine[Any, Any, Any]], body))
