@@ -23,18 +23,20 @@ need):
   key around a body: a replay, or the body under the key's lease, whose outcome (the result
   given to ``op.save()``, or its error) goes back into ``backend.idempotent``'s
   ``async with`` through the block's exit.
-* :func:`guard` — ``with guard(lease, loop):`` (a body in a pool's thread) or ``async with
-  guard(lease, loop):`` (a coroutine on another event loop): a body run by another pool
-  under a lease held elsewhere, stopped when it is lost.
+* :func:`guard` — ``with guard(lease, loop):`` (a body in a pool's thread), ``async with
+  guard(lease, loop):`` (a coroutine on another event loop) or ``guard(lease,
+  loop).run(runner, fn)`` (a coroutine this thread runs on its own ``asyncio.Runner``): a
+  body run by another pool under a lease held elsewhere, stopped when it is lost.
 
 How a body is stopped when its lease is lost: ``LeaseLost`` is raised in the body's
 thread. On the main thread by a signal (``SIGUSR2``), whose handler raises it: it
 interrupts ``time.sleep``, ``Event.wait``, ``socket.recv``, ``subprocess.run`` and
 pure-Python loops (PEP 475). On any other thread by ``PyThreadState_SetAsyncExc``, at the
 thread's next bytecode: it cannot interrupt a blocking system call (the exception waits
-until the call returns). A coroutine (``async with guard``) is cancelled instead, also when
-it runs inside a ``hold`` on the same thread. Whichever way, the block raises
-``LeaseLost`` if the lease was lost, even if the body caught the interruption.
+until the call returns). A coroutine under a guard is cancelled instead, also one run by
+``guard(...).run()`` inside a ``hold`` on the same thread (never an interruption inside
+its event loop). Whichever way, the block raises ``LeaseLost`` if the lease was lost, even
+if the body caught the interruption.
 
 Why each case, as Celery taught it: the handler is installed at the first guarded body of
 a process and stays (a late signal must never meet ``SIG_DFL``, which ends the process;
