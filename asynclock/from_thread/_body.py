@@ -15,7 +15,7 @@ import anyio
 from .._core.context import use_lease
 from .._core.exceptions import LeaseLost
 from .._core.lease import Lease
-from ._guard import AsyncLeaseLost, BodyGuard, _active, lost_error
+from ._guard import AsyncLeaseLost, BodyGuard, _active, lost_error, stop_on_loss
 
 ExcInfo = tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
 T = TypeVar("T")
@@ -64,11 +64,6 @@ class GuardedBody:
                 raise lost from error
 
 
-async def _stop_on_loss(lease: Lease, guard: BodyGuard) -> None:
-    await lease.lost.wait()
-    guard.stop()
-
-
 class Guard:
     """What :func:`guard` returns: ``with`` for a body in this thread, ``async with`` for a
     coroutine in this task (on an event loop other than the lease's), :meth:`run` for a
@@ -99,7 +94,7 @@ class Guard:
         self._body = body
         if not watched:
             self._watch = asyncio.run_coroutine_threadsafe(
-                _stop_on_loss(self.lease, guard), self._loop
+                stop_on_loss(self.lease, guard), self._loop
             )
 
     def _end(self, *exc_info: *ExcInfo) -> None:
