@@ -28,12 +28,12 @@ from ._core.holder import Holder
 from ._core.idempotency import Idempotent, IdempotentCall
 from ._core.leadership import Leader, Leadership, Term
 from ._core.lease import Lease, LossSignal
-from ._core.serve import serve_stats
+from ._core.observer import Observer
 from ._core.stats import BackendStats, HoldTimes
 from ._core.templates import NameTemplate
 from ._core.validation import MAX_TTL, check_seconds
-
-__version__ = "0.1.0.dev0"
+from ._ops.serve import serve_stats
+from ._version import __version__
 
 __all__ = (
     "AcquireTimeout",
@@ -61,6 +61,7 @@ __all__ = (
     "MAX_TTL",
     "MonotonicClock",
     "NameTemplate",
+    "Observer",
     "QuorumNotReached",
     "ReplayedFailure",
     "RestartGrace",

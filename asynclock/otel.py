@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._core import observer as _seam
 from ._core.advice import default_name_template
-from ._core.backend import Backend, parts_of
+from ._core.backend import Backend
 from ._core.exceptions import AcquireTimeout, LockHeld
 from ._core.lease import Lease
 
@@ -104,7 +104,7 @@ class _Instruments:
     refused by the SDK, or silently merged)."""
 
     def __init__(self, provider: MeterProvider | None) -> None:
-        from . import __version__
+        from ._version import __version__
 
         #: The observers whose held leases ``asynclock.lease.active`` reports.
         self.observers: weakref.WeakSet[_OtelObserver] = weakref.WeakSet()
@@ -138,6 +138,14 @@ class _Instruments:
             "asynclock.lease.renewals",
             unit="{renewal}",
             description="Lease renewals, by result (ok, failed).",
+        )
+        self.late = meter.create_counter(
+            "asynclock.lease.renewals_late",
+            unit="{renewal}",
+            description=(
+                "Renewals sent with less than half of the lease's margin left: the renewer "
+                "or the event loop falling behind, before any lease is lost."
+            ),
         )
         self.stale = meter.create_counter(
             "asynclock.fence.rejections",
@@ -301,6 +309,9 @@ class _OtelObserver(_seam.Observer):
         if failed:
             self.m.renewals.add(failed, {**self.base, ATTR_RESULT: "failed"})
 
+    def renewal_behind(self, leases: int, left: float) -> None:
+        self.m.late.add(leases, self.base)
+
 
 def _annotate(span: Any, token: int, template: str) -> bool:
     if not span.is_recording():
@@ -369,9 +380,8 @@ def instrument(
             "name_template must be a function from a lock name to a low-cardinality "
             f"template (str -> str), not {type(name_template).__name__}"
         )
-    from . import __version__
+    from ._version import __version__
 
-    _, acq = parts_of(backend)
     _detach(backend)  # replaces any earlier instrumentation
     if _seam.on_stale_token is None:
         instrument_fences(meter_provider=meter_provider)
@@ -391,7 +401,7 @@ def instrument(
     instruments = _instruments(meter_provider)
     observer = _OtelObserver(scheme, instruments, tracer, name_template)
     instruments.observers.add(observer)
-    _seam.add_observer(acq, observer)  # beside backend.collect_advice()'s, if any
+    backend.add_observer(observer)  # beside backend.collect_advice()'s, if any
     return True
 
 
@@ -412,8 +422,7 @@ def uninstrument(backend: Backend) -> None:
 
 
 def _detach(backend: Backend) -> None:
-    _, acq = parts_of(backend)
-    for old in _seam.observers_of(acq):
+    for old in backend.observers():
         if isinstance(old, _OtelObserver):
             old.m.observers.discard(old)  # its leases leave asynclock.lease.active
-            _seam.remove_observer(acq, old)
+            backend.remove_observer(old)

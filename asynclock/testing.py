@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._core.backend import Backend, parts_of
+from ._core.backend import Backend
 from ._core.connect import connect
 from ._core.driver import Driver
 from ._core.lease import Lease
@@ -45,13 +45,21 @@ def memory_backend(**options: Any) -> Backend:
     return connect("memory://", **options)
 
 
-def force_loss(lease: Lease, reason: str = "forced by asynclock.testing") -> None:
-    """Make ``lease`` lost right now, as if its renewal had been refused.
+def force_loss(held: object, reason: str = "forced by asynclock.testing") -> None:
+    """Make what you hold lost right now, as if its renewal had been refused: a
+    :class:`~asynclock.Lease`, or anything that holds one as ``.lease`` (a claim, a
+    leadership term, a semaphore permit, a partition).
 
     The holder's ``async with`` body is cancelled and the block raises ``LeaseLost`` with
     ``reason``. The server-side lease is left to be released on exit (owner-checked).
     """
-    lease._grantor.session.lose(lease, reason)
+    lease = held if isinstance(held, Lease) else getattr(held, "lease", None)
+    if not isinstance(lease, Lease):
+        raise TypeError(
+            "force_loss() takes a Lease, or something that holds one as .lease (a claim, a "
+            f"term, a permit), not {type(held).__name__}"
+        )
+    lease._grantor.lose(lease, reason)
 
 
 async def next_renewal_round(backend: Backend) -> None:
@@ -63,7 +71,7 @@ async def next_renewal_round(backend: Backend) -> None:
     ``ttl * heartbeat`` seconds of the backend's clock (with a :class:`ManualClock`, once
     ``advance`` has moved past that point).
     """
-    await parts_of(backend)[0].next_round()
+    await backend._next_renewal_round()
 
 
 class ManualClock:

@@ -36,8 +36,7 @@ from contextlib import AsyncExitStack
 import anyio
 
 import asynclock
-from asynclock._core.backend import parts_of
-from asynclock._core.observer import Observer, observe
+from asynclock._core.observer import Observer
 
 ROWS = ("none", "none (control)", "empty observer", "advice")
 
@@ -51,7 +50,7 @@ async def timing(reps: int, cycles: int) -> dict[str, list[float]]:
             if row == "advice":
                 backend.collect_advice()
             elif row == "empty observer":
-                observe(parts_of(backend)[1], Observer())
+                backend.add_observer(Observer())
             lock = backend.lock(f"bench:{row}", ttl=60.0)
 
             async def hold(lock: asynclock.Lock = lock) -> None:

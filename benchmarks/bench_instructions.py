@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ABLATIONS: dict[str, list[tuple[str, str, str]]] = {
     "debug-log checks": [
         (
-            "_core/acquisition.py",
+            "_core/release.py",
             "if _known_level(_DEBUG, True) and logger.isEnabledFor(_DEBUG):",
             "if False:",
         ),
@@ -66,51 +66,65 @@ ABLATIONS: dict[str, list[tuple[str, str, str]]] = {
     ],
     "lease stack (current_lease)": [
         (
-            "_core/acquisition.py",
-            "LEASES.set(stack + ((pusher, lease, scope),))",
-            "_LAST[:] = [(pusher, lease, scope)]",
+            "_core/context.py",
+            "            LEASES.set(stack + ((pusher, lease, scope),))",
+            "            _LAST[:] = [(pusher, lease, scope)]",
         ),
         (
-            "_core/acquisition.py",
-            "from .context import LEASES,",
-            "from .context import _LAST, LEASES,",
+            "_core/context.py",
+            "    stack = LEASES.get()\n    if stack and stack[-1][0] is pusher:\n"
+            "        LEASES.set(stack[:-1])",
+            "    stack = _LAST\n    if stack and stack[-1][0] is pusher:\n        pass",
         ),
-        (
-            "_core/lock.py",
-            "        stack = _LEASES.get()\n        try:",
-            "        stack = _LAST\n        try:",
-        ),
-        ("_core/lock.py", "            _LEASES.set(stack[:-1])\n", "            pass\n"),
-        ("_core/lock.py", "from .context import ExcInfo,", "from .context import _LAST, ExcInfo,"),
-        ("_core/context.py", "def push_lease(", "_LAST: list[Entry] = []\n\n\ndef push_lease("),
+        ("_core/context.py", "def enter_body(", "_LAST: list[Entry] = []\n\n\ndef enter_body("),
     ],
     "release bound": [
         (
-            "_core/acquisition.py",
+            "_core/release.py",
             "bounds.inflight[scope] = now + bounds.timeout",
             "bounds.parked = None",
         ),
-        ("_core/acquisition.py", "bounds.inflight.pop(scope, None)", "pass"),
+        ("_core/release.py", "bounds.inflight.pop(scope, None)", "pass"),
     ],
     "stats": [
         ("_core/session.py", "self.stats.acquired += 1", "pass"),
         (
-            "_core/acquisition.py",
-            "self._record_hold(now - lease.acquired_at)\n"
-            "                    self.stats.released += 1",
+            "_core/session.py",
+            "self.stats.hold_times.append(now - lease.acquired_at)\n"
+            "        if released:\n"
+            "            self.stats.released += 1",
             "pass",
         ),
     ],
     "renewer/watchdog wake checks": [
         (
             "_core/session.py",
-            "        if t_send + ttl * self.heartbeat < self._next_round:",
+            "        if t_send + ttl * self.heartbeat < renewer.next_round:",
             "        if False:",
         ),
         (
             "_core/session.py",
-            "        if deadline < self._watch_until or (",
+            "        if lease._deadline < self._watch_until or (",
             "        if False and (",
+        ),
+    ],
+    "observer seam": [
+        (
+            "_core/acquisition.py",
+            "        if self.session.observer is not None and not observed:",
+            "        if False:",
+        ),
+        (
+            "_core/release.py",
+            "                if session.observer is not None:",
+            "                if False:",
+        ),
+    ],
+    "enter-body deadline check": [
+        (
+            "_core/context.py",
+            "        if now < lease._deadline and (hard is None or now < hard):",
+            "        if True:",
         ),
     ],
 }

@@ -69,10 +69,9 @@ import anyio
 import asynclock
 from asynclock._core.acquisition import _known_level as known_level
 from asynclock._core.acquisition import logger
-from asynclock._core.backend import parts_of
-from asynclock._core.context import LEASES
+from asynclock._core.context import LEASES, refuse_nested
+from asynclock._core.driver import LeaseRef
 from asynclock._core.lease import Lease, LossSignal
-from asynclock._core.lock import _refuse_nested
 from asynclock.backends import Busy
 from benchmarks import _loops as loops
 
@@ -181,17 +180,19 @@ def row_cycles(backend: asynclock.Backend) -> dict[str, Cycle]:
     # release's checks.
     se: Any  # the backend's session and acquisition: its own state
     a: Any
-    se, a = parts_of(backend)
+    se, a = backend._session, backend._acq
     get_ident, debug, new = threading.get_ident, logging.DEBUG, object.__new__
     life = TTL * (1 - backend.drift) - backend.margin
 
     async def inline() -> None:
+        if se.observer is not None:  # (the observers' seam: one test)
+            raise AssertionError("observed")
         task = a.current_task()
         if task is None and a.open:
             a.wrong_loop()
         stack = LEASES.get()
         if stack:
-            _refuse_nested(a, name, stack, task)
+            refuse_nested(a, name, stack, task)
         if not a.open:
             a.require_open()
         if get_ident() != a._thread:
@@ -210,21 +211,25 @@ def row_cycles(backend: asynclock.Backend) -> dict[str, Cycle]:
             lease.acquired_at, lease.hard_deadline, lease._deadline = t_send, None, deadline
             lease.lost = lost = new(LossSignal)
             lost._event = lost.reason = None
-            lease._grantor, lease._scope, lease._task, lease._released = a, None, None, False
-            se.held[owner] = (weakref.ref(lease, se._on_collected), name, token)
+            lease._grantor, lease._keeper = a, driver
+            lease._scope, lease._task, lease._released = None, None, False
+            ref = LeaseRef(name, owner, token, TTL)
+            se.held[owner] = (weakref.ref(lease, se._on_collected), ref, driver)
             se.stats.acquired += 1
             if known_level(debug, True) and logger.isEnabledFor(debug):
                 logger.debug("acquired")
-            if t_send + TTL * se.heartbeat < se._next_round:
-                se._next_round = t_send + TTL * se.heartbeat
+            if t_send + TTL * se.heartbeat < se.renewer.next_round:
+                se.renewer.next_round = t_send + TTL * se.heartbeat
             if deadline < se._watch_until:
                 pass
         finally:
             a._pending -= 1
             if a._settled is not None and not a._pending:
                 a._settled.set()
-        lease._task = task
         with scope_type() as scope:
+            if clock.now() >= lease._deadline:  # (enter_body: lost before the body begins)
+                raise AssertionError("late")
+            lease._task = task
             lease._scope = scope
             LEASES.set((*stack, (lock, lease, scope)))
             # (the body)
@@ -239,6 +244,8 @@ def row_cycles(backend: asynclock.Backend) -> dict[str, Cycle]:
             if se.extends or lease._released:
                 raise AssertionError("extends")
             t_end = clock.now()
+            if se.observer is not None:
+                raise AssertionError("observed")
             if lease.lost.reason is None and t_end >= deadline:
                 raise AssertionError("late")
             a.bounds.arm(scope)
@@ -248,11 +255,10 @@ def row_cycles(backend: asynclock.Backend) -> dict[str, Cycle]:
                 a.bounds.inflight.pop(scope, None)
             if ok is None:
                 raise AssertionError("release unconfirmed")
-            a._record_hold(t_end - t_send)
             lease._released = True
+            se.stats.hold_times.append(t_end - t_send)
             se.stats.released += 1
-            if a._release_events:
-                a.wake(name)
+            a.wake(name)
             if known_level(debug, True) and logger.isEnabledFor(debug):
                 logger.debug("released")
         if lease.lost.reason is not None:

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 import asynclock
 from asynclock._core import advice as adv
-from asynclock._core.serve import fetch, parse_address
 from asynclock._core.sketch import HIGH, LOW, RELATIVE_ERROR, SKETCH_BYTES, LogHistogram
+from asynclock._ops.serve import fetch, parse_address
 from asynclock.testing import ManualClock, next_renewal_round
 from tests.support.spec import BackendSpec
 from tests.test_cli_ops import cli

@@ -23,7 +23,6 @@ from opentelemetry.trace import SpanKind
 import asynclock
 import asynclock.otel
 from asynclock._core import observer as seam
-from asynclock._core.backend import parts_of
 from asynclock.fence import RedisFence, SQLFence
 from asynclock.testing import force_loss, next_renewal_round
 from tests.conftest import BACKENDS
@@ -231,7 +230,7 @@ async def test_without_an_sdk_nothing_breaks(tmp_path: Path) -> None:
     try:
         async with asynclock.connect("memory://") as backend:
             assert asynclock.otel.instrument(backend) is False
-            assert "acquire" not in vars(parts_of(backend)[1])
+            assert backend.observers() == ()
             asynclock.otel.instrument_fences()
             with anyio.fail_after(5):
                 async with backend.lock("a:1", ttl=5):
@@ -254,12 +253,11 @@ async def test_without_an_sdk_nothing_breaks(tmp_path: Path) -> None:
 
 async def test_uninstrument_restores_the_plain_hold_path(telemetry: Telemetry) -> None:
     async with asynclock.connect("memory://") as backend:
-        _, acq = parts_of(backend)
-        assert "acquire" not in vars(acq) and parts_of(backend)[0].observer is None
+        assert backend.observers() == () and backend._session.observer is None
         assert asynclock.otel.instrument(backend, meter_provider=telemetry.meters) is True
-        assert "acquire" in vars(acq)
+        assert len(backend.observers()) == 1
         asynclock.otel.uninstrument(backend)
-        assert "acquire" not in vars(acq) and "release" not in vars(acq)
+        assert backend.observers() == () and backend._session.observer is None
         with anyio.fail_after(5):
             async with backend.lock("a:1", ttl=5):
                 pass

@@ -37,6 +37,7 @@ PUBLIC = {
     "MAX_TTL",
     "MonotonicClock",
     "NameTemplate",
+    "Observer",
     "QuorumNotReached",
     "ReplayedFailure",
     "RestartGrace",

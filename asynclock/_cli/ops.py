@@ -105,6 +105,7 @@ def _as_json(held: asynclock.Holder | None, name: str, display: str) -> dict[str
         "token": held.token if held else None,
         "ttl_left": None if held is None or held.remaining is None else round(held.remaining, 3),
         "grace_until": held.grace_until if held else None,
+        "detail": held.detail if held else None,
     }
 
 
@@ -121,6 +122,8 @@ def _describe(held: asynclock.Holder | None) -> str:
         left = "no expiry (held for the holder's session)"
     else:
         left = f"lease ends in {held.remaining:.1f}s unless renewed"
+    if held.detail is not None:
+        return f"{held.detail}; token {token}; {left}"
     return f"held by owner {owner}, token {token}; {left}"
 
 

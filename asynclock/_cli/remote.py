@@ -1,7 +1,7 @@
 """``asynclock stats`` and ``asynclock advise``: ask a running process, not a lock server.
 
 A process opts in with ``asynclock.serve_stats(backend, ADDRESS)`` (a unix socket or a
-loopback port; see ``asynclock/_core/serve.py``); these commands read it with ``--from
+loopback port; see ``asynclock/_ops/serve.py``); these commands read it with ``--from
 ADDRESS``. Exit codes as the other operator commands: 0 done, 1 ``advise``: not enough
 samples yet (or the process does not collect advice), 2 bad options, 3 nothing answered
 at the address (the message says why).
@@ -15,7 +15,7 @@ import sys
 from typing import Any
 from urllib.parse import quote
 
-from .._core.serve import fetch, parse_address
+from .._ops.serve import fetch, parse_address
 from .ops import DONE, NO, UNAVAILABLE, USAGE
 from .output import Output, make_output, wants_color
 from .registry import Command, register

@@ -18,20 +18,21 @@ import logging
 import os
 import random
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn
 
 import anyio
 import anyio.lowlevel
 
-from .bounds import ArmOnSuspend, CallBounds, cleanup, shielded_call
+from .bounds import CallBounds, cleanup
 from .clock import Clock
-from .context import LEASES, Entry, ExcInfo, push_lease
+from .context import LEASES, Entry, enter_body, refuse_nested
 from .driver import Busy, Driver
 from .exceptions import (
     AcquireTimeout,
     AsynclockError,
     BackendUnavailable,
+    LeaseLost,
     LockHeld,
     RestartGrace,
 )
@@ -42,10 +43,13 @@ from .fastpath import (
     _describe_loop,
     _level_cache,
 )
+from .keeper import Grants
 from .lease import Lease
-from .lock import _check_lock_args, _check_scope, _refuse_nested, lost_on_exit
-from .session import IDLE_NAP, Session, deadline_reason
+from .release import Releasing
+from .session import Session
 from .stats import StatsRecorder
+from .threads import ThreadGrants
+from .validation import check_lock_args, check_scope
 
 logger = logging.getLogger("asynclock")
 #: ``logger.isEnabledFor``'s answer for a level, if known (see fastpath._level_cache).
@@ -57,7 +61,7 @@ _get_ident = threading.get_ident
 DEFAULT_POLL = 0.05
 
 
-class Acquisition:
+class Acquisition(Releasing, ThreadGrants):
     """Acquire, wait, grant and release the leases of one backend (one event loop)."""
 
     def __init__(self, driver: Driver, session: Session, clock: Clock, bounds: CallBounds) -> None:
@@ -66,11 +70,12 @@ class Acquisition:
         self.clock = clock
         self.bounds = bounds
         self.stats: StatsRecorder = session.stats
-        self._record_hold = self.stats.hold_times.append
         # Owners: 96 random bits per backend above a counter, as 32 hex digits (unique per
         # acquisition; one int formatted per acquisition, no syscall for fresh randomness).
         self._owner_seq = itertools.count((int.from_bytes(os.urandom(12), "big") << 32) + 1)
-        self._release_events: dict[str, anyio.Event] = {}
+        #: Each waiter's wake-up: name -> owner -> the event a release of the name (or a
+        #: hand-off to that owner) sets (see :meth:`wake`).
+        self._release_events: dict[str, dict[str, anyio.Event]] = {}
         #: The running loop's cancel scope class (holder scopes are made directly,
         #: skipping anyio's per-call back-end lookup: a measurable part of a fast hold).
         self.scope_type: type[anyio.CancelScope] = anyio.CancelScope
@@ -111,6 +116,10 @@ class Acquisition:
     def unbind_loop(self) -> None:
         """Closed: nothing runs on the loop any more (and the loop is not kept alive)."""
         self.current_task = _any_current_task
+
+    def new_owner(self) -> str:
+        """A fresh owner id (as each acquisition's)."""
+        return "%032x" % next(self._owner_seq)  # noqa: UP031 (see acquire)
 
     def require_open(self) -> None:
         if not self.open:
@@ -182,14 +191,14 @@ class Acquisition:
         token_scope: object,
     ) -> Lease:
         """``backend.acquire()``: its arguments checked, then :meth:`acquire`."""
-        args = _check_lock_args(name, ttl, timeout, blocking, max_hold)
+        args = check_lock_args(name, ttl, timeout, blocking, max_hold)
         task = self.current_task()
         if self.open and task is None:
             self.wrong_loop()
-        scope = None if token_scope is None else _check_scope(token_scope)
+        scope = None if token_scope is None else check_scope(token_scope)
         stack = LEASES.get()
         if stack:  # inside this task's own `async with` for the name: it would wait for itself
-            _refuse_nested(self, args[0], stack, task)
+            refuse_nested(self, args[0], stack, task)
         return await self.acquire(*args, token_scope=scope)
 
     async def acquire(
@@ -202,14 +211,28 @@ class Acquisition:
         owner_tag: str = "",
         token_scope: str | None = None,
         holder: Holder | None = None,
+        template: str | None = None,
+        observed: bool = False,
+        via: Grants | None = None,
     ) -> Lease:
         """The lease for ``name``, granted (arguments already checked).
 
         ``holder``: ``Lock.__aenter__``'s lock, running task and this context's lease stack.
-        The granted lease's holder scope is then entered and the lease pushed on the stack
-        here (``context.push_lease``, inline): ``Lock.__aenter__`` returns this coroutine
-        instead of awaiting it in one of its own, a coroutine layer less per hold.
+        The granted lease's body is then begun here (``context.enter_body``): its holder
+        scope entered and the lease pushed on the stack, or LeaseLost raised (after the
+        release) if the lease is lost or past its deadline before the body could begin.
+        ``Lock.__aenter__`` returns this coroutine instead of awaiting it in one of its
+        own, a coroutine layer less per hold. ``template``: the lock's name template, for
+        the observers (``observed``: they were told already). ``via``: the server side of
+        another kind of hold that is acquired and waited for as a lock is (a semaphore's
+        permits: see ``Holds.acquire``); None: the driver's locks.
         """
+        if self.session.observer is not None and not observed:
+            return await self._observed_acquire(
+                name, ttl, timeout, blocking, max_hold, owner_tag, token_scope, holder, template,
+                via,
+            )  # fmt: skip
+        grants: Grants = self.driver if via is None else via
         if not self.open:
             self.require_open()
         if _get_ident() != self._thread:
@@ -230,56 +253,84 @@ class Acquisition:
             t_send = self.clock.now()
             try:
                 if token_scope is None:
-                    result = await self.driver.acquire(name, owner, ttl, queue=blocking)
+                    result = await grants.acquire(name, owner, ttl, queue=blocking)
                 else:
-                    result = await self.driver.acquire(
+                    result = await grants.acquire(
                         name, owner, ttl, queue=blocking, scope=token_scope
                     )
             except BaseException as exc:
-                await self._undo_acquire(name, owner, exc)
+                await self._undo_acquire(name, owner, exc, grants)
                 raise  # _undo_acquire raised the wrapped error for plain exceptions
             if isinstance(result, Busy):
                 lease = await self._wait(
-                    name, owner, ttl, t_send, timeout, blocking, max_hold, result, token_scope
-                )
-                if holder is not None and lease.lost.reason is not None:
-                    # Lost during the wait's clean-up (unwatch awaits after the grant):
-                    # push_lease starts the holder's scope cancelled.
-                    lease._task = holder[1]
-                    push_lease(holder[0], lease, self.scope_type(), holder[2])
-                    holder = None
+                    name, owner, ttl, t_send, timeout, blocking, max_hold, result, token_scope,
+                    grants,
+                )  # fmt: skip
             elif self.open:
-                lease = session.grant(name, owner, result, ttl, t_send, max_hold, self)
+                lease = session.grant(name, owner, result, ttl, t_send, max_hold, self, grants)
             else:
-                await self._refuse_grant(name, owner, result)
+                await self._refuse_grant(name, owner, result, grants)
         except BaseException:
             if blocking:  # leave the wait queue (after any clean-up of the attempt)
-                await cleanup(self.driver.abandon(name, owner), self.bounds, "abandon wait")
+                await cleanup(grants.abandon(name, owner), self.bounds, "abandon wait")
             raise
         finally:
             self._pending -= 1
             if self._settled is not None and not self._pending:
                 self._settled.set()
         if holder is not None:
-            # context.push_lease, inline (no await since the grant, or the wait's branch
-            # above checked: the lease is not lost).
-            pusher, lease._task, stack = holder
-            scope = self.scope_type().__enter__()
-            lease._scope = scope
-            LEASES.set(stack + ((pusher, lease, scope),))  # noqa: RUF005 (no list: cheaper)
+            try:
+                enter_body(holder[0], lease, holder[1], self.scope_type(), holder[2])
+            except LeaseLost:
+                # Lost (or past its deadline: a frozen process) before the body began: the
+                # body never runs; the release loses it if it was not, and gives it back.
+                await self.release(lease, quiet=True)
+                raise
         return lease
 
-    async def _refuse_grant(self, name: str, owner: str, token: int) -> NoReturn:
+    async def _observed_acquire(
+        self,
+        name: str,
+        ttl: float,
+        timeout: float | None,
+        blocking: bool,
+        max_hold: float | None,
+        owner_tag: str,
+        token_scope: str | None,
+        holder: Holder | None,
+        template: str | None,
+        via: Grants | None,
+    ) -> Lease:
+        """:meth:`acquire` told to the observers (the session has some)."""
+        observer = self.session.observer
+        assert observer is not None
+        state = observer.acquire_started(name, template)
+        now = self.clock.now
+        started = now()
+        try:
+            lease = await self.acquire(
+                name, ttl, timeout, blocking, max_hold, owner_tag, token_scope, holder, None, True,
+                via,
+            )  # fmt: skip
+        except BaseException as exc:
+            observer.acquire_finished(state, None, now() - started, exc)
+            raise
+        observer.acquire_finished(state, lease, now() - started, None)
+        return lease
+
+    async def _refuse_grant(self, name: str, owner: str, token: int, grants: Grants) -> NoReturn:
         """Granted after close began: nobody would renew it, so give it back and raise."""
-        await cleanup(self.driver.release(name, owner, token), self.bounds, "release after close")
+        await cleanup(grants.release(name, owner, token), self.bounds, "release after close")
         raise BackendUnavailable(
             f"{self.driver.display}: backend closed while acquiring {name!r}; "
             "the lease it granted meanwhile was released"
         )
 
-    async def _undo_acquire(self, name: str, owner: str, exc: BaseException) -> None:
+    async def _undo_acquire(
+        self, name: str, owner: str, exc: BaseException, grants: Grants
+    ) -> None:
         """An attempt was interrupted or failed: the server may have granted it (G6)."""
-        driver = self.driver
+        driver = grants
         await cleanup(driver.release(name, owner, None), self.bounds, "clean up acquire")
         if isinstance(exc, Exception) and not isinstance(exc, AsynclockError):
             raise BackendUnavailable(
@@ -296,10 +347,11 @@ class Acquisition:
         blocking: bool,
         max_hold: float | None,
         result: Busy,
-        token_scope: str | None = None,
+        token_scope: str | None,
+        grants: Grants,
     ) -> Lease:
         """After a failed first attempt: wait for a release and try again (or give up)."""
-        driver, clock = self.driver, self.clock
+        driver, clock = grants, self.clock
         give_up_at = None if timeout is None else started + timeout
         watching, watched = False, result.cursor
         released: anyio.Event | None = None  # this backend's wake-up for ``name``
@@ -321,7 +373,7 @@ class Acquisition:
                     # its busy answer may predate the release, so try again at once. The
                     # first attempt's misses are the driver's to report (watch below).
                     if released is None:  # the first busy answer: listen from now on
-                        released, retry_now = self._listen(name), False
+                        released, retry_now = self._listen(name, owner), False
                     else:
                         retry_now = released.is_set()  # then the one below is fresh
                     if not watching or result.cursor != watched:
@@ -337,296 +389,80 @@ class Acquisition:
                             delay = min(delay, give_up_at - now)
                         with anyio.move_on_after(max(0.0, delay)):
                             await released.wait()
-                    released = self._listen(name)  # a fresh one if that one was set
+                    released = self._listen(name, owner)  # a fresh one if that one was set
                     t_send = clock.now()
                     try:
                         attempt = await driver.acquire(
                             name, owner, ttl, queue=blocking, scope=token_scope
                         )
                     except BaseException as exc:
-                        await self._undo_acquire(name, owner, exc)
+                        await self._undo_acquire(name, owner, exc, driver)
                         raise
                     if not isinstance(attempt, Busy):
                         if self.open:
                             return self.session.grant(
-                                name, owner, attempt, ttl, t_send, max_hold, self
+                                name, owner, attempt, ttl, t_send, max_hold, self, driver
                             )
-                        await self._refuse_grant(name, owner, attempt)
+                        await self._refuse_grant(name, owner, attempt, driver)
                     result = attempt
             raise BackendUnavailable(
                 f"{driver.display}: backend closed while waiting for lock {name!r}"
             )
         finally:
             self._waiters.discard(closing)
+            self._unlisten(name, owner)
             if watching:
                 await cleanup(driver.unwatch(name), self.bounds, "unwatch")
 
-    def _listen(self, name: str) -> anyio.Event:
-        """The event the next release or wake-up of ``name`` sets (one per name, shared by
-        this backend's waiters; set and dropped by :meth:`_wake_waiters`)."""
-        released = self._release_events.get(name)
-        if released is None:
-            released = self._release_events[name] = anyio.Event()
+    def _listen(self, name: str, owner: str) -> anyio.Event:
+        """The event the next release of ``name`` (or hand-off of it to ``owner``) sets:
+        one per waiter, a fresh one once set (see :meth:`wake`)."""
+        events = self._release_events.get(name)
+        if events is None:
+            events = self._release_events[name] = {}
+        released = events.get(owner)
+        if released is None or released.is_set():
+            released = events[owner] = anyio.Event()
         return released
 
-    def wake(self, name: str) -> None:
-        """Wake this backend's waiters for ``name`` (a release was seen)."""
-        event = self._release_events.pop(name, None)
-        if event is not None:
-            event.set()
+    def _unlisten(self, name: str, owner: str) -> None:
+        events = self._release_events.get(name)
+        if events is not None:
+            events.pop(owner, None)
+            if not events:
+                del self._release_events[name]
 
-    # -- from another thread (asynclock.from_thread) ----------------------------------------
+    # -- what a lease's own methods go through (lease.Grantor) ------------------------------
 
-    def thread_acquire(
-        self, name: str, ttl: float, post: Post, on_lost: Callable[[], object]
-    ) -> Lease | None:
-        """On a thread other than the loop's: one attempt at ``name`` with the driver's
-        blocking calls, the lease if granted now; None if the driver has no such calls, or
-        the name is busy (or in a restart grace), or the attempt failed: the caller then
-        acquires through the loop, which waits, queues and explains. ``on_lost`` runs on
-        the loop when the lease is lost. ``post`` (the loop's ``call_soon_threadsafe``)
-        hands the lease to the loop's renewer and watchdog, without waiting for them: its
-        deadline counts from before the request was sent, wherever it is kept (G3)."""
-        calls = self.driver.thread_calls()
-        if calls is None or not self.open or ttl <= self.session.min_ttl:
-            return None
-        owner = "%032x" % next(self._owner_seq)  # noqa: UP031 (as acquire)
-        t_send = self.clock.now()
-        try:
-            token = calls.acquire(name, owner, ttl)
-        except Exception as exc:
-            # It may have been granted all the same: give it back (owner-checked) from the
-            # loop; the loop's acquire that follows reports what is wrong.
-            logger.debug("blocking acquire of %r failed, asking the loop: %r", name, exc)
-            post(self._give_back, name, owner)
-            return None
-        if token is None:
-            return None
-        session = self.session
-        lease = session.new_lease(name, owner, token, ttl, t_send, self)
-        lease.lost._on_set = on_lost
-        # Left for the loop, not posted: a wake-up of the loop thread per run costs as much
-        # CPU as the round trip. The renewer looks within IDLE_NAP; only a lease that must
-        # be renewed sooner than that (a short ttl) wakes it now.
-        session.inbox_used = True
-        session.inbox.append((self._adopt, (lease,)))
-        if ttl * session.heartbeat < 2 * IDLE_NAP:
-            post(session.run_inbox)
-        return lease
+    async def let_expire(self, lease: Lease) -> bool:
+        return await self.session.let_expire(lease)
 
-    def catch_up(self) -> None:
-        """On the loop: do now what other threads left for it (grants, releases), so a
-        snapshot (``stats()``, ``held()``) includes them. Elsewhere: nothing."""
-        if self.session.inbox and _get_ident() == self._thread:
-            self.session.run_inbox()
+    async def extend(self, lease: Lease, ttl: object) -> None:
+        await self.session.extend(lease, ttl)
 
-    def thread_release(self, lease: Lease) -> bool:
-        """On the thread :meth:`thread_acquire` granted ``lease`` to: release it at the
-        server (owner-checked, G6) with the driver's blocking call, then hand the
-        bookkeeping to the loop (its inbox) without waiting for it. True if released."""
-        if lease._released:
-            return False  # released by the loop already (the backend closed)
-        # From here the renewer and the watchdog skip it (no renewal of a lease being
-        # released, no loss reported for it), until _settle drops it on the loop.
-        lease._released = True
-        ok: bool | None = None
-        calls = self.driver.thread_calls()
-        try:
-            if calls is not None and self.open:
-                ok = calls.release(lease.name, lease.owner, lease.token)
-        except Exception as exc:
-            logger.warning(
-                "release of %r token=%d was not confirmed (the server expires it within "
-                "its ttl, %gs): %r",
-                lease.name,
-                lease.token,
-                lease.ttl,
-                exc,
-            )
-        finally:  # even if interrupted (a time limit's signal): the loop must drop it
-            # Left for the loop (not urgent: the renewer and watchdog skip it already).
-            self.session.inbox.append((self._settle, (lease, ok, self.clock.now())))
-        return bool(ok)
+    def lose(self, lease: Lease, reason: str) -> None:
+        self.session.lose(lease, reason)
 
-    def _adopt(self, lease: Lease) -> None:
-        """On the loop: renew a lease another thread was granted (:meth:`thread_acquire`)."""
-        # (Queued before the release's _settle, so it runs first even for a short body.)
-        if lease.lost:
-            return  # lost before the loop saw it (force_loss, a close): never renewed
-        self.session.adopt(lease)
-        self.driver.adopted(lease.name, lease.owner)
-        if self.session.observer is not None:
-            self.session.observer.adopted(lease)
-        if not self.open and not lease._released:
-            # Granted while the backend closed: nobody will renew it.
-            self.session.lose(lease, "backend closed")
-            self._spawn(self.release(lease, quiet=True))
-
-    def _settle(self, lease: Lease, ok: bool | None, now: float) -> None:
-        """On the loop: the bookkeeping of a release made by :meth:`thread_release`."""
-        self.session.drop(lease)
-        self.driver.forget(lease.owner)
-        if self.session.observer is not None:
-            self.session.observer.released(lease, now - lease.acquired_at)
-        if ok is None:
-            return  # not confirmed (logged), or the backend had closed and released it
-        self._record_hold(now - lease.acquired_at)
-        if ok and not lease.lost:
-            self.stats.released += 1
-            if self._release_events:
-                self.wake(lease.name)
+    def wake(self, name: str, owner: str | None = None) -> None:
+        """Wake this backend's waiters for ``name``: a release was seen (every waiter may
+        try), or, with ``owner``, the name was handed to that waiter (only it wakes: a
+        driver with a queue says whose turn it is, and ten thousand waiters of one name
+        cost one wake-up per hand-off, not ten thousand)."""
+        events = self._release_events.get(name)
+        if not events:
             return
-        if not ok and not lease.lost:
-            lease.lost._set("lease had already ended at the server when released")
-        logger.info(
-            "release of %r token=%d was a no-op: lease already lost", lease.name, lease.token
-        )
-
-    def _give_back(self, name: str, owner: str) -> None:
-        """On the loop: release what a failed blocking acquire may have been granted."""
-        self._spawn(cleanup(self.driver.release(name, owner, None), self.bounds, "give back"))
-
-    def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:
-        import asyncio
-
-        task = asyncio.get_running_loop().create_task(coro)
-        self._spawned.add(task)
-        task.add_done_callback(self._spawned.discard)
-
-    # -- release ---------------------------------------------------------------------------
-
-    async def release(
-        self,
-        lease: Lease,
-        quiet: bool = False,
-        scope: anyio.CancelScope | None = None,
-        exiting: ExcInfo | None = None,
-    ) -> bool:
-        """Release ``lease`` at the server (G6). True if released; False if it was lost or
-        released already (a reported no-op) or, with ``quiet``, if the server did not
-        confirm (else BackendUnavailable).
-
-        ``scope``: a shielded cancel scope the caller is inside and owns (the holder's own
-        scope, shield turned on after the body); the release then runs in it instead of a
-        new one, and its deadline bounds the call.
-
-        ``exiting``: ``Lock.__aexit__``'s arguments, for a lock whose holder scope is
-        ``scope``: the release ends by leaving ``scope`` with them (whatever happens) and
-        returns what ``__aexit__`` returns, or raises :class:`LeaseLost` for a lost lease.
-        ``Lock.__aexit__`` returns this coroutine instead of awaiting it in one of its own:
-        a coroutine layer less per hold.
-        """
-        released = False
-        try:
-            # (A lock exits in the task that entered it: on the right loop, checked then.)
-            if exiting is None and _get_ident() != self._thread:
-                self.wrong_loop()
-            session = self.session
-            # Stop renewing first: renewal is tied to the holder's life, never outlives it.
-            try:  # noqa: SIM105 (suppress() costs a context manager per hold)
-                del session.held[lease.owner]
-            except KeyError:
-                pass  # lost (or let expire): dropped already
-            if session.extends:
-                session.drop(lease)
-            if not lease._released:
-                now = self.clock.now()
-                # Past lease.deadline (the loop was blocked, the watchdog never ran): lost.
-                if (
-                    now >= lease._deadline
-                    or (lease.hard_deadline is not None and now >= lease.hard_deadline)
-                ) and lease.lost.reason is None:
-                    session.lose(lease, deadline_reason(lease, now))
-                was_lost = lease.lost.reason is not None
-                error: BaseException | None = None
-                call = self.driver.release(lease.name, lease.owner, lease.token)
-                try:
-                    if scope is None:
-                        ok = await shielded_call(call, self.bounds)
-                    elif self._remote:  # it will suspend: arm at once, no trampoline per resume
-                        bounds = self.bounds
-                        bounds.inflight[scope] = now + bounds.timeout  # bounds.arm(), inline
-                        if bounds.parked is not None:
-                            bounds.unpark()
-                        try:
-                            ok = await call
-                        finally:
-                            bounds.inflight.pop(scope, None)
-                    else:
-                        # Run the call up to its first suspension right here: most releases
-                        # (SQLite, memory) finish without one and need no timer at all.
-                        try:
-                            first = call.send(None)
-                        except StopIteration as done:
-                            ok = done.value
-                        else:
-                            ok = await ArmOnSuspend(call, scope, self.bounds, first)
-                except Exception as exc:
-                    ok, error = None, exc
-                except anyio.get_cancelled_exc_class():
-                    if scope is None or not scope.cancel_called:
-                        raise
-                    ok = None
-                    # Our own deadline (release_timeout) fired: report it as a timeout
-                    # (below); the scope is left next, with no await in between.
-                if ok and not was_lost:  # the usual case
-                    lease._released = released = True
-                    self._record_hold(now - lease.acquired_at)
-                    self.stats.released += 1
-                    if self._release_events:
-                        self.wake(lease.name)
-                    if _known_level(_DEBUG, True) and logger.isEnabledFor(_DEBUG):
-                        logger.debug("released %r token=%d", lease.name, lease.token)
-                else:
-                    self._not_released(lease, ok, error, now, was_lost, quiet)
-        finally:
-            if exiting is not None:
-                assert scope is not None
-                swallowed = scope.__exit__(*exiting)
-        if exiting is None:
-            return released
-        if not released and lease.lost.reason is not None:
-            return lost_on_exit(lease, swallowed, exiting[0])
-        return swallowed
-
-    def _not_released(
-        self,
-        lease: Lease,
-        ok: bool | None,
-        error: BaseException | None,
-        now: float,
-        was_lost: bool,
-        quiet: bool,
-    ) -> None:
-        """The release's answer, when it was not a plain "released" (see :meth:`release`)."""
-        if ok is None:
-            # Unconfirmed: keep the lease as it is so `release()` can be retried; renewal
-            # has stopped, so the server lets it expire within its ttl either way.
-            why = f"release failed: {error!r}" if error else "release timed out"
-            why += f"; the server expires it within its ttl ({lease.ttl:g}s)"
-            if quiet or was_lost:
-                logger.warning("release of %r token=%d: %s", lease.name, lease.token, why)
-                return
-            raise BackendUnavailable(f"{self.driver.display}: {why}") from error
-        self.stats.hold_times.append(now - lease.acquired_at)
-        if ok:
-            # Lost locally (deadline) but still ours at the server: freed early, still lost.
-            lease._released = True
-            self.wake(lease.name)
+        if owner is None:
+            for event in events.values():
+                event.set()
             return
-        if not was_lost:
-            self.session.lose(lease, "lease had already ended at the server when released")
-        logger.info(
-            "release of %r token=%d was a no-op: lease already lost", lease.name, lease.token
-        )
+        one = events.get(owner)
+        if one is not None:
+            one.set()
 
 
 #: What ``Lock.__aenter__`` hands :meth:`Acquisition.acquire`: the lock, the running task
 #: and this context's lease stack.
 Holder = tuple[object, object, tuple[Entry, ...]]
-
-#: How another thread runs a function on the loop (``loop.call_soon_threadsafe``).
-Post = Callable[..., object]
 
 #: Errors :meth:`Acquisition.call` lets through as they are.
 Passing = tuple[type[Exception], ...]

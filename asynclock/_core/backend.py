@@ -20,19 +20,20 @@ from .clock import Clock, MonotonicClock
 from .context import ExcInfo
 from .driver import Driver
 from .holder import Holder
+from .holds import Holds
 from .idempotency import DEFAULT_KEEP, Idempotent, idempotent_function
 from .leadership import Leader, Leadership, find_leader
 from .lease import Lease
 from .lock import Lock as Lock
 from .lock import locked_function
 from .misuse import AsyncContextOnly
-from .observer import add_observer, remove_observer
+from .observer import Fanout, Observer
 from .session import Session
 from .stats import BackendStats, StatsRecorder
 from .validation import RESERVED_PREFIX, check_name, check_timing, check_token
 
-if TYPE_CHECKING:  # for the annotation only: the core imports no backend at run time
-    from ..backends.postgres.claims import Claims
+if TYPE_CHECKING:
+    from .claims import Claims
 
 logger = logging.getLogger("asynclock")
 T = TypeVar("T")
@@ -74,7 +75,7 @@ class Backend(AsyncContextOnly):
         self._bounds = bounds = CallBounds(self.clock, release_timeout)
         stats = StatsRecorder()
         self._session = session = Session(
-            driver, self.clock, bounds, stats, drift, margin, heartbeat
+            self.clock, bounds, stats, drift, margin, heartbeat, driver.display
         )
         self._acq = acq = Acquisition(driver, session, self.clock, bounds)
         self._tg: anyio.abc.TaskGroup | None = None
@@ -147,6 +148,19 @@ class Backend(AsyncContextOnly):
         """
         return Lock(self._acq, name, ttl, timeout, blocking, max_hold, token_scope)
 
+    def _templated_lock(
+        self,
+        name: str,
+        *,
+        ttl: float,
+        timeout: float | None,
+        blocking: bool,
+        max_hold: float | None,
+        template: str,
+    ) -> Lock:
+        """:meth:`lock` for a lock made from ``template`` (``locked_function``)."""
+        return Lock(self._acq, name, ttl, timeout, blocking, max_hold, template=template)
+
     async def acquire(
         self,
         name: str,
@@ -213,13 +227,49 @@ class Backend(AsyncContextOnly):
             name_template or default_name_template,
             max_templates,
         )
-        add_observer(self._acq, self._advice)
+        self.add_observer(self._advice)
 
     def stop_advice(self) -> None:
         """Stop measuring for :meth:`advise` and forget what was measured."""
         if self._advice is not None:
-            remove_observer(self._acq, self._advice)
+            self.remove_observer(self._advice)
             self._advice = None
+
+    def add_observer(self, observer: Observer) -> None:
+        """Tell ``observer`` (an :class:`~asynclock.Observer`) of every acquisition, release,
+        loss and renewal round of this backend from now on, after the observers added
+        before it (``asynclock.otel.instrument`` and :meth:`collect_advice` add theirs).
+        With no observer, a hold pays one attribute test for the seam."""
+        if not isinstance(observer, Observer):
+            raise TypeError(
+                f"add_observer() takes an asynclock.Observer, not {type(observer).__name__}"
+            )
+        self._set_observers((*self.observers(), observer))
+
+    def remove_observer(self, observer: Observer) -> None:
+        """Stop telling ``observer`` (the others go on); nothing if it was not added."""
+        self._set_observers(tuple(o for o in self.observers() if o is not observer))
+
+    def observers(self) -> tuple[Observer, ...]:
+        """The observers of this backend, in the order they are told."""
+        current = self._session.observer
+        if current is None:
+            return ()
+        if isinstance(current, Fanout):
+            return current.observers
+        return (current,)
+
+    def _set_observers(self, observers: tuple[Observer, ...]) -> None:
+        if not observers:
+            self._session.observer = None
+        elif len(observers) == 1:
+            self._session.observer = observers[0]
+        else:
+            self._session.observer = Fanout(observers)
+
+    def _ready(self) -> None:
+        """Raise unless open and called on the backend's event loop (for tools)."""
+        self._acq.ready()
 
     def _start_background(self, func: Callable[[], Coroutine[Any, Any, None]], name: str) -> None:
         """Run ``func`` in the backend's own task group until it returns or the backend
@@ -255,6 +305,10 @@ class Backend(AsyncContextOnly):
             )
         return self._advice
 
+    async def _next_renewal_round(self) -> None:
+        """Wait for the renewer's next round (``asynclock.testing.next_renewal_round``)."""
+        await self._session.next_round()
+
     def held(self) -> list[Lease]:
         """The leases this backend currently holds (and renews)."""
         self._acq.catch_up()
@@ -265,6 +319,12 @@ class Backend(AsyncContextOnly):
         ``None``: a snapshot for operators, not for deciding who may write."""
         acq = self._acq.ready()
         check_name(name)
+        if name.startswith("claim:"):  # a claimed row's lease (see claims()), if it is one
+            try:
+                held = await acq.call("holder", self.driver.claim_holder(name), (LookupError,))
+                return cast("Holder | None", held)
+            except LookupError:
+                pass
         found = await acq.call("holder", self.driver.holder(name), (NotImplementedError,))
         return cast("Holder | None", found)
 
@@ -332,7 +392,7 @@ class Backend(AsyncContextOnly):
         ``async def`` or lacks a templated argument is a TypeError; a malformed template
         or bad lock arguments a ValueError.
         """
-        return locked_function(self.lock, name, (ttl, timeout, blocking, max_hold))
+        return locked_function(self._templated_lock, name, (ttl, timeout, blocking, max_hold))
 
     def idempotent(
         self,
@@ -424,34 +484,18 @@ class Backend(AsyncContextOnly):
         completion is fenced by the token. ``where``/``order_by`` are trusted SQL over the
         table's columns. See docs/claims.md (columns, semantics, errors).
         """
-        make = getattr(self.driver, "claims", None)
-        if make is None:
-            raise NotImplementedError(
-                f"claims need PostgreSQL (postgresql://): a claim locks rows of your own "
-                f"table with SELECT ... FOR UPDATE SKIP LOCKED and fences their completion on "
-                f"the row's claim token, in the same database; {self.driver.display} has no "
-                "such table. Use a lock per item (backend.lock(f'job:{id}', ...)) here."
-            )
-        claims: Claims = make(
-            self,
-            table,
-            ttl=ttl,
-            where=where,
-            order_by=order_by,
-            id_column=id_column,
-            schema=schema,
-            max_attempts=max_attempts,
-            identity=identity,
+        from .claims import ClaimOptions, Claims
+
+        options = ClaimOptions.checked(ttl, max_attempts, identity)
+        if options.ttl <= self._session.min_ttl:
+            raise self._session.ttl_error(options.ttl)
+        store = self.driver.claim_store(
+            table, where=where, order_by=order_by, id_column=id_column, schema=schema
         )
-        return claims
+        return Claims(Holds(self._acq, store, "claim"), store, options)
 
     async def leader(self, name: str) -> Leader | None:
         """Who leads ``name`` now (its identity and token), or None if nobody holds it;
         NotImplementedError where the server keeps no owner (redlock, postgres session)."""
         self._acq.require_open()
         return await find_leader(self.driver, check_name(name))
-
-
-def parts_of(backend: Backend) -> tuple[Session, Acquisition]:
-    """``backend``'s session and acquisition (for ``asynclock.testing`` and tools)."""
-    return backend._session, backend._acq

@@ -9,7 +9,7 @@ A context variable is per task (child tasks get a copy) and per thread, never sh
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from types import TracebackType
@@ -17,12 +17,14 @@ from typing import TYPE_CHECKING
 
 import anyio
 
+from .exceptions import AlreadyHeld, LeaseLost
+
 if TYPE_CHECKING:
     from .lease import Lease
 
 #: One entry of the lease stack: (who pushed it, the lease, the holder's cancel scope or
-#: None). The pusher is the ``Lock`` or leadership ``Term`` that entered (it pops its own
-#: entry) or a ``use_lease()`` marker object.
+#: None). The pusher is the hold that entered (a ``Lock``, a leadership ``Term``, a claim,
+#: a permit: it pops its own entry) or a ``use_lease()`` marker object.
 Entry = tuple[object, "Lease", "anyio.CancelScope | None"]
 #: The lease stack of this context, innermost last.
 LEASES: ContextVar[tuple[Entry, ...]] = ContextVar("asynclock_leases", default=())
@@ -30,16 +32,101 @@ LEASES: ContextVar[tuple[Entry, ...]] = ContextVar("asynclock_leases", default=(
 ExcInfo = tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
 
 
-def push_lease(
-    pusher: object, lease: Lease, scope: anyio.CancelScope, stack: tuple[Entry, ...]
+def enter_body(
+    pusher: object,
+    lease: Lease,
+    task: object,
+    scope: anyio.CancelScope,
+    stack: tuple[Entry, ...],
+    *,
+    start_cancelled: bool = False,
 ) -> None:
-    """Enter ``scope`` as ``lease``'s holder scope (cancelled at once if the lease is
-    already lost) and push ``pusher``'s entry onto ``stack``, this context's lease stack."""
+    """Start the body of a hold of ``lease`` (any kind: a lock, a term, a claim, a permit):
+    ``pusher`` is what entered it (it leaves with :func:`leave_body`), ``task`` the running
+    task, ``scope`` a new cancel scope of the running loop, ``stack`` this context's lease
+    stack. A lease lost, released or past its local deadline raises :class:`LeaseLost`
+    here, before any of the body runs (a cancelled scope would let the body run up to its
+    first suspension: a statement written to a socket before it). Otherwise ``scope`` is
+    entered as the lease's holder scope (the session cancels it on a loss) and the entry
+    pushed. ``start_cancelled``: for a body whose exit swallows the loss (a leadership
+    term in ``async for``), enter a lost lease's scope cancelled instead of raising.
+    """
+    if lease.lost.reason is None and not lease._released:
+        now = lease._grantor.clock.now()
+        hard = lease.hard_deadline
+        if now < lease._deadline and (hard is None or now < hard):
+            scope.__enter__()
+            lease._scope = scope
+            lease._task = task
+            LEASES.set(stack + ((pusher, lease, scope),))  # noqa: RUF005 (no list: cheaper)
+            return
+    if not start_cancelled:
+        lease.check()  # raises LeaseLost, with the reason
+        raise AssertionError("unreachable: the lease is live")  # pragma: no cover
     scope.__enter__()
+    scope.cancel()
     lease._scope = scope
-    if lease.lost.reason is not None:
-        scope.cancel()
-    LEASES.set((*stack, (pusher, lease, scope)))
+    lease._task = task
+    LEASES.set(stack + ((pusher, lease, scope),))  # noqa: RUF005 (no list: cheaper)
+
+
+def leave_body(pusher: object) -> Entry:
+    """End ``pusher``'s body: its entry off the lease stack (usually the top one: holds end
+    in the order they began), the lease's holder scope and task unset; the entry is
+    returned, its scope not yet left."""
+    stack = LEASES.get()
+    if stack and stack[-1][0] is pusher:
+        LEASES.set(stack[:-1])
+        entry = stack[-1]
+    else:
+        found = pop_lease(pusher)
+        if found is None:
+            raise AssertionError(f"{pusher!r}: __aexit__ without __aenter__")
+        entry = found
+    lease = entry[1]
+    lease._scope = None
+    lease._task = None  # the hold is over (and a kept lease must not keep its task)
+    return entry
+
+
+def enter_group(
+    pusher: object,
+    leases: Sequence[Lease],
+    task: object,
+    scope: anyio.CancelScope,
+    stack: tuple[Entry, ...],
+) -> None:
+    """:func:`enter_body` for one body holding several leases at once (``lock_all``): one
+    holder scope for all of them, so the loss of any one cancels the body; LeaseLost,
+    before any of the body runs, if any one is lost, released or past its deadline. Each
+    lease is pushed (the last is :func:`current_lease`); :func:`leave_group` ends it."""
+    for lease in leases:
+        if lease.lost.reason is not None or lease._released:
+            lease.check()
+        now = lease._grantor.clock.now()
+        if now >= lease.deadline:
+            lease.check()
+    scope.__enter__()
+    for lease in leases:
+        lease._scope = scope
+        lease._task = task
+        if lease.lost.reason is not None:  # lost meanwhile (no await since the check)
+            scope.cancel()
+    LEASES.set(stack + tuple((pusher, lease, scope) for lease in leases))
+
+
+def leave_group(pusher: object) -> tuple[list[Lease], anyio.CancelScope | None]:
+    """End ``pusher``'s group body: its entries off the stack, each lease's holder scope
+    and task unset; returns the leases and their (not yet left) scope."""
+    stack = LEASES.get()
+    mine = [entry for entry in stack if entry[0] is pusher]
+    if not mine:
+        raise AssertionError(f"{pusher!r}: __aexit__ without __aenter__")
+    LEASES.set(tuple(entry for entry in stack if entry[0] is not pusher))
+    for _, lease, _ in mine:
+        lease._scope = None
+        lease._task = None
+    return [entry[1] for entry in mine], mine[0][2]
 
 
 def pop_lease(pusher: object) -> Entry | None:
@@ -91,3 +178,36 @@ def use_lease(lease: Lease) -> Iterator[Lease]:
         yield lease
     finally:
         pop_lease(marker)
+
+
+def refuse_nested(grantor: object, name: str, stack: tuple[Entry, ...], task: object) -> None:
+    """Raise :class:`AlreadyHeld` if this task holds ``name`` from ``grantor`` already: it
+    is inside ``async with backend.lock(name)`` or a leadership term of ``name``. Every way
+    to ask for a name (``lock``, ``acquire``, ``leadership``) calls it first: asking again
+    would wait for itself forever.
+
+    ``stack`` is this context's lease stack. A child task starts with a copy of its
+    parent's, so an entry counts only while its lease is live and only in the task that
+    entered it.
+    """
+    for pusher, lease, _ in stack:
+        if (
+            lease.name == name
+            and lease._grantor is grantor
+            and lease._task == task  # tasks compare by identity; a fallback id by value
+            and task is not None
+            and not lease._released
+            and not lease.lost
+        ):
+            # The outermost entry of a lease is the hold that entered it (use_lease()
+            # markers come later, inside); it says what it is.
+            raise AlreadyHeld(name, lease.token, getattr(pusher, "kind", "lock"))
+
+
+def lost_on_exit(lease: Lease, swallowed: bool, exc_type: type[BaseException] | None) -> bool:
+    """What leaving the ``async with`` of a lost lease does (G4): raise :class:`LeaseLost`
+    when the body ended by the loss's cancellation (``swallowed``) or without an error;
+    otherwise return False, so the body's own error propagates."""
+    if swallowed or exc_type is None:
+        raise LeaseLost(lease.name, lease.token, lease.lost.reason or "lost") from None
+    return False

@@ -13,46 +13,25 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from .claim_store import ClaimStore
 from .clock import Clock, MonotonicClock
 from .holder import Holder
+from .keeper import RENEW_CHUNK, Busy, ExtendResult, Grants, Keeper, LeaseRef, Refused
 
-
-@dataclass(frozen=True, slots=True)
-class Busy:
-    """An acquire attempt found the name held.
-
-    ``retry_after`` is how long the current lease has left at most (Redis ``PTTL``, a
-    lease row's expiry), or a backend's suggested poll delay; ``None`` if unknown.
-    ``detail``, if given, says why (it goes into :class:`~asynclock.LockHeld`'s message).
-    ``cursor``, if given, is opaque to the core: where the driver's watch should start
-    (etcd: the revision the attempt read). The core passes it to ``watch(name, cursor)``.
-    ``grace_until``, if given, means the server grants nothing before that Unix time (its
-    restart grace after data loss), not that someone holds the name: ``retry_after`` is
-    then the time left and ``detail`` says why; the core raises
-    :class:`~asynclock.RestartGrace` instead of :class:`~asynclock.LockHeld`.
-    """
-
-    retry_after: float | None = None
-    detail: str | None = None
-    cursor: object = None
-    grace_until: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseRef:
-    """What identifies one lease at the server, plus the ttl to renew it with."""
-
-    name: str
-    owner: str
-    token: int
-    ttl: float
-
-
-@dataclass(frozen=True, slots=True)
-class Refused:
-    """The server definitely says this lease is no longer ours (G5); ``reason`` says why."""
-
-    reason: str
+__all__ = (
+    "RENEW_CHUNK",
+    "Busy",
+    "Driver",
+    "ExtendResult",
+    "Grants",
+    "Keeper",
+    "LeaseRef",
+    "Record",
+    "Refused",
+    "ThreadCalls",
+    "Wake",
+    "leave_queue",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,9 +43,12 @@ class Record:
     payload: str
 
 
-#: One renewal result: ``True`` (extended by its ttl, measured from before the call),
-#: :class:`Refused` (definite loss), or an exception (unknown; the core retries).
-ExtendResult = bool | Refused | BaseException
+class Wake(Protocol):
+    """``wake(name)``: a release of ``name`` was seen, every local waiter may try again;
+    ``wake(name, owner)``: the name was handed to the waiter ``owner`` (a queue's head):
+    only that one wakes."""
+
+    def __call__(self, name: str, owner: str | None = None, /) -> None: ...
 
 
 class ThreadCalls(Protocol):
@@ -90,6 +72,12 @@ class Driver:
 
     #: URL scheme(s) for messages; never contains a password.
     display: str = "driver"
+    #: The most leases one :meth:`extend` call carries (see :class:`Keeper`). The session
+    #: sends a larger batch as several calls, most urgent first, a few at a time.
+    renew_chunk: int | None = RENEW_CHUNK
+    #: True if every release this driver makes wakes this backend's waiters of the name
+    #: through ``wake`` itself (see :class:`Keeper`); False: the core wakes them all.
+    wakes_waiters: bool = False
     #: False where :meth:`holder` cannot name the owner of every holder (the server keeps
     #: none for some of them), so ``backend.leader()`` refuses rather than answer wrongly.
     tells_owner: bool = True
@@ -103,18 +91,20 @@ class Driver:
 
     def __init__(self) -> None:
         self.clock: Clock = MonotonicClock()
-        self._wake: Callable[[str], None] = lambda name: None
+        self._wake: Wake = _no_wake
         self._notify_lost: Callable[[str, str, str], None] = lambda name, owner, why: None
         self._renew_now: Callable[[], None] = lambda: None
 
     def bind(
         self,
         clock: Clock,
-        wake: Callable[[str], None],
+        wake: Wake,
         notify_lost: Callable[[str, str, str], None],
         renew_now: Callable[[], None] | None = None,
     ) -> None:
-        """Called once by the backend: ``wake(name)`` when a release of ``name`` is seen,
+        """Called once by the backend: ``wake(name)`` when a release of ``name`` is seen
+        (``wake(name, owner)`` when it was handed to the queued waiter ``owner``: see
+        :class:`Wake`),
         ``notify_lost(name, owner, reason)`` when a lease is known lost out of band,
         ``renew_now()`` to have every held lease renewed at once (a connection came back:
         the server may have restarted and lost them)."""
@@ -158,7 +148,11 @@ class Driver:
         raise NotImplementedError
 
     async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
-        """Renew every lease in one round trip; one result per lease, in order (G5, G7)."""
+        """Renew these leases in one round trip; one result per lease, in order (G5, G7).
+
+        ``leases`` is any subset of the leases held (at most :attr:`renew_chunk` of them),
+        and several calls may be in flight at once: never infer from a call that a lease
+        it does not carry was released."""
         raise NotImplementedError
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
@@ -222,6 +216,33 @@ class Driver:
         """
         raise NotImplementedError(f"{self.display} cannot break locks")
 
+    # -- features on the session's hook (see _core/holds.py) ------------------------------
+
+    def claim_store(
+        self,
+        table: str,
+        *,
+        where: str | None = None,
+        order_by: str | None = None,
+        id_column: str = "id",
+        schema: str | None = None,
+    ) -> ClaimStore:
+        """The statements of ``backend.claims(table, ...)`` on this server (see
+        ``_core/claims.py``), or NotImplementedError saying why there are none."""
+        raise NotImplementedError(
+            f"claims need PostgreSQL (postgresql://): a claim locks rows of your own "
+            f"table with SELECT ... FOR UPDATE SKIP LOCKED and fences their completion on "
+            f"the row's claim token, in the same database; {self.display} has no such "
+            "table. Use a lock per item (backend.lock(f'job:{id}', ...)) here."
+        )
+
+    async def claim_holder(self, name: str) -> Holder | None:
+        """Who holds the claimed row ``name`` (``claim:<table>:<id>``, as claims name their
+        leases) as the server sees it: a Holder (claimed, or stuck: claimed past its
+        ttl), or None (the row exists and is not claimed). LookupError if ``name`` is not
+        a row of a claims table here (then it is a lock's name like any other)."""
+        raise LookupError(name)
+
     # -- idempotency records (see _core/idempotency.py) ----------------------------------
     #
     # One record per lock name, kept beside the name's lease on the same server. The core
@@ -244,6 +265,10 @@ class Driver:
     async def record_delete(self, name: str, token: int) -> bool:
         """Delete the record of ``name`` if ``token`` wrote it; True if one was deleted."""
         raise NotImplementedError(f"{self.display} does not store idempotency records")
+
+
+def _no_wake(name: str, owner: str | None = None, /) -> None:
+    pass
 
 
 def leave_queue(queues: dict[str, deque[str]], name: str, owner: str) -> bool:

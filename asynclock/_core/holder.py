@@ -28,6 +28,8 @@ class Holder:
             a Unix time on the server's clock. ``owner`` and ``token`` are then ``None``
             (a holder from before the loss may still be working, unknown to the server)
             and ``remaining`` is the time left of the grace.
+        detail: what else the server says of this holder, for operators (a claimed row:
+            its table, who claimed it and whether its claim is stuck), or ``None``.
     """
 
     name: str
@@ -35,3 +37,4 @@ class Holder:
     token: int | None
     remaining: float | None
     grace_until: float | None = None
+    detail: str | None = None

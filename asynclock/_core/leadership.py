@@ -18,9 +18,8 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from .context import LEASES, ExcInfo, pop_lease, push_lease
+from .context import LEASES, ExcInfo, enter_body, leave_body, refuse_nested
 from .exceptions import AsynclockError, BackendUnavailable, LeaseLost
-from .lock import _refuse_nested
 from .misuse import AsyncContextOnly, refuse_sync_iteration
 from .validation import MAX_TTL, check_lease_ttl, check_name, check_not_reserved
 
@@ -97,6 +96,8 @@ class Term(AsyncContextOnly):
 
     __slots__ = ("_quiet", "_scope", "identity", "lease")
     _usage = "term"
+    #: What it says of itself in ``AlreadyHeld`` (``context.refuse_nested``).
+    kind = "leadership"
 
     def __init__(self, lease: Lease, identity: str, *, quiet: bool) -> None:
         self.lease = lease
@@ -121,17 +122,22 @@ class Term(AsyncContextOnly):
         lease = self.lease
         if lease.released:
             raise RuntimeError("this term has ended; campaign again for a new one")
-        self._scope = scope = anyio.CancelScope()
-        lease._task = lease._grantor.current_task()  # a hold of this task (AlreadyHeld)
-        push_lease(self, lease, scope, LEASES.get())
+        scope = anyio.CancelScope()
+        task = lease._grantor.current_task()  # a hold of this task (AlreadyHeld)
+        try:
+            # A term lost before its body begins: the body never runs (LeaseLost), or, in
+            # `async for` (quiet), starts cancelled and the loop campaigns again.
+            enter_body(self, lease, task, scope, LEASES.get(), start_cancelled=self._quiet)
+        except LeaseLost as exc:
+            await lease._grantor.release(lease, quiet=True)
+            raise LeaseLost(lease.name, lease.token, lease.lost.reason or exc.reason) from None
+        self._scope = scope
         return self
 
     async def __aexit__(self, *exc_info: *ExcInfo) -> bool:
         lease, scope = self.lease, self._scope
         assert scope is not None, "Term.__aexit__ without __aenter__"
-        pop_lease(self)
-        lease._scope = None
-        lease._task = None
+        leave_body(self)
         self._scope = None
         try:
             swallowed = bool(scope.__exit__(*exc_info))
@@ -176,7 +182,7 @@ class Leadership(AsyncContextOnly):
         """Wait until elected (blocking acquire: the waiter sleeps until a release)."""
         stack = LEASES.get()
         if stack:  # campaigning inside this task's own hold of the name would never win
-            _refuse_nested(self._acq, self._name, stack, self._acq.current_task())
+            refuse_nested(self._acq, self._name, stack, self._acq.current_task())
         lease = await self._acq.acquire(
             self._name, self._ttl, None, True, None, owner_tag(self._identity)
         )

@@ -1,4 +1,32 @@
-"""A lease, the server's grant of a lock name: owner, token, ttl, local deadline, loss signal."""
+"""A lease, the server's grant of a name: owner, token, ttl, local deadline, loss signal.
+
+The lease protocol: every field has one writer. A ``Lease`` is made only by
+:meth:`Session.new_lease <asynclock._core.session.Session.new_lease>` (its ``__init__``
+refuses), and afterwards:
+
+==============================  ====================================================
+field                           written by
+==============================  ====================================================
+``name owner token acquired_at  ``Session.new_lease`` (once)
+hard_deadline _grantor
+_keeper``
+``ttl``, ``_deadline``          the session: ``new_lease``, each renewal, ``extend``
+``lost``                        the session: made by ``new_lease``, set by ``lose``
+``_released``                   the session: ``new_lease`` (False), ``finish`` (True)
+``_scope``, ``_task``           ``context``: ``enter_body`` / ``leave_body`` (every kind
+                                of hold: lock, leadership term, claim, permit, ...);
+                                ``new_lease`` starts them at None
+==============================  ====================================================
+
+``tests/test_lease_protocol.py`` reads the package and fails on a write anywhere else.
+
+Every kind of hold goes through the same session: a lock's lease is granted by
+``acquire`` (``Acquisition``); a lease granted by a feature's own server step (a claimed
+row, a semaphore permit, a partition) is adopted through :class:`~asynclock._core.holds.Holds`.
+Either way the session renews it through its :class:`~asynclock._core.driver.Keeper`,
+loses it (``Session.lose``) and finishes it (``Session.finish``), so loss, stats, hold
+times, advice, observers and ``asynclock.testing.force_loss`` need no feature code.
+"""
 
 from __future__ import annotations
 
@@ -11,14 +39,12 @@ from .clock import Clock
 from .exceptions import LeaseLost
 
 if TYPE_CHECKING:
-    from .session import Session
+    from .keeper import Keeper
 
 
 class Grantor(Protocol):
-    """What a lease needs of the acquisition that granted it (``acquisition.Acquisition``)."""
-
-    @property
-    def session(self) -> Session: ...
+    """What a lease's own methods go through: the acquisition for a lock, a feature's
+    ``Holds`` for the rest (both on the backend's loop)."""
 
     @property
     def clock(self) -> Clock: ...
@@ -28,6 +54,12 @@ class Grantor(Protocol):
     def check_loop(self) -> None: ...
 
     async def release(self, lease: Lease, *, quiet: bool = False) -> bool: ...
+
+    async def let_expire(self, lease: Lease) -> bool: ...
+
+    async def extend(self, lease: Lease, ttl: object) -> None: ...
+
+    def lose(self, lease: Lease, reason: str) -> None: ...
 
 
 class LossSignal:
@@ -83,6 +115,7 @@ class Lease:
         "__weakref__",
         "_deadline",
         "_grantor",
+        "_keeper",
         "_released",
         "_scope",
         "_task",
@@ -95,8 +128,8 @@ class Lease:
         "ttl",
     )
 
-    # Its fields. Session.grant makes every lease and sets each one: a Lease has no working
-    # __init__ (a call per hold is a measurable share of a fast one).
+    # Its fields (see the module's table of who writes each). Session.new_lease makes every
+    # lease and sets each one: a Lease has no working __init__.
     name: str
     owner: str
     token: int
@@ -107,8 +140,10 @@ class Lease:
     lost: LossSignal
     #: The renewable local deadline (G3); :attr:`deadline` also heeds ``hard_deadline``.
     _deadline: float
-    #: The acquisition that granted it: release, extend and let_expire go through it.
+    #: What granted it: release, extend and let_expire go through it.
     _grantor: Grantor
+    #: The server side of its kind of hold: renews and releases it (the driver, for a lock).
+    _keeper: Keeper
     #: The holder's cancel scope while inside ``async with backend.lock(...)``.
     _scope: anyio.CancelScope | None
     #: The task that entered ``async with backend.lock(...)`` (None for acquire()).
@@ -181,7 +216,7 @@ class Lease:
         answer (it then expires within its ttl from the last renewal).
         """
         self._grantor.check_loop()
-        return await self._grantor.session.let_expire(self)
+        return await self._grantor.let_expire(self)
 
     async def extend(self, ttl: float) -> None:
         """Change this lease's ttl now; the heartbeat carries on with the new one.
@@ -199,4 +234,4 @@ class Lease:
                 (and, for a shorter ttl, a deadline as if the server had taken it).
         """
         self._grantor.check_loop()
-        await self._grantor.session.extend(self, ttl)
+        await self._grantor.extend(self, ttl)

@@ -11,95 +11,18 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 import anyio
 
 from .context import LEASES as _LEASES
-from .context import ExcInfo, pop_lease
-from .exceptions import AlreadyHeld, LeaseLost
+from .context import ExcInfo, leave_body, lost_on_exit, refuse_nested
+from .exceptions import LeaseLost
 from .lease import Lease
 from .misuse import AsyncContextOnly
 from .templates import NameTemplate
-from .validation import (
-    MAX_NAME_BYTES,
-    MAX_TTL,
-    check_lease_ttl,
-    check_name,
-    check_not_reserved,
-    check_timeout,
-    check_ttl,
-)
+from .validation import check_lock_args, check_scope
 
 if TYPE_CHECKING:
     from .acquisition import Acquisition
 
 T = TypeVar("T")
 P = ParamSpec("P")
-
-
-def _check_scope(scope: object) -> str:
-    if not isinstance(scope, str):
-        raise TypeError(f"token_scope must be a str or None, not {type(scope).__name__}")
-    try:
-        return check_name(scope)
-    except ValueError as exc:
-        raise ValueError(f"token_scope: {exc} (it is validated like a lock name)") from None
-
-
-def _check_lock_args(
-    name: object,
-    ttl: object,
-    timeout: object,
-    blocking: object,
-    max_hold: object,
-    *,
-    internal: bool = False,
-) -> tuple[str, float, float | None, bool, float | None]:
-    # Fast path for the usual call, `backend.lock(name, ttl=...)` (made on every hold).
-    if (
-        type(name) is str
-        and 0 < len(name) <= MAX_NAME_BYTES // 4
-        and name.isascii()
-        and name[0] != "\x00"  # RESERVED_PREFIX: the slow path decides
-        and (type(ttl) is float or type(ttl) is int)
-        and 0 < ttl <= MAX_TTL
-        and timeout is None
-        and blocking is True
-        and max_hold is None
-    ):
-        return name, float(ttl), None, True, None
-    name = check_name(name)
-    if not internal:
-        check_not_reserved(name)
-    ttl_f = check_lease_ttl(ttl)
-    timeout_f = check_timeout(timeout)
-    if not isinstance(blocking, bool):
-        raise TypeError(f"blocking must be True or False, not {type(blocking).__name__}")
-    if not blocking and timeout_f is not None:
-        raise ValueError("timeout only applies to blocking=True; pass one or the other")
-    hold = None if max_hold is None else check_ttl(max_hold, what="max_hold")
-    return name, ttl_f, timeout_f, blocking, hold
-
-
-def _refuse_nested(acq: Acquisition, name: str, stack: tuple[Any, ...], task: object) -> None:
-    """Raise :class:`AlreadyHeld` if this task holds ``name`` on this backend already: it is
-    inside ``async with backend.lock(name)`` or a leadership term of ``name``. Every way to
-    ask for a name (``lock``, ``acquire``, ``leadership``) calls it first: asking again
-    would wait for itself forever.
-
-    ``stack`` is this context's lease stack. A child task starts with a copy of its
-    parent's, so an entry counts only while its lease is live and only in the task that
-    entered it.
-    """
-    for pusher, lease, _ in stack:
-        if (
-            lease.name == name
-            and lease._grantor is acq
-            and lease._task == task  # tasks compare by identity; a fallback id by value
-            and task is not None
-            and not lease._released
-            and not lease.lost
-        ):
-            # The outermost entry of a lease is the Lock or the leadership Term that
-            # entered it (use_lease() markers come later, inside).
-            outer = "lock" if isinstance(pusher, Lock) else "leadership"
-            raise AlreadyHeld(name, lease.token, outer)
 
 
 class Lock(AsyncContextOnly):
@@ -109,11 +32,10 @@ class Lock(AsyncContextOnly):
     the lease, per task; never in thread-locals).
     """
 
-    # _template: the NameTemplate text a lock of locked_function was made from (set there
-    # only, after __init__: no cost to other locks), for telemetry (observer.py).
     __slots__ = ("_acq", "_args", "_call", "_template", "_token_scope")
-    _template: str
     _usage = "backend.lock(...)"
+    #: What it says of itself in ``AlreadyHeld`` (``context.refuse_nested``).
+    kind = "lock"
 
     def __init__(
         self,
@@ -126,11 +48,14 @@ class Lock(AsyncContextOnly):
         token_scope: str | None = None,
         *,
         internal: bool = False,
+        template: str | None = None,
     ) -> None:
         self._acq = acq
         # internal: a name in asynclock's own namespace (an idempotency key's hold).
-        self._args = _check_lock_args(name, ttl, timeout, blocking, max_hold, internal=internal)
-        self._token_scope = None if token_scope is None else _check_scope(token_scope)
+        self._args = check_lock_args(name, ttl, timeout, blocking, max_hold, internal=internal)
+        self._token_scope = None if token_scope is None else check_scope(token_scope)
+        #: The name template the lock was made from (``locked_function``), for observers.
+        self._template = template
         #: acquire()'s arguments but the last (owner_tag "": a lock's owner is untagged).
         self._call = (*self._args, "", self._token_scope)
 
@@ -153,23 +78,11 @@ class Lock(AsyncContextOnly):
             acq.wrong_loop()
         stack = _LEASES.get()
         if stack:
-            _refuse_nested(acq, self._args[0], stack, task)
-        return acq.acquire(*self._call, (self, task, stack))
+            refuse_nested(acq, self._args[0], stack, task)
+        return acq.acquire(*self._call, (self, task, stack), self._template)
 
     def __aexit__(self, *exc_info: *ExcInfo) -> Coroutine[Any, Any, bool]:
-        stack = _LEASES.get()
-        try:
-            pusher, lease, scope = stack[-1]
-        except IndexError:
-            raise AssertionError("Lock.__aexit__ without __aenter__") from None
-        if pusher is self:  # pop_lease's usual case, inline
-            _LEASES.set(stack[:-1])
-        else:
-            entry = pop_lease(self)
-            assert entry is not None, "Lock.__aexit__ without __aenter__"
-            _, lease, scope = entry
-        lease._scope = None
-        lease._task = None  # the hold is over (and a kept lease must not keep its task)
+        _, lease, scope = leave_body(self)
         assert scope is not None  # a Lock's own entry always carries its scope
         if lease.lost.reason is not None:
             # Lost: its scope was cancelled (only a loss cancels a holder scope:
@@ -196,15 +109,6 @@ class Lock(AsyncContextOnly):
         return swallowed
 
 
-def lost_on_exit(lease: Lease, swallowed: bool, exc_type: type[BaseException] | None) -> bool:
-    """What leaving the ``async with`` of a lost lease does (G4): raise :class:`LeaseLost`
-    when the body ended by the loss's cancellation (``swallowed``) or without an error;
-    otherwise return False, so the body's own error propagates."""
-    if swallowed or exc_type is None:
-        raise LeaseLost(lease.name, lease.token, lease.lost.reason or "lost") from None
-    return False
-
-
 def locked_function(
     lock: Callable[..., Lock],
     name: str,
@@ -215,7 +119,7 @@ def locked_function(
     ttl, timeout, blocking, max_hold = lock_args
     template = NameTemplate(name)
     # The lock arguments are checked now, not at the first call.
-    _check_lock_args("name", ttl, timeout, blocking, max_hold)
+    check_lock_args("name", ttl, timeout, blocking, max_hold)
 
     def decorate(func: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
         if not inspect.iscoroutinefunction(func):
@@ -232,9 +136,13 @@ def locked_function(
         async def locked_call(*args: P.args, **kwargs: P.kwargs) -> T:
             lock_name = template.format_call(func, args, kwargs)
             call_lock = lock(
-                lock_name, ttl=ttl, timeout=timeout, blocking=blocking, max_hold=max_hold
+                lock_name,
+                ttl=ttl,
+                timeout=timeout,
+                blocking=blocking,
+                max_hold=max_hold,
+                template=template.template,
             )
-            call_lock._template = template.template
             async with call_lock as lease:
                 return await func(*args, **kwargs)
             # Only a lost lease's cancellation is swallowed, and then __aexit__ raises.

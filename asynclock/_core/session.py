@@ -1,40 +1,42 @@
 """The session: the life of every lease a backend holds (etcd's ``concurrency.Session``).
 
-One per backend (so per event loop). It owns, and nothing else touches:
+One per backend (so per event loop). It owns, and nothing else touches (the table of who
+writes each field of a lease is in ``lease.py``):
 
-* the local deadline of every lease, from one formula (:meth:`Session.deadline`, G3; the
-  grant, once per hold, writes it out inline);
-* the heartbeat: one renewer extends *all* held leases in one driver call per interval and
-  reports loss per lease (G7);
+* the making of every lease (:meth:`Session.new_lease`, the only constructor) and its
+  local deadline, from one formula (:meth:`Session.deadline`, G3);
+* the leases it renews (:attr:`Session.held`), whatever kind of hold each one is: a lock
+  granted by ``acquire`` (:meth:`Session.grant`), or a lease a feature's own server step
+  granted (a claimed row, a permit) and handed over with :meth:`Session.adopt` — each with
+  the :class:`~.driver.Keeper` that renews and releases it;
+* the heartbeat (``renewer.py``): leases renewed at their own cadence, in chunks, most
+  urgent first, and a renewer that falls behind says so before a deadline passes (G7);
 * the watchdog, which cancels a holder whose local deadline or ``max_hold`` passes (G4);
-* loss (:meth:`Session.lose`), ``lease.extend(ttl)`` and ``lease.let_expire()``;
+* the end of a hold: loss (:meth:`Session.lose`, the one place a loss happens) and
+  release (:meth:`Session.finish`), ``lease.extend(ttl)`` and ``lease.let_expire()``;
 * leases dropped unreleased (garbage-collected): released, with a warning.
-
-Acquisition (``acquisition.py``) hands it a granted lease with :meth:`Session.grant` and
-takes a lease out of renewal with :meth:`Session.drop` before releasing it. The attributes
-below without a leading underscore are that protocol; the rest is the session's own.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import random
 import re
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from .bounds import CallBounds, cleanup, shielded_call
 from .clock import Clock
-from .driver import Driver, LeaseRef, Refused
 from .exceptions import BackendUnavailable, LeaseLost
 from .fastpath import _level_cache
+from .keeper import Keeper, LeaseRef, Refused
 from .lease import Lease, LossSignal
 from .observer import Observer
+from .renewer import IDLE_NAP, ExtendRequest, Renewer
 from .stats import StatsRecorder
 from .validation import check_lease_ttl, no_time_left
 
@@ -49,70 +51,106 @@ _DEBUG = logging.DEBUG
 
 _new = object.__new__
 
-#: How long the idle renewer and watchdog sleep before looking again (no leases held).
-IDLE_NAP = 1.0
+#: Release failures within this many seconds of the last one logged are summed up.
+RELEASE_STORM = 1.0
 
 #: What the session keeps per held lease: a weak reference (the holder keeps the Lease
-#: alive), and the name and token to release it with once it is collected.
-HeldRecord = tuple["weakref.ref[Lease]", str, int]
+#: alive), what identifies it at the server (with the ttl it is renewed with), and the
+#: keeper that renews and releases it (to release it once it is collected).
+HeldRecord = tuple["weakref.ref[Lease]", LeaseRef, Keeper]
 
 
 class Session:
-    """Heartbeat, watchdog, loss and ttl changes of every lease of one backend."""
+    """Leases, heartbeat, watchdog, loss and ttl changes of every hold of one backend."""
 
     def __init__(
         self,
-        driver: Driver,
         clock: Clock,
         bounds: CallBounds,
         stats: StatsRecorder,
         drift: float,
         margin: float,
         heartbeat: float,
+        display: str,
     ) -> None:
-        self.driver = driver
         self.clock = clock
         self.bounds = bounds
         self.stats = stats
         self.drift = drift
         self.margin = margin
         self.heartbeat = heartbeat
-        self._keep = 1 - drift
+        #: The backend's driver's ``display``, for messages.
+        self.display = display
+        self.keep = 1 - drift
         #: A ttl at or below this leaves no time after drift and margin.
-        self.min_ttl = margin / self._keep
-        #: Called with a name once a dropped lease of it was released here (local waiters
-        #: may try again); the acquisition sets it.
+        self.min_ttl = margin / self.keep
+        #: Called with a name once a lease of it was released here (local waiters may try
+        #: again); the acquisition sets it.
         self.wake: Callable[[str], None] = lambda name: None
-        #: owner -> (weak reference to the Lease, name, token), for every lease renewed.
+        #: owner -> (weak reference to the Lease, its LeaseRef, its keeper), for every lease
+        #: renewed.
         self.held: dict[str, HeldRecord] = {}
-        self._dropped: list[weakref.ref[Lease]] = []  # appended by the weakref callback
-        self._on_collected = self._dropped.append
+        self.dropped: list[weakref.ref[Lease]] = []  # appended by the weakref callback
+        self._on_collected = self.dropped.append
         #: ``lease.extend(ttl)`` requests for the renewer's next round, by owner.
         self.extends: dict[str, ExtendRequest] = {}
-        self._renew_wake: anyio.CancelScope | None = None
         self._watch_wake: anyio.CancelScope | None = None
-        self._next_round: float = math.inf
-        self._renew_asap = False  # renew_soon() asked for a round after the current one
         self._watch_until: float = -math.inf  # what the watchdog sleeps until, if it sleeps
-        self._round_done = anyio.Event()
         #: Work other threads left for the loop (``Acquisition.thread_acquire``): run at
         #: the renewer's next wake-up, which comes within IDLE_NAP once it is used, or at
         #: once when posted with a wake-up (see :meth:`run_inbox`).
         self.inbox: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()
         self.inbox_used = False
-        #: Told of losses and renewal rounds (``observer.observe``); None: nobody is.
+        #: Told of grants, releases, losses and renewal rounds (``Backend.add_observer``);
+        #: None: nobody is (every call site tests this one attribute first).
         self.observer: Observer | None = None
+        self.renewer = Renewer(self)
+        # Release failures in a storm (release_failed): counted, then summed up.
+        self._storm_until = -math.inf
+        self._storm_count = 0
+        self._storm_last = ""
 
-    # -- the protocol: deadlines, grant, drop, loss ----------------------------------------
+    # -- deadlines and the making of leases ------------------------------------------------
 
     def deadline(self, t_send: float, ttl: float) -> float:
         """The local deadline of a lease asked for (or extended) at ``t_send`` (G3): earlier
         than the earliest moment the server could hand the name to someone else."""
-        return t_send + ttl * self._keep - self.margin
+        return t_send + ttl * self.keep - self.margin
 
     def ttl_error(self, ttl: float) -> ValueError:
         """The error for a ttl at or below :attr:`min_ttl`."""
         return no_time_left("ttl", ttl, self.drift, self.margin)
+
+    def new_lease(
+        self,
+        name: str,
+        owner: str,
+        token: int,
+        ttl: float,
+        t_send: float,
+        max_hold: float | None,
+        grantor: Grantor,
+        keeper: Keeper,
+    ) -> Lease:
+        """The lease the server granted to a request sent at ``t_send``, not yet renewed
+        (:meth:`adopt` it). The only constructor of a Lease; safe on any thread (it touches
+        no state of the session)."""
+        lease = _new(Lease)
+        lease.name = name
+        lease.owner = owner
+        lease.token = token
+        lease.ttl = ttl
+        lease.acquired_at = t_send
+        lease.hard_deadline = None if max_hold is None else t_send + max_hold
+        lease.lost = lost = _new(LossSignal)
+        lost._event = lost.reason = None
+        lease._deadline = t_send + ttl * self.keep - self.margin  # self.deadline(), inline
+        lease._grantor = grantor
+        lease._keeper = keeper
+        lease._scope = None
+        lease._task = None
+        lease._released = False
+        return lease
 
     def grant(
         self,
@@ -123,35 +161,44 @@ class Session:
         t_send: float,
         max_hold: float | None,
         grantor: Grantor,
+        keeper: Keeper,
     ) -> Lease:
-        """The lease the server granted to a request sent at ``t_send``, renewed from now on."""
-        deadline = t_send + ttl * self._keep - self.margin  # self.deadline(), inline
-        hard = None if max_hold is None else t_send + max_hold
-        # Every field of the Lease (see the class), set here: no __init__ calls per hold.
-        lease = _new(Lease)
-        lease.name = name
-        lease.owner = owner
-        lease.token = token
-        lease.ttl = ttl
-        lease.acquired_at = t_send
-        lease.hard_deadline = hard
-        lease.lost = lost = _new(LossSignal)
-        lost._event = lost.reason = None
-        lease._deadline = deadline
-        lease._grantor = grantor
-        lease._scope = None
-        lease._task = None
-        lease._released = False
-        self.held[owner] = (_ref(lease, self._on_collected), name, token)
+        """A lease ``acquire`` was granted, renewed from now on (:meth:`new_lease` and
+        :meth:`adopt` in one, the hold's fast path)."""
+        lease = self.new_lease(name, owner, token, ttl, t_send, max_hold, grantor, keeper)
+        ref = LeaseRef(name, owner, token, ttl)
+        self.held[owner] = (_ref(lease, self._on_collected), ref, keeper)
         self.stats.acquired += 1
         if _known_level(_DEBUG, True) and logger.isEnabledFor(_DEBUG):
             logger.debug("acquired %r token=%d ttl=%gs", name, token, ttl)
-        if t_send + ttl * self.heartbeat < self._next_round:  # renew it before the next round
-            self._next_round = t_send + ttl * self.heartbeat
-            _poke(self._renew_wake)
-        if deadline < self._watch_until or (hard is not None and hard < self._watch_until):
+        renewer = self.renewer
+        if t_send + ttl * self.heartbeat < renewer.next_round:  # due before the next round
+            renewer.wake_at(t_send + ttl * self.heartbeat)
+        if lease._deadline < self._watch_until or (
+            max_hold is not None and t_send + max_hold < self._watch_until
+        ):
             _poke(self._watch_wake)
         return lease
+
+    def adopt(self, lease: Lease) -> None:
+        """Renew ``lease`` from now on: the one way in for a lease granted outside
+        ``acquire`` (another thread's blocking call, a claimed row, a permit). Its keeper
+        renews it; it is lost, counted, timed and observed as a lock is."""
+        self.held[lease.owner] = (
+            _ref(lease, self._on_collected),
+            LeaseRef(lease.name, lease.owner, lease.token, lease.ttl),
+            lease._keeper,
+        )
+        self.stats.acquired += 1
+        if _known_level(_DEBUG, True) and logger.isEnabledFor(_DEBUG):
+            logger.debug("acquired %r token=%d ttl=%gs", lease.name, lease.token, lease.ttl)
+        first_renewal = lease.acquired_at + lease.ttl * self.heartbeat
+        if first_renewal < self.renewer.next_round:
+            self.renewer.wake_at(first_renewal)
+        if lease.deadline < self._watch_until:
+            _poke(self._watch_wake)
+        if self.observer is not None:
+            self.observer.adopted(lease)
 
     def run_inbox(self) -> None:
         """On the loop: run what other threads left in :attr:`inbox`, oldest first."""
@@ -160,47 +207,67 @@ class Session:
             func, args = inbox.popleft()
             func(*args)
 
-    def new_lease(
-        self, name: str, owner: str, token: int, ttl: float, t_send: float, grantor: Grantor
-    ) -> Lease:
-        """A lease granted to another thread (``Acquisition.thread_acquire``), not yet
-        renewed: the loop :meth:`adopt` s it. Safe on any thread: it touches no state of
-        the session. (:meth:`grant` fills the same fields inline, for speed.)"""
-        lease = _new(Lease)
-        lease.name = name
-        lease.owner = owner
-        lease.token = token
-        lease.ttl = ttl
-        lease.acquired_at = t_send
-        lease.hard_deadline = None
-        lease.lost = lost = _new(LossSignal)
-        lost._event = lost.reason = None
-        lease._deadline = t_send + ttl * self._keep - self.margin  # self.deadline()
-        lease._grantor = grantor
-        lease._scope = None
-        lease._task = None
-        lease._released = False
-        return lease
-
-    def adopt(self, lease: Lease) -> None:
-        """Renew ``lease`` from now on: :meth:`grant`'s bookkeeping, for a lease another
-        thread was granted (``Acquisition.thread_acquire``; this runs on the loop)."""
-        self.held[lease.owner] = (_ref(lease, self._on_collected), lease.name, lease.token)
-        self.stats.acquired += 1
-        if _known_level(_DEBUG, True) and logger.isEnabledFor(_DEBUG):
-            logger.debug("acquired %r token=%d ttl=%gs", lease.name, lease.token, lease.ttl)
-        first_renewal = lease.acquired_at + lease.ttl * self.heartbeat
-        if first_renewal < self._next_round:
-            self._next_round = first_renewal
-            _poke(self._renew_wake)
-        if lease.deadline < self._watch_until:
-            _poke(self._watch_wake)
+    # -- the end of a hold -----------------------------------------------------------------
 
     def drop(self, lease: Lease, why: str = "released") -> None:
         """Stop renewing ``lease`` (before it is released, or once it is lost)."""
         self.held.pop(lease.owner, None)
         if self.extends:
-            self._end_extend(lease, Refused(why))
+            self.renewer.end_extend(lease, Refused(why))
+
+    def renew_again(self, lease: Lease) -> None:
+        """Renew ``lease`` again after :meth:`drop` (a hold's end the server refused, e.g. a
+        claim's completion the database rejected: the claim is still ours)."""
+        if lease.lost.reason is None and not lease._released and lease.owner not in self.held:
+            self.held[lease.owner] = (
+                _ref(lease, self._on_collected),
+                LeaseRef(lease.name, lease.owner, lease.token, lease.ttl),
+                lease._keeper,
+            )
+            self.renewer.wake_at(self.clock.now())
+            if lease.deadline < self._watch_until:
+                _poke(self._watch_wake)
+
+    def finish(self, lease: Lease, now: float, *, released: bool = True) -> None:
+        """``lease`` has ended at the server (released, completed, given back); ``now`` is
+        when its release began. ``released``: count it as a release (False: it was lost
+        first and is counted as that)."""
+        lease._released = True
+        self.stats.hold_times.append(now - lease.acquired_at)
+        if released:
+            self.stats.released += 1
+        if not lease._keeper.wakes_waiters:
+            self.wake(lease.name)
+
+    def release_failed(self, lease: Lease, why: str) -> None:
+        """A release the server did not confirm (renewal has stopped: the server expires the
+        lease within its ttl). Logged at WARNING; a storm of them (many blocks exiting at
+        once against a server in trouble) logs its first one and then one summary line per
+        :data:`RELEASE_STORM` seconds, not one line per lease."""
+        now = self.clock.now()
+        if now >= self._storm_until:
+            self.flush_release_failures()
+            logger.warning("release of %r token=%d: %s", lease.name, lease.token, why)
+            self._storm_until = now + RELEASE_STORM
+            return
+        self._storm_count += 1
+        self._storm_last = f"{lease.name!r} token={lease.token}: {why}"
+
+    def flush_release_failures(self) -> None:
+        """Log the summary of the release failures counted since the last line, if any."""
+        if self._storm_count:
+            logger.warning(
+                "%d more releases were not confirmed (each lease expires at the server "
+                "within its ttl); the last: %s",
+                self._storm_count,
+                self._storm_last,
+            )
+            self._storm_count = 0
+
+    def released_locally(self, lease: Lease) -> None:
+        """Mark ``lease`` released before its release is confirmed (another thread's
+        blocking release: the renewer and watchdog skip it from now on)."""
+        lease._released = True
 
     def live(self) -> list[Lease]:
         """Every lease renewed here (and not yet garbage-collected)."""
@@ -213,7 +280,7 @@ class Session:
             return
         lease.lost._set(reason)
         self.stats.losses += 1
-        self.stats.loss_reasons[re.split(r"[:;(]", reason, maxsplit=1)[0].strip()] += 1
+        self.stats.loss_reasons[loss_kind(reason)] += 1
         logger.warning("lease lost: %r token=%d: %s", lease.name, lease.token, reason)
         if self.observer is not None:
             self.observer.lost(lease, reason)
@@ -233,16 +300,13 @@ class Session:
             self.lose(lease, reason)
 
     def renew_soon(self) -> None:
-        """The driver's ``renew_now``: renew every held lease now, not at the next heartbeat
-        (a connection came back; the server may have restarted and lost them)."""
-        self._renew_asap = True
-        if self.held:
-            self._next_round = self.clock.now()
-            _poke(self._renew_wake)
+        """The driver's ``renew_now``: renew every held lease now, not at its next
+        heartbeat (a connection came back; the server may have restarted and lost them)."""
+        self.renewer.renew_all_now()
 
     async def next_round(self) -> None:
-        """Wait until the renewer finishes its next round trip (for tests and tools)."""
-        await self._round_done.wait()
+        """Wait until the renewer finishes its next round (for tests and tools)."""
+        await self.renewer.next_round_done()
 
     # -- ttl changes -----------------------------------------------------------------------
 
@@ -254,7 +318,7 @@ class Session:
         ref = LeaseRef(lease.name, lease.owner, lease.token, lease.ttl)
         result: object = None
         try:
-            results = await shielded_call(self.driver.extend([ref]), self.bounds)
+            results = await shielded_call(lease._keeper.extend([ref]), self.bounds)
             result = None if results is None else results[0]
         except Exception as exc:
             result = exc
@@ -282,8 +346,7 @@ class Session:
                 break
             await pending.done.wait()  # one ttl change at a time, in call order
         request = self.extends[lease.owner] = ExtendRequest(new_ttl)
-        self._next_round = self.clock.now()
-        _poke(self._renew_wake)
+        self.renewer.wake_at(self.clock.now())
         try:
             await request.done.wait()
         finally:
@@ -298,168 +361,19 @@ class Session:
         if isinstance(result, Refused):
             raise LeaseLost(lease.name, lease.token, result.reason)
         raise BackendUnavailable(
-            f"{self.driver.display}: extend of {lease.name!r} to ttl={new_ttl:g}s failed "
+            f"{self.display}: extend of {lease.name!r} to ttl={new_ttl:g}s failed "
             f"(the lease keeps renewing with ttl={lease.ttl:g}s): {result!r}"
         ) from (result if isinstance(result, BaseException) else None)
 
-    # -- the background loops (started by the backend, cancelled when it closes) -----------
-
-    async def renew_loop(self) -> None:
-        failures = 0
-        idle = IDLE_NAP
-        while True:
-            if not self.held and self._next_round <= self.clock.now():
-                # Nap instead of parking at infinity: a grant within the nap then needs no
-                # wake-up call (tight acquire/release loops stay cheap).
-                self._next_round = self.clock.now() + idle
-            wake_at = self._next_round
-            if self.inbox_used:  # other threads leave work: look at least every IDLE_NAP
-                wake_at = min(wake_at, self.clock.now() + IDLE_NAP)
-            await self._sleep_until(wake_at, "_renew_wake")
-            if self.inbox:
-                self.run_inbox()
-            if self._dropped:
-                await self.reap_dropped()
-                if not self.held:  # nothing left to renew: this was the round
-                    self._round_done.set()
-                    self._round_done = anyio.Event()
-            if not self.held:
-                continue
-            now = self.clock.now()
-            due = self._next_round
-            if now < due:
-                continue
-            batch = self.live()
-            if not batch:
-                continue
-            period = min(lease.ttl for lease in batch) * self.heartbeat
-            idle = min(period, IDLE_NAP)
-            refs = [LeaseRef(lease.name, lease.owner, lease.token, lease.ttl) for lease in batch]
-            # lease.extend(ttl) requests ride this round with their new ttl (one renewer:
-            # rounds never overlap, so the server's expiry is the last one we sent).
-            asked = self._extends_for(refs) if self.extends else None
-            t_send = self.clock.now()
-            self._renew_asap = False
-            results: list[object]
-            try:
-                with anyio.fail_after(max(period, 0.01)):
-                    results = list(await self.driver.extend(refs))
-                if len(results) != len(refs):
-                    raise RuntimeError(f"driver returned {len(results)} results for {len(refs)}")
-            except Exception as exc:
-                results = [exc] * len(refs)
-            round_trip = self.clock.now() - t_send  # (once per round, not per hold)
-            self.stats.renewal_round_trips += 1
-            errors = 0
-            renewed_before, lost_before = self.stats.renewals, self.stats.losses
-            for lease, ref, result in zip(batch, refs, results, strict=True):
-                request = asked.get(lease.owner) if asked else None
-                entry = self.held.get(lease.owner)
-                if entry is None or entry[0]() is not lease or lease._released:
-                    # (released: by another thread, its bookkeeping not done here yet)
-                    if request is not None:
-                        self._end_extend(lease, Refused(lease.lost.reason or "released"), request)
-                    continue  # released or lost while we were asking
-                if request is not None:
-                    self._extended(lease, ref, result, t_send)
-                    self._end_extend(lease, result, request)
-                    continue
-                if result is True:
-                    deadline = self.deadline(t_send, lease.ttl)
-                    if deadline > lease._deadline:
-                        lease._deadline = deadline
-                    self.stats.renewals += 1
-                elif isinstance(result, Refused):
-                    self.lose(lease, f"renewal refused: {result.reason}")
-                else:
-                    errors += 1
-                    logger.debug("renewal of %r failed, will retry: %r", lease.name, result)
-            if self.observer is not None:
-                self.observer.renewal_timing(round_trip, now - due, batch)
-                self.observer.renewal_round(
-                    self.stats.renewals - renewed_before,
-                    errors + self.stats.losses - lost_before,
-                )
-            self._round_done.set()
-            self._round_done = anyio.Event()
-            if errors:
-                self.stats.renewal_errors += errors
-                failures += 1
-                backoff = min(period, 0.02 * 2 ** min(failures, 10)) * (0.5 + random.random() / 2)
-                self._next_round = self.clock.now() + backoff
-            else:
-                failures = 0
-                self._next_round = t_send + period
-            if asked is not None or self.extends:
-                # A ttl changed (the period with it), or an extend waits for a round.
-                self._next_round = self._after_extends(t_send, errors > 0)
-            if self._renew_asap:  # asked during this round: its answers may predate it
-                self._next_round = self.clock.now()
-
-    async def watchdog_loop(self) -> None:
-        while True:
-            now = self.clock.now()
-            earliest = min(
-                (lease.deadline for lease in self.live() if not lease._released),
-                default=now + IDLE_NAP,
-            )
-            if now < earliest:
-                self._watch_until = earliest
-                await self._sleep_until(earliest, "_watch_wake")
-                self._watch_until = -math.inf
-                continue
-            for lease in self.live():
-                if now >= lease.deadline and not lease._released:
-                    self.lose(lease, deadline_reason(lease, now))
-
-    async def reap_dropped(self) -> None:
-        """Release the leases that were garbage-collected unreleased (nobody can use them,
-        so nobody may keep the name), and say so like an unclosed file's ResourceWarning."""
-        while self._dropped:  # drain first: a lease collected from now on flags again
-            self._dropped.pop()
-        for owner, entry in list(self.held.items()):
-            if entry[0]() is not None or self.held.get(owner) is not entry:
-                continue  # alive, or released while we were releasing another one
-            del self.held[owner]
-            _, name, token = entry
-            logger.warning(
-                "lease on %r (token %d) was garbage-collected without release(): releasing "
-                "it; call `await lease.release()`, or hold it with `async with "
-                "backend.lock(...)`",
-                name,
-                token,
-            )
-            await cleanup(self.driver.release(name, owner, token), self.bounds, "release dropped")
-            self.wake(name)
-
-    async def _sleep_until(self, when: float, slot: str) -> None:
-        with anyio.CancelScope() as scope:
-            setattr(self, slot, scope)
-            if when == math.inf:
-                await anyio.sleep_forever()
-            else:
-                await self.clock.sleep_until(when)
-        setattr(self, slot, None)
-
-    # -- the renewer's book-keeping of ttl changes -----------------------------------------
-
-    def _extends_for(self, refs: list[LeaseRef]) -> dict[str, ExtendRequest]:
-        """The extend requests this round sends; their refs get the new ttl (in place)."""
-        asked: dict[str, ExtendRequest] = {}
-        for i, ref in enumerate(refs):
-            request = self.extends.get(ref.owner)
-            if request is not None and not request.sent:
-                request.sent = True
-                asked[ref.owner] = request
-                refs[i] = LeaseRef(ref.name, ref.owner, ref.token, request.ttl)
-        return asked
-
-    def _extended(self, lease: Lease, ref: LeaseRef, result: object, t_send: float) -> None:
+    def extended(self, lease: Lease, ref: LeaseRef, result: object, t_send: float) -> None:
         """Apply the answer to ``lease.extend(ref.ttl)`` sent at ``t_send`` (G3, G4)."""
         deadline = self.deadline(t_send, ref.ttl)
         if result is True:
             lease.ttl = ref.ttl
             lease._deadline = deadline  # may move earlier: a shorter ttl
+            entry = self.held.get(lease.owner)
+            if entry is not None:
+                self.held[lease.owner] = (entry[0], ref, entry[2])
             self.stats.renewals += 1
         elif isinstance(result, Refused):
             self.lose(lease, f"extend refused: {result.reason}")
@@ -472,50 +386,120 @@ class Session:
         if lease.deadline < self._watch_until:
             _poke(self._watch_wake)
 
-    def _end_extend(
-        self, lease: Lease, result: object, request: ExtendRequest | None = None
-    ) -> None:
-        """Answer ``request`` (default: the lease's pending one) with ``result``."""
-        pending = self.extends.get(lease.owner)
-        if request is None:
-            request = pending
-        if request is None:
-            return
-        if pending is request:
-            del self.extends[lease.owner]
-        request.result = result
-        request.done.set()
+    def apply_renewals(
+        self,
+        items: list[tuple[Lease, LeaseRef, Keeper]],
+        refs: list[LeaseRef],
+        results: Sequence[object],
+        t_send: float,
+        asked: dict[str, ExtendRequest] | None,
+        round_trip: float,
+        lag: float,
+    ) -> int:
+        """The answers of one renewal call sent at ``t_send`` (one per item, in order):
+        deadlines moved (G3), refusals lost (G5), extends answered. Returns how many failed
+        without a refusal (retried until their deadline, G7)."""
+        stats = self.stats
+        held = self.held
+        renewed_before, lost_before = stats.renewals, stats.losses
+        keep, margin = self.keep, self.margin
+        errors = 0
+        for (lease, _, _), ref, result in zip(items, refs, results, strict=True):
+            request = asked.get(lease.owner) if asked else None
+            entry = held.get(lease.owner)
+            if entry is None or entry[0]() is not lease or lease._released:
+                # Released or lost while we were asking (released by another thread: its
+                # bookkeeping is not done here yet).
+                if request is not None:
+                    self.renewer.end_extend(
+                        lease, Refused(lease.lost.reason or "released"), request
+                    )
+                continue
+            if request is not None:
+                self.extended(lease, ref, result, t_send)
+                self.renewer.end_extend(lease, result, request)
+                continue
+            if result is True:
+                deadline = t_send + lease.ttl * keep - margin  # self.deadline(), inline
+                if deadline > lease._deadline:
+                    lease._deadline = deadline
+                stats.renewals += 1
+            elif isinstance(result, Refused):
+                self.lose(lease, f"renewal refused: {result.reason}")
+            else:
+                errors += 1
+                logger.debug("renewal of %r failed, will retry: %r", lease.name, result)
+        if errors:
+            stats.renewal_errors += errors
+        if self.observer is not None:
+            self.observer.renewal_timing(round_trip, lag, [item[0] for item in items])
+            self.observer.renewal_round(
+                stats.renewals - renewed_before, errors + stats.losses - lost_before
+            )
+        return errors
 
-    def _after_extends(self, t_send: float, backing_off: bool) -> float:
-        """When the next round runs after one that changed a ttl or left a request."""
-        if any(not request.sent for request in self.extends.values()):
-            return self.clock.now()
-        live = self.live()
-        if not live:
-            return self._next_round
-        # The period of the ttls now held (this round's was computed from the old ones).
-        shortest = min(lease.ttl for lease in live) * self.heartbeat
-        if backing_off:
-            return min(self._next_round, t_send + shortest)
-        return t_send + shortest
+    # -- the background loops (started by the backend, cancelled when it closes) -----------
 
+    async def renew_loop(self) -> None:
+        await self.renewer.run()
 
-class ExtendRequest:
-    """One ``lease.extend(ttl)`` waiting for the renewer's answer."""
+    async def watchdog_loop(self) -> None:
+        while True:
+            now = self.clock.now()
+            earliest = min(
+                (lease.deadline for lease in self.live() if not lease._released),
+                default=now + IDLE_NAP,
+            )
+            if now < earliest:
+                self._watch_until = earliest
+                with anyio.CancelScope() as scope:
+                    self._watch_wake = scope
+                    await self.clock.sleep_until(earliest)
+                self._watch_wake = None
+                self._watch_until = -math.inf
+                continue
+            for lease in self.live():
+                if now >= lease.deadline and not lease._released:
+                    self.lose(lease, deadline_reason(lease, now))
 
-    __slots__ = ("done", "result", "sent", "ttl")
+    async def reap_dropped(self) -> None:
+        """Release the leases that were garbage-collected unreleased (nobody can use them,
+        so nobody may keep the name), and say so like an unclosed file's ResourceWarning."""
+        while self.dropped:  # drain first: a lease collected from now on flags again
+            self.dropped.pop()
+        for owner, entry in list(self.held.items()):
+            if entry[0]() is not None or self.held.get(owner) is not entry:
+                continue  # alive, or released while we were releasing another one
+            del self.held[owner]
+            _, ref, keeper = entry
+            logger.warning(
+                "lease on %r (token %d) was garbage-collected without release(): releasing "
+                "it; call `await lease.release()`, or hold it with `async with "
+                "backend.lock(...)`",
+                ref.name,
+                ref.token,
+            )
+            await cleanup(
+                keeper.release(ref.name, owner, ref.token), self.bounds, "release dropped"
+            )
+            self.wake(ref.name)
 
-    def __init__(self, ttl: float) -> None:
-        self.ttl = ttl
-        self.sent = False
-        self.result: object = None
-        self.done = anyio.Event()
+    def poke_watchdog(self, deadline: float) -> None:
+        """A deadline moved earlier than what the watchdog sleeps until: wake it."""
+        if deadline < self._watch_until:
+            _poke(self._watch_wake)
 
 
 def deadline_reason(lease: Lease, now: float) -> str:
     """Why a lease whose :attr:`Lease.deadline` has passed is lost."""
     hard = lease.hard_deadline is not None and now >= lease.hard_deadline
     return "max_hold reached" if hard else "local deadline passed"
+
+
+def loss_kind(reason: str) -> str:
+    """The kind of a loss reason, for ``stats().loss_reasons`` and metrics: the reason up
+    to its first detail (``"renewal refused: ..."`` -> ``"renewal refused"``)."""
+    return re.split(r"[:;(]", reason, maxsplit=1)[0].strip()
 
 
 def _poke(scope: anyio.CancelScope | None) -> None:

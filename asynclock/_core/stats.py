@@ -22,7 +22,9 @@ class BackendStats:
     """What a backend did since it was opened.
 
     ``renewal_round_trips`` counts calls to the server; ``renewals`` counts leases
-    extended (one round trip renews every held lease).
+    extended (one call renews many leases). ``renewals_late`` counts leases whose renewal
+    was sent with less than half of their margin left: the renewer (or the event loop)
+    falling behind, before any deadline passed (a WARNING says so too).
     """
 
     held: int = 0
@@ -32,6 +34,7 @@ class BackendStats:
     renewals: int = 0
     renewal_round_trips: int = 0
     renewal_errors: int = 0
+    renewals_late: int = 0
     losses: int = 0
     loss_reasons: dict[str, int] = field(default_factory=dict)
     hold_times: HoldTimes = field(default_factory=HoldTimes)
@@ -54,6 +57,7 @@ class StatsRecorder:
         self.renewals = 0
         self.renewal_round_trips = 0
         self.renewal_errors = 0
+        self.renewals_late = 0
         self.losses = 0
         self.loss_reasons: Counter[str] = Counter()
         #: Durations of the most recent completed holds (append a hold's seconds).
@@ -76,6 +80,7 @@ class StatsRecorder:
             renewals=self.renewals,
             renewal_round_trips=self.renewal_round_trips,
             renewal_errors=self.renewal_errors,
+            renewals_late=self.renewals_late,
             losses=self.losses,
             loss_reasons=dict(self.loss_reasons),
             hold_times=holds,

@@ -150,3 +150,50 @@ def check_timing(drift: float, margin: float, heartbeat: float, release_timeout:
     if not (0 < heartbeat < 1):
         raise ValueError(f"heartbeat must be a fraction of ttl in (0, 1), got {heartbeat!r}")
     check_ttl(release_timeout, what="release_timeout")
+
+
+def check_scope(scope: object) -> str:
+    if not isinstance(scope, str):
+        raise TypeError(f"token_scope must be a str or None, not {type(scope).__name__}")
+    try:
+        return check_name(scope)
+    except ValueError as exc:
+        raise ValueError(f"token_scope: {exc} (it is validated like a lock name)") from None
+
+
+def check_lock_args(
+    name: object,
+    ttl: object,
+    timeout: object,
+    blocking: object,
+    max_hold: object,
+    *,
+    internal: bool = False,
+) -> tuple[str, float, float | None, bool, float | None]:
+    """The arguments of ``lock()``/``acquire()`` checked: (name, ttl, timeout, blocking,
+    max_hold); ``internal``: a name in asynclock's own namespace is allowed (an idempotency
+    key's hold)."""
+    # Fast path for the usual call, `backend.lock(name, ttl=...)` (made on every hold).
+    if (
+        type(name) is str
+        and 0 < len(name) <= MAX_NAME_BYTES // 4
+        and name.isascii()
+        and name[0] != "\x00"  # RESERVED_PREFIX: the slow path decides
+        and (type(ttl) is float or type(ttl) is int)
+        and 0 < ttl <= MAX_TTL
+        and timeout is None
+        and blocking is True
+        and max_hold is None
+    ):
+        return name, float(ttl), None, True, None
+    name = check_name(name)
+    if not internal:
+        check_not_reserved(name)
+    ttl_f = check_lease_ttl(ttl)
+    timeout_f = check_timeout(timeout)
+    if not isinstance(blocking, bool):
+        raise TypeError(f"blocking must be True or False, not {type(blocking).__name__}")
+    if not blocking and timeout_f is not None:
+        raise ValueError("timeout only applies to blocking=True; pass one or the other")
+    hold = None if max_hold is None else check_ttl(max_hold, what="max_hold")
+    return name, ttl_f, timeout_f, blocking, hold

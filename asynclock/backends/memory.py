@@ -27,6 +27,10 @@ class MemoryDriver(Driver):
     """State lives in this object; share one backend to share locks between tasks."""
 
     display = "memory://"
+    #: No server round trip: one call renews every lease.
+    renew_chunk = None
+    #: Every release wakes the head of the name's queue (``_wake_next``).
+    wakes_waiters = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -87,8 +91,13 @@ class MemoryDriver(Driver):
         if entry is None or entry.owner != owner or (token is not None and entry.token != token):
             return False
         del self.leases[name]
-        self._wake(name)
+        self._wake_next(name)
         return True
+
+    def _wake_next(self, name: str) -> None:
+        """The name is free: wake the head of its queue only (no herd), or anyone."""
+        waiting = self.queues.get(name)
+        self._wake(name, waiting[0] if waiting else None)
 
     async def validate(self, name: str, token: int) -> bool:
         entry = self._live(name)
@@ -96,7 +105,7 @@ class MemoryDriver(Driver):
 
     async def abandon(self, name: str, owner: str) -> None:
         if leave_queue(self.queues, name, owner):
-            self._wake(name)  # the head may have left: let the next waiter try now
+            self._wake_next(name)  # the head may have left: let the next waiter try now
 
     async def names(self) -> list[str]:
         return list(self.leases)
@@ -112,7 +121,7 @@ class MemoryDriver(Driver):
         if self._live(name) is None:
             return False
         del self.leases[name]
-        self._wake(name)
+        self._wake_next(name)
         return True
 
     # -- idempotency records: beside the leases, checked against them in one step (no await)

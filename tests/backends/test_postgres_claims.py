@@ -20,9 +20,9 @@ import asyncpg  # type: ignore[import-untyped]
 import pytest
 
 import asynclock
-from asynclock._core.backend import parts_of
 from asynclock._harness import Worker, WorkerGroup
 from asynclock.backends.postgres import MAX_LIMIT, Claim, Claims
+from asynclock.backends.postgres.claims import PostgresClaimStore
 from tests.support.pg_servers import PgServer
 from tests.support.procs import EVENT_TIMEOUT
 from tests.support.redis_servers import wait_until
@@ -108,19 +108,20 @@ async def test_one_renewal_statement_per_table_renews_every_claimed_row(
     pg_server: PgServer, conn: asyncpg.Connection, table: str, mode: str, monkeypatch: Any
 ) -> None:
     """200 claimed rows (by two Claims objects of one table) and a lock: each heartbeat
-    round is one driver call, and the rows' part of it one statement (Claims.renew once),
-    which moves every row's expiry."""
+    round is one call for the lock and one statement for the rows (the table's store,
+    the keeper of its claimed rows, renews them all at once), which moves every row's
+    expiry."""
     calls: list[int] = []
-    original = Claims.renew
+    original = PostgresClaimStore.extend
 
-    async def counted(self: Claims, refs: Any) -> Any:
+    async def counted(self: PostgresClaimStore, refs: Any) -> Any:
         calls.append(len(refs))
         return await original(self, refs)
 
-    monkeypatch.setattr(Claims, "renew", counted)
+    monkeypatch.setattr(PostgresClaimStore, "extend", counted)
     with anyio.fail_after(20):
         async with asynclock.connect(url_for(pg_server, mode)) as backend:
-            session, _ = parts_of(backend)
+            session = backend._session
             claims = backend.claims(table, ttl=1.5)
             await make_jobs(claims, conn, 200)
             other = backend.claims(table, ttl=1.5)  # a second object on the same table
@@ -135,7 +136,7 @@ async def test_one_renewal_statement_per_table_renews_every_claimed_row(
                 trips = session.stats.renewal_round_trips
                 for _ in range(2):
                     await session.next_round()
-                assert session.stats.renewal_round_trips - trips == 2
+                assert session.stats.renewal_round_trips - trips == 4  # lock + rows, twice
                 assert calls[-2:] == [200, 200]
                 after = await conn.fetchval(f'SELECT min(claim_expires) FROM "{table}"')
                 assert after > before
@@ -181,7 +182,7 @@ async def test_a_claim_whose_renewals_fail_is_lost_before_the_server_expires_it(
     which comes before the row's claim_expires on the server: the work is cancelled while
     no other worker can have the row yet."""
 
-    async def no_answer(self: Claims, refs: Any) -> Any:
+    async def no_answer(self: PostgresClaimStore, refs: Any) -> Any:
         raise OSError("no answer (test)")
 
     with anyio.fail_after(20):
@@ -190,7 +191,7 @@ async def test_a_claim_whose_renewals_fail_is_lost_before_the_server_expires_it(
             await make_jobs(claims, conn, 1)
             async with claims.take() as batch:
                 (item,) = batch
-                monkeypatch.setattr(Claims, "renew", no_answer)
+                monkeypatch.setattr(PostgresClaimStore, "extend", no_answer)
                 with pytest.raises(asynclock.LeaseLost, match="local deadline passed"):
                     async with item:
                         await anyio.sleep_forever()

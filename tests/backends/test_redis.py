@@ -7,6 +7,7 @@ import contextlib
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -17,6 +18,7 @@ from redis.crc import key_slot
 import asynclock
 import asynclock.testing
 from asynclock._core.acquisition import DEFAULT_POLL
+from asynclock._core.renewer import Renewer
 from asynclock.backends.redis import RedisDriver, keys_for
 from asynclock.backends.redis.deadlines import Deadlines
 from asynclock.backends.redis.options import display_url
@@ -657,26 +659,53 @@ async def test_sigstop_node_times_out_and_nothing_hangs(redis_factory: RedisFact
             assert lease.token > 0
 
 
-async def test_ten_thousand_leases_renewed_with_one_call_per_interval(
-    redis_server: RedisServer,
+async def test_ten_thousand_leases_renewed_in_chunks_each_at_its_cadence(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """10,000 leases: each renewed once per interval (twice within two), in calls of at
+    most ``renew_chunk`` leases (one EXTEND script each: the server is never blocked by
+    one huge call), nearly all of them full: a round's leases go out as ceil(n / chunk)
+    calls, and rounds are few (leases due within half an interval ride together)."""
     client = raw_client(redis_server)
     ttl = 3.0
+    sizes: list[int] = []
+    rounds: list[int] = []
+    original = RedisDriver.extend
+    original_round = Renewer._round
+
+    async def counted(self: RedisDriver, refs: Any) -> Any:
+        sizes.append(len(refs))
+        return await original(self, refs)
+
+    async def counted_round(self: Renewer, items: Any, now: float, late_by: float) -> int:
+        rounds.append(len(items))
+        return await original_round(self, items, now, late_by)
+
+    monkeypatch.setattr(RedisDriver, "extend", counted)
+    monkeypatch.setattr(Renewer, "_round", counted_round)
     async with asynclock.connect(redis_server.url) as backend:
         driver = backend.driver
         assert isinstance(driver, RedisDriver)
-        leases = [await backend.acquire(f"many:{i}", ttl=ttl) for i in range(10_000)]
-        # A round that may have started mid-acquisition:
-        await asynclock.testing.next_renewal_round(backend)
-        before_calls = await commands(client, "evalsha")
-        before_rounds = backend.stats().renewal_round_trips
-        for _ in range(2):
-            await asynclock.testing.next_renewal_round(backend)
-        rounds = backend.stats().renewal_round_trips - before_rounds
+        chunk = driver.renew_chunk
+        assert chunk is not None and chunk < 10_000
+        with anyio.fail_after(60):
+            leases = [await backend.acquire(f"many:{i}", ttl=ttl) for i in range(10_000)]
+            before_calls = await commands(client, "evalsha")
+            before, sizes[:], rounds[:] = backend.stats(), [], []
+            start = anyio.current_time()
+            while anyio.current_time() - start < 2 * ttl / 3 + 0.1:  # two intervals
+                await asynclock.testing.next_renewal_round(backend)
+        after = backend.stats()
         calls = await commands(client, "evalsha") - before_calls
-        assert rounds == 2 and calls == 2
+        assert calls == len(sizes) == after.renewal_round_trips - before.renewal_round_trips
+        assert max(sizes) <= chunk
+        assert sum(sizes) == after.renewals - before.renewals >= 2 * 10_000
+        # Every call full but the last of each round; rounds are few (leases due within
+        # half an interval ride together), whatever the load.
+        assert sum(1 for n in sizes if n < chunk) <= len(rounds), (sizes, rounds)
+        assert len(rounds) < len(sizes)
         assert not any(lease.lost for lease in leases)
-        assert backend.stats().losses == 0
+        assert after.losses == 0
         pttl = await client.pttl(keys_for("many:9999").lock)
         assert pttl > ttl * 1000 * 0.5
         for lease in leases[:100]:

@@ -208,9 +208,9 @@ async def test_release_wakes_the_next_waiter_in_another_backend(url: str) -> Non
         woken: list[str] = []
         wake = waiter.driver._wake
 
-        def record(name: str) -> None:
+        def record(name: str, owner: str | None = None, /) -> None:
             woken.append(name)
-            wake(name)
+            wake(name, owner)
 
         waiter.driver._wake = record
         queued = BusyWatch(waiter)

@@ -11,6 +11,11 @@ Modes:
           meanwhile); then complete each and print {"event": "finished", "results":
           ["done" | "stale:<current token>" | "unavailable" ...]}. With ``inside``: one row, and the
           wait runs inside ``async with claim:`` (a loss cancels it: "lost:<reason>").
+  enter - take one row, print {"event": "claimed", ...}, wait for a line on stdin (the test
+          may SIGSTOP it meanwhile, past the ttl), then enter ``async with claim:`` whose
+          body's first await is an INSERT into table ``effects`` (a side effect the claim
+          does not fence) and then completes; prints {"event": "finished", "results":
+          ["done" | "lost:<reason>" | "stale:<token>"]}.
 """
 
 from __future__ import annotations
@@ -161,6 +166,34 @@ async def hold(backend: asynclock.Backend, cfg: dict[str, Any]) -> None:
     emit("finished", results=results)
 
 
+async def enter(backend: asynclock.Backend, cfg: dict[str, Any]) -> None:
+    claims = backend.claims(cfg["table"], ttl=cfg.get("ttl", 10.0))
+    effects = await asyncpg.connect(cfg["url"].split("?")[0])
+    results: list[str] = []
+    try:
+        async with claims.take() as batch:
+            (item,) = batch
+            emit("claimed", ids=[item.id], tokens=[item.token])
+            await anyio.to_thread.run_sync(sys.stdin.readline)
+            try:
+                async with item:
+                    # The body's first await, a simple query: asyncpg writes it to the
+                    # socket before it first suspends, so a cancellation cannot stop it.
+                    await effects.execute(
+                        f"INSERT INTO {cfg['effects']} (row_id, pid) "
+                        f"VALUES ({int(item.id)}, {os.getpid()})"
+                    )
+                    await item.complete(result=json.dumps(os.getpid()))
+                    results.append("done")
+            except asynclock.LeaseLost as exc:
+                results.append(f"lost:{exc.reason}")
+            except asynclock.StaleToken as exc:
+                results.append(f"stale:{exc.current}")
+    finally:
+        await effects.close()
+    emit("finished", results=results)
+
+
 async def main() -> None:
     cfg = json.loads(sys.argv[1])
     die_with_parent(cfg["parent"])
@@ -169,6 +202,8 @@ async def main() -> None:
             await drain(backend, cfg)
         elif cfg["mode"] == "hold":
             await hold(backend, cfg)
+        elif cfg["mode"] == "enter":
+            await enter(backend, cfg)
         else:
             raise SystemExit(f"unknown mode {cfg['mode']!r}")
 

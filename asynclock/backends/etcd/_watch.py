@@ -26,7 +26,7 @@ class Watching:
 
     if TYPE_CHECKING:
 
-        def _wake(self, name: str) -> None: ...
+        def _wake(self, name: str, owner: str | None = None, /) -> None: ...
 
     async def watch(self, name: str, cursor: object = None) -> bool:
         slot = self.slots.get(name)

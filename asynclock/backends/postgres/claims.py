@@ -1,49 +1,32 @@
-"""Claims: rows of your own table taken with ``FOR UPDATE SKIP LOCKED``, each under a lease
-whose completion is fenced by the row's claim token (docs/claims.md).
+"""Claims on PostgreSQL: the statements behind ``backend.claims(table, ...)`` (the life of
+a claim is the core's: ``asynclock/_core/claims.py``).
 
-A claimed row is a lease of the backend's session (name ``claim:<table>:<id>``, a private
-owner): the session's one renewer extends it, its watchdog cancels the row's work at the
-local deadline (G3, G4), and the driver's ``extend`` renews every claimed row of a table
-in one statement (:data:`_HEARTBEAT`), not one per row. Completion, failure and
-give-back are single conditional UPDATEs on ``claim_token`` (G5, G8): a worker whose row
-was reclaimed writes nothing and gets :class:`~asynclock.StaleToken`.
+Rows of your own table are claimed with ``FOR UPDATE SKIP LOCKED``, each with a token from
+the backend's token source drawn after its row lock; every later write (renewal,
+completion, failure, give-back) is one conditional statement on the row's claim token
+(G5, G8). As the claimed rows' :class:`~asynclock._core.driver.Keeper`, a store renews
+every claimed row of its table in one statement per renewal call, and gives one row back
+for ``lease.release()``.
 """
 
 from __future__ import annotations
 
-import math
-import os
-import socket
-import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Self
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-import anyio
-import anyio.lowlevel
 import asyncpg  # type: ignore[import-untyped]  # no stubs; see fence/sql.py Protocols
 
-from ..._core.backend import parts_of
-from ..._core.bounds import cleanup, shielded_call
-from ..._core.context import ExcInfo
+from ..._core.claim_store import ClaimedRow, Finish
+from ..._core.claims import MAX_BACKOFF, MAX_LIMIT
 from ..._core.driver import ExtendResult, LeaseRef, Refused
-from ..._core.exceptions import BackendUnavailable, StaleToken
-from ..._core.lease import Lease, LossSignal
-from ..._core.lock import lost_on_exit
-from ..._core.misuse import AsyncContextOnly
-from ..._core.validation import MAX_TTL, check_lease_ttl
 from .connection import _CONNECTION_ERRORS
 from .tokens import _EPOCH_TRIES, _new_epoch, _no_range
 
 if TYPE_CHECKING:
-    from ..._core.acquisition import Acquisition
-    from ..._core.backend import Backend
-    from ..._core.session import Session
     from .connection import PostgresDriver
 
-__all__ = ("CLAIM_COLUMNS", "MAX_LIMIT", "Claim", "ClaimBatch", "Claims")
-
-#: The most rows one ``take()`` claims (a claim is one short transaction holding row locks).
-MAX_LIMIT = 1000
+__all__ = ("CLAIM_COLUMNS", "MAX_LIMIT", "PostgresClaimStore", "index_name")
 
 #: The columns a claims table needs besides its id, with the type each must have and the
 #: definition ``ensure_columns()`` adds. Status: 'ready' -> 'claimed' -> 'done', back to
@@ -58,42 +41,37 @@ CLAIM_COLUMNS: Mapping[str, tuple[tuple[str, ...], str]] = {
     "last_error": (("text", "character varying"), "text"),
 }
 
-#: Longest backoff of ``fail()`` without ``retry_in`` (seconds): 1, 2, 4, ... up to this.
-MAX_BACKOFF = 300.0
+#: PostgreSQL truncates identifiers longer than this many bytes.
+MAX_IDENTIFIER = 63
 
 
-def _quote(name: str, what: str) -> str:
+def quote(name: str, what: str) -> str:
     """``name`` as a quoted SQL identifier; refuse what PostgreSQL would truncate or reject."""
     if not isinstance(name, str):
         raise TypeError(f"{what} must be a str, not {type(name).__name__}")
-    if not name or "\x00" in name or len(name.encode("utf-8", "surrogatepass")) > 63:
+    if not name or "\x00" in name or len(name.encode("utf-8", "surrogatepass")) > MAX_IDENTIFIER:
         raise ValueError(
-            f"{what} must be a PostgreSQL identifier: 1 to 63 bytes, no NUL (it is quoted, "
-            f"so any other character is allowed), got {name!r}"
+            f"{what} must be a PostgreSQL identifier: 1 to {MAX_IDENTIFIER} bytes, no NUL (it is "
+            f"quoted, so any other character is allowed), got {name!r}"
         )
     return '"' + name.replace('"', '""') + '"'
 
 
-def _check_limit(limit: object) -> int:
-    if isinstance(limit, bool) or not isinstance(limit, int):
-        raise TypeError(f"limit must be an int from 1 to {MAX_LIMIT}, not {type(limit).__name__}")
-    if not 1 <= limit <= MAX_LIMIT:
-        raise ValueError(
-            f"limit must be from 1 to {MAX_LIMIT} rows per take() (each claim is one "
-            f"transaction holding row locks), got {limit}"
-        )
-    return limit
+def index_name(qualified: str) -> str:
+    """The claiming index's name for the table ``qualified`` (quoted, schema-qualified):
+    the table name's readable start cut to whole characters, and 12 hex digits of a hash
+    of the full qualified name, so two tables never share an index name (a shared name
+    made ``CREATE INDEX IF NOT EXISTS`` skip the second table's index) and it always fits
+    PostgreSQL's 63 bytes."""
+    digest = hashlib.sha256(qualified.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    suffix = f"_{digest}_claims"
+    table = qualified.rsplit('"."', 1)[-1].strip('"').replace('""', '"')
+    room = MAX_IDENTIFIER - len(suffix.encode())
+    start = table.encode("utf-8", "surrogatepass")[:room].decode("utf-8", "ignore")
+    return quote(start + suffix, "index")
 
 
-def _check_attempts(max_attempts: object) -> int:
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
-        raise TypeError(f"max_attempts must be an int >= 1, not {type(max_attempts).__name__}")
-    if max_attempts < 1:
-        raise ValueError(f"max_attempts must be >= 1 (claims per row), got {max_attempts}")
-    return max_attempts
-
-
-def _check_sql(text: object, what: str) -> str | None:
+def check_sql(text: object, what: str) -> str | None:
     if text is None:
         return None
     if not isinstance(text, str) or not text.strip():
@@ -106,7 +84,7 @@ def _check_sql(text: object, what: str) -> str | None:
     return text
 
 
-class _Statements:
+class Statements:
     """The SQL of one claims table (identifiers quoted, the id's array type from the
     catalog). Each statement's header: its arguments, what it returns, the guarantee."""
 
@@ -164,11 +142,13 @@ SET claim_expires = clock_timestamp() + u.ttl_ms * interval '1 millisecond'
 FROM unnest($1::{id_type}[], $2::bigint[], $3::float8[]) WITH ORDINALITY AS u(id, token, ttl_ms, i)
 WHERE t.{i} = u.id AND t.claim_token = u.token AND t.status = 'claimed'
 RETURNING u.i"""
-        # Give back (G5): args $1 ids, $2 tokens. Rows still carrying their token go back
-        # to 'ready' at once (attempts stay counted). Returns nothing.
+        # Give back (G5): args $1 ids, $2 tokens, $3 errors (NULL: keep last_error). Rows
+        # still carrying their token go back to 'ready' at once (attempts stay counted),
+        # with the error their work ended with, if any. Returns nothing.
         self.give_back = f"""
-UPDATE {t} AS t SET status = 'ready', claim_expires = NULL, run_after = clock_timestamp()
-FROM unnest($1::{id_type}[], $2::bigint[]) AS u(id, token)
+UPDATE {t} AS t SET status = 'ready', claim_expires = NULL, run_after = clock_timestamp(),
+    last_error = coalesce(u.error, t.last_error)
+FROM unnest($1::{id_type}[], $2::bigint[], $3::text[]) AS u(id, token, error)
 WHERE t.{i} = u.id AND t.claim_token = u.token AND t.status = 'claimed'"""
         # Fail (G8): args $1 id, $2 token, $3 error, $4 retry_in (s, NULL: backoff), $5
         # max_attempts. Only while the row carries $2 and is claimed: back to 'ready' after
@@ -203,68 +183,55 @@ WITH u AS (
 SELECT (SELECT status FROM u) AS status, (SELECT claim_token FROM {t} WHERE {i} = $1) AS current"""
 
 
-class Claims:
-    """Claim rows of one table: ``async with claims.take(limit=N) as batch:``.
+class PostgresClaimStore:
+    """One claims table: its statements, and the keeper of its claimed rows' leases.
 
-    Made by ``backend.claims(table, ttl=...)`` (PostgreSQL only); cheap, no I/O. The
-    table's columns are checked on first use. See docs/claims.md.
+    Made by the driver (one per table, id column and claim conditions, shared by every
+    ``backend.claims()`` object of them, so a renewal call carries all of a table's rows).
     """
 
     def __init__(
         self,
-        backend: Backend,
         driver: PostgresDriver,
         table: str,
         *,
-        ttl: float,
-        where: str | None = None,
-        order_by: str | None = None,
-        id_column: str = "id",
-        schema: str | None = None,
-        max_attempts: int = 5,
-        identity: str | None = None,
+        where: str | None,
+        order_by: str | None,
+        id_column: str,
+        schema: str | None,
     ) -> None:
-        session, acq = parts_of(backend)
-        self._session: Session = session
-        self._acq: Acquisition = acq
         self._driver = driver
-        self.ttl = check_lease_ttl(ttl)
-        if self.ttl <= session.min_ttl:
-            raise session.ttl_error(self.ttl)
-        qualified = _quote(table, "table")
+        self.display = driver.display
+        qualified = quote(table, "table")
         if schema is not None:
-            qualified = f"{_quote(schema, 'schema')}.{qualified}"
+            qualified = f"{quote(schema, 'schema')}.{qualified}"
         self.table = table if schema is None else f"{schema}.{table}"
         self._qualified = qualified
         self.id_column = id_column
-        self._id = _quote(id_column, "id_column")
-        #: What renewal groups by: the claimed rows of one table (and id column) are renewed
-        #: in one statement, whichever Claims object claimed them.
-        self.key = f"{qualified}\x00{self._id}"
-        self._where = _check_sql(where, "where")
-        self._order_by = _check_sql(order_by, "order_by")
-        self.max_attempts = _check_attempts(max_attempts)
-        if identity is not None and not isinstance(identity, str):
-            raise TypeError(f"identity must be a str or None, not {type(identity).__name__}")
-        #: Written to ``claimed_by`` of every row this object claims.
-        self.identity = identity or f"{socket.gethostname()}:{os.getpid()}"
-        self._sql: _Statements | None = None
+        self._id = quote(id_column, "id_column")
+        self._where = check_sql(where, "where")
+        self._order_by = check_sql(order_by, "order_by")
+        self._sql: Statements | None = None
         self._columns: dict[str, str] = {}
         #: The id of each claimed row renewed here, by its lease owner.
         self._row_ids: dict[str, Any] = {}
+        #: One renewal statement carries at most this many rows.
+        self.renew_chunk: int | None = 5000
+        #: Nobody waits for a claimed row (take() never waits).
+        self.wakes_waiters = True
 
     def __repr__(self) -> str:
-        return f"<asynclock Claims {self.table!r} ttl={self.ttl:g}>"
+        return f"<PostgresClaimStore {self.table!r}>"
 
-    # -- schema ------------------------------------------------------------------------------
+    def recheck(self) -> None:
+        """Read the table's columns again at the next use (its schema may have changed)."""
+        self._sql = None
+
+    # -- schema --------------------------------------------------------------------------------
 
     async def create_table(self) -> None:
-        """Create the table if it does not exist: ``id bigint`` identity primary key,
-        ``payload jsonb``, ``result jsonb`` and the claim columns (:data:`CLAIM_COLUMNS`),
-        with a partial index for claiming in id order. An existing table is left as is
-        (then :meth:`ensure_columns` adds missing claim columns)."""
         cols = ",\n    ".join(f"{name} {spec}" for name, (_, spec) in CLAIM_COLUMNS.items())
-        await self._exec(
+        await self._ddl(
             "create_table",
             f"""CREATE TABLE IF NOT EXISTS {self._qualified} (
     {self._id} bigint GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
@@ -273,34 +240,33 @@ class Claims:
     {cols}
 )""",
         )
-        await self._index()
-        self._sql = None
 
     async def ensure_columns(self) -> None:
-        """Add the claim columns the table lacks (``ALTER TABLE ... ADD COLUMN IF NOT
-        EXISTS``, with their defaults) and the claiming index; the table must exist."""
         await self._read_columns()
         adds = ", ".join(
             f"ADD COLUMN IF NOT EXISTS {name} {spec}" for name, (_, spec) in CLAIM_COLUMNS.items()
         )
-        await self._exec("ensure_columns", f"ALTER TABLE {self._qualified} {adds}")
-        await self._index()
-        self._sql = None
+        await self._ddl("ensure_columns", f"ALTER TABLE {self._qualified} {adds}")
 
-    async def _index(self) -> None:
-        # Claimable rows in id order without scanning finished ones.
-        index = _quote(f"{self.table.rsplit('.', 1)[-1][:40]}_asynclock_claims", "index")
-        await self._exec(
-            "create index",
-            f"CREATE INDEX IF NOT EXISTS {index} ON {self._qualified} ({self._id}) "
-            "WHERE status IN ('ready', 'claimed')",
+    async def _ddl(self, what: str, sql: str) -> None:
+        """``sql`` and the claiming index (claimable rows in id order without scanning
+        finished ones) in one transaction: all or nothing."""
+        index = (
+            f"CREATE INDEX IF NOT EXISTS {index_name(self._qualified)} ON {self._qualified} "
+            f"({self._id}) WHERE status IN ('ready', 'claimed')"
         )
-
-    async def _exec(self, what: str, sql: str, *args: Any) -> Any:
-        try:
-            return await self._driver._run(f"claims {what}", "execute", sql, *args)
-        except asyncpg.PostgresError as exc:
-            raise ValueError(f"claims on {self.table!r}: {what} failed: {exc}") from None
+        driver = self._driver
+        async with driver._io:
+            conn = await driver._main()
+            try:
+                async with conn.transaction():
+                    await conn.execute(sql)
+                    await conn.execute(index)
+            except _CONNECTION_ERRORS as exc:
+                raise driver._unavailable(f"claims {what} failed", exc) from exc
+            except asyncpg.PostgresError as exc:
+                raise ValueError(f"claims on {self.table!r}: {what} failed: {exc}") from None
+        self._sql = None
 
     async def _read_columns(self) -> dict[str, str]:
         """The table's columns and their types; ValueError for a missing table or id."""
@@ -325,7 +291,7 @@ class Claims:
             )
         return columns
 
-    async def _resolve(self) -> _Statements:
+    async def _resolve(self) -> Statements:
         """Check the table and its columns once; build its statements."""
         if self._sql is not None:
             return self._sql
@@ -343,52 +309,36 @@ class Claims:
                     f"claims: column {self.table}.{name} is {columns[name]}; it must be "
                     f"{' or '.join(types)} ({spec.split()[0]} in docs/claims.md)"
                 )
-        self._sql = _Statements(
+        self._sql = Statements(
             self._qualified, self._id, columns[self.id_column], self._where, self._order_by
         )
         return self._sql
 
-    # -- claiming ----------------------------------------------------------------------------
+    # -- claiming ------------------------------------------------------------------------------
 
-    def take(self, limit: int = 1) -> ClaimBatch:
-        """``async with claims.take(limit=N) as batch:`` claims up to ``limit`` rows now
-        (from 1 to :data:`MAX_LIMIT`; fewer, or none, if fewer are claimable: it does not
-        wait). Rows not completed or failed when the block ends are given back."""
-        return ClaimBatch(self, _check_limit(limit))
-
-    async def _claim(self, limit: int) -> list[Claim]:
-        acq = self._acq.ready()
+    async def claim(
+        self, limit: int, claimed_by: str, ttl: float, max_attempts: int
+    ) -> list[ClaimedRow]:
         sql = await self._resolve()
-        ttl_ms = self.ttl * 1000.0
-        clock = acq.clock
-        driver = self._driver
         for _ in range(_EPOCH_TRIES):
-            await anyio.lowlevel.checkpoint_if_cancelled()  # cancelled already: claim nothing
-            t_send = clock.now()
-            # Shielded (G6): once sent, the claim may commit, so its rows must reach the
-            # batch, whose exit gives them back if the caller was cancelled meanwhile.
-            try:
-                with anyio.fail_after(self._acq.bounds.timeout, shield=True):
-                    row = await self._claim_statement(sql, limit, ttl_ms)
-            except TimeoutError as exc:
-                raise BackendUnavailable(
-                    f"{driver.display}: claim on {self.table!r} got no answer within "
-                    f"{self._acq.bounds.timeout:g}s; rows it may have claimed come back "
-                    f"after the ttl ({self.ttl:g}s)"
-                ) from exc
-            claimed = [self._grant(r, t_send) for r in row["rows"]]
+            row = await self._claim_statement(sql, limit, claimed_by, ttl, max_attempts)
+            claimed = [self._claimed(r) for r in row["rows"]]
             if claimed or not (row["no_range"] or row["used_up"]):
                 return claimed
         raise _no_range(f"claims on {self.table!r}")
 
-    async def _claim_statement(self, sql: _Statements, limit: int, ttl_ms: float) -> Any:
+    def _claimed(self, record: Any) -> ClaimedRow:
+        values = dict(record.items())
+        return ClaimedRow(values[self.id_column], int(values["claim_token"]), values)
+
+    async def _claim_statement(
+        self, sql: Statements, limit: int, claimed_by: str, ttl: float, max_attempts: int
+    ) -> Any:
         driver = self._driver
         async with driver._io:
             conn = await driver._main()
             try:
-                row = await conn.fetchrow(
-                    sql.claim, limit, self.identity, ttl_ms, self.max_attempts
-                )
+                row = await conn.fetchrow(sql.claim, limit, claimed_by, ttl * 1000.0, max_attempts)
                 if row["no_range"] or row["used_up"]:
                     await _new_epoch(conn)  # first token, or after a crash (G2)
             except _CONNECTION_ERRORS as exc:
@@ -400,232 +350,94 @@ class Claims:
                 ) from None
         return row
 
-    def _grant(self, record: Any, t_send: float) -> Claim:
-        values = dict(record.items())
-        row_id, token = values[self.id_column], int(values["claim_token"])
-        owner = f"claim:{uuid.uuid4().hex}"
-        name = f"claim:{self.table}:{row_id}"
-        self._driver._claim_owners[owner] = self
-        lease = self._session.grant(name, owner, token, self.ttl, t_send, None, self._acq)
-        return Claim(self, lease, row_id, values)
+    def track(self, owner: str, row_id: Any) -> None:
+        self._row_ids[owner] = row_id
 
-    # -- the session's renewal (one statement per table per heartbeat) ----------------------
+    def untrack(self, owner: str) -> None:
+        self._row_ids.pop(owner, None)
 
-    async def renew(self, refs: Sequence[LeaseRef]) -> list[ExtendResult]:
-        """Called by the driver's ``extend``: renew these claimed rows in one statement."""
+    # -- the keeper: renewal and release ------------------------------------------------------
+
+    async def extend(self, leases: Sequence[LeaseRef]) -> list[ExtendResult]:
+        """Renew these claimed rows in one statement."""
         sql = await self._resolve()
-        # A claim finished while this round was under way is no longer ours to renew (the
+        # A claim finished while this call was on its way is no longer ours to renew (the
         # session skips its answer): it goes out as a NULL id, which matches no row.
-        owners = self._driver._claim_owners
-        ids = [
-            None if (claims := owners.get(ref.owner)) is None else claims._row_ids.get(ref.owner)
-            for ref in refs
-        ]
+        ids = [self._row_ids.get(ref.owner) for ref in leases]
         rows = await self._driver._run(
             "claim renewal failed",
             "fetch",
             sql.heartbeat,
             ids,
-            [ref.token for ref in refs],
-            [ref.ttl * 1000.0 for ref in refs],
+            [ref.token for ref in leases],
+            [ref.ttl * 1000.0 for ref in leases],
         )
         done = {int(r["i"]) for r in rows}
         return [
             True if n in done else Refused("the row was reclaimed, completed or given back")
-            for n in range(1, len(refs) + 1)
+            for n in range(1, len(leases) + 1)
         ]
 
-    def _forget(self, claim: Claim, why: str) -> None:
-        """Stop renewing ``claim`` (finished, given back or lost)."""
-        lease = claim.lease
-        self._session.drop(lease, why)
-        lease._released = True
-        self._driver._claim_owners.pop(lease.owner, None)
-        self._row_ids.pop(lease.owner, None)
-
-    async def _give_back(self, claims: Sequence[Claim]) -> None:
-        live = [c for c in claims if not c._finished]
-        if not live:
-            return
-        for claim in live:
-            claim._finished = True
-            self._forget(claim, "given back")
+    async def release(self, name: str, owner: str, token: int | None) -> bool:
+        """``lease.release()`` of a claim: give its row back (owner-checked by token)."""
+        row_id = self._row_ids.pop(owner, None)
+        if row_id is None or token is None:
+            return False
         sql = await self._resolve()
-        # Shielded and bounded like a release; if it fails the rows come back anyway once
-        # their claims expire (logged, not raised over the block's own outcome).
-        await cleanup(
-            self._driver._run(
-                "give back failed",
-                "execute",
-                sql.give_back,
-                [c.id for c in live],
-                [c.token for c in live],
-            ),
-            self._acq.bounds,
-            f"giving back {len(live)} claimed rows of {self.table!r}",
+        status = await self._driver._run(
+            "give back failed",
+            "execute",
+            sql.give_back,
+            [row_id],
+            [token],
+            [None],
+        )
+        return str(status).endswith(" 1")
+
+    async def give_back(self, rows: Sequence[tuple[Any, int, str | None]]) -> None:
+        sql = await self._resolve()
+        await self._driver._run(
+            "give back failed",
+            "execute",
+            sql.give_back,
+            [r[0] for r in rows],
+            [r[1] for r in rows],
+            [r[2] for r in rows],
         )
 
+    # -- finishing -----------------------------------------------------------------------------
 
-class ClaimBatch(AsyncContextOnly):
-    """``async with claims.take(limit=N) as batch:`` — the rows claimed (iterable, sized)."""
-
-    _usage = "claims.take(limit=...)"
-
-    def __init__(self, claims: Claims, limit: int) -> None:
-        self._claims = claims
-        self._limit = limit
-        self._items: list[Claim] = []
-        self._entered = False
-
-    async def __aenter__(self) -> Self:
-        if self._entered:
-            raise RuntimeError("a take() batch is entered once; call claims.take() again")
-        self._entered = True
-        self._items = await self._claims._claim(self._limit)
-        return self
-
-    async def __aexit__(self, *exc_info: *ExcInfo) -> None:
-        await self._claims._give_back(self._items)
-
-    def __iter__(self) -> Iterator[Claim]:
-        return iter(self._items)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __bool__(self) -> bool:
-        return bool(self._items)
-
-    def __repr__(self) -> str:
-        return f"<ClaimBatch {self._claims.table!r} {len(self._items)} rows>"
-
-
-class Claim(AsyncContextOnly):
-    """One claimed row: ``.id``, ``.row`` (its columns as claimed), ``.token``.
-
-    ``async with claim:`` runs the row's work in a cancel scope cancelled when the claim
-    is lost (then the block raises :class:`~asynclock.LeaseLost`); ``await
-    claim.complete(**results)`` or ``await claim.fail(error)`` finish it, fenced.
-    """
-
-    _usage = "a claim from `async with claims.take(...) as batch: for claim in batch:`"
-
-    def __init__(self, claims: Claims, lease: Lease, row_id: Any, row: dict[str, Any]) -> None:
-        self._claims = claims
-        self.lease = lease
-        self.id = row_id
-        self.row: Mapping[str, Any] = row
-        self.token: int = lease.token
-        self._finished = False
-        self._scope: anyio.CancelScope | None = None
-        claims._row_ids[lease.owner] = row_id
-
-    def __repr__(self) -> str:
-        state = "lost" if self.lost else "finished" if self._finished else "claimed"
-        return f"<Claim {self._claims.table}:{self.id!r} token={self.token} {state}>"
-
-    @property
-    def lost(self) -> LossSignal:
-        """Set (with a reason) once the claim is lost; ``await claim.lost`` waits for it."""
-        return self.lease.lost
-
-    def remaining(self) -> float:
-        """Seconds until the local deadline (0 once lost or finished)."""
-        return self.lease.remaining()
-
-    def check(self) -> None:
-        """Raise :class:`~asynclock.LeaseLost` if the claim is lost or past its deadline."""
-        self.lease.check()
-
-    async def __aenter__(self) -> Self:
-        if self._scope is not None:
-            raise RuntimeError(f"{self!r} is already entered")
-        self._claims._acq.check_loop()
-        scope = anyio.CancelScope()
-        scope.__enter__()
-        self._scope = scope
-        self.lease._scope = scope
-        if self.lease.lost:
-            scope.cancel()
-        return self
-
-    async def __aexit__(self, *exc_info: *ExcInfo) -> bool:
-        scope, self._scope = self._scope, None
-        assert scope is not None, "Claim.__aexit__ without __aenter__"
-        self.lease._scope = None
-        swallowed = bool(scope.__exit__(*exc_info))
-        if self.lease.lost.reason is not None and not self._finished:
-            return lost_on_exit(self.lease, swallowed, exc_info[0])
-        return swallowed
-
-    async def complete(self, **results: Any) -> None:
-        """Mark the row done and write ``results`` (column=value) in one conditional UPDATE,
-        only if the row still carries this claim's token.
-
-        Raises:
-            StaleToken: the row was reclaimed (or given back); nothing was written.
-            ValueError: a result column the table lacks, or a claim column.
-            RuntimeError: the claim was already completed or failed.
-            BackendUnavailable: no answer; the claim is no longer renewed, so the row is
-                claimed again after its ttl unless the completion had landed.
-        """
-        claims = self._claims
-        sql = await claims._resolve()
+    async def check_results(self, results: Mapping[str, Any]) -> None:
+        await self._resolve()
         for col in results:
-            if col in CLAIM_COLUMNS or col == claims.id_column:
+            if col in CLAIM_COLUMNS or col == self.id_column:
                 raise ValueError(
                     f"complete() cannot set {col!r}: the claim columns and the id are "
                     "asynclock's; pass your own result columns"
                 )
-            if col not in claims._columns:
+            if col not in self._columns:
                 raise ValueError(
-                    f"complete(): table {claims.table!r} has no column {col!r}; its columns: "
-                    f"{', '.join(sorted(claims._columns))}"
+                    f"complete(): table {self.table!r} has no column {col!r}; its columns: "
+                    f"{', '.join(sorted(self._columns))}"
                 )
-        cols = [_quote(col, "column") for col in results]
-        await self._finish(sql.complete(cols), "complete", *results.values())
 
-    async def fail(self, error: object, *, retry_in: float | None = None) -> bool:
-        """Record ``error`` (its ``str``) and give the row back to be retried after
-        ``retry_in`` seconds (default: 1, 2, 4, ... per attempt, at most 300). A row
-        claimed ``max_attempts`` times is parked instead (status 'parked', never claimed
-        again). Returns True if parked. Fenced like :meth:`complete` (StaleToken)."""
-        if retry_in is not None:
-            if isinstance(retry_in, bool) or not isinstance(retry_in, (int, float)):
-                raise TypeError("retry_in must be None or a number of seconds >= 0")
-            if not 0 <= retry_in <= MAX_TTL or math.isnan(retry_in):
-                raise ValueError(
-                    f"retry_in must be from 0 to {MAX_TTL:g} seconds, got {retry_in!r}"
-                )
-        sql = await self._claims._resolve()
-        status = await self._finish(
-            sql.fail, "fail", str(error), retry_in, self._claims.max_attempts
+    async def complete(self, row_id: Any, token: int, results: Mapping[str, Any]) -> Finish:
+        sql = await self._resolve()
+        cols = [quote(col, "column") for col in results]
+        return await self._finish(sql.complete(cols), "complete", row_id, token, *results.values())
+
+    async def fail(
+        self, row_id: Any, token: int, error: str, retry_in: float | None, max_attempts: int
+    ) -> Finish:
+        sql = await self._resolve()
+        return await self._finish(sql.fail, "fail", row_id, token, error, retry_in, max_attempts)
+
+    async def _finish(self, sql: str, what: str, *args: Any) -> Finish:
+        # A statement the database refuses (a constraint, a wrong type) raises its own
+        # error, unchanged: nothing was written and the claim is still held.
+        row = await self._driver._run(f"claim {what} failed", "fetchrow", sql, *args)
+        current = row["current"]
+        status = row["status"]
+        return Finish(
+            None if status is None else str(status), None if current is None else int(current)
         )
-        return status == "parked"
-
-    async def _finish(self, sql: str, what: str, *args: Any) -> str:
-        if self._finished:
-            raise RuntimeError(f"{self!r} is already finished; {what}() runs once per claim")
-        claims = self._claims
-        claims._acq.check_loop()
-        self._finished = True
-        # Out of renewal first: a heartbeat after the UPDATE would find the row no longer
-        # claimed and cancel the work that just finished.
-        claims._forget(self, what)
-        try:
-            row = await shielded_call(
-                claims._driver._run(
-                    f"claim {what} failed", "fetchrow", sql, self.id, self.token, *args
-                ),
-                claims._acq.bounds,
-            )
-        except asyncpg.PostgresError as exc:
-            raise ValueError(f"claim {what}() on {claims.table!r} failed: {exc}") from None
-        if row is None:
-            raise BackendUnavailable(f"claim {what}() on {claims.table!r}: no answer")
-        if row["status"] is None:
-            current = row["current"]
-            raise StaleToken(
-                f"{claims.table}:{self.id}", self.token, None if current is None else int(current)
-            )
-        return str(row["status"])

@@ -15,16 +15,16 @@ import anyio
 import asyncpg  # type: ignore[import-untyped]  # no stubs; see fence/sql.py Protocols
 
 from ..._core.asyncio_only import require_asyncio
-from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Record, Refused, leave_queue
+from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Record, leave_queue
 from ..._core.errors import map_errors
 from ..._core.exceptions import BackendUnavailable
+from ..._core.holder import Holder
 from ..._core.validation import check_seconds
 from .sql import SQL_RECORD_DELETE, SQL_RECORD_EXISTS, SQL_RECORD_GET, SQL_RECORD_SCHEMA
 from .tokens import _name_bytes, ensure_schema, notify_channel, waiter_key
 
 if TYPE_CHECKING:
-    from ..._core.backend import Backend
-    from .claims import Claims
+    from .claims import PostgresClaimStore
 
 logger = logging.getLogger("asynclock.postgres")
 
@@ -104,9 +104,8 @@ class PostgresDriver(Driver):
         # This process's blocking waiters per name, first come first served: PostgreSQL
         # keeps no queue, and without one the task that just released wins every race.
         self._queues: dict[str, deque[str]] = {}
-        # Claimed rows (claims.py) ride the session's renewal as leases: the lease owner
-        # of each claimed row -> the claims object whose one statement renews its table.
-        self._claim_owners: dict[str, Claims] = {}
+        # The claims tables used (claims.py): each is the keeper of its claimed rows.
+        self._claim_stores: dict[tuple[object, ...], PostgresClaimStore] = {}
 
     def __repr__(self) -> str:
         return f"<PostgresDriver {self.display} mode={self.mode}>"
@@ -443,42 +442,40 @@ class PostgresDriver(Driver):
     # -- primitives ----------------------------------------------------------------------
 
     async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
-        """Renew locks (the mode's own statement) and claimed rows (one statement per
-        claims table, see claims.py) in the session's one renewal call."""
-        claims = self._claim_owners
-        if not claims:
-            return await self._extend_locks(leases)
-        locks: list[int] = []
-        # By table, not by Claims object: objects of one table share its statement.
-        tables: dict[str, tuple[Claims, list[int]]] = {}
-        for i, ref in enumerate(leases):
-            table = claims.get(ref.owner)
-            if table is None:
-                locks.append(i)
-            else:
-                tables.setdefault(table.key, (table, []))[1].append(i)
-        results: list[ExtendResult] = [Refused("not renewed")] * len(leases)
-        if locks:
-            done = await self._extend_locks([leases[i] for i in locks])
-            for i, result in zip(locks, done, strict=True):
-                results[i] = result
-        for table, where in tables.values():
-            try:
-                done = await table.renew([leases[i] for i in where])
-            except Exception as exc:  # unknown: the session retries until the deadline
-                done = [exc] * len(where)
-            for i, result in zip(where, done, strict=True):
-                results[i] = result
-        return results
+        """Renew locks (the mode's own statement)."""
+        return await self._extend_locks(leases)
 
     async def _extend_locks(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
         raise NotImplementedError
 
-    def claims(self, backend: Backend, table: str, **options: Any) -> Claims:
-        """``backend.claims(table, ...)``: see :class:`~.claims.Claims`."""
-        from .claims import Claims
+    async def claim_holder(self, name: str) -> Holder | None:
+        from .claim_holder import claim_holder
 
-        return Claims(backend, self, table, **options)
+        return await claim_holder(self, name)
+
+    def claim_store(
+        self,
+        table: str,
+        *,
+        where: str | None = None,
+        order_by: str | None = None,
+        id_column: str = "id",
+        schema: str | None = None,
+    ) -> PostgresClaimStore:
+        """``backend.claims(table, ...)``'s statements (see :mod:`.claims`): one store per
+        table, id column and claim conditions, so a renewal call carries all its rows."""
+        from .claims import PostgresClaimStore
+
+        key = (table, where, order_by, id_column, schema)
+        store = self._claim_stores.get(key)
+        if store is None:
+            store = PostgresClaimStore(
+                self, table, where=where, order_by=order_by, id_column=id_column, schema=schema
+            )
+            self._claim_stores[key] = store
+        else:
+            store.recheck()  # a new claims object checks the table's columns again
+        return store
 
 
 def _ident(name: str) -> str:

@@ -137,6 +137,8 @@ class SubscribingDriver(Driver):
             self._heard.pop(old, None)
             await self._unsubscribe(channel)
 
-    def _heard_from(self, name: str) -> None:
+    def _heard_from(self, name: str, owner: str | None = None) -> None:
+        """A release of ``name`` was heard (with ``owner``: handed to that local waiter,
+        the only one woken)."""
         self._heard[name] = self._heard.get(name, 0) + 1
-        self._wake(name)
+        self._wake(name, owner)

@@ -91,6 +91,9 @@ class RedisDriver(SubscribingDriver):
         self.grace = GraceReport(self.display)
         self.prefix = prefix
         self.fair = fair
+        # With the fair queue, a release hands the name to the queue's head and publishes
+        # its owner: the listener wakes only that waiter (the core need not wake them all).
+        self.wakes_waiters = fair
         self.listener = Listener(
             self.node, self._on_message, self._on_reset, self._on_resumed, self._on_connect
         )
@@ -210,9 +213,8 @@ class RedisDriver(SubscribingDriver):
     async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
         if not leases:
             return []
-        # The batch is every lease the backend holds: forget the rest (lost, dropped).
-        tracked = self._leases
-        self._leases = {r.owner: tracked[r.owner] for r in leases if r.owner in tracked}
+        # (A call carries any subset of the held leases: ``_leases`` loses an entry only
+        # when its lease is released, here or by the GC's reaping release.)
         keys, args = extend_call(self.keys, leases)
         note, self._restart_note = self._restart_note, None
         reply = await self.node.run("extend", keys, args)
@@ -294,12 +296,15 @@ class RedisDriver(SubscribingDriver):
             return
         waits = self._waits.get(name)
         if payload:
-            # The name was handed to one waiter: wake only if it is ours.
-            wait = waits.get(payload.decode()) if waits else None
+            # The name was handed to one waiter: wake only it, if it is ours.
+            owner = payload.decode()
+            wait = waits.get(owner) if waits else None
             if wait is None:
                 return
             wait.bumps += 1
-        elif waits:
+            self._heard_from(name, owner)
+            return
+        if waits:
             for wait in waits.values():
                 wait.bumps += 1
         self._heard_from(name)

@@ -7,7 +7,6 @@ redis-py's private API is used here only (see ``Wire``) and checked by
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 import math
@@ -22,6 +21,8 @@ from ..._core.errors import map_errors
 from ..._core.exceptions import BackendUnavailable
 from .deadlines import Deadlines
 from .options import NodeURL
+from .pipeline import MAX_CALLS, Pipelined
+from .pipeline import drop_connection as drop_connection
 from .scripts import SCRIPTS, SHAS
 
 _hiredis: Any
@@ -186,13 +187,21 @@ class Spawned:
             task.cancel()
 
 
-class Node:
+class Node(Pipelined):
     """One Redis server: command connections, scripts, error translation.
 
     Commands go out on dedicated redis-py connections that this node hands out one call at
     a time (no pool lock, no per-call task): ``send`` writes a packed command, ``receive``
     reads its reply under a deadline. A connection whose call did not end with a complete
     reply (timeout, cancellation, I/O error) is closed, never reused.
+
+    Many calls at once (thousands of holds acquired or released together, as at start-up
+    or shutdown): past :data:`MAX_CALLS` calls on the wire, a call joins a queue instead of
+    opening a connection of its own (a connection storm timed every call out: 2,000 holds
+    taken at once on a fresh server all failed). One pump task sends the queue down one
+    connection, :data:`PIPELINE` commands per write, and hands each reply to its caller:
+    a queued call waits for its turn, then for one ``socket_timeout`` at most; a server
+    that does not answer a batch in time fails the whole queue at once.
     """
 
     def __init__(
@@ -235,6 +244,7 @@ class Node:
             self._kwargs = _resp2(self._kwargs)
         self._idle: list[Wire] = []
         self._closed = False
+        Pipelined.__init__(self)
         self.deadlines = Deadlines()
         #: The server's ``run_id`` when last seen (None: not yet, or INFO is denied).
         self.run_id: str | None = None
@@ -343,9 +353,17 @@ class Node:
         if not self.keep(wire):
             await drop_connection(wire.conn)
 
-    async def call(self, packed: bytes, deadline: float) -> Any:
-        """Send ``packed`` and return its reply (raw driver exceptions)."""
-        return await self.receive(self.send(packed), packed, deadline)
+    async def call(self, packed: bytes, deadline: float, *, queue_deadline: bool = False) -> Any:
+        """Send ``packed`` and return its reply (raw driver exceptions). Past MAX_CALLS
+        calls on the wire it queues for the pump, unbounded unless ``queue_deadline``
+        (a Redlock fan-out: every node's answer is due at ``deadline``)."""
+        if self._calls >= MAX_CALLS:
+            return await self._queued(packed, deadline if queue_deadline else None)
+        self._calls += 1
+        try:
+            return await self.receive(self.send(packed), packed, deadline)
+        finally:
+            self._calls -= 1
 
     def deadline(self, timeout: float | None = None) -> float:
         return asyncio.get_running_loop().time() + (
@@ -408,6 +426,7 @@ class Node:
 
     async def aclose(self) -> None:
         self._closed = True
+        self.stop_pump()
         idle, self._idle = self._idle, []
         for wire in idle:
             await drop_connection(wire.conn)
@@ -415,12 +434,6 @@ class Node:
             await self.pool.disconnect()
         except Exception as exc:  # pragma: no cover - best effort
             logger.debug("closing %s: %r", self.display, exc)
-
-
-async def drop_connection(conn: AbstractConnection) -> None:
-    """Close a connection whose state is unknown (does not wait: safe while cancelled)."""
-    with contextlib.suppress(Exception):
-        await conn.disconnect(nowait=True)
 
 
 def parse_run_id(info: object) -> str | None:

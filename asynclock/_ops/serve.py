@@ -27,7 +27,7 @@ import anyio
 import anyio.abc
 
 if TYPE_CHECKING:
-    from .backend import Backend
+    from .._core.backend import Backend
 
 #: Bound on one connection: reading the request and writing the answer (seconds).
 CONNECTION_TIMEOUT = 5.0
@@ -69,7 +69,7 @@ def parse_address(address: str) -> tuple[str, str, int]:
 
 def document(backend: Backend) -> dict[str, Any]:
     """What ``GET /`` answers."""
-    from .. import __version__
+    from .._version import __version__
 
     collecting = backend.advice_collected
     return {
@@ -133,12 +133,12 @@ async def serve_stats(backend: Backend, address: str) -> AsyncIterator[str]:
     unwrapped), and stops when the block ends or the backend closes. A unix socket file
     left by a process that died is replaced; one a live process serves is not (OSError).
     """
-    from .backend import Backend
+    from .._core.backend import Backend
 
     if not isinstance(backend, Backend):
         raise TypeError(f"serve_stats() takes an asynclock Backend, not {type(backend).__name__}")
     kind, host, port = parse_address(address)
-    backend._acq.ready()  # open, on its loop
+    backend._ready()  # open, on its loop
     listener: anyio.abc.Listener[Any]
     if kind == "unix":
         _refuse_live_socket(host)

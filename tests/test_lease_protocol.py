@@ -1,0 +1,72 @@
+"""The lease protocol (asynclock/_core/lease.py's table): each field of a Lease has one
+writer. Reads the package and the integrations and fails on a write anywhere else."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Field -> the modules allowed to write it.
+OWNERS = {
+    "_released": {"asynclock/_core/session.py"},
+    "_deadline": {"asynclock/_core/session.py"},
+    "_grantor": {"asynclock/_core/session.py"},
+    "_keeper": {"asynclock/_core/session.py"},
+    # The holder's scope and task: context.py, for every kind of hold (new_lease: None).
+    "_scope": {"asynclock/_core/context.py", "asynclock/_core/session.py"},
+    "_task": {"asynclock/_core/context.py", "asynclock/_core/session.py"},
+}
+#: Public fields, written only by the session (checked where the receiver is a lease).
+PUBLIC = {"name", "owner", "token", "ttl", "acquired_at", "hard_deadline", "lost"}
+
+
+def writes(path: Path) -> list[tuple[str, str, int]]:
+    """(receiver, field, line) of every attribute assignment in ``path`` not on ``self``."""
+    found: list[tuple[str, str, int]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        while targets:
+            target = targets.pop()
+            if isinstance(target, ast.Tuple | ast.List | ast.Starred):
+                targets.extend(
+                    target.elts if not isinstance(target, ast.Starred) else [target.value]
+                )
+            elif isinstance(target, ast.Attribute):
+                receiver = ast.unparse(target.value)
+                if receiver != "self":
+                    found.append((receiver, target.attr, target.lineno))
+    return found
+
+
+def test_every_lease_field_is_written_only_by_its_owner() -> None:
+    stray: list[str] = []
+    files = [
+        *ROOT.joinpath("asynclock").rglob("*.py"),
+        *ROOT.joinpath("integrations").rglob("*.py"),
+    ]
+    assert len(files) > 100
+    for path in files:
+        module = str(path.relative_to(ROOT))
+        for receiver, field, line in writes(path):
+            owners = OWNERS.get(field)
+            if owners is not None and module not in owners:
+                stray.append(f"{module}:{line}: {receiver}.{field} (owner: {sorted(owners)})")
+            elif (
+                field in PUBLIC
+                and "lease" in receiver.lower()
+                and module != "asynclock/_core/session.py"
+            ):
+                stray.append(f"{module}:{line}: {receiver}.{field} (owner: the session)")
+    assert not stray, "lease fields written outside their owner:\n" + "\n".join(stray)
+
+
+def test_the_check_sees_a_stray_write(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text("def f(lease):\n    lease._released = True\n    self_x = 1\n")
+    assert ("lease", "_released", 2) in writes(sample)
