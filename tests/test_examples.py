@@ -83,6 +83,24 @@ def test_idempotency() -> None:
     ]
 
 
+def test_idempotency_beyond_keep() -> None:
+    out = run("idempotency_beyond_keep.py")
+    assert out.splitlines() == [
+        "first: sent; a retry within keep: replayed",
+        "a duplicate after keep: sent before (unique constraint)",
+        "invoices sent: 1",
+    ]
+
+
+def test_from_thread() -> None:
+    out = run("from_thread.py")
+    assert out.splitlines() == [
+        "report:7 held with token 1",
+        "charge: rcpt-1, again: rcpt-1; charges: 1",
+        "job stopped: claim taken over",
+    ]
+
+
 def test_efficiency_lock() -> None:
     out = run("efficiency_lock.py")
     assert out.splitlines() == [

@@ -4,6 +4,7 @@ the lease is lost (a signal on the main thread, an async exception elsewhere).""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import queue
@@ -20,7 +21,7 @@ import asynclock
 import asynclock.testing
 from asynclock.backends.redis.keys import keys_for
 from asynclock.backends.redis.replies import token_of
-from asynclock.from_thread import LoopThread, hold
+from asynclock.from_thread import LoopThread, guard, hold, idempotent
 from tests.support.redis_servers import RedisFactory
 
 
@@ -318,3 +319,169 @@ def test_a_backend_object_is_opened_on_the_thread_and_closed_with_it(url: str) -
     assert lease.released
     assert kept.lost.reason == "backend closed"  # closing the thread closed the backend
     assert backend.held() == []
+
+
+# -- the four names: guard, idempotent, a coroutine under a hold, the deprecated rest --------
+
+
+def test_only_four_names_and_the_old_ones_import_with_a_warning() -> None:
+    import asynclock.from_thread as from_thread
+
+    assert from_thread.__all__ == ("LoopThread", "guard", "hold", "idempotent")
+    for name in ("Handover", "BodyGuard", "run_body", "stop_on_loss", "CLOSE_TIMEOUT"):
+        with pytest.warns(DeprecationWarning, match=f"from_thread.{name} is deprecated"):
+            assert getattr(from_thread, name) is not None
+    with pytest.raises(AttributeError):
+        from_thread.Nothing  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_guard_stops_a_pool_threads_body_and_leaves_a_kept_lease_alone(url: str) -> None:
+    """``with guard(lease, loop)`` in a thread pool: the lease (held on the loop thread)
+    is current inside; its loss interrupts the body, whose block raises LeaseLost even if
+    it swallowed the interruption; a lease lost already is LeaseLost before the body."""
+    with LoopThread() as thread, concurrent.futures.ThreadPoolExecutor(2) as pool:
+        backend = thread.backend(url)
+        kept = thread.run(backend.acquire("kept", ttl=5.0))
+        lost = thread.run(backend.acquire("lost", ttl=5.0))
+
+        def body(lease: asynclock.Lease, lose: bool) -> str:
+            with guard(lease, thread.loop):
+                assert asynclock.current_lease() is lease
+                if lose:
+                    thread.call(asynclock.testing.force_loss, lease, "taken over")
+                    with contextlib.suppress(asynclock.LeaseLost):  # swallowed: raised again
+                        deadline = time.monotonic() + WAIT
+                        while time.monotonic() < deadline:
+                            time.sleep(0.005)
+            return "done"
+
+        assert pool.submit(body, kept, False).result(WAIT) == "done"
+        with pytest.raises(asynclock.LeaseLost, match="taken over") as info:
+            pool.submit(body, lost, True).result(WAIT)
+        assert type(info.value) is asynclock.LeaseLost
+        with pytest.raises(asynclock.LeaseLost, match="taken over"):
+            pool.submit(body, lost, False).result(WAIT)  # lost already: never entered
+        assert not kept.lost
+        thread.run(kept.release())
+
+
+def test_guard_cancels_a_coroutine_on_another_loop(url: str) -> None:
+    with LoopThread() as thread:
+        backend = thread.backend(url)
+        lease = thread.run(backend.acquire("co", ttl=5.0))
+        reached: list[str] = []
+
+        async def job() -> None:
+            async with guard(lease, thread.loop):
+                assert asynclock.current_lease() is lease
+                thread.loop.call_soon_threadsafe(asynclock.testing.force_loss, lease, "gone")
+                await asyncio.sleep(WAIT)  # cancelled
+                reached.append("after the sleep")
+
+        with pytest.raises(asynclock.LeaseLost, match="gone"):
+            asyncio.run(job())
+        assert reached == []
+
+
+@pytest.mark.parametrize("where", ["main", "other"])
+def test_a_coroutine_body_inside_a_hold_is_cancelled_and_its_loop_stays_usable(
+    url: str, where: str
+) -> None:
+    """Celery's async tasks: a hold around ``guard(lease, loop).run(runner, body)``. A
+    loss while the coroutine runs cancels it (never a signal or an async exception inside
+    the runner's loop), one before it starts is LeaseLost before the loop runs, the hold
+    raises LeaseLost, and the runner runs the next body as if nothing happened (no task of
+    the lost one left on it)."""
+    outcome: list[object] = []
+
+    def run(thread: LoopThread) -> None:
+        with asyncio.Runner() as runner:
+            for n, when in enumerate(("during", "before", "never")):
+                try:
+                    with hold(thread, url, f"co:{n}", ttl=5.0) as lease:
+
+                        async def body(lease: asynclock.Lease = lease, when: str = when) -> str:
+                            assert asynclock.current_lease() is lease
+                            if when == "during":
+                                thread.call(asynclock.testing.force_loss, lease, "lost")
+                                await asyncio.sleep(WAIT)
+                            await asyncio.sleep(0)
+                            return "returned"
+
+                        if when == "before":
+                            thread.call(asynclock.testing.force_loss, lease, "lost first")
+                        outcome.append(guard(lease, thread.loop).run(runner, body))
+                except asynclock.LeaseLost as exc:
+                    outcome.append(f"LeaseLost: {exc.reason}")
+                outcome.append(len(asyncio.all_tasks(runner.get_loop())))
+
+    with LoopThread() as thread:
+        if where == "main":
+            run(thread)
+        else:
+            in_thread(lambda: run(thread))
+    assert outcome == ["LeaseLost: lost", 0, "LeaseLost: lost first", 0, "returned", 0]
+
+
+def test_idempotent_runs_once_replays_and_hands_the_outcome_back(url: str, lock_name: str) -> None:
+    """``with idempotent(...) as op``: the first body runs under the key's lease and its
+    saved result is replayed; an error frees the key (or is stored: store_errors); a result
+    save() refuses raises there and frees the key."""
+
+    class Declined(Exception):
+        pass
+
+    ran: list[str] = []
+
+    def call(key: str, what: str) -> object:
+        with idempotent(thread, url, key, ttl=5.0, store_errors=(Declined,)) as op:
+            if op.replayed:
+                return ("replayed", op.result)
+            assert asynclock.current_lease() is op.lease
+            ran.append(what)
+            if what == "boom":
+                raise RuntimeError("boom")
+            if what == "declined":
+                raise Declined("no funds")
+            op.save({"ok": what, "token": op.token} if what != "refused" else {1: "x"})
+        return ("ran", op.result)
+
+    with LoopThread() as thread:
+        first = call(f"{lock_name}:a", "first")
+        assert first == ("ran", {"ok": "first", "token": first[1]["token"]})  # type: ignore[index]
+        assert call(f"{lock_name}:a", "again") == ("replayed", first[1])
+        with pytest.raises(RuntimeError, match="boom"):
+            call(f"{lock_name}:b", "boom")
+        assert call(f"{lock_name}:b", "second") == ("ran", {"ok": "second", "token": ANY_TOKEN})
+        with pytest.raises(Declined):
+            call(f"{lock_name}:c", "declined")
+        with pytest.raises(asynclock.ReplayedFailure, match="no funds"):
+            call(f"{lock_name}:c", "never")
+        with pytest.raises(TypeError, match="dict key 1"):
+            call(f"{lock_name}:d", "refused")
+        assert call(f"{lock_name}:d", "then") == ("ran", {"ok": "then", "token": ANY_TOKEN})
+        assert thread.backend(url).held() == []
+    assert ran == ["first", "boom", "second", "declined", "refused", "then"]
+
+
+def test_idempotent_stops_a_body_whose_lease_is_lost_and_stores_nothing(
+    url: str, lock_name: str
+) -> None:
+    with LoopThread() as thread:
+        with pytest.raises(asynclock.LeaseLost, match="forced"):
+            with idempotent(thread, url, lock_name, ttl=5.0) as op:
+                assert op.lease is not None
+                thread.call(asynclock.testing.force_loss, op.lease, "forced")
+                time.sleep(WAIT)  # the main thread: the signal's handler ends it
+                op.save("never")
+        with idempotent(thread, url, lock_name, ttl=5.0) as again:
+            assert not again.replayed  # nothing was stored: the key runs again
+            assert again.lease is not None and again.token > op.token
+
+
+class _AnyToken:
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, int) and other > 0
+
+
+ANY_TOKEN = _AnyToken()

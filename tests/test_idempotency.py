@@ -15,10 +15,13 @@ import anyio
 import pytest
 
 import asynclock
-from asynclock._core.idempotency import KEY_NAMESPACE, MAX_RESULT_BYTES, lock_name
+from asynclock._core import idempotency
+from asynclock._core.idempotency_rules import KEY_NAMESPACE, lock_name
 from asynclock.backends.etcd import _proto as pb
 from asynclock.backends.etcd.client import prefix_end
 from asynclock.backends.etcd.driver import EtcdDriver
+from asynclock.backends.zookeeper._paths import lock_path as zk_lock_path
+from asynclock.idempotency import MAX_DEPTH, MAX_RESULT_BYTES
 from tests.support.procs import start_worker
 from tests.support.redis_servers import RedisFactory
 from tests.support.spec import BackendSpec
@@ -290,13 +293,29 @@ async def test_store_errors_are_stored_and_replayed(backend: asynclock.Backend, 
     assert "insufficient funds" in str(info.value)
 
 
+def nested(depth: int) -> list[Any]:
+    """A list nested ``depth`` levels deep (built without recursion)."""
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
 @pytest.mark.parametrize(
     ("result", "error", "words"),
     [
         ({1, 2}, TypeError, "JSON-serialisable"),
         (float("nan"), TypeError, "JSON-serialisable"),
         ("x" * MAX_RESULT_BYTES, ValueError, "at most 65536"),
+        # JSON would turn 1 into "1": the two keys would come back as one entry.
+        ({1: "int key", "1": "str key"}, TypeError, r"dict key 1 \(int\) in result:"),
+        ([{"a": {True: 1}}], TypeError, r"dict key True \(bool\) in result\[0\]\['a'\]"),
+        # Deeper than the bound: the documented ValueError, never a RecursionError.
+        (nested(50_000), ValueError, "more than 100 levels deep"),
+        (nested(MAX_DEPTH + 1), ValueError, "more than 100 levels deep"),
+        ([0] * (MAX_RESULT_BYTES + 1), ValueError, "more than 65536 values"),
     ],
+    ids=["set", "nan", "too-large", "int-key", "bool-key", "deep-50000", "deep-101", "values"],
 )
 async def test_a_result_that_cannot_be_stored_is_rejected_before_storing(
     backend: asynclock.Backend, key: str, result: object, error: type[Exception], words: str
@@ -312,6 +331,97 @@ async def test_a_result_that_cannot_be_stored_is_rejected_before_storing(
             # Even listed in store_errors, a rejected result is not stored as a failure.
             await backend.idempotent(key, ttl=5.0, store_errors=(error,)).run(bad)
         assert await backend.idempotent(key, ttl=5.0).run(good) == "retried"
+
+
+async def test_a_result_as_deep_as_the_bound_replays_as_it_was(
+    backend: asynclock.Backend, key: str
+) -> None:
+    deepest = {"a": nested(MAX_DEPTH - 1), "b": [1.5, "é", None, True]}
+    with anyio.fail_after(10):
+        assert await backend.idempotent(key, ttl=5.0).run(_value, deepest) == deepest
+        async with backend.idempotent(key, ttl=5.0) as op:
+            assert op.replayed and op.result == deepest
+
+
+async def _value(value: object) -> object:
+    return value
+
+
+class Declined(Exception):
+    """An outcome the tests store (``store_errors``)."""
+
+
+REFUSED = {1: "int key", "1": "str key"}  # save() refuses it: TypeError
+
+
+async def _saves_then(op: asynclock.IdempotentCall, error: BaseException) -> None:
+    await op.save("saved")
+    raise error
+
+
+async def _refused(op: asynclock.IdempotentCall) -> None:
+    await op.save(REFUSED)
+
+
+async def _refused_caught(op: asynclock.IdempotentCall, then: object = None) -> None:
+    with pytest.raises(TypeError):
+        await op.save(REFUSED)
+    if then is not None:
+        await op.save(then)
+
+
+async def _nothing(op: asynclock.IdempotentCall) -> None:
+    pass
+
+
+async def _raise(op: asynclock.IdempotentCall, error: BaseException) -> None:
+    raise error
+
+
+#: docs/idempotency.md, "What a body leaves behind": each row, as (the body, what its
+#: call raises, what the next call of the key finds). Every call stores Declined and
+#: TypeError (store_errors), to show a refused result is never stored as a failure.
+BODY_ROWS: dict[str, tuple[Any, type[BaseException] | None, tuple[str, object]]] = {
+    "saves": (lambda op: op.save("saved"), None, ("replay", "saved")),
+    "ends-without-saving": (_nothing, None, ("replay", None)),
+    "raises": (lambda op: _raise(op, Boom("x")), Boom, ("runs", None)),
+    "raises-a-store-error": (lambda op: _raise(op, Declined("x")), Declined, ("failure", None)),
+    "raises-after-saving": (lambda op: _saves_then(op, Boom("x")), Boom, ("replay", "saved")),
+    "raises-a-store-error-after-saving": (
+        lambda op: _saves_then(op, Declined("x")),
+        Declined,
+        ("replay", "saved"),
+    ),
+    "save-refused": (_refused, TypeError, ("runs", None)),
+    "save-refused-and-caught": (_refused_caught, None, ("runs", None)),
+    "save-refused-then-another-saved": (
+        lambda op: _refused_caught(op, "other"),
+        None,
+        ("replay", "other"),
+    ),
+}
+
+
+@pytest.mark.parametrize("row", list(BODY_ROWS))
+async def test_what_a_body_leaves_behind(backend: asynclock.Backend, key: str, row: str) -> None:
+    body, raised, (found, value) = BODY_ROWS[row]
+    stored = (Declined, TypeError)
+    with anyio.fail_after(10):
+        if raised is None:
+            async with backend.idempotent(key, ttl=5.0, store_errors=stored) as op:
+                assert not op.replayed
+                await body(op)
+        else:
+            with pytest.raises(raised):
+                async with backend.idempotent(key, ttl=5.0, store_errors=stored) as op:
+                    await body(op)
+        assert backend.held() == []  # the key's lease is released whatever the body did
+        if found == "failure":
+            with pytest.raises(asynclock.ReplayedFailure, match="Declined"):
+                await backend.idempotent(key, ttl=5.0, store_errors=stored).run(done)
+            return
+        async with backend.idempotent(key, ttl=5.0, store_errors=stored) as again:
+            assert (again.replayed, again.result) == (found == "replay", value), row
 
 
 async def test_fingerprint_mismatch_after_completion(backend: asynclock.Backend, key: str) -> None:
@@ -461,13 +571,25 @@ def shared_idem_spec(request: pytest.FixtureRequest) -> BackendSpec:
     return result
 
 
-async def test_frozen_holder_is_replaced_and_its_late_save_is_stale(
-    shared_idem_spec: BackendSpec, key: str
+@pytest.mark.parametrize("shield", [True, False], ids=["stale", "lost-first"])
+async def test_a_frozen_holder_is_replaced_and_its_late_save_stores_nothing(
+    shared_idem_spec: BackendSpec, key: str, shield: bool
 ) -> None:
     """SIGSTOP a real process holding the key past its ttl: the key is taken over after
-    the ttl, the body runs once more with a larger token, the frozen one's save is stale."""
+    the ttl, the body runs once more with a larger token, and the frozen one's late save
+    stores nothing, as documented ("A late save()"):
+
+    * ``stale``: a body that cannot be cancelled there (shielded) sends the write; the
+      server refuses it (StaleToken), then the block raises LeaseLost;
+    * ``lost-first``, the usual case: the lease is lost as the process resumes, past its
+      local deadline, so the save is cancelled before it is sent; the block raises
+      LeaseLost. (The save is asked for once the worker has reported the loss: the order
+      the usual case has, made certain.)
+    """
     spec = shared_idem_spec
-    worker = await start_worker(spec, mode="idem", key=key, ttl=0.6, result="frozen")
+    worker = await start_worker(
+        spec, mode="idem", key=key, ttl=0.6, result="frozen", shield=shield, report_loss=not shield
+    )
     first = await worker.expect("acquired")
     worker.signal(signal.SIGSTOP)
     try:
@@ -477,14 +599,18 @@ async def test_frozen_holder_is_replaced_and_its_late_save_is_stale(
                     assert not op.replayed and op.token > first["token"]
                     await op.save("successor")
                 worker.signal(signal.SIGCONT)
+                if not shield:
+                    await worker.expect("lease_lost")
                 await worker.send("save")
-                stale = await worker.expect("stale")
-                await worker.expect("lost")
+                if shield:
+                    stale = await worker.expect("stale")
+                    assert stale["token"] == first["token"]
+                lost = await worker.expect("lost")
                 async with backend.idempotent(key, ttl=5.0) as again:
                     assert again.replayed and again.result == "successor"
     finally:
         worker.signal(signal.SIGCONT)
-    assert stale["token"] == first["token"]
+    assert lost["token"] == first["token"]
     assert await worker.wait() == 0
 
 
@@ -548,11 +674,13 @@ async def test_bad_keys(bad: Any, error: type[Exception], words: str) -> None:
         ({"ttl": 0}, ValueError, "ttl must be"),
         ({"ttl": "5"}, TypeError, "ttl must be a number"),
         ({"ttl": 5.0, "keep": 0.5}, ValueError, "keep must be between 1 second"),
-        ({"ttl": 5.0, "keep": 31 * 86400}, ValueError, "30 days"),
+        ({"ttl": 5.0, "keep": 31 * 86400}, ValueError, "30 days.*unique constraint"),
         ({"ttl": 5.0, "keep": float("nan")}, ValueError, "NaN"),
         ({"ttl": 5.0, "wait": -1}, ValueError, "wait forever"),
         ({"ttl": 5.0, "wait": "1"}, TypeError, "number of seconds"),
         ({"ttl": 5.0, "fingerprint": {1j}}, TypeError, "JSON-serialisable"),
+        ({"ttl": 5.0, "fingerprint": {1: "a"}}, TypeError, r"dict key 1 \(int\) in fingerprint"),
+        ({"ttl": 5.0, "fingerprint": nested(50_000)}, ValueError, "more than 100 levels"),
         ({"ttl": 5.0, "store_errors": [ValueError]}, TypeError, "tuple of Exception"),
         ({"ttl": 5.0, "store_errors": (KeyboardInterrupt,)}, TypeError, "Exception subclasses"),
     ],
@@ -593,6 +721,63 @@ async def test_user_locks_cannot_take_the_namespace(key: str) -> None:
             await backend.acquire(lock_name(key), ttl=5.0)
         async with backend.lock(key, ttl=5.0):  # the key itself is a name like any other
             assert await backend.idempotent(key, ttl=5.0).run(done) == "done"
+
+
+async def test_a_key_and_a_longer_key_under_it_never_meet(
+    backend: asynclock.Backend, key: str
+) -> None:
+    """Key ``k`` runs while key ``k/b`` runs (on etcd, lock names share a key prefix, so
+    ``k`` was InProgress: an idempotency key's name has no "/"), and each keeps its own
+    result."""
+    with anyio.fail_after(10):
+        async with backend.idempotent(f"{key}/b", ttl=5.0) as inner:
+            assert not inner.replayed
+            async with backend.idempotent(key, ttl=5.0) as outer:
+                assert not outer.replayed
+                await outer.save("outer")
+            async with backend.idempotent(f"{key}/b/c", ttl=5.0) as deeper:
+                await deeper.save("deeper")
+            await inner.save("inner")
+        for k, expected in ((key, "outer"), (f"{key}/b", "inner"), (f"{key}/b/c", "deeper")):
+            async with backend.idempotent(k, ttl=5.0) as op:
+                assert op.replayed and op.result == expected
+
+
+def test_no_key_lays_out_under_another_as_a_path() -> None:
+    """Where names become paths (etcd keys ``<name>/<lease>``, ZooKeeper nodes), no key's
+    lock is under another key's: one segment each, and no prefix of another."""
+    keys = ["a", "a/b", "a/b/c", "ab", "a%2Fb", "/a", "a/", "é/ü"]
+    names = [lock_name(k) for k in keys]
+    assert len(set(names)) == len(keys)  # one-to-one
+    assert all("/" not in name for name in names)
+    etcd = [(name + "/").encode("utf-8") for name in names]  # EtcdDriver.lock_prefix
+    for one in etcd:
+        assert [other for other in etcd if other != one and other.startswith(one)] == []
+    for name in names:
+        assert zk_lock_path("/asynclock", name).count("/") == 2  # /asynclock/<one node>
+
+
+async def test_a_record_an_earlier_build_kept_under_a_key_with_a_slash_still_replays(
+    backend: asynclock.Backend, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Earlier builds named key ``a/b``'s lock ``...idempotency:a/b``: a result they stored
+    there is replayed (and a running record there is not taken for one)."""
+    legacy, running = f"{key}/done", f"{key}/running"
+    with anyio.fail_after(10):
+        with monkeypatch.context() as patch:  # as an earlier build named keys
+            patch.setattr(idempotency, "lock_name", lambda k: KEY_NAMESPACE + k)
+            patch.setattr(idempotency, "legacy_lock_name", lambda k: None)
+            await backend.idempotent(legacy, ttl=5.0).run(_value, "kept before")
+            async with backend.idempotent(running, ttl=5.0):
+                assert [lease.name for lease in backend.held()] == [KEY_NAMESPACE + running]
+                async with backend.idempotent(legacy, ttl=5.0) as op:
+                    assert op.replayed and op.result == "kept before"
+                # Now: the earlier record of `legacy` still replays; `running` is not done.
+                patch.undo()
+                async with backend.idempotent(legacy, ttl=5.0) as op:
+                    assert op.replayed and op.result == "kept before"
+                async with backend.idempotent(running, ttl=5.0) as op:
+                    assert not op.replayed
 
 
 async def test_nested_same_key_in_one_task_is_already_held(key: str) -> None:

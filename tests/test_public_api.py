@@ -8,6 +8,7 @@ import sys
 import asynclock
 import asynclock.fence
 import asynclock.from_thread
+import asynclock.idempotency
 import asynclock.testing
 
 PUBLIC = {
@@ -67,8 +68,14 @@ def test_submodule_all() -> None:
         "next_renewal_round",
     }
     assert "SQLFence" in asynclock.fence.__all__
-    assert {"LoopThread", "BodyGuard", "Handover", "hold"} <= set(asynclock.from_thread.__all__)
-    for module in (asynclock.testing, asynclock.fence, asynclock.from_thread):
+    assert asynclock.from_thread.__all__ == ("LoopThread", "guard", "hold", "idempotent")
+    assert "KeyedCalls" in asynclock.idempotency.__all__
+    for module in (
+        asynclock.testing,
+        asynclock.fence,
+        asynclock.from_thread,
+        asynclock.idempotency,
+    ):
         assert isinstance(module.__all__, tuple)
         for name in module.__all__:
             assert hasattr(module, name)

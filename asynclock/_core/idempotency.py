@@ -2,8 +2,9 @@
 
 The state machine lives here, once; a driver only stores records (``Driver.record_get``,
 ``record_put``, ``record_delete``) beside its leases. The record of a key is kept under the
-key's lock name in asynclock's own namespace (``"\\x00asynclock.idempotency:" + key``,
-refused by ``lock()``), and is in one of three states:
+key's lock name in asynclock's own namespace (``"\\x00asynclock.idempotency:" + key``, each
+``/`` written as NUL: ``idempotency_rules.lock_name``; refused by ``lock()``), and is in one
+of three states:
 
 * ``running``: written (fenced) by the hold that runs the operation. Its lease is renewed
   by the backend's one session like any other; losing it cancels the body (G4). A running
@@ -14,13 +15,15 @@ refused by ``lock()``), and is in one of three states:
   check (G8): a holder presumed dead (frozen, partitioned) gets :class:`StaleToken` and
   cannot overwrite what its successor stored.
 
-Every record expires ``keep`` seconds after its last write (the server forgets it).
+Every record expires ``keep`` seconds after its last write (the server forgets it). A done
+or failed record is final: once ``save()`` has stored a result, nothing the body does after
+it (an error, a stored failure) replaces or deletes it. What a key, a fingerprint and a
+result may be is ``idempotency_rules.py`` (public as ``asynclock.idempotency``).
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import inspect
 import json
 import logging
@@ -43,11 +46,23 @@ from .exceptions import (
     RestartGrace,
     StaleToken,
 )
+from .idempotency_rules import DEFAULT_KEEP as DEFAULT_KEEP  # backend.py's default
+from .idempotency_rules import (
+    MAX_MESSAGE,
+    KeyedCalls,
+    arguments_of,
+    check_keep,
+    check_key,
+    check_store_errors,
+    encode_result,
+    fingerprint_of,
+    legacy_lock_name,
+    lock_name,
+)
 from .lease import Lease
 from .lock import Lock
 from .misuse import AsyncContextOnly
-from .templates import NameTemplate
-from .validation import RESERVED_PREFIX, check_seconds, check_timeout
+from .validation import check_timeout
 
 if TYPE_CHECKING:
     from .acquisition import Acquisition
@@ -55,17 +70,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("asynclock")
 T = TypeVar("T")
 P = ParamSpec("P")
-
-#: The lock name of key ``k`` is ``KEY_NAMESPACE + k`` (no user lock can take it).
-KEY_NAMESPACE = RESERVED_PREFIX + "idempotency:"
-#: The longest key, in UTF-8 bytes (Stripe's limit, in characters, for ASCII keys).
-MAX_KEY_BYTES = 255
-#: The largest result, as its encoded JSON (ASCII) in bytes: 64 KiB.
-MAX_RESULT_BYTES = 64 * 1024
-#: How long a record may be kept, in seconds: 1 s to 30 days; 24 h by default (Stripe's).
-MIN_KEEP, MAX_KEEP, DEFAULT_KEEP = 1.0, 30 * 86400.0, 86400.0
-#: A stored failure's message is cut to this many characters.
-MAX_MESSAGE = 4096
 
 _RUNNING, _DONE, _FAILED = "running", "done", "failed"
 
@@ -89,92 +93,6 @@ class _Flight:
 
 #: Per backend (its acquisition): the key's lock name -> the flight in this process.
 _flights: weakref.WeakKeyDictionary[Acquisition, dict[str, _Flight]] = weakref.WeakKeyDictionary()
-
-
-# -- arguments -----------------------------------------------------------------------------
-
-
-def check_key(key: object) -> str:
-    """``key`` if it is a valid idempotency key, else TypeError/ValueError saying why."""
-    allowed = f"a str of 1 to {MAX_KEY_BYTES} UTF-8 bytes, without NUL or lone surrogates"
-    if not isinstance(key, str):
-        raise TypeError(f"idempotency key must be a str, not {type(key).__name__}: use {allowed}")
-    if not key:
-        raise ValueError(f"idempotency key must not be empty: use {allowed}")
-    nul = key.find("\x00")
-    if nul >= 0:
-        raise ValueError(f"idempotency key has a NUL character at index {nul}: use {allowed}")
-    try:
-        size = len(key.encode("utf-8"))
-    except UnicodeEncodeError as exc:
-        raise ValueError(
-            f"idempotency key has a lone surrogate {key[exc.start]!r} at index {exc.start}: "
-            f"use {allowed}"
-        ) from None
-    if size > MAX_KEY_BYTES:
-        raise ValueError(f"idempotency key is {size} UTF-8 bytes long: use {allowed}")
-    return key
-
-
-def lock_name(key: str) -> str:
-    """The lock name that guards idempotency key ``key`` (in asynclock's own namespace)."""
-    return KEY_NAMESPACE + key
-
-
-def check_keep(keep: object) -> float:
-    f = check_seconds(keep, "keep")
-    if not (MIN_KEEP <= f <= MAX_KEEP):
-        raise ValueError(
-            f"keep must be between {MIN_KEEP:g} second and {MAX_KEEP:g} seconds (30 days), "
-            f"got {keep!r}"
-        )
-    return f
-
-
-def check_store_errors(store_errors: object) -> tuple[type[Exception], ...]:
-    if isinstance(store_errors, type):
-        store_errors = (store_errors,)
-    if not isinstance(store_errors, tuple) or not all(
-        isinstance(t, type) and issubclass(t, Exception) for t in store_errors
-    ):
-        raise TypeError(
-            "store_errors must be a tuple of Exception subclasses (the errors stored and "
-            f"replayed instead of retried), got {store_errors!r}"
-        )
-    return store_errors
-
-
-def fingerprint_of(value: object) -> str | None:
-    """A stable hash of ``value`` (sha256 of its canonical JSON), or None for None."""
-    if value is None:
-        return None
-    try:
-        text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(
-            f"fingerprint must be JSON-serialisable (dicts with str keys, lists, str, int, "
-            f"finite float, bool, None): {exc}"
-        ) from None
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def encode_result(key: str, result: object) -> str:
-    """``result`` as the JSON text stored for ``key``: TypeError if it is not
-    JSON-serialisable, ValueError if larger than :data:`MAX_RESULT_BYTES`."""
-    try:
-        text = json.dumps(result, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(
-            f"the result of idempotent operation {key!r} cannot be stored: it must be "
-            f"JSON-serialisable (dicts with str keys, lists, str, int, finite float, bool, "
-            f"None): {exc}"
-        ) from None
-    if len(text) > MAX_RESULT_BYTES:  # ASCII JSON: one byte per character
-        raise ValueError(
-            f"the result of idempotent operation {key!r} is {len(text)} bytes as JSON; at "
-            f"most {MAX_RESULT_BYTES} (64 KiB) can be stored: store a reference to it instead"
-        )
-    return text
 
 
 def _payload(state: str, fingerprint: str | None, body: str = "null", **extra: str) -> str:
@@ -225,15 +143,24 @@ class IdempotentCall:
     async def save(self, result: object) -> None:
         """Store ``result`` as the operation's result, fenced by this call's token.
 
+        Once it returns, the result is the operation's for good: an error the body raises
+        after it is raised to this caller, and later calls replay the saved result.
+
         Raises:
-            TypeError, ValueError: ``result`` is not JSON-serialisable, or larger than
-                64 KiB as JSON; nothing is stored (the body then fails, and the record is
-                freed so a retry runs).
+            TypeError, ValueError: JSON cannot hold ``result`` as it is (a type it has no
+                form for, a dict key that is not a str, NaN), it nests deeper than 100
+                levels, or it is larger than 64 KiB as JSON; nothing is stored. Unless a
+                later ``save()`` stores something, the key is freed when the block ends,
+                however it ends (a retry runs the operation): never a stored ``None``.
             StaleToken: this call's lease is no longer the live one at the server (it
                 expired while this process was frozen or cut off; another call may have
                 run the operation since): nothing is stored, and the lease counts as lost
                 (the body is cancelled at its next await; the ``async with`` raises
                 :class:`LeaseLost`).
+            LeaseLost: more often, for a call frozen past its ttl: when the process
+                resumes, its lease is past its local deadline and lost before the write
+                reaches the server, the body (this ``save()`` with it) is cancelled and the
+                ``async with`` raises ``LeaseLost``. Nothing is stored either way.
             RuntimeError: the call was replayed, or its result is saved already.
         """
         if self.replayed or self.lease is None:
@@ -258,6 +185,7 @@ class IdempotentCall:
             )
             raise StaleToken(self.key, self.token, None)
         self._saved = True
+        self._rejected = None
         self.result = result
         guard.final = Record(self.token, payload)
 
@@ -290,6 +218,7 @@ class Idempotent(AsyncContextOnly):
         self.store_errors = check_store_errors(store_errors)
         self._acq = acq
         self._name = lock_name(self.key)
+        self._legacy = legacy_lock_name(self.key)
         self._ttl = ttl
         self._lock = Lock(
             acq, self._name, ttl, self.wait, self.wait is not None, None, internal=True
@@ -305,10 +234,18 @@ class Idempotent(AsyncContextOnly):
     # -- driver calls ------------------------------------------------------------------------
 
     async def _get(self) -> Record | None:
+        record = await self._read(self._name)
+        if record is None and self._legacy is not None:
+            # Earlier builds kept a key with "/" under its raw name (where key "a" and key
+            # "a/b" met on etcd): a finished record there is still the key's outcome.
+            old = await self._read(self._legacy)
+            if old is not None and _decode(old)[0].get("s") in (_DONE, _FAILED):
+                return old
+        return record
+
+    async def _read(self, name: str) -> Record | None:
         acq = self._acq
-        found = await acq.call(
-            "record_get", acq.driver.record_get(self._name), (NotImplementedError,)
-        )
+        found = await acq.call("record_get", acq.driver.record_get(name), (NotImplementedError,))
         return cast("Record | None", found)
 
     async def put(self, lease: Lease, payload: str) -> bool:
@@ -458,10 +395,14 @@ class Idempotent(AsyncContextOnly):
         assert lease is not None
         exc = exc_info[1]
         try:
-            if lease.lost.reason is None:
-                if exc is None:
-                    if not call.saved:
-                        await call.save(None)  # finished without a result: None
+            if lease.lost.reason is None and not call.saved:  # a saved result is final
+                if exc is None and call._rejected is None:
+                    await call.save(None)  # finished without a result: None
+                elif exc is None:
+                    # Its result was refused (save() raised TypeError/ValueError, which the
+                    # body caught) and nothing else saved: storing None would replay an
+                    # answer the operation never gave. The key is freed: a retry runs it.
+                    await self._forget(lease.token)
                 elif (
                     isinstance(exc, self.store_errors)
                     and exc is not call._rejected
@@ -476,7 +417,7 @@ class Idempotent(AsyncContextOnly):
                     with anyio.CancelScope(shield=True):
                         if await self.put(lease, failed):
                             self.final = Record(lease.token, failed)
-                elif not call.saved:
+                else:
                     await self._forget(lease.token)
         except BaseException as err:
             try:
@@ -504,18 +445,12 @@ class Idempotent(AsyncContextOnly):
 def idempotent_function(
     idempotent: Callable[..., Idempotent],
     key: str,
-    fingerprint: Sequence[str],
+    fingerprint: Sequence[str] | None,
     options: dict[str, Any],
 ) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Coroutine[Any, Any, T]]]:
     """:meth:`Backend.idempotent_function` (see there): ``idempotent`` is the backend's."""
-    template = NameTemplate(key)
-    if isinstance(fingerprint, str) or not all(isinstance(f, str) for f in fingerprint):
-        raise TypeError(
-            "fingerprint must be a tuple of argument names, e.g. ('amount', 'currency'), "
-            f"got {fingerprint!r}"
-        )
-    names = tuple(fingerprint)
-    # The options are checked now, not at the first call.
+    calls = KeyedCalls.declare(key, fingerprint=fingerprint, keep=options["keep"])
+    # The other options are checked now too, not at the first call.
     idempotent("key", **options)
 
     def decorate(func: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
@@ -524,30 +459,17 @@ def idempotent_function(
                 "idempotent_function needs an `async def` function; "
                 f"{getattr(func, '__qualname__', func)!s} is not one"
             )
-        template.check_callable(func)
-        signature = inspect.signature(func)
-        params = signature.parameters
-        missing = [n for n in names if n not in params]
-        if missing and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            raise TypeError(
-                f"fingerprint names {', '.join(missing)}, which "
-                f"{getattr(func, '__qualname__', func)!s}() does not take"
-            )
+        calls.check_function(func)
 
         @functools.wraps(func)
         async def idempotent_call(*args: P.args, **kwargs: P.kwargs) -> T:
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            arguments = dict(bound.arguments)
-            for param in params.values():
-                if param.kind is param.VAR_KEYWORD and param.name in arguments:
-                    arguments.update(arguments.pop(param.name))
-            call_key = template.format(arguments)
-            prints = {n: arguments.get(n) for n in names} if names else None
-            guard = idempotent(call_key, fingerprint=prints, **options)
+            arguments = arguments_of(func, args, kwargs)
+            guard = idempotent(
+                calls.key(arguments), fingerprint=calls.fingerprint_of(arguments), **options
+            )
             return await guard.run(func, *args, **kwargs)
 
-        idempotent_call.__signature__ = signature  # type: ignore[attr-defined]
+        idempotent_call.__signature__ = inspect.signature(func)  # type: ignore[attr-defined]
         return idempotent_call
 
     return decorate

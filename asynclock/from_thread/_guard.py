@@ -1,14 +1,18 @@
-"""Stopping a synchronous body in its thread when its lease is lost (see the package doc)."""
+"""Stopping a body when its lease is lost: the one interrupter (see the package doc).
+
+Each way a lease's loss reaches its body ends in :meth:`BodyGuard.stop`, on the loop that
+holds the lease: a task awaiting ``lease.lost`` (a lease the loop granted) or the loss
+callback of a lease the body's thread was granted itself.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
-
-import anyio
 
 from .._core.exceptions import LeaseLost
 from .._core.lease import Lease
@@ -38,6 +42,12 @@ class AsyncLeaseLost(LeaseLost):
 
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
+    if asyncio._get_running_loop() is not None:
+        # An event loop runs in this thread, with no guarded coroutine to cancel (one
+        # would have been, see BodyGuard.interrupt): raised here, LeaseLost would end the
+        # loop's machinery mid-step and leave its tasks behind. The signal is sent again
+        # (RESEND) until the loop has returned, or a guarded coroutine's entry sees the loss.
+        return
     for guard in reversed(_active.get(threading.get_ident(), [])):
         if guard.in_body and guard.fired and not guard.delivered:
             guard.delivered = True
@@ -85,7 +95,7 @@ class BodyGuard:
         "thread_id",
     )
 
-    def __init__(self, lease: Lease, cancel: Callable[[], None] | None = None) -> None:
+    def __init__(self, lease: Lease, cancel: Callable[[], object] | None = None) -> None:
         self.lease = lease
         self.thread_id = threading.get_ident()
         self._use_signal = cancel is None and threading.current_thread() is threading.main_thread()
@@ -113,12 +123,47 @@ class BodyGuard:
             self.fired = True
             if self._cancel is not None:
                 self._cancel()
+                return
+            inner = self._inner_coroutine()
+            if inner is not None:
+                # The thread runs a guarded coroutine on an event loop of its own (a Celery
+                # async task under its hold): a signal or an async exception would be
+                # raised inside that loop's machinery and leave its task behind. Cancel the
+                # coroutine instead; the thread's code then reaches this guard's leave(),
+                # whose block raises LeaseLost.
+                inner.cancel_now()
+                self.delivered = True
             elif self._use_signal:
                 signal.pthread_kill(self.thread_id, INTERRUPT_SIGNAL)
             else:
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(
                     ctypes.c_ulong(self.thread_id), ctypes.py_object(AsyncLeaseLost)
                 )
+
+    def _inner_coroutine(self) -> BodyGuard | None:
+        """The innermost guard entered after this one on its thread that cancels a
+        coroutine, if any (called with the lock held)."""
+        guards = list(_active.get(self.thread_id, ()))
+        for other in reversed(guards):
+            if other is self:
+                return None
+            if other._cancel is not None and other.active:
+                return other
+        return None
+
+    def cancel_now(self) -> None:
+        """Cancel this guard's coroutine (from any thread): a no-op once it has left."""
+        if self._cancel is not None and self.active:
+            self.fired = True
+            self._cancel()
+
+    def stop(self) -> None:
+        """On the loop thread, once the lease is lost: interrupt the body; a signal its
+        handler has not raised yet is sent again every :data:`RESEND` seconds (a thread in
+        C code outside a blocking call sees a signal only when that call returns)."""
+        self.interrupt()
+        if self.undelivered():
+            asyncio.get_running_loop().call_later(RESEND, self.stop)
 
     def undelivered(self) -> bool:
         """True while a signal was sent and its handler has not raised in the body yet."""
@@ -148,13 +193,10 @@ class BodyGuard:
 
 
 async def stop_on_loss(lease: Lease, guard: BodyGuard) -> None:
-    """On the loop thread: wait until ``lease`` is lost, then stop ``guard``'s body (a
-    signal is sent again every :data:`RESEND` seconds until its handler has raised)."""
+    """On the loop thread: wait until ``lease`` is lost, then stop ``guard``'s body
+    (:meth:`BodyGuard.stop`)."""
     await lease.lost.wait()
-    guard.interrupt()
-    while guard.undelivered():
-        await anyio.sleep(RESEND)
-        guard.interrupt()
+    guard.stop()
 
 
 def lost_error(lease: Lease) -> LeaseLost | None:

@@ -5,59 +5,118 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Protocol, TypeVar
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 import anyio
 
 from .._core.acquisition import Acquisition
 from .._core.backend import Backend
-from .._core.context import use_lease
-from .._core.exceptions import LeaseLost
 from .._core.lease import Lease
-from ._guard import RESEND, BodyGuard, lost_error, stop_on_loss
+from ._body import ExcInfo, GuardedBody
+from ._guard import BodyGuard
 from ._loop import LoopThread
 
 logger = logging.getLogger("asynclock")
 T = TypeVar("T")
 
 
-class Handover:
-    """One body's lease: taken, watched and given back by one task on the loop thread.
+class Exchange:
+    """The hand-over between a body's thread and one task on the loop, one lock wide: the
+    body's thread posts a step and waits on the lock; the loop does the step and releases
+    it. Each step is one wake-up of each thread (a coroutine submitted and a future per
+    step, plus a watcher task, cost a Celery run about a fifth more CPU).
 
-    The body's thread and the loop hand over with one lock, each step one wake-up: the
-    body's thread posts :meth:`begin` (acquire) and waits; the loop signals the grant (or
-    the error) and watches the lease, interrupting :attr:`guard` when it is lost; the body's
-    thread posts :meth:`end` when the body is over and waits; the loop releases
-    (owner-checked) and signals. (It replaced a submitted coroutine and a future per step
-    plus a watcher task, and cut the CPU a lock adds to a Celery run by about a fifth.)
-    """
+    The loop's task waits for the body's end in :meth:`until_end`, stopping the body with
+    :attr:`guard` (set by the body's thread before the body starts) if the lease is lost
+    meanwhile. A body's thread that gives up waiting (a time limit, a shutdown) ends the
+    task's step at once (:meth:`_end_now`)."""
 
-    __slots__ = (
-        "_direct",
-        "_finished",
-        "_loop",
-        "_ready",
-        "_scope",
-        "_task",
-        "error",
-        "guard",
-        "lease",
-    )
+    __slots__ = ("_ended", "_loop", "_ready", "_scope", "error", "gave_up", "guard")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        #: Held by the body's thread; the loop releases it at the grant and at the end.
+        #: Held by the body's thread; the loop releases it when a step is done.
         self._ready = threading.Lock()
         self._ready.acquire()
-        self._finished = False
+        self._ended = False
         self._scope: anyio.CancelScope | None = None
-        self._task: asyncio.Task[None] | None = None
-        self.lease: Lease | None = None
+        #: The body's thread gave up waiting for the loop.
+        self.gave_up = False
+        #: What went wrong on the loop (the body's thread raises it).
         self.error: BaseException | None = None
-        #: Set by the body's thread before the body starts; interrupted on loss.
+        #: Set by the body's thread before the body starts; stopped on loss.
         self.guard: BodyGuard | None = None
+
+    # -- the body's thread
+
+    def _post_and_wait(self, step: Callable[..., object], *args: object) -> None:
+        self._loop.call_soon_threadsafe(step, *args)
+        try:
+            self._ready.acquire()
+        except BaseException:
+            # Interrupted while waiting: stop waiting for the loop; whatever it gets after
+            # all (a lease) is given back instead of being held for the process's life.
+            self._loop.call_soon_threadsafe(self._give_up)
+            raise
+
+    def _end(self) -> None:
+        """Post the body's end and wait for the loop to finish the hold."""
+        self._loop.call_soon_threadsafe(self._end_now)
+        self._ready.acquire()
+
+    def finish(self, error: BaseException | None) -> None:
+        """The body is over (``error``: how it ended): give the lease back."""
+        raise NotImplementedError
+
+    # -- the loop's side
+
+    def _give_up(self) -> None:
+        self.gave_up = True
+        self._end_now()
+
+    def _end_now(self) -> None:
+        self._ended = True
+        if self._scope is not None:
+            self._scope.cancel()
+
+    def _signal(self) -> None:
+        if self._ready.locked():  # unlocked if the body's thread gave up waiting
+            self._ready.release()
+
+    def _scoped(self, *, shield: bool = False) -> anyio.CancelScope:
+        """A scope for the task's current step, cancelled when the body ends (or its thread
+        gives up); ``shield``: by nothing else."""
+        scope = self._scope = anyio.CancelScope(shield=shield)
+        if self._ended:
+            scope.cancel()
+        return scope
+
+    async def until_end(self, lease: Lease, *, shield: bool = False) -> None:
+        """Until the body's thread posts the end; if ``lease`` is lost meanwhile, stop the
+        body (before it starts, ``BodyGuard.enter`` sees the loss)."""
+        with self._scoped(shield=shield):
+            self._signal()  # the body may start
+            await lease.lost.wait()
+            if self.guard is not None:
+                self.guard.stop()
+            await anyio.sleep_forever()
+
+    def _on_lost(self) -> None:
+        """On the loop: the lease granted in the body's thread was lost."""
+        if self.guard is not None:
+            self.guard.stop()
+
+
+class Handover(Exchange):
+    """One body's lease: taken, watched and given back by one task on the loop thread (or,
+    on one Redis server, taken and given back by the body's thread itself)."""
+
+    __slots__ = ("_direct", "lease")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self.lease: Lease | None = None
         #: The acquisition whose blocking calls granted :attr:`lease` in the body's thread
         #: (None: the loop granted it, in a task that holds it).
         self._direct: Acquisition | None = None
@@ -82,19 +141,14 @@ class Handover:
         """
         acq = backend._acq
         post = self._loop.call_soon_threadsafe
-        lease = acq.thread_acquire(name, ttl, post, self._lost)
+        lease = acq.thread_acquire(name, ttl, post, self._on_lost)
         if lease is not None:
             self.lease, self._direct = lease, acq
             return
-        post(self._start, backend, name, (ttl, blocking, timeout))
-        try:
-            self._ready.acquire()
-        except BaseException:
-            # Interrupted while waiting (a time limit, a shutdown): stop waiting for the
-            # lock; if it is granted after all, give it back instead of renewing it for the
-            # process's life.
-            self._loop.call_soon_threadsafe(self._finish)
-            raise
+        self._post_and_wait(self._start, backend, name, (ttl, blocking, timeout))
+
+    def finish(self, error: BaseException | None) -> None:
+        self.end()
 
     def end(self) -> None:
         """The body is over: release (when it returns, the server has answered)."""
@@ -102,43 +156,19 @@ class Handover:
             assert self.lease is not None
             self._direct.thread_release(self.lease)
             return
-        self._loop.call_soon_threadsafe(self._finish)
-        self._ready.acquire()
+        self._end()
 
     # -- the loop's side
 
     def _start(self, backend: Backend, name: str, args: tuple[float, bool, float | None]) -> None:
-        self._task = self._loop.create_task(self._run(backend, name, *args))
-
-    def _lost(self) -> None:
-        """On the loop: the lease granted in the body's thread was lost (as
-        :func:`stop_on_loss`, from a callback: a signal is sent again every
-        :data:`RESEND` seconds until its handler has raised)."""
-        guard = self.guard
-        if guard is None:
-            return  # the body has not started: BodyGuard.enter() checks the lease
-        guard.interrupt()
-        if guard.undelivered():
-            self._loop.call_later(RESEND, self._lost)
-
-    def _finish(self) -> None:
-        self._finished = True
-        if self._scope is not None:
-            self._scope.cancel()
-
-    def _signal(self) -> None:
-        if self._ready.locked():  # unlocked if the body's thread gave up waiting
-            self._ready.release()
+        self._loop.create_task(self._run(backend, name, *args))
 
     async def _run(
         self, backend: Backend, name: str, ttl: float, blocking: bool, timeout: float | None
     ) -> None:
         lease: Lease | None = None
         try:
-            with anyio.CancelScope() as scope:  # cancelled by _finish: the thread gave up
-                self._scope = scope
-                if self._finished:
-                    scope.cancel()
+            with self._scoped():  # cancelled if the body's thread gave up
                 lease = await backend.acquire(name, ttl=ttl, blocking=blocking, timeout=timeout)
         except BaseException as exc:
             self.error = exc
@@ -150,15 +180,7 @@ class Handover:
             return
         self.lease = lease
         try:
-            with anyio.CancelScope() as scope:  # cancelled by _finish
-                self._scope = scope
-                if self._finished:
-                    scope.cancel()
-                self._signal()  # the body may start
-                await lease.lost.wait()
-                if self.guard is not None:  # else the body has not started: enter() checks
-                    await stop_on_loss(lease, self.guard)
-                await anyio.sleep_forever()  # until the body is over
+            await self.until_end(lease)
         finally:
             try:
                 await lease.release()  # a no-op that says so if the lease was lost
@@ -168,45 +190,48 @@ class Handover:
                 self._signal()
 
 
-class Guarded(Protocol):
-    """What :func:`run_body` tells whose loop side watches the lease: a :class:`Handover`,
-    or an integration's own hand-over (asynclock_celery's idempotent runs)."""
+class Hold:
+    """What :func:`hold` returns: ``with`` it around the body."""
 
-    guard: BodyGuard | None
+    __slots__ = ("_args", "_body", "_handover")
 
+    def __init__(self, thread: LoopThread, target: str | Backend, name: str, *args: Any) -> None:
+        self._args = (thread, target, name, *args)
+        self._handover: Handover | None = None
+        self._body: GuardedBody | None = None
 
-def run_body(
-    body: Callable[[], T], lease: Lease, handover: Guarded
-) -> tuple[T | None, BaseException | None]:
-    """Run ``body`` in this thread under ``lease`` (its :func:`asynclock.current_lease`),
-    stopped with ``LeaseLost`` when the lease is lost (``handover.guard`` is set to the
-    :class:`BodyGuard` that the loop side interrupts). Returns ``(result, error)``: a body
-    that was interrupted, swallowed the interruption, or ran past its lease returns
-    ``(None, LeaseLost)``, since whatever it did was done without the lock."""
-    guard = handover.guard = BodyGuard(lease)
-    result: T | None = None
-    error: BaseException | None = None
-    lost: LeaseLost | None = None
-    try:
+    def __enter__(self) -> Lease:
+        thread, target, name, ttl, blocking, timeout = self._args
+        handover = self._handover = Handover(thread.loop)
+        handover.begin(thread.backend(target), name, ttl=ttl, blocking=blocking, timeout=timeout)
+        if handover.error is not None:
+            raise handover.error
+        lease = handover.lease
+        assert lease is not None
+        self._body = guarded(handover, lease)
+        return lease
+
+    def __exit__(self, *exc_info: *ExcInfo) -> None:
+        assert self._handover is not None and self._body is not None, "exit without enter"
         try:
-            guard.enter()
-            with use_lease(lease):
-                result = body()
+            self._body.__exit__(*exc_info)
         finally:
-            lost = lost_error(lease)  # read as the body ends: a loss after it is no fault
-            guard.leave()
-    except LeaseLost as exc:
-        error = exc
-        lost = lost or lost_error(lease)
+            self._handover.end()
+
+
+def guarded(exchange: Exchange, lease: Lease) -> GuardedBody:
+    """The body under ``lease`` entered, guarded by a :class:`BodyGuard` the exchange's loop
+    side stops; a lease lost already is LeaseLost here, after the exchange is finished."""
+    body = GuardedBody(lease, BodyGuard(lease))
+    exchange.guard = body._guard
+    try:
+        body.__enter__()
     except BaseException as exc:
-        error = exc
-    if lost is not None:
-        lost.__cause__ = error if error is not None and error is not lost else None
-        return None, lost
-    return result, error
+        exchange.finish(exc)
+        raise
+    return body
 
 
-@contextmanager
 def hold(
     thread: LoopThread,
     target: str | Backend,
@@ -215,36 +240,37 @@ def hold(
     ttl: float,
     blocking: bool = True,
     timeout: float | None = None,
-) -> Iterator[Lease]:
+) -> Hold:
     """Hold ``name`` on ``thread``'s backend for ``target`` around a synchronous body.
 
     ``with hold(thread, "redis://…", "report:7", ttl=10) as lease:`` acquires (as
     ``backend.acquire``: ``LockHeld``, ``AcquireTimeout``, ``RestartGrace`` …), makes the
     lease :func:`asynclock.current_lease` in the body, stops the body with ``LeaseLost``
     if the lease is lost (the block then raises ``LeaseLost`` even if the body swallowed
-    it), and releases when the body is over.
+    it), and releases when the body is over. A coroutine body (run on this thread's own
+    ``asyncio.Runner``) goes through ``guard(lease, thread.loop).run(runner, fn)``, which
+    cancels it instead.
     """
-    handover = Handover(thread.loop)
-    handover.begin(thread.backend(target), name, ttl=ttl, blocking=blocking, timeout=timeout)
-    if handover.error is not None:
-        raise handover.error
-    lease = handover.lease
-    assert lease is not None
+    return Hold(thread, target, name, ttl, blocking, timeout)
+
+
+# -- deprecated (asynclock.from_thread's names before the four) -------------------------------
+
+
+class Guarded(Protocol):
+    """What :func:`run_body` tells whose loop side watches the lease (deprecated)."""
+
+    guard: BodyGuard | None
+
+
+def run_body(
+    body: Callable[[], T], lease: Lease, handover: Guarded
+) -> tuple[T | None, BaseException | None]:
+    """Run ``body`` in this thread under ``lease`` (deprecated: ``with hold(...)``).
+    Returns ``(result, error)``; a body that lost its lease returns ``(None, LeaseLost)``."""
     guard = handover.guard = BodyGuard(lease)
-    error: BaseException | None = None
     try:
-        guard.enter()
-        try:
-            with use_lease(lease):
-                yield lease
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            lost = lost_error(lease)
-            guard.leave()
-            if lost is not None and not isinstance(error, LeaseLost):
-                lost.__cause__ = error
-                raise lost
-    finally:
-        handover.end()
+        with GuardedBody(lease, guard):
+            return body(), None
+    except BaseException as exc:
+        return None, exc

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asynclock
-import asynclock.from_thread
+from asynclock import from_thread
 
 
 def check_target(url_or_backend: object) -> str | asynclock.Backend:
@@ -29,13 +29,13 @@ class Bridge:
 
     def __init__(self, target: str | asynclock.Backend) -> None:
         self._target = target
-        self.thread: asynclock.from_thread.LoopThread | None = None
+        self.thread: from_thread.LoopThread | None = None
         self.backend: asynclock.Backend | None = None
 
     def open(self) -> None:
         if self.thread is not None:
             raise RuntimeError("this executor is already started")
-        thread = asynclock.from_thread.LoopThread(name="asynclock-apscheduler")
+        thread = from_thread.LoopThread(name="asynclock-apscheduler")
         try:
             self.backend = thread.backend(self._target)
         except BaseException:
@@ -48,7 +48,7 @@ class Bridge:
         if thread is not None:
             thread.close()
 
-    def require(self) -> tuple[asynclock.from_thread.LoopThread, asynclock.Backend]:
+    def require(self) -> tuple[from_thread.LoopThread, asynclock.Backend]:
         if self.thread is None or self.backend is None:
             raise RuntimeError("not started: the scheduler starts this executor")
         return self.thread, self.backend

@@ -8,8 +8,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-import asynclock
-import asynclock.from_thread
+from asynclock import from_thread
 
 from ._jobs import _OCCURRENCE, Occurrence
 
@@ -45,7 +44,7 @@ def _run_span(tracer: Any | None, occurrence: Occurrence) -> contextlib.Abstract
 
 
 def sync_runner(
-    thread: asynclock.from_thread.LoopThread,
+    thread: from_thread.LoopThread,
     func: Callable[..., Any],
     occurrence: Occurrence,
     finish: Callable[[], concurrent.futures.Future[Any] | None],
@@ -55,29 +54,12 @@ def sync_runner(
 
     def run(*args: Any, **kwargs: Any) -> Any:
         lease = occurrence.lease
-        guard = asynclock.from_thread.BodyGuard(lease)  # stops this thread's body on loss
-        watch = thread.submit(asynclock.from_thread.stop_on_loss(lease, guard))
         token = _OCCURRENCE.set(occurrence)
         try:
-            with _run_span(tracer, occurrence), asynclock.use_lease(lease):
-                try:
-                    try:
-                        guard.enter()
-                        result = func(*args, **kwargs)
-                    finally:
-                        guard.leave()
-                except asynclock.LeaseLost:
-                    if not lease.lost and not guard.fired:
-                        raise  # the body's own
-                    raise _lost(lease) from None
-                if lease.lost:  # the body swallowed the interruption
-                    raise _lost(lease)
-                # A thawed run can return before the loss reached it: ask the clock.
-                lease.check()
-            return result
+            with _run_span(tracer, occurrence), from_thread.guard(lease, thread.loop):
+                return func(*args, **kwargs)
         finally:
             _OCCURRENCE.reset(token)
-            watch.cancel()
             finishing = finish()
             if finishing is not None:
                 concurrent.futures.wait([finishing], timeout=2 * lease.ttl)
@@ -86,7 +68,7 @@ def sync_runner(
 
 
 def async_runner(
-    thread: asynclock.from_thread.LoopThread,
+    thread: from_thread.LoopThread,
     func: Callable[..., Any],
     occurrence: Occurrence,
     finish: Callable[[], concurrent.futures.Future[Any] | None],
@@ -96,35 +78,13 @@ def async_runner(
 
     async def run(*args: Any, **kwargs: Any) -> Any:
         lease = occurrence.lease
-        task = asyncio.current_task()
-        assert task is not None
-        loop = asyncio.get_running_loop()
-        running = [True]
-
-        def stop() -> None:  # on the job's loop: cancel the body only
-            if running[0]:
-                task.cancel()
-
-        watch = thread.submit(_on_loss(lease, lambda: loop.call_soon_threadsafe(stop)))
         token = _OCCURRENCE.set(occurrence)
         try:
-            with _run_span(tracer, occurrence), asynclock.use_lease(lease):
-                try:
-                    result = await func(*args, **kwargs)
-                except asyncio.CancelledError:
-                    if not lease.lost:
-                        raise
-                    task.uncancel()
-                    raise _lost(lease) from None
-                finally:
-                    running[0] = False
-                if lease.lost:
-                    raise _lost(lease)
-                lease.check()  # as in the sync runner
-            return result
+            with _run_span(tracer, occurrence):
+                async with from_thread.guard(lease, thread.loop):
+                    return await func(*args, **kwargs)
         finally:
             _OCCURRENCE.reset(token)
-            watch.cancel()
             finishing = finish()
             if finishing is not None:
                 # Bounded by the backend's release timeout; if it never answers, the
@@ -132,12 +92,3 @@ def async_runner(
                 await asyncio.wait([asyncio.wrap_future(finishing)], timeout=2 * lease.ttl)
 
     return run
-
-
-def _lost(lease: asynclock.Lease) -> asynclock.LeaseLost:
-    return asynclock.LeaseLost(lease.name, lease.token, lease.lost.reason or "claim lost")
-
-
-async def _on_loss(lease: asynclock.Lease, stop: Callable[[], object]) -> None:
-    await lease.lost
-    stop()

@@ -12,7 +12,7 @@ non-blocking. Busy means another scheduler runs this occurrence (the data store 
 job whose lease lapsed be acquired again): the job ends with ``LockHeld`` and its body
 never starts. Held: the body runs inside the lock (``asynclock.current_lease()`` is the
 claim), so a lost claim cancels an async job or interrupts a thread-pool job
-(``asynclock.from_thread.BodyGuard``: an async exception in its thread), and the job ends
+(``asynclock.from_thread.guard``: an async exception in its thread), and the job ends
 with ``LeaseLost``. After a run the claim is kept one more ttl (``let_expire``), not
 released.
 
@@ -27,13 +27,13 @@ with ``LockHeld``, run by nobody.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from datetime import UTC
 from typing import Any
 
-import anyio
 from apscheduler import Job, current_async_scheduler
 from apscheduler.abc import JobExecutor
 from apscheduler.executors.async_ import AsyncJobExecutor
@@ -41,7 +41,7 @@ from apscheduler.executors.subprocess import ProcessPoolJobExecutor
 from apscheduler.executors.thread import ThreadPoolJobExecutor
 
 import asynclock
-import asynclock.from_thread
+from asynclock import from_thread
 
 
 def occurrence_name(job: Job) -> str:
@@ -143,57 +143,31 @@ class ClaimingJobExecutor(JobExecutor):  # type: ignore[misc]
 
     async def run_job(self, func: Callable[..., Any], job: Job) -> Any:
         backend = self.backend
-        threaded = isinstance(self._inner, ThreadPoolJobExecutor)
-        try:
-            async with anyio.create_task_group() as watchers:
-                async with backend.lock(
-                    occurrence_name(job),
-                    ttl=self.claim_ttl,
-                    blocking=False,
-                    token_scope=_scope(job),
-                ) as lease:
-                    with asynclock.use_lease(lease):
-                        if threaded:
-                            # The lock's cancel scope cannot stop a thread: stop the body
-                            # in its thread from a watcher outside that scope.
-                            body = _ThreadBody(lease, func)
-                            watchers.start_soon(body.stop_on_loss)
-                            func = body.wrapper()
-                        result = await self._inner.run_job(func, job)
-                    lease.check()  # a run that returned after its deadline is not a success
-                    await lease.let_expire()  # keep it one more ttl: no second run
-                watchers.cancel_scope.cancel()
-        except BaseExceptionGroup as group:  # the watcher never fails: the body's error
-            if len(group.exceptions) == 1:
-                raise group.exceptions[0] from None
-            raise
+        async with backend.lock(
+            occurrence_name(job),
+            ttl=self.claim_ttl,
+            blocking=False,
+            token_scope=_scope(job),
+        ) as lease:
+            with asynclock.use_lease(lease):
+                if isinstance(self._inner, ThreadPoolJobExecutor):
+                    # The lock's cancel scope cannot stop a thread: the body is stopped in
+                    # its thread (from_thread.guard, watching from this loop).
+                    func = _guarded(func, lease, asyncio.get_running_loop())
+                result = await self._inner.run_job(func, job)
+            lease.check()  # a run that returned after its deadline is not a success
+            await lease.let_expire()  # keep it one more ttl: no second run
         return result
 
 
-class _ThreadBody:
-    """The job's function, run in a pool thread under a
-    :class:`asynclock.from_thread.BodyGuard` (made in that thread, as it must be)."""
+def _guarded(
+    func: Callable[..., Any], lease: asynclock.Lease, loop: asyncio.AbstractEventLoop
+) -> Callable[..., Any]:
+    """``func`` run in a pool thread under ``lease`` (held on ``loop``), stopped on loss."""
 
-    def __init__(self, lease: asynclock.Lease, func: Callable[..., Any]) -> None:
-        self.lease = lease
-        self.func = func
-        self.guard: asynclock.from_thread.BodyGuard | None = None
+    @functools.wraps(func)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with from_thread.guard(lease, loop):
+            return func(*args, **kwargs)
 
-    def wrapper(self) -> Callable[..., Any]:
-        """``func``, run under the guard (what the inner executor calls in its thread)."""
-
-        @functools.wraps(self.func)
-        def run(*args: Any, **kwargs: Any) -> Any:
-            guard = self.guard = asynclock.from_thread.BodyGuard(self.lease)
-            guard.enter()  # a loss before this: LeaseLost here; after: the watcher stops it
-            try:
-                return self.func(*args, **kwargs)
-            finally:
-                guard.leave()
-
-        return run
-
-    async def stop_on_loss(self) -> None:
-        await self.lease.lost
-        if self.guard is not None:  # else the body has not started: enter() checks
-            await asynclock.from_thread.stop_on_loss(self.lease, self.guard)
+    return run

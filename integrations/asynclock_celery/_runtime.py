@@ -1,4 +1,5 @@
-"""One event-loop thread and one asynclock backend per worker process (opened lazily).
+"""One event-loop thread and one asynclock backend per worker process (opened lazily), and
+one ``asyncio.Runner`` per process and thread for the async task bodies.
 
 A prefork child gets its runtime at its first locked task, after the fork: a runtime
 inherited from a parent (its loop thread does not exist in the child) is dropped, never
@@ -11,15 +12,18 @@ this module only ties its life to the worker's.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import logging
 import os
 import threading
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, cast
 
 from celery import Celery, signals
 
-from asynclock.from_thread import LoopThread
+import asynclock
+from asynclock.from_thread import LoopThread, guard
 
 logger = logging.getLogger("asynclock.celery")
 
@@ -86,3 +90,30 @@ def backend_url(app: Celery) -> str:
         f"the broker ({str(broker).split('://', 1)[0] or 'none'}) is not Redis, so it cannot "
         "be used instead"
     )
+
+
+# -- async bodies: one asyncio.Runner per process and thread ------------------------------
+
+_runners: dict[tuple[int, int], asyncio.Runner] = {}
+
+
+def _runner() -> asyncio.Runner:
+    """This thread's runner: module-level async clients keep working across tasks (a loop
+    per task would break them). Made lazily, so a prefork child makes its own."""
+    key = (os.getpid(), threading.get_ident())
+    runner = _runners.get(key)
+    if runner is None:
+        for stale in [k for k in _runners if k[0] != key[0]]:
+            del _runners[stale]  # inherited over fork: never used, never closed here
+        runner = _runners[key] = asyncio.Runner()
+    return runner
+
+
+def run_body(
+    body: Callable[[], Any], lease: asynclock.Lease, loop: asyncio.AbstractEventLoop, is_async: bool
+) -> Any:
+    """``body()`` in this thread, inside the run's hold (which stops it on loss); a
+    coroutine body on this thread's runner, cancelled on loss (``from_thread.guard``)."""
+    if not is_async:
+        return body()
+    return guard(lease, loop).run(_runner(), cast(Callable[[], Coroutine[Any, Any, Any]], body))

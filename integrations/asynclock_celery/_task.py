@@ -7,35 +7,26 @@ Private Celery API used here, pinned by
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 import logging
 import math
-import os
-import random
-import threading
 import time
-from collections.abc import Callable, Coroutine
-from typing import Any, ClassVar, NoReturn, TypeVar, cast
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, ClassVar, TypeVar, cast
 
-import anyio
 from celery import Celery, Task, current_app
 from celery._state import get_current_task
-from celery.exceptions import Reject, Retry
 
 import asynclock
-from asynclock.from_thread import BodyGuard, Guarded, Handover, lost_error, run_body
+from asynclock import from_thread
+from asynclock.idempotency import DEFAULT_KEEP, KeyedCalls
 
-from ._idempotent import (
-    DEFAULT_KEEP,
-    Idempotency,
-    IdempotentRun,
-    arguments_of,
-    check_idempotency,
-)
+from ._busy import in_progress, not_acquired, state, who
+from ._idempotent import arguments_of, check_idempotency
 from ._policy import RETRY_BACKOFF, RETRY_BACKOFF_MAX, Namer, Policy, _namer, _policy
-from ._runtime import backend_url, get_runtime
+from ._runtime import backend_url, get_runtime, run_body
 
 try:  # the otel extra: the run's span (Celery's instrumentation's) carries the token
     from asynclock.otel import annotate_current_span
@@ -44,25 +35,45 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 logger = logging.getLogger("asynclock.celery")
 F = TypeVar("F", bound=Callable[..., Any])
-
-# -- async bodies: one asyncio.Runner per process and thread ------------------------------
-
-_runners: dict[tuple[int, int], asyncio.Runner] = {}
-
-
-def _runner() -> asyncio.Runner:
-    """This thread's runner: module-level async clients keep working across tasks (a loop
-    per task would break them). Made lazily, so a prefork child makes its own."""
-    key = (os.getpid(), threading.get_ident())
-    runner = _runners.get(key)
-    if runner is None:
-        for stale in [k for k in _runners if k[0] != key[0]]:
-            del _runners[stale]  # inherited over fork: never used, never closed here
-        runner = _runners[key] = asyncio.Runner()
-    return runner
-
+H = TypeVar("H")
 
 # -- the guarded run ----------------------------------------------------------------------
+
+
+def _held(
+    task: Any,
+    what: str,
+    policy: Policy,
+    hold: Callable[[str], AbstractContextManager[H]],
+    run: Callable[[H], Any],
+) -> Any:
+    """``run(value)`` inside ``with hold(url) as value`` (``from_thread.hold`` or
+    ``from_thread.idempotent``); a hold that cannot be entered goes through the ``on_busy``
+    policy (None: skipped)."""
+    app: Celery = task.app if task is not None else current_app
+    # A run a worker took from the queue can be sent again later; an eager or direct call
+    # cannot (Celery's eager retry runs again at once, whatever the countdown).
+    request = task.request if task is not None else None  # a lookup in Celery's stack
+    queued = request is not None and not request.is_eager and not request.called_directly
+    while True:
+        entered = False
+        try:
+            with hold(backend_url(app)) as value:
+                entered = True
+                state.unavailable = False
+                return run(value)
+        except asynclock.InProgress as exc:
+            if entered:
+                raise  # the body's own
+            in_progress(task, exc, policy)  # raises, unless on_busy="skip"
+            return None
+        except (asynclock.LockHeld, asynclock.AcquireTimeout, asynclock.BackendUnavailable) as exc:
+            if entered:
+                raise
+            again = not_acquired(task, what, exc, policy, queued)
+            if again is None:
+                return None  # skipped
+            time.sleep(again)  # an eager or direct run in a restart grace: wait it out here
 
 
 def run_guarded(
@@ -75,43 +86,21 @@ def run_guarded(
     template: asynclock.NameTemplate | None = None,
 ) -> Any:
     """Run ``body`` holding ``name``; see :class:`LockedTask` for the contract."""
-    app: Celery = task.app if task is not None else current_app
     runtime = get_runtime()
-    # A run a worker took from the queue can be sent again later; an eager or direct call
-    # cannot (Celery's eager retry runs again at once, whatever the countdown).
-    request = task.request if task is not None else None  # a lookup in Celery's stack
-    queued = request is not None and not request.is_eager and not request.called_directly
-    while True:
-        hold = Handover(runtime.loop)
-        try:
-            backend = runtime.backend(backend_url(app))
-            wait = policy.on_busy == "wait"
-            hold.begin(backend, name, ttl=policy.ttl, blocking=wait, timeout=policy.timeout)
-        except asynclock.BackendUnavailable as exc:
-            hold.error = exc
-        if hold.error is None:
-            break
-        again = _not_acquired(task, name, hold.error, policy, queued)
-        if again is None:
-            return None  # skipped
-        time.sleep(again)  # an eager or direct run in a restart grace: wait it out here
-    _state.unavailable = False
-    lease = hold.lease
-    assert lease is not None
-    try:
-        if request is not None:
-            request.asynclock_lease = lease
-            request.fencing_token = lease.token
-        _annotate(lease, template)
-        if is_async:
-            result, error = _run_async(body, lease, hold)
-        else:
-            result, error = run_body(body, lease, hold)
-    finally:
-        hold.end()
-    if error is not None:
-        raise error
-    return result
+    wait = policy.on_busy == "wait"
+    ttl, timeout = policy.ttl, policy.timeout
+
+    def run(lease: asynclock.Lease) -> Any:
+        _annotate(task, lease, template)
+        return run_body(body, lease, runtime.loop, is_async)
+
+    return _held(
+        task,
+        name,
+        policy,
+        lambda url: from_thread.hold(runtime, url, name, ttl=ttl, blocking=wait, timeout=timeout),
+        run,
+    )
 
 
 def run_idempotent(
@@ -120,224 +109,62 @@ def run_idempotent(
     *,
     key: str,
     fingerprint: object,
-    idempotency: Idempotency,
+    calls: KeyedCalls,
     policy: Policy,
     is_async: bool,
 ) -> Any:
     """Run ``body`` once per ``key`` (``backend.idempotent``): the stored result of a run
     that completed before is returned without running it; see :class:`LockedTask`."""
-    app: Celery = task.app if task is not None else current_app
     runtime = get_runtime()
-    queued = task is not None and not task.request.is_eager and not task.request.called_directly
     wait: float | None = None
     if policy.on_busy == "wait":
         wait = math.inf if policy.timeout is None else policy.timeout
-    while True:
-        run = IdempotentRun(runtime.loop)
-        try:
-            backend = runtime.backend(backend_url(app))
-            guard = backend.idempotent(
-                key,
-                ttl=policy.ttl,
-                fingerprint=fingerprint,
-                keep=idempotency.keep,
-                wait=wait,
-                store_errors=idempotency.store_errors,
-            )
-            run.begin(guard)
-        except asynclock.BackendUnavailable as exc:
-            run.error = exc
-        if run.error is None:
-            break
-        if isinstance(run.error, asynclock.InProgress):
-            _in_progress(task, run.error, policy)  # raises, unless on_busy="skip"
-            return None
-        again = _not_acquired(task, key, run.error, policy, queued)
-        if again is None:
-            return None
-        time.sleep(again)
-    _state.unavailable = False
-    call = run.call
-    assert call is not None
-    if task is not None:
-        task.request.idempotency_key = key
-        task.request.idempotency_replayed = call.replayed
-    if call.replayed:
-        logger.info("%s: idempotency key %r: replayed the stored result", _who(task), key)
-        return call.result
-    lease = call.lease
-    assert lease is not None
-    if task is not None:
-        task.request.asynclock_lease = lease
-        task.request.fencing_token = lease.token
-    _annotate(lease, idempotency.key, "idempotency:*")
-    if is_async:
-        result, error = _run_async(body, lease, run)
-    else:
-        result, error = run_body(body, lease, run)
-    run.end(result, error)
-    if run.error is not None:
-        raise run.error
-    if error is not None:  # not an Exception (SystemExit ...): the key was freed
-        raise error
-    return result
+
+    def run(op: Any) -> Any:  # from_thread.idempotent's body: replayed, result, lease, save()
+        if task is not None:
+            task.request.idempotency_key = key
+            task.request.idempotency_replayed = op.replayed
+        if op.replayed:
+            logger.info("%s: idempotency key %r: replayed the stored result", who(task), key)
+            return op.result
+        assert op.lease is not None
+        _annotate(task, op.lease, calls.template, "idempotency:*")
+        result = run_body(body, op.lease, runtime.loop, is_async)
+        op.save(result)  # stored, fenced, as the block exits
+        return result
+
+    return _held(
+        task,
+        key,
+        policy,
+        lambda url: from_thread.idempotent(
+            runtime,
+            url,
+            key,
+            ttl=policy.ttl,
+            fingerprint=fingerprint,
+            keep=calls.keep,
+            wait=wait,
+            store_errors=calls.store_errors,
+        ),
+        run,
+    )
 
 
 def _annotate(
-    lease: asynclock.Lease, template: asynclock.NameTemplate | None, default: str | None = None
+    task: Any,
+    lease: asynclock.Lease,
+    template: asynclock.NameTemplate | None,
+    default: str | None = None,
 ) -> None:
-    """The token and the name template on the run's span, if one records (OpenTelemetry)."""
+    """The lease on the run's request, and its token and name template on the run's span
+    if one records (OpenTelemetry)."""
+    if task is not None:
+        request = task.request
+        request.asynclock_lease = lease
+        request.fencing_token = lease.token
     if annotate_current_span is not None:
         annotate_current_span(lease, template.template if template is not None else default)
-
-
-def _who(task: Any) -> str:
-    return "a direct call" if task is None else f"{task.name}[{task.request.id}]"
-
-
-def _in_progress(task: Any, error: asynclock.InProgress, policy: Policy) -> None:
-    """The key's operation runs elsewhere (or still ran when ``lock_timeout`` was up): the
-    ``on_busy`` policy, as for a held lock. Returns (skip: the run ends SUCCESS with result
-    None) or raises."""
-    if task is None or policy.on_busy in ("fail", "wait"):
-        raise error
-    if policy.on_busy == "skip":
-        logger.info("skipped %s: %s", _who(task), error)
-        return
-    raise task.retry(exc=error, countdown=policy.countdown(task.request.retries))
-
-
-class _State:
-    """What this process has already logged (one line per grace, one per outage)."""
-
-    grace_until: float = 0.0
-    unavailable: bool = False
-
-
-_state = _State()
-
-
-def _not_acquired(
-    task: Any, name: str, error: BaseException, policy: Policy, queued: bool
-) -> float | None:
-    """A run did not get its lock: raise (fail, retry later), return None (skip: the run
-    ends SUCCESS with result None) or the seconds to wait in this process before it tries
-    again (only a restart grace, which has a known end and is nobody's fault)."""
-    if isinstance(error, asynclock.RestartGrace):
-        # Nobody holds the name: the server lost its data and grants nothing until the
-        # grace ends. Never a failure, never a skip (the run would be lost), and the retry
-        # does not count against max_retries, which is for contention.
-        left = error.retry_after or 0.0
-        _log_grace(name, error.until, left, queued)
-        if queued:
-            _defer(task, error, countdown=round(left + random.uniform(0, 1), 3))
-        return max(left, 0.001)
-    if isinstance(error, asynclock.AcquireTimeout) and error.detail is not None:
-        # lock_timeout ran out in a restart grace (AcquireTimeout.detail names it): the
-        # grace is not contention; wait again.
-        logger.info("lock %r: %s; waiting on", name, error.detail)
-        return 0.0
-    if isinstance(error, asynclock.BackendUnavailable) and queued:
-        # The lock server is unreachable and nothing ran: retry with backoff (counted
-        # against max_retries, so a server that stays down fails the run loudly).
-        countdown = policy.countdown(task.request.retries)
-        if not _state.unavailable:
-            _state.unavailable = True
-            logger.warning(
-                "lock server unavailable; %s[%s] and other locked runs are retried with "
-                "backoff (counted against max_retries): %s",
-                task.name,
-                task.request.id,
-                error,
-            )
-        raise task.retry(exc=error, countdown=countdown)
-    if task is None or not isinstance(error, asynclock.LockHeld):
-        raise error
-    if policy.on_busy == "skip":
-        # Dropped: the run ends SUCCESS with result None (Ignore would leave the result
-        # PENDING for good, so `.get()` would hang).
-        logger.info("skipped %s[%s]: %s", task.name, task.request.id, error)
-        return None
-    if policy.on_busy == "retry":
-        retries = task.request.retries
-        if queued and task.max_retries is not None and retries >= task.max_retries:
-            logger.warning(
-                "%s[%s]: lock %r still held after %d retries (max_retries): the run fails "
-                "with LockHeld",
-                task.name,
-                task.request.id,
-                name,
-                retries,
-            )
-        raise task.retry(exc=error, countdown=policy.countdown(retries))
-    raise error  # "fail", or "wait" with blocking acquire refused (never: it waits)
-
-
-def _log_grace(name: str, until: float, retry_after: float, queued: bool) -> None:
-    then = "retried then (not counted against max_retries)" if queued else "waiting it out"
-    if abs(until - _state.grace_until) > 1.0:
-        _state.grace_until = until
-        logger.info(  # the backend has said it at WARNING, once per grace
-            "the lock server is in its restart grace (it lost its data) for %.1fs more; "
-            "it grants no lock until then: lock %r and other locked runs are %s",
-            retry_after,
-            name,
-            then,
-        )
-    else:
-        logger.debug("lock %r: restart grace for %.1fs more; %s", name, retry_after, then)
-
-
-def _defer(task: Any, grace: BaseException, countdown: float) -> NoReturn:
-    """Send the run again in ``countdown`` seconds, as ``task.retry`` does, but with the
-    same ``retries``: a restart grace does not use up the retries meant for contention."""
-    request = task.request
-    again = task.signature_from_request(request, countdown=countdown, retries=request.retries)
-    try:
-        again.apply_async()
-    except Exception as exc:
-        raise Reject(exc, requeue=False) from exc
-    raise Retry(exc=grace, when=countdown, sig=again)
-
-
-def _run_async(
-    body: Callable[[], Any], lease: asynclock.Lease, hold: Guarded
-) -> tuple[Any, BaseException | None]:
-    runner = _runner()
-    loop = runner.get_loop()
-    scope_box: list[anyio.CancelScope] = []
-
-    def cancel_all() -> None:
-        for scope in scope_box:
-            scope.cancel()
-
-    def cancel() -> None:
-        loop.call_soon_threadsafe(cancel_all)
-
-    guard = hold.guard = BodyGuard(lease, cancel)
-
-    async def main() -> Any:
-        with anyio.CancelScope() as scope:
-            scope_box.append(scope)
-            guard.enter()
-            try:
-                with asynclock.use_lease(lease):
-                    return await cast(Coroutine[Any, Any, Any], body())
-            finally:
-                guard.leave()
-        return None
-
-    result: Any = None
-    error: BaseException | None = None
-    try:
-        result = runner.run(main())
-    except BaseException as exc:
-        error = exc
-    lost = lost_error(lease)
-    if lost is not None:
-        lost.__cause__ = error if error is not lost else None
-        return None, lost
-    return result, error
 
 
 # -- the public API -----------------------------------------------------------------------
@@ -411,7 +238,7 @@ class LockedTask(Task):  # type: ignore[misc]  # Celery ships no type informatio
     idempotency_store_errors: ClassVar[tuple[type[Exception], ...]] = ()
     _lock_template: ClassVar[asynclock.NameTemplate | None] = None
     _lock_policy: ClassVar[Policy] = Policy()
-    _idempotency: ClassVar[Idempotency | None] = None
+    _idempotency: ClassVar[KeyedCalls | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -470,11 +297,11 @@ class LockedTask(Task):  # type: ignore[misc]  # Celery ships no type informatio
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         namer, is_async = self._plan()
-        idempotency = self._idempotency
-        if idempotency is not None:
+        calls = self._idempotency
+        if calls is not None:
             arguments = arguments_of(self.run, args, kwargs)
-            key = idempotency.key_of(self.name, arguments)
-            prints = idempotency.fingerprint_of(arguments)
+            key = calls.key(arguments, self.name)
+            prints = calls.fingerprint_of(arguments)
 
             def guarded() -> Any:
                 return run_idempotent(
@@ -482,7 +309,7 @@ class LockedTask(Task):  # type: ignore[misc]  # Celery ships no type informatio
                     lambda: self.run(*args, **kwargs),
                     key=key,
                     fingerprint=prints,
-                    idempotency=idempotency,
+                    calls=calls,
                     policy=self._lock_policy,
                     is_async=is_async,
                 )
@@ -565,7 +392,7 @@ def locked(
             "pass idempotent=True too"
         )
     names = ("template", "fingerprint", "keep", "store_errors")
-    idempotency = check_idempotency(template, fingerprint, keep, store_errors, None, names)
+    calls = check_idempotency(template, fingerprint, keep, store_errors, None, names)
 
     def decorate(func: F) -> F:
         if not callable(func):
@@ -584,9 +411,9 @@ def locked(
                 return run_idempotent(
                     get_current_task(),
                     lambda: func(*args, **kwargs),
-                    key=idempotency.key_of("", arguments),
-                    fingerprint=idempotency.fingerprint_of(arguments),
-                    idempotency=idempotency,
+                    key=calls.key(arguments),
+                    fingerprint=calls.fingerprint_of(arguments),
+                    calls=calls,
                     policy=policy,
                     is_async=is_async,
                 )

@@ -34,7 +34,7 @@ from ._fence import (
     fencing_token,
 )
 from ._handlers import ResponsePhase, install
-from ._idempotent import IdempotencyInfo, idempotency_info
+from ._idempotency_key import IdempotencyInfo, idempotency_info
 from ._locks import Locks
 from ._plumbing import guard_info, guard_lease
 

@@ -30,7 +30,7 @@ from ._common import (
     lock_service_unavailable,
 )
 from ._fence import FencingToken, fence_responses
-from ._idempotent import SCHEMA_MARK, idempotency_responses
+from ._idempotency_key import SCHEMA_MARK, idempotency_responses
 from ._plumbing import guard_info, responses_of
 
 logger = logging.getLogger("asynclock_fastapi")

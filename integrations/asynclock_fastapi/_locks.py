@@ -36,6 +36,7 @@ from asynclock import (
     Lease,
     NameTemplate,
 )
+from asynclock.idempotency import DEFAULT_KEEP
 
 from ._common import (
     _LOCK_PARAM,
@@ -330,7 +331,7 @@ class Locks:
         self,
         *,
         ttl: float,
-        keep: float = 86400.0,
+        keep: float = DEFAULT_KEEP,
         required: bool = True,
         header: str = "Idempotency-Key",
         replay_header: str = "Idempotent-Replayed",

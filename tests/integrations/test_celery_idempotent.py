@@ -282,6 +282,29 @@ def test_eager_runs_replay_refuse_reuse_and_free_the_key_on_failure(tmp_path: Pa
     assert len(ran) == before + 3
 
 
+def test_on_busy_skip_runs_a_later_copy_again_and_idempotent_does_not(tmp_path: Path) -> None:
+    """docs/integrations/celery.md: a copy of an invoice task sent after the first run
+    finished. ``on_busy="skip"`` skips only while the lock is held: it sends the invoice
+    again. ``idempotent=True`` replays the first run's result."""
+    app = make_app(tmp_path)
+    sent: list[str] = []
+
+    @app.task(base=LockedTask, lock="invoice:{n}", on_busy="skip", lock_ttl=5, name="by-skip")
+    def skipping(n: int) -> str:
+        sent.append("skip")
+        return f"invoice {n}"
+
+    @app.task(base=LockedTask, idempotent=True, idempotency_key="invoice:{n}", lock_ttl=5)
+    def keyed(n: int) -> str:
+        sent.append("idempotent")
+        return f"invoice {n}"
+
+    for task in (skipping, keyed):
+        assert task.apply((7,), throw=True).get() == "invoice 7"
+        assert task.apply((7,), throw=True).get() == "invoice 7"  # the copy, sent later
+    assert sent == ["skip", "skip", "idempotent"]
+
+
 def test_a_duplicate_while_the_first_runs_follows_on_busy(tmp_path: Path) -> None:
     """fail: InProgress at once; skip: SUCCESS None; wait: the first run's result."""
     app = make_app(tmp_path)

@@ -301,17 +301,86 @@ async def test_reused_key_with_another_payload_is_422(lock_url: str, lock_name: 
             for kwargs in (
                 {"json": {"item": "coffee"}},  # another body
                 {"json": {"item": "tea"}, "params": {"x": "1"}},  # another query
-                # the same JSON value, other bytes
-                {"content": b'{"item": "tea"}', "headers": {"Content-Type": "application/json"}},
+                # another JSON value: a key the first did not send (its default's value)
+                {"json": {"item": "tea", "quantity": 1}},
             ):
-                headers = {**key(lock_name), **kwargs.pop("headers", {})}  # type: ignore[dict-item]
-                answer = await client.post("/orders", headers=headers, **kwargs)
+                answer = await client.post("/orders", headers=key(lock_name), **kwargs)
                 assert answer.status_code == 422, answer.text
                 assert "used with a different request" in answer.json()["detail"]
             # Another route with the same key is another scope: it runs.
             odd = await client.post("/odd", headers=key(lock_name))
             assert odd.status_code == 202
     assert counter.runs["orders"] == 1
+
+
+async def test_a_json_body_is_compared_by_its_value_and_other_bodies_by_their_bytes(
+    lock_url: str, lock_name: str
+) -> None:
+    """A client that serialises the same JSON again (other spacing, key order, escapes,
+    ``1.50`` for ``1.5``) sends the same request: replayed. Another value (``1`` where the
+    first sent ``1.0``) is 422; a body that is not JSON counts by its bytes."""
+    app, locks, counter, _ = make_app(lock_url)
+
+    @app.post("/notes")
+    @locks.idempotent(ttl=10)
+    async def note(request: Request) -> dict[str, Any]:
+        return {"run": counter.add("notes"), "size": len(await request.body())}
+
+    json_type = {"Content-Type": "application/json"}
+    with serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            first = await client.post(
+                "/orders",
+                content=b'{"item":"tea","quantity":2,"price":1.5}',
+                headers={**key(lock_name), **json_type},
+            )
+            assert first.status_code == 201, first.text
+            for again in (
+                b'{ "price" : 1.50,\n  "quantity": 2, "item" : "t\\u0065a" }',
+                b'{"quantity":2,"price":15e-1,"item":"tea"}',
+            ):
+                replay = await client.post(
+                    "/orders",
+                    content=again,
+                    headers={**key(lock_name), "Content-Type": "application/json; charset=utf-8"},
+                )
+                assert replay.status_code == 201, replay.text
+                assert replay.headers["Idempotent-Replayed"] == "true"
+                assert replay.content == first.content
+            other = await client.post(
+                "/orders",
+                content=b'{"item":"tea","quantity":2.0,"price":1.5}',
+                headers={**key(lock_name), **json_type},
+            )
+            assert other.status_code == 422, other.text
+
+            text = {**key(f"{lock_name}-t"), "Content-Type": "text/plain"}
+            ran = await client.post("/notes", content=b'{"a": 1}', headers=text)
+            assert ran.json() == {"run": 1, "size": 8}
+            reused = await client.post("/notes", content=b'{"a":1}', headers=text)
+            assert reused.status_code == 422, reused.text
+    assert counter.runs == {"orders": 1, "notes": 1}
+
+
+async def test_two_idempotency_key_header_lines_are_400(lock_url: str, lock_name: str) -> None:
+    """The header is one structured-field string: sent on two lines (the same key or two)
+    it is 400, as two values on one line are; nothing runs."""
+    app, _, counter, _ = make_app(lock_url)
+    with serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            for lines in (
+                [f'"{lock_name}-a"', f'"{lock_name}-b"'],
+                [f'"{lock_name}-a"', f'"{lock_name}-a"'],
+                [f'"{lock_name}-a", "{lock_name}-b"'],
+            ):
+                answer = await client.post(
+                    "/orders",
+                    json={"item": "tea"},
+                    headers=[(b"Idempotency-Key", line.encode()) for line in lines],
+                )
+                assert answer.status_code == 400, (lines, answer.text)
+                assert answer.json()["detail"].startswith("invalid Idempotency-Key header")
+    assert counter.runs == {}
 
 
 async def test_a_duplicate_while_the_first_runs_is_409_with_retry_after(

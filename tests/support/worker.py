@@ -14,8 +14,10 @@ Modes:
            {"event": "acquired", ...} once elected, then the same events as hold.
   idem   - enter ``backend.idempotent(key, ttl=...)``, print {"event": "acquired", "token":
            N}, then, shielded from the lease's loss (a body busy in code that cannot be
-           cancelled), wait for a line on stdin and ``op.save(result)``; print {"event":
-           "saved"} or {"event": "stale"} (StaleToken); on LeaseLost print {"event": "lost"}.
+           cancelled; ``"shield": false``: not), wait for a line on stdin and
+           ``op.save(result)``; print {"event": "saved"} or {"event": "stale"} (StaleToken);
+           on LeaseLost print {"event": "lost"}. ``"report_loss": true``: also print
+           {"event": "lease_lost"} as soon as the lease is lost.
 """
 
 from __future__ import annotations
@@ -87,19 +89,27 @@ async def hold(backend: asynclock.Backend, cfg: dict[str, Any]) -> None:
 
 
 async def idem(backend: asynclock.Backend, cfg: dict[str, Any]) -> None:
-    try:
-        async with backend.idempotent(cfg["key"], ttl=cfg["ttl"]) as op:
-            emit("acquired", token=op.token, replayed=op.replayed)
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(sys.stdin.readline)
-                try:
-                    await op.save(cfg["result"])
-                except asynclock.StaleToken as exc:
-                    emit("stale", token=exc.token)
-                else:
-                    emit("saved")
-    except asynclock.LeaseLost as exc:
-        emit("lost", reason=exc.reason, token=exc.token)
+    async with anyio.create_task_group() as tg:  # outside the key's scope: never cancelled
+        try:
+            async with backend.idempotent(cfg["key"], ttl=cfg["ttl"]) as op:
+                emit("acquired", token=op.token, replayed=op.replayed)
+                if cfg.get("report_loss") and op.lease is not None:
+                    tg.start_soon(report_loss, op.lease)
+                with anyio.CancelScope(shield=cfg.get("shield", True)):
+                    await anyio.to_thread.run_sync(sys.stdin.readline)
+                    try:
+                        await op.save(cfg["result"])
+                    except asynclock.StaleToken as exc:
+                        emit("stale", token=exc.token)
+                    else:
+                        emit("saved")
+        except asynclock.LeaseLost as exc:
+            emit("lost", reason=exc.reason, token=exc.token)
+        tg.cancel_scope.cancel()
+
+
+async def report_loss(lease: asynclock.Lease) -> None:
+    emit("lease_lost", reason=await lease.lost.wait())
 
 
 async def main() -> None:
