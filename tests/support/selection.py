@@ -23,6 +23,8 @@ FIXTURES = {
     "redis_server": "redis",
     "redis_factory": "redis",
     "redlock_servers": "redlock",
+    "redis_sentinel_deployment": "redis_sentinel",
+    "redis_cluster_deployment": "redis_cluster",
     "pg_server": "postgres",
     "pgbouncer": "postgres",
     "etcd_cluster": "etcd",

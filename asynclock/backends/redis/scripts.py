@@ -29,8 +29,9 @@ end
 _LEASE = """
 -- G2: the name's next token. INCR answers 1 only for a missing counter (a new name, or
 -- data loss): it is then seeded from TIME in ms * 1000 before counting on, so tokens keep
--- rising across a restart that lost it.
-local function next_token(fence)
+-- rising across a restart that lost it. floor (0: none; see grace_left): after a failover
+-- every token is above it, whatever the counter the new primary was handed.
+local function next_token(fence, floor)
   local n = redis.call('INCR', fence)
   if n == 1 then
     local _, t = clock()
@@ -38,12 +39,16 @@ local function next_token(fence)
     redis.call('SET', fence, t[1] .. string.format('%03d', ms) .. '000')
     n = redis.call('INCR', fence)
   end
+  if n <= floor then
+    n = floor + 1
+    redis.call('SET', fence, string.format('%d', n))
+  end
   return n
 end
 -- G2 per token scope: the next token of the name's counter and of the scope's (both
 -- seeded as above), whichever is larger; both counters end at it.
-local function scoped_token(fence, scope)
-  local a, b = next_token(fence), next_token(scope)
+local function scoped_token(fence, scope, floor)
+  local a, b = next_token(fence, floor), next_token(scope, floor)
   if a < b then redis.call('SET', fence, b) elseif b < a then redis.call('SET', scope, a) end
   return math.max(a, b)
 end
@@ -66,13 +71,26 @@ end
 -- run in its holder, so nothing is granted until the server's start + grace ms: data
 -- cannot have been lost before the server started, so a server up for longer than the
 -- grace waits for nothing (an INFO that fails counts as just started).
--- Returns the ms left (0: none) and the end.
+-- After a failover (see ADOPT) it holds "f<ms>": the new primary may lack what the old one
+-- granted last, so the grace counts from ms (when a backend first saw the new primary), and
+-- from then on it carries ":<floor>" ("<end>:<floor>", "0:<floor>"): every token is above
+-- floor = ms * 1000, above every token the old primary handed out before (G2; as for the
+-- TIME seed: a name averages < 1,000 acquisitions per ms).
+-- Returns the ms left (0: none), the end, and the token floor (0: none).
 local function grace_left(epoch, grace)
   local kept = redis.call('GET', epoch)
-  if kept == '0' then return 0, 0 end
+  if kept == '0' then return 0, 0, 0 end
+  local floor = 0
+  local state, below = string.match(kept or '', '^(%d+):(%d+)$')
+  if state then kept, floor = state, tonumber(below) end
+  if kept == '0' then return 0, 0, floor end
   local now, t = clock()
   local ends = tonumber(kept or '')
-  if ends == nil then
+  local failover = kept and tonumber(string.match(kept, '^f(%d+)$'))
+  if failover then
+    floor = failover * 1000
+    ends = failover + tonumber(grace)
+  elseif ends == nil then
     local info = redis.pcall('INFO', 'server')
     local up = type(info) == 'string' and tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
     -- The uptime is whole seconds of the clock (now's second minus the start's), so the
@@ -81,12 +99,26 @@ local function grace_left(epoch, grace)
     local start = math.min(now, (tonumber(t[1]) - (up or 0) + 1) * 1000)
     ends = start + tonumber(grace)
   end
+  local suffix = ''
+  if floor > 0 then suffix = ':' .. string.format('%d', floor) end
   if ends <= now then
-    redis.call('SET', epoch, '0')
-    return 0, ends
+    redis.call('SET', epoch, '0' .. suffix)
+    return 0, ends, floor
   end
-  if tonumber(kept or '') == nil then redis.call('SET', epoch, string.format('%d', ends)) end
-  return ends - now, ends
+  if tonumber(kept or '') == nil then
+    redis.call('SET', epoch, string.format('%d', ends) .. suffix)
+  end
+  return ends - now, ends, floor
+end
+-- The token floor alone (for a grant that skips grace_left: a waiter's reservation).
+local function token_floor(epoch)
+  local kept = redis.call('GET', epoch)
+  if kept == false or kept == '0' then return 0 end
+  local below = string.match(kept, ':(%d+)$')
+  if below then return tonumber(below) end
+  local failover = tonumber(string.match(kept, '^f(%d+)$'))
+  if failover then return failover * 1000 end
+  return 0
 end
 -- G5, for release: true if cur is owner's lease with token ('' = unknown: an interrupted
 -- acquire, any token of ours), false if it is only owner's reservation (token ''), nil if
@@ -185,9 +217,15 @@ if mode == '2' and ARGV[6] ~= '' then
     redis.call('ZADD', qx, until_ms, member)
   end
 end
+local floor
 local function grant()
+  if floor == nil then floor = token_floor(epoch) end
   local token
-  if KEYS[6] then token = scoped_token(fence, KEYS[6]) else token = next_token(fence) end
+  if KEYS[6] then
+    token = scoped_token(fence, KEYS[6], floor)
+  else
+    token = next_token(fence, floor)
+  end
   hold(lock, owner, token, ttl)
   if mode == '2' and redis.call('EXISTS', q) == 1 then
     redis.call('ZREM', q, member)
@@ -200,7 +238,7 @@ local mine = held_token(cur, owner)
 if mine then return {mine} end
 local left, grace, ends = nil, 0, nil
 if cur == false then
-  grace, ends = grace_left(epoch, ARGV[5])
+  grace, ends, floor = grace_left(epoch, ARGV[5])
 end
 if grace > 0 then
   left = grace  -- In the restart grace: wait (and queue) as if the name were held.
@@ -315,10 +353,14 @@ if cur and cur ~= '~' .. owner then
   if left < 0 then left = 0 end
   return {0, left}
 end
-local left, ends = grace_left(KEYS[3], ARGV[3])
+local left, ends, floor = grace_left(KEYS[3], ARGV[3])
 if left > 0 then return {0, left, ends} end
 local token
-if KEYS[4] then token = scoped_token(fence, KEYS[4]) else token = next_token(fence) end
+if KEYS[4] then
+  token = scoped_token(fence, KEYS[4], floor)
+else
+  token = next_token(fence, floor)
+end
 hold(lock, owner, token, ARGV[2])
 return {token}
 """
@@ -363,12 +405,13 @@ return 1
 
 # HOLDER: who holds the lock, in one round trip. KEYS: lock, epoch. Returns {"owner:token",
 # pttl_ms} while a lease holds it, {"", ms_left, end_ms} while the database's restart grace
-# runs (see grace_left; a grace starts with the first acquire that finds the epoch missing),
+# runs (see grace_left; a grace starts with the first acquire that finds the epoch missing,
+# or marked as a failover's),
 # {} when it is free or only reserved for a waiter.
 HOLDER = """
 local cur = redis.call('GET', KEYS[1])
 if not cur or string.sub(cur, 1, 1) == '~' then
-  local ends = tonumber(redis.call('GET', KEYS[2]) or '')
+  local ends = tonumber(string.match(redis.call('GET', KEYS[2]) or '', '^(%d+)'))
   if ends then
     local t = redis.call('TIME')
     local left = ends - (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
@@ -422,6 +465,66 @@ end
 return 0
 """
 
+# ADOPT (G1, G2 across a failover): run on a primary before a backend's first grant there
+# (redis+sentinel://, and per hash slot on redis+cluster://). The era key holds the
+# replication id of the primary the data was last written under. When that is the new
+# primary's master_replid2, the data came to it from the primary it replaced, which may
+# have granted leases (and handed out tokens) that never reached it: the epoch key is
+# marked "f<now ms>" (see grace_left: a restart grace from now, and every later token
+# above now ms * 1000). Any other era (none yet, a slot migrated from another primary, a
+# restart) is only recorded.
+# KEYS: epoch, era (one hash slot). ARGV: master_replid, master_replid2.
+# Returns 1 if it marked a failover, else 0.
+ADOPT = """
+local era = redis.call('GET', KEYS[2])
+if era == ARGV[1] then return 0 end
+redis.call('SET', KEYS[2], ARGV[1])
+if era ~= ARGV[2] then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('SET', KEYS[1], 'f' .. string.format('%d', now))
+return 1
+"""
+
+# SCOPE_NEXT (G2 per token scope on redis+cluster://, whose scope counter is in another slot
+# than the name's): the scope's next token, above t (what the name's own counter just gave
+# the grant) and above the slot's failover floor (see grace_left); RAISE_FENCE then gives it
+# to the lease. KEYS: the scope's fence counter, its slot's epoch key. ARGV: t.
+# Returns the token.
+SCOPE_NEXT = (
+    _CLOCK
+    + _LEASE
+    + """
+return next_token(KEYS[1], math.max(token_floor(KEYS[2]), tonumber(ARGV[1])))
+"""
+)
+
+# CLUSTER_EXTEND (G5 owner-checked, G7 same token): EXTEND for the leases of one Redis
+# Cluster node, whose lock keys are in many hash slots. Redis (>= 7.0) lets a script with
+# this flag touch keys of several slots as long as they live on the node; the keys are
+# ARGV (a command's KEYS must share one slot), KEYS[1] one of them (it routes the call).
+# ARGV: for lease i, ARGV[3i-2] = lock key, ARGV[3i-1] = "owner:token", ARGV[3i] = ttl_ms.
+# Returns one entry per lease: 1 extended, 0 key gone, -1 held by someone else, 2 the key's
+# slot is not on this node (moved: ask its owner).
+CLUSTER_EXTEND = """#!lua flags=allow-cross-slot-keys
+local out = {}
+for i = 1, #ARGV / 3 do
+  local key = ARGV[3 * i - 2]
+  local cur = redis.pcall('GET', key)
+  if type(cur) == 'table' and cur.err then
+    out[i] = 2
+  elseif cur == ARGV[3 * i - 1] then
+    redis.call('PEXPIRE', key, ARGV[3 * i])
+    out[i] = 1
+  elseif cur == false then
+    out[i] = 0
+  else
+    out[i] = -1
+  end
+end
+return out
+"""
+
 SCRIPTS = {
     "acquire": ACQUIRE,
     "extend": EXTEND,
@@ -434,7 +537,13 @@ SCRIPTS = {
     "break": BREAK,
     "record_put": RECORD_PUT,
     "record_delete": RECORD_DELETE,
+    "adopt": ADOPT,
+    "cluster_extend": CLUSTER_EXTEND,
+    "scope_next": SCOPE_NEXT,
 }
+#: Scripts not loaded at open (loaded on their first NOSCRIPT): CLUSTER_EXTEND's flags
+#: need Redis >= 7.0, and only a redis+cluster:// backend runs it.
+LAZY = frozenset({"cluster_extend"})
 #: EVALSHA digests (the same on every server: SHA1 of the script text).
 SHAS = {key: hashlib.sha1(text.encode()).hexdigest().encode() for key, text in SCRIPTS.items()}
 
