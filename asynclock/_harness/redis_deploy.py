@@ -246,6 +246,9 @@ class ClusterDeployment:
                 "--cluster-enabled", "yes",
                 "--cluster-config-file", "nodes.conf",
                 "--cluster-node-timeout", str(self.node_timeout_ms),
+                # The bus port defaults to port + 10000: in the kernel's ephemeral range,
+                # where a client connection may hold it (Redis >= 7.0 lets us pick one).
+                "--cluster-port", str(free_port()),
                 "--cluster-replica-validity-factor", "0",
             ]  # fmt: skip
             self.nodes.append(RedisServer(self.root / f"node{i}", extra=extra).start(settle=False))
@@ -313,6 +316,97 @@ class ClusterDeployment:
             if "master" in line[2] and "fail" not in line[2] and len(line) > 8
         }
         return [n for n in live if n.address in masters]
+
+    def node_id(self, node: RedisServer) -> str:
+        me = [line for line in self.cluster_nodes(node.port) if "myself" in line[2]]
+        return me[0][0]
+
+    def owner(self, slot: int) -> RedisServer:
+        """The primary serving ``slot`` now."""
+        for line in self.cluster_nodes(self.primary_nodes()[0].port):
+            if "master" not in line[2] or "fail" in line[2]:
+                continue
+            for word in line[8:]:
+                first, _, last = word.partition("-")
+                if word[0] != "[" and int(first) <= slot <= int(last or first):
+                    address = line[1].split("@")[0]
+                    return next(n for n in self.nodes if n.address == address)
+        raise RuntimeError(f"no primary serves slot {slot}")
+
+    def begin_migration(self, slot: int, target: RedisServer) -> RedisServer:
+        """Mark ``slot`` migrating from its owner to ``target`` (keys not moved yet)."""
+        source = self.owner(slot)
+        dst, src = _client(target.port), _client(source.port)
+        try:
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", self.node_id(source))
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", self.node_id(target))
+        finally:
+            dst.close()
+            src.close()
+        return source
+
+    def move_keys(
+        self, slot: int, source: RedisServer, target: RedisServer, keys: list[bytes] | None = None
+    ) -> None:
+        """MIGRATE ``keys`` (default: all of the slot's) from ``source`` to ``target``."""
+        src = _client(source.port)
+        try:
+            if keys is None:
+                keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100000)
+            if keys:
+                src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+        finally:
+            src.close()
+
+    def end_migration(self, slot: int, target: RedisServer) -> None:
+        """``CLUSTER SETSLOT slot NODE target`` on every primary (target first)."""
+        target_id = self.node_id(target)
+        for node in [target, *(n for n in self.primary_nodes() if n is not target)]:
+            client = _client(node.port)
+            try:
+                client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+            finally:
+                client.close()
+
+    def migrate(self, slot: int, target: RedisServer) -> None:
+        """Move ``slot`` with its keys to ``target`` (what ``redis-cli --cluster reshard`` does)."""
+        source = self.begin_migration(slot, target)
+        self.move_keys(slot, source, target)
+        self.end_migration(slot, target)
+
+    def replica_of(self, primary: RedisServer) -> RedisServer:
+        primary_id = self.node_id(primary)
+        for line in self.cluster_nodes(primary.port):
+            if "slave" in line[2] and line[3] == primary_id:
+                address = line[1].split("@")[0]
+                return next(n for n in self.nodes if n.address == address)
+        raise RuntimeError(f"{primary.address} has no replica")
+
+    def manual_failover(self, primary: RedisServer) -> RedisServer:
+        """``CLUSTER FAILOVER`` on a replica of ``primary``; the replica (wait for it:
+        :meth:`wait_primary`)."""
+        replica = self.replica_of(primary)
+        client = _client(replica.port)
+        try:
+            client.execute_command("CLUSTER", "FAILOVER")
+        finally:
+            client.close()
+        return replica
+
+    def wait_primary(self, node: RedisServer, timeout: float = START_TIMEOUT) -> None:
+        """Until ``node`` is a primary with slots in every live node's view."""
+
+        def serving() -> bool:
+            return all(
+                any(
+                    line[1].split("@")[0] == node.address and "master" in line[2] and len(line) > 8
+                    for line in self.cluster_nodes(n.port)
+                )
+                for n in self.nodes
+                if n.running
+            )
+
+        wait_for(serving, f"{node.address} serving as a primary", timeout)
 
     def wait_healthy(self, timeout: float = START_TIMEOUT) -> None:
         """Until every live node says ``cluster_state:ok`` and each primary has its replicas

@@ -230,11 +230,14 @@ class ClusterDriver(Routed):
             else:
                 await self.refresh()  # a new primary (a failover): lose the old one's first
             return True
-        if moved is not None or text.startswith(("TRYAGAIN", "CLUSTERDOWN", "READONLY")):
-            # ASK (handled by ask()), a half-migrated multi-key call, a cluster settling.
+        if moved is not None:
+            return False  # ASK: the caller's own path (ask()), with ASKING on the target
+        if text.startswith(("TRYAGAIN", "CLUSTERDOWN", "READONLY")):
+            # A multi-key call while its slot's keys are split between two nodes (they are
+            # being migrated), or a cluster settling after a failover: again shortly.
             self._refresh_due.set()
-            await anyio.sleep(0.02)
-            return moved is None
+            await anyio.sleep(0.05)
+            return True
         self._refresh_due.set()  # unreachable? the layout may show a failover
         return primary.retired
 

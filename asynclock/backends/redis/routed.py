@@ -33,8 +33,9 @@ from .wire import pack
 
 logger = logging.getLogger("asynclock.redis")
 
-#: Attempts at one call when the primary changes under it (MOVED, a failover, READONLY).
-ATTEMPTS = 4
+#: Attempts at one call when the primary changes under it (MOVED, a failover, READONLY, a
+#: slot being migrated: TRYAGAIN).
+ATTEMPTS = 8
 
 
 def info_fields(info: object) -> dict[str, str]:
