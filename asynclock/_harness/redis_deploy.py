@@ -34,13 +34,15 @@ def _client(port: int, password: str | None = None) -> Any:
 
 def wait_for(test: Callable[[], bool], what: str, timeout: float = START_TIMEOUT) -> None:
     """Poll ``test`` (a server's state: nothing to wait on) until true, or RuntimeError."""
+    import redis.exceptions
+
     give_up = time.monotonic() + timeout
     while True:
         try:
             if test():
                 return
-        except Exception:  # a server still starting
-            pass
+        except (OSError, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+            pass  # a server still starting, or restarting
         if time.monotonic() > give_up:
             raise RuntimeError(f"{what} did not happen within {timeout:g}s")
         time.sleep(0.02)  # polling for readiness, not a guess
@@ -171,14 +173,29 @@ class SentinelDeployment:
         return next(n for n in self.nodes if n.address == address)
 
     def failover(self) -> str:
-        """``SENTINEL FAILOVER``; the old primary's address (returns once it is sent)."""
-        old = self.primary_address()
+        """``SENTINEL FAILOVER``; the old primary's address (returns once it is accepted:
+        a failover in progress, or no replica in sync yet, is waited out)."""
+        import redis.exceptions
+
         client = self._sentinel(self.sentinel_ports[0])
+        box: list[str] = []
+
+        def sent() -> bool:
+            old = self.primary_address()
+            try:
+                client.execute_command("SENTINEL", "FAILOVER", self.service)
+            except redis.exceptions.ResponseError as exc:
+                if str(exc).startswith(("INPROG", "NOGOODSLAVE")):
+                    return False
+                raise
+            box.append(old)
+            return True
+
         try:
-            client.execute_command("SENTINEL", "FAILOVER", self.service)
+            wait_for(sent, "SENTINEL FAILOVER accepted")
         finally:
             client.close()
-        return old
+        return box[0]
 
     def wait_switched(self, old: str, timeout: float = START_TIMEOUT) -> str:
         """Until every sentinel names a primary other than ``old``; the new address."""
@@ -382,13 +399,13 @@ class ClusterDeployment:
                 return next(n for n in self.nodes if n.address == address)
         raise RuntimeError(f"{primary.address} has no replica")
 
-    def manual_failover(self, primary: RedisServer) -> RedisServer:
-        """``CLUSTER FAILOVER`` on a replica of ``primary``; the replica (wait for it:
-        :meth:`wait_primary`)."""
+    def manual_failover(self, primary: RedisServer, *, force: bool = False) -> RedisServer:
+        """``CLUSTER FAILOVER`` (``FORCE``: without waiting for the primary's last writes)
+        on a replica of ``primary``; the replica (wait for it: :meth:`wait_primary`)."""
         replica = self.replica_of(primary)
         client = _client(replica.port)
         try:
-            client.execute_command("CLUSTER", "FAILOVER")
+            client.execute_command("CLUSTER", "FAILOVER", *(["FORCE"] if force else []))
         finally:
             client.close()
         return replica

@@ -208,11 +208,15 @@ class RedisServer:
         that lost its data waits the restart grace before it grants a lock)."""
         self.kill()
         if not keep_data:
-            for f in self.directory.glob("*.aof"):
-                f.unlink()
-            for f in self.directory.glob("appendonlydir"):
-                shutil.rmtree(f)
+            self.wipe()
         self.start(settle=False)
+
+    def wipe(self) -> None:
+        """Delete what it persisted (its AOF), so its next start is empty."""
+        for f in self.directory.glob("*.aof"):
+            f.unlink()
+        for f in self.directory.glob("appendonlydir"):
+            shutil.rmtree(f)
 
     def stop(self) -> None:
         self.kill()

@@ -38,7 +38,7 @@ from .deployments import Deployment, read_deployment_url
 from .keys import scope_fence_key
 from .replication import ASKING
 from .replies import extend_result
-from .routed import ATTEMPTS, PrimaryDriver, Routed, cause
+from .routed import ATTEMPTS, NotPrimary, PrimaryDriver, Routed, cause
 from .topology import SLOTS, SlotKeyCache, key_slot, parse_nodes, redirection
 from .wire import Node, ms, pack
 
@@ -232,7 +232,7 @@ class ClusterDriver(Routed):
             return True
         if moved is not None:
             return False  # ASK: the caller's own path (ask()), with ASKING on the target
-        if text.startswith(("TRYAGAIN", "CLUSTERDOWN", "READONLY")):
+        if text.startswith(("TRYAGAIN", "CLUSTERDOWN", "READONLY")) or isinstance(exc, NotPrimary):
             # A multi-key call while its slot's keys are split between two nodes (they are
             # being migrated), or a cluster settling after a failover: again shortly.
             self._refresh_due.set()
@@ -301,7 +301,7 @@ class ClusterDriver(Routed):
                 token = int(await scoped(q))
                 break
             except BackendUnavailable as exc:
-                if attempt + 1 < ATTEMPTS and await self.redirected(exc, q):
+                if attempt + 1 < ATTEMPTS and await self.again(exc, q):
                     continue
                 token = int(await self.ask(exc, scoped))
                 break
@@ -333,7 +333,7 @@ class ClusterDriver(Routed):
         try:
             reply, acked = await p.node.run_waited("cluster_extend", keys[:1], args)
         except Exception as exc:
-            if depth == 0 and await self.redirected(exc, p):
+            if depth == 0 and await self.again(exc, p):
                 return await self._rehome(refs, depth)
             return [exc] * len(refs)
         results: list[ExtendResult] = []

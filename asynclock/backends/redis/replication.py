@@ -12,7 +12,7 @@ does not move the lease's local deadline (G3 holds on the replicas too).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -22,11 +22,16 @@ import redis.exceptions
 from ..._core.exceptions import BackendUnavailable
 from ..._core.validation import check_seconds
 from .scripts import SCRIPTS
-from .wire import Node, pack, pack_script
+from .wire import Node, Wire, drop_connection, pack, pack_script, parse_run_id
 
 
 class NotReplicated(BackendUnavailable):
     """Fewer replicas than ``wait_replicas`` confirmed a write within ``wait_timeout``."""
+
+
+class Restarted(BackendUnavailable):
+    """Another server answers at a primary's address (a new ``run_id``): what the old one
+    granted is lost, and the call is asked again once the driver has caught up."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,11 +95,43 @@ ASKING: ContextVar[bool] = ContextVar("asynclock_redis_asking", default=False)
 _ASKING = pack(b"ASKING")
 
 
+_INFO_SERVER = pack(b"INFO", b"server")
+
+
 class ReplicatedNode(Node):
     """A primary: :class:`Node`, with ``WAIT`` after the scripts that grant (see module),
-    and ``ASKING`` first where :data:`ASKING` says so."""
+    ``ASKING`` first where :data:`ASKING` says so, and a restart noticed on every new
+    command connection (:meth:`_connect`)."""
 
     wait: Wait | None = None
+    #: Told the new ``run_id`` when a new connection finds one (None: not checked).
+    on_restart: Callable[[str], None] | None = None
+
+    async def _connect(self) -> Wire:
+        """A new command connection, refused (:class:`Restarted`) when it reaches another
+        server than the one last seen: a call on it could grant before the driver has
+        lost the old server's leases and adopted the new one (ADOPT: its grace and
+        token floor). One ``INFO server`` per new connection; none when INFO is denied."""
+        wire = await super()._connect()
+        known, told = self.run_id, self.on_restart
+        if known is None or told is None:
+            return wire
+        try:
+            await wire.conn.send_packed_command(_INFO_SERVER, check_health=False)
+            run_id = parse_run_id(await wire.read())
+        except redis.exceptions.ResponseError:
+            return wire  # INFO denied: the pub/sub reconnect tells
+        except BaseException:
+            await drop_connection(wire.conn)
+            raise
+        if run_id is None or run_id == known:
+            return wire
+        told(run_id)
+        await self._keep(wire)
+        raise Restarted(
+            f"{self.display}: the server restarted (run_id {known} is now {run_id}); "
+            "the leases it granted are lost"
+        )
 
     async def run(
         self,

@@ -26,7 +26,7 @@ from ..._core.exceptions import BackendUnavailable
 from ..._core.holder import Holder
 from .keys import KeyCache
 from .options import NodeURL
-from .replication import ReplicatedNode, Wait
+from .replication import ReplicatedNode, Restarted, Wait
 from .replies import extend_call, extend_result, holder_from_reply
 from .single import RedisDriver
 from .wire import pack
@@ -85,6 +85,31 @@ class PrimaryDriver(RedisDriver):
         self.adopted_slots: set[int] = set()
         #: Its pub/sub connection is up (a cluster reads its layout more often when not).
         self.healthy = True
+        #: The server behind the address restarted: read it again and ADOPT again.
+        self.stale = False
+        #: A restart was seen here (ADOPT then marks data that survived it).
+        self.restarted = False
+        node.on_restart = self._restarted
+
+    def _restarted(self, run_id: str) -> None:
+        """A new command connection found another server here (a restart, maybe from a
+        replica's stale copy): every lease of the old one is lost, now."""
+        before, self.node.run_id = self.node.run_id, run_id
+        self.stale = True
+        why = (
+            f"the Redis server at {self.address} restarted (run_id {before} is now {run_id}); "
+            "the leases it granted are gone"
+        )
+        self._restart_note = why
+        for owner, (name, _) in list(self._leases.items()):
+            del self._leases[owner]
+            self._notify_lost(name, owner, why)
+        self._renew_now()
+
+    def _on_connect(self, run_id: str | None, reconnected: bool) -> None:
+        if run_id is not None and self.node.run_id not in (None, run_id):
+            self.stale = True  # the pub/sub connection saw the restart first
+        super()._on_connect(run_id, reconnected)
 
     async def identify(self) -> None:
         """Read the server's role, replication ids and ``run_id`` (``INFO``)."""
@@ -99,19 +124,26 @@ class PrimaryDriver(RedisDriver):
         node.run_id = info.get("run_id") or node.run_id
 
     async def adopt(self, slot: int, epoch: bytes, era: bytes) -> None:
-        """ADOPT (see the script) for one epoch key, once per primary: before the first
-        grant there, mark a failover the data came through."""
+        """ADOPT (see the script) for one epoch key, once per server: before the first
+        grant there, mark a failover the data came through. After a restart the server is
+        read again (it may have come back as a replica, or with a replica's old data)."""
+        if self.stale:
+            self.adopted_slots.clear()
+            self.restarted = True
+            await self.identify()
+            self.stale = self.role != "master"  # read again next time until it is one
+        if self.role != "master":
+            raise NotPrimary(f"{self.display}: the server is a {self.role} now, not a primary")
         if slot in self.adopted_slots:
             return
-        marked = await self.node.run(
-            "adopt", (epoch, era), (self.replid.encode(), self.replid2.encode())
-        )
+        args = (self.replid.encode(), self.replid2.encode(), b"1" if self.restarted else b"0")
+        marked = await self.node.run("adopt", (epoch, era), args)
         self.adopted_slots.add(slot)
         if marked:
             logger.warning(
-                "%s: promoted from the primary the data was written on (master_replid2 %s): "
-                "a restart grace starts now (it may lack the last grants of the old primary), "
-                "and every token from now on is above the old primary's",
+                "%s: the data may lack the last grants of the server before (a promoted "
+                "replica, master_replid2 %s, or a restart with its data): a restart grace "
+                "starts now, and every token from now on is above the old ones",
                 self.display,
                 self.replid2,
             )
@@ -126,6 +158,10 @@ class PrimaryDriver(RedisDriver):
     def describe(self) -> str:
         run_id = self.node.run_id or "unknown"
         return f"{self.address} (run_id {run_id})"
+
+
+class NotPrimary(BackendUnavailable):
+    """The server at a primary's address is not a primary (any more)."""
 
 
 def cause(exc: BaseException) -> str:
@@ -174,6 +210,12 @@ class Routed(Driver):
         """``exc`` came from ``primary``: True if the call should go again (the deployment
         moved the name: MOVED, a failover seen, READONLY), after updating the routes."""
         return False
+
+    async def again(self, exc: BaseException, primary: PrimaryDriver) -> bool:
+        """Should the call that raised ``exc`` go again? (A restart caught up with: yes.)"""
+        if isinstance(exc, Restarted):
+            return True
+        return await self.redirected(exc, primary)
 
     def primaries(self) -> list[PrimaryDriver]:
         """Every live primary."""
@@ -266,7 +308,7 @@ class Routed(Driver):
             try:
                 return await call(p)
             except BackendUnavailable as exc:
-                if attempt + 1 < ATTEMPTS and await self.redirected(exc, p):
+                if attempt + 1 < ATTEMPTS and await self.again(exc, p):
                     continue
                 raise
         raise BackendUnavailable(f"{self.display}: {what} of {name!r}: the primary kept moving")
@@ -280,7 +322,7 @@ class Routed(Driver):
                 await self.before_grant(p, name)
                 result = await p.acquire(name, owner, ttl, queue=queue, scope=scope)
             except BackendUnavailable as exc:
-                if attempt + 1 < ATTEMPTS and await self.redirected(exc, p):
+                if attempt + 1 < ATTEMPTS and await self.again(exc, p):
                     continue
                 raise
             if p.retired:
@@ -359,7 +401,7 @@ class Routed(Driver):
             else:
                 reply, acked = await node.run_waited("extend", keys, args)
         except Exception as exc:
-            if await self.redirected(exc, p):
+            if await self.again(exc, p):
                 return [BackendUnavailable(f"{p.display}: moved; renewed again soon")] * len(refs)
             return [exc] * len(refs)  # unknown: the core retries until the deadline
         results = [extend_result(int(code)) for code in reply]

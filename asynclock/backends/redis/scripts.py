@@ -465,21 +465,25 @@ end
 return 0
 """
 
-# ADOPT (G1, G2 across a failover): run on a primary before a backend's first grant there
-# (redis+sentinel://, and per hash slot on redis+cluster://). The era key holds the
-# replication id of the primary the data was last written under. When that is the new
-# primary's master_replid2, the data came to it from the primary it replaced, which may
-# have granted leases (and handed out tokens) that never reached it: the epoch key is
-# marked "f<now ms>" (see grace_left: a restart grace from now, and every later token
-# above now ms * 1000). Any other era (none yet, a slot migrated from another primary, a
-# restart) is only recorded.
-# KEYS: epoch, era (one hash slot). ARGV: master_replid, master_replid2.
-# Returns 1 if it marked a failover, else 0.
+# ADOPT (G1, G2 across a failover or a restart): run on a primary before a backend's first
+# grant there (redis+sentinel://, and per hash slot on redis+cluster://). The era key holds
+# the replication id of the primary the data was last adopted under. When the primary is
+# another one now and was promoted from a replica (its master_replid2 is set), or a backend
+# saw it restart with its data (kept on disk, or copied from a replica), the data may lack
+# what was granted last (and the tokens handed out): the epoch key is marked "f<now ms>"
+# (see grace_left: a restart grace from now, and every later token above now ms * 1000).
+# Any other change (no era yet on a primary never promoted, a restart that lost the data:
+# the epoch key is gone with it) is only recorded. The mark errs towards a grace: a slot a
+# cluster migrated to a once-promoted primary waits one too.
+# KEYS: epoch, era (one hash slot). ARGV: master_replid, master_replid2, restarted ('1':
+# this backend saw the server restart). Returns 1 if it marked, else 0.
 ADOPT = """
 local era = redis.call('GET', KEYS[2])
 if era == ARGV[1] then return 0 end
 redis.call('SET', KEYS[2], ARGV[1])
-if era ~= ARGV[2] then return 0 end
+local promoted = string.find(ARGV[2], '[^0]') ~= nil
+local kept = redis.call('EXISTS', KEYS[1]) == 1
+if not promoted and not (kept and ARGV[3] == '1') then return 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('SET', KEYS[1], 'f' .. string.format('%d', now))

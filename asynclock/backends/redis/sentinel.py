@@ -29,7 +29,7 @@ from ..._core.exceptions import BackendUnavailable
 from ..._core.urls import parse_multi_host_url
 from .deployments import Deployment, read_deployment_url
 from .keys import era_key
-from .routed import PrimaryDriver, Routed, cause
+from .routed import NotPrimary, PrimaryDriver, Routed, cause
 from .sentinels import Sentinels
 
 logger = logging.getLogger("asynclock.redis")
@@ -205,10 +205,13 @@ class SentinelDriver(Routed):
     def route_now(self, name: str) -> PrimaryDriver:
         return self.current
 
+    async def before_grant(self, p: PrimaryDriver, name: str) -> None:
+        await p.adopt(0, p.keys.epoch, self._era)  # again after a restart
+
     async def redirected(self, exc: BaseException, primary: PrimaryDriver) -> bool:
         if primary is not self._current:
             return True  # replaced meanwhile: ask the new one
-        if "READONLY" in cause(exc):
+        if "READONLY" in cause(exc) or isinstance(exc, NotPrimary):
             # Demoted: a failover the sentinels know about (or will): ask them, then retry.
             self._suspect(gate=True)
             gate = self._gate
