@@ -4,12 +4,13 @@ with and without WAIT, and ``restart`` (a lock server back without its data)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
 import asynclock.drill
 
-SHORT = {"workers": 3, "duration": 3.0, "ttl": 0.5, "seed": 5}
+SHORT: dict[str, Any] = {"workers": 3, "duration": 3.0, "ttl": 0.5, "seed": 5}
 
 
 @pytest.mark.timeout(120)
