@@ -1,0 +1,216 @@
+"""Redis as people deploy it (issue 41): Sentinel and Cluster against one server and
+against redis-py's ``Lock`` on the same deployment.
+
+Run: ``uv run --group bench python -m benchmarks.bench_redis_deploy [--reps 3]``. Starts
+its own servers on loopback ports: one redis-server; a primary with 2 replicas behind 3
+sentinels; a Redis Cluster of 3 primaries with a replica each (no persistence, diskless
+sync). Prints two tables:
+
+1. uncontended acquire+release cycles/s (median of ``--reps`` runs of ``--seconds``), and
+   the ratio to asynclock on the lone server: asynclock and redis-py's asyncio ``Lock`` on
+   each deployment; on Sentinel also with ``wait_replicas=1`` (asynclock: ``WAIT 1`` after
+   the grant, on the grant's connection) and redis-py's ``Lock`` followed by ``WAIT 1``;
+   redis-py's Lock on a cluster is ``RedisCluster.lock``;
+2. 1,000 leases held ``--hold`` s at ttl 2 s: renewal scripts per primary per renewal
+   interval (``INFO commandstats``), on the cluster with the leases spread over its slots
+   (one script per node per round is the target), CPU of this process, leases lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.asyncio.sentinel
+
+import asynclock
+import asynclock.testing
+from asynclock._harness.redis_deploy import ClusterDeployment, SentinelDeployment
+from asynclock._harness.servers import RedisServer
+
+Cycle = Callable[[], Awaitable[None]]
+CLEANUP: list[Callable[[], Awaitable[Any]]] = []
+
+
+def cpu_seconds() -> float:
+    fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def asynclock_cycle(url: str, **options: Any) -> Cycle:
+    backend = asynclock.connect(url, **options)
+    await backend.__aenter__()
+    CLEANUP.append(lambda: backend.__aexit__(None, None, None))
+
+    async def cycle() -> None:
+        async with backend.lock("bench", ttl=10.0):
+            pass
+
+    return cycle
+
+
+async def redis_py_cycle(client: Any, wait: bool = False) -> Cycle:
+    CLEANUP.append(client.aclose)
+    lock = client.lock("redis-py", timeout=10)
+
+    async def cycle() -> None:
+        await lock.acquire()
+        if wait:  # what wait_replicas=1 buys, done by hand on the lock's client
+            await client.execute_command("WAIT", 1, 1000)
+        await lock.release()
+
+    return cycle
+
+
+async def per_second(make: Callable[[], Awaitable[Cycle]], seconds: float) -> float:
+    cycle = await make()
+    try:
+        for _ in range(50):
+            await cycle()
+        n, started = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - started) < seconds:
+            for _ in range(20):
+                await cycle()
+            n += 20
+        return n / elapsed
+    finally:
+        while CLEANUP:
+            await CLEANUP.pop()()
+
+
+async def uncontended(
+    lone: RedisServer, sentinel: SentinelDeployment, cluster: ClusterDeployment, args: Any
+) -> None:
+    def sentinel_client() -> Any:
+        hosts = [("127.0.0.1", p) for p in sentinel.sentinel_ports]
+        return redis.asyncio.sentinel.Sentinel(hosts).master_for(sentinel.service)
+
+    def cluster_client() -> Any:
+        node = cluster.primary_nodes()[0]
+        return redis.asyncio.cluster.RedisCluster(host="127.0.0.1", port=node.port)
+
+    rows: list[tuple[str, Callable[[], Awaitable[Cycle]]]] = [
+        ("asynclock redis:// (one server)", lambda: asynclock_cycle(lone.url)),
+        ("redis-py Lock, one server", lambda: redis_py_cycle(redis.asyncio.Redis(port=lone.port))),
+        ("asynclock redis+sentinel://", lambda: asynclock_cycle(sentinel.url)),
+        ("redis-py Lock via Sentinel", lambda: redis_py_cycle(sentinel_client())),
+        (
+            "asynclock redis+sentinel:// wait_replicas=1",
+            lambda: asynclock_cycle(sentinel.url, wait_replicas=1),
+        ),
+        ("redis-py Lock via Sentinel + WAIT 1", lambda: redis_py_cycle(sentinel_client(), True)),
+        ("asynclock redis+cluster://", lambda: asynclock_cycle(cluster.url)),
+        ("redis-py Lock on RedisCluster", lambda: redis_py_cycle(cluster_client())),
+    ]
+    print(f"\n## uncontended acquire+release, cycles/s (median of {args.reps})\n")
+    print("| library, deployment | cycles/s | × asynclock on one server |")
+    print("|---|---|---|")
+    base = None
+    for label, make in rows:
+        rate = statistics.median([await per_second(make, args.seconds) for _ in range(args.reps)])
+        base = base or rate
+        print(f"| {label} | {rate:,.0f} | {rate / base:.2f} |", flush=True)
+
+
+async def evalsha_calls(port: int) -> int:
+    client = redis.asyncio.Redis(port=port)
+    try:
+        stats = await client.info("commandstats")
+    finally:
+        await client.aclose()
+    return sum(int(stats[k]["calls"]) for k in ("cmdstat_evalsha", "cmdstat_eval") if k in stats)
+
+
+async def many_leases(url: str, ports: list[int], hold: float, n: int = 1000) -> dict[str, float]:
+    ttl = 2.0
+    async with asynclock.connect(url) as backend:
+        leases = [await backend.acquire(f"held:{i}", ttl=ttl) for i in range(n)]
+        await asynclock.testing.next_renewal_round(backend)
+        before = [await evalsha_calls(p) for p in ports]
+        rounds0 = backend.stats().renewal_round_trips
+        cpu0, t0 = cpu_seconds(), time.monotonic()
+        await anyio.sleep(hold)
+        cpu1, t1 = cpu_seconds(), time.monotonic()
+        after = [await evalsha_calls(p) for p in ports]
+        rounds = backend.stats().renewal_round_trips - rounds0
+        lost = sum(1 for lease in leases if lease.lost)
+        for lease in leases:
+            await lease.release()
+    intervals = (t1 - t0) / (ttl / 3)
+    per_node = [(a - b) / intervals for a, b in zip(after, before, strict=True)]
+    return {
+        "per_node": statistics.median(per_node),
+        "max_node": max(per_node),
+        "rounds": rounds / intervals,
+        "cpu": 100 * (cpu1 - cpu0) / (t1 - t0),
+        "lost": lost,
+    }
+
+
+async def renewals(
+    lone: RedisServer, sentinel: SentinelDeployment, cluster: ClusterDeployment, args: Any
+) -> None:
+    print(f"\n## 1,000 leases held {args.hold:g} s at ttl 2 s\n")
+    print(
+        "| deployment | primaries | renewal scripts per primary per interval (median, max) "
+        "| renewal rounds per interval | CPU % of a core | lost |"
+    )
+    print("|---|---|---|---|---|---|")
+    cases = [
+        ("redis:// (one server)", lone.url, [lone.port]),
+        ("redis+sentinel://", sentinel.url, [sentinel.primary().port]),
+        ("redis+cluster://", cluster.url, [n.port for n in cluster.primary_nodes()]),
+    ]
+    for label, url, ports in cases:
+        r = await many_leases(url, ports, args.hold)
+        print(
+            f"| {label} | {len(ports)} | {r['per_node']:.2f}, {r['max_node']:.2f} | "
+            f"{r['rounds']:.2f} | {r['cpu']:.1f} | {r['lost']:.0f} |",
+            flush=True,
+        )
+
+
+async def run(args: argparse.Namespace, root: Path) -> None:
+    lone = RedisServer(root / "lone").start()
+    sentinel = SentinelDeployment(root / "sentinel", replicas=2)
+    cluster = ClusterDeployment(root / "cluster")
+    try:
+        sentinel.start()
+        cluster.start()
+        version = redis.Redis(port=lone.port).info()["redis_version"]
+        print(f"redis-server {version}, {os.cpu_count()} cores, Python {sys.version.split()[0]}")
+        if "uncontended" not in args.skip:
+            await uncontended(lone, sentinel, cluster, args)
+        if "leases" not in args.skip:
+            await renewals(lone, sentinel, cluster, args)
+    finally:
+        cluster.stop()
+        sentinel.stop()
+        lone.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=1.0, help="per uncontended run")
+    parser.add_argument("--hold", type=float, default=6.0, help="many-leases hold time")
+    parser.add_argument("--skip", default="", help="comma list of: uncontended,leases")
+    args = parser.parse_args()
+    args.skip = set(args.skip.split(","))
+    with tempfile.TemporaryDirectory() as tmp:
+        anyio.run(run, args, Path(tmp))
+
+
+if __name__ == "__main__":
+    main()
