@@ -94,7 +94,8 @@ async def uncontended(
 ) -> None:
     def sentinel_client() -> Any:
         hosts = [("127.0.0.1", p) for p in sentinel.sentinel_ports]
-        return redis.asyncio.sentinel.Sentinel(hosts).master_for(sentinel.service)
+        sentinels = redis.asyncio.sentinel.Sentinel(hosts)  # type: ignore[no-untyped-call]
+        return sentinels.master_for(sentinel.service)
 
     def cluster_client() -> Any:
         node = cluster.primary_nodes()[0]
@@ -114,7 +115,7 @@ async def uncontended(
         ("redis-py Lock on RedisCluster", lambda: redis_py_cycle(cluster_client())),
     ]
     print(f"\n## uncontended acquire+release, cycles/s (median of {args.reps})\n")
-    print("| library, deployment | cycles/s | × asynclock on one server |")
+    print("| library, deployment | cycles/s | x asynclock on one server |")
     print("|---|---|---|")
     base = None
     for label, make in rows:

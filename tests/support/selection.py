@@ -25,6 +25,7 @@ FIXTURES = {
     "redlock_servers": "redlock",
     "redis_sentinel_deployment": "redis_sentinel",
     "redis_cluster_deployment": "redis_cluster",
+    "deployment_factory": "redis",
     "pg_server": "postgres",
     "pgbouncer": "postgres",
     "etcd_cluster": "etcd",
