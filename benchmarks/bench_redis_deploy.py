@@ -38,20 +38,15 @@ import asynclock
 import asynclock.testing
 from asynclock._harness.redis_deploy import ClusterDeployment, SentinelDeployment
 from asynclock._harness.servers import RedisServer
+from benchmarks.bench_redis import STACK, cpu_seconds, cycles_per_second, evalsha_calls
 
 Cycle = Callable[[], Awaitable[None]]
-CLEANUP: list[Callable[[], Awaitable[Any]]] = []
-
-
-def cpu_seconds() -> float:
-    fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def asynclock_cycle(url: str, **options: Any) -> Cycle:
     backend = asynclock.connect(url, **options)
     await backend.__aenter__()
-    CLEANUP.append(lambda: backend.__aexit__(None, None, None))
+    STACK.append(lambda: backend.__aexit__(None, None, None))
 
     async def cycle() -> None:
         async with backend.lock("bench", ttl=10.0):
@@ -61,7 +56,7 @@ async def asynclock_cycle(url: str, **options: Any) -> Cycle:
 
 
 async def redis_py_cycle(client: Any, wait: bool = False) -> Cycle:
-    CLEANUP.append(client.aclose)
+    STACK.append(client.aclose)
     lock = client.lock("redis-py", timeout=10)
 
     async def cycle() -> None:
@@ -74,19 +69,8 @@ async def redis_py_cycle(client: Any, wait: bool = False) -> Cycle:
 
 
 async def per_second(make: Callable[[], Awaitable[Cycle]], seconds: float) -> float:
-    cycle = await make()
-    try:
-        for _ in range(50):
-            await cycle()
-        n, started = 0, time.perf_counter()
-        while (elapsed := time.perf_counter() - started) < seconds:
-            for _ in range(20):
-                await cycle()
-            n += 20
-        return n / elapsed
-    finally:
-        while CLEANUP:
-            await CLEANUP.pop()()
+    """bench_redis's measurement (warm-up, then cycles for ``seconds``) of one cycle."""
+    return await cycles_per_second(lambda _servers: make(), [], seconds)
 
 
 async def uncontended(
@@ -124,26 +108,19 @@ async def uncontended(
         print(f"| {label} | {rate:,.0f} | {rate / base:.2f} |", flush=True)
 
 
-async def evalsha_calls(port: int) -> int:
-    client = redis.asyncio.Redis(port=port)
-    try:
-        stats = await client.info("commandstats")
-    finally:
-        await client.aclose()
-    return sum(int(stats[k]["calls"]) for k in ("cmdstat_evalsha", "cmdstat_eval") if k in stats)
-
-
-async def many_leases(url: str, ports: list[int], hold: float, n: int = 1000) -> dict[str, float]:
+async def many_leases(
+    url: str, servers: list[RedisServer], hold: float, n: int = 1000
+) -> dict[str, float]:
     ttl = 2.0
     async with asynclock.connect(url) as backend:
         leases = [await backend.acquire(f"held:{i}", ttl=ttl) for i in range(n)]
         await asynclock.testing.next_renewal_round(backend)
-        before = [await evalsha_calls(p) for p in ports]
+        before = [await evalsha_calls(s) for s in servers]
         rounds0 = backend.stats().renewal_round_trips
         cpu0, t0 = cpu_seconds(), time.monotonic()
         await anyio.sleep(hold)
         cpu1, t1 = cpu_seconds(), time.monotonic()
-        after = [await evalsha_calls(p) for p in ports]
+        after = [await evalsha_calls(s) for s in servers]
         rounds = backend.stats().renewal_round_trips - rounds0
         lost = sum(1 for lease in leases if lease.lost)
         for lease in leases:
@@ -169,14 +146,14 @@ async def renewals(
     )
     print("|---|---|---|---|---|---|")
     cases = [
-        ("redis:// (one server)", lone.url, [lone.port]),
-        ("redis+sentinel://", sentinel.url, [sentinel.primary().port]),
-        ("redis+cluster://", cluster.url, [n.port for n in cluster.primary_nodes()]),
+        ("redis:// (one server)", lone.url, [lone]),
+        ("redis+sentinel://", sentinel.url, [sentinel.primary()]),
+        ("redis+cluster://", cluster.url, cluster.primary_nodes()),
     ]
-    for label, url, ports in cases:
-        r = await many_leases(url, ports, args.hold)
+    for label, url, servers in cases:
+        r = await many_leases(url, servers, args.hold)
         print(
-            f"| {label} | {len(ports)} | {r['per_node']:.2f}, {r['max_node']:.2f} | "
+            f"| {label} | {len(servers)} | {r['per_node']:.2f}, {r['max_node']:.2f} | "
             f"{r['rounds']:.2f} | {r['cpu']:.1f} | {r['lost']:.0f} |",
             flush=True,
         )

@@ -17,7 +17,7 @@ from asynclock._harness.redis_deploy import ClusterDeployment
 from asynclock.backends.redis import ClusterDriver, NotReplicated, keys_for
 from asynclock.backends.redis.topology import key_slot, slot_tag
 from asynclock.testing import next_renewal_round
-from tests.support.redis_servers import DeploymentFactory
+from tests.support.redis_servers import DeploymentFactory, RedisServer
 
 pytestmark = pytest.mark.anyio
 
@@ -78,6 +78,18 @@ async def test_defaults_and_one_renewal_script_per_node(
             assert backend.stats().losses == 0
 
 
+def _elsewhere(dep: ClusterDeployment, slot: int) -> tuple[RedisServer, RedisServer]:
+    """The primary of ``slot``, and another one to move it to."""
+    source = dep.owner(slot)
+    return source, next(n for n in dep.primary_nodes() if n is not source)
+
+
+async def _rounds(backend: asynclock.Backend, count: int = 4) -> None:
+    with anyio.fail_after(10):
+        for _ in range(count):
+            await next_renewal_round(backend)
+
+
 async def test_moved_during_a_held_lease_keeps_it(deployment_factory: DeploymentFactory) -> None:
     """The slot of a held name moves to another primary (keys and all): the next renewal
     finds the key on another node, follows the slot there and keeps renewing; release and
@@ -87,12 +99,9 @@ async def test_moved_during_a_held_lease_keeps_it(deployment_factory: Deployment
     slot = _slot(name)
     async with asynclock.connect(dep.url) as backend:
         async with backend.lock(name, ttl=1.0) as lease:
-            source = dep.owner(slot)
-            target = next(n for n in dep.primary_nodes() if n is not source)
+            _, target = _elsewhere(dep, slot)
             await anyio.to_thread.run_sync(dep.migrate, slot, target)
-            with anyio.fail_after(10):
-                for _ in range(4):  # past its ttl: renewed on the new owner
-                    await next_renewal_round(backend)
+            await _rounds(backend)  # past its ttl: renewed on the new owner
             assert not lease.lost
             assert await backend.validate(name, lease.token)
             token = lease.token
@@ -111,14 +120,11 @@ async def test_a_slot_migration_half_done(deployment_factory: DeploymentFactory)
     slot = _slot(name)
     async with asynclock.connect(dep.url) as backend:
         async with backend.lock(name, ttl=1.0) as lease:
-            source = dep.owner(slot)
-            target = next(n for n in dep.primary_nodes() if n is not source)
+            source, target = _elsewhere(dep, slot)
             await anyio.to_thread.run_sync(dep.begin_migration, slot, target)
             lock = keys_for(name).lock.encode()
             await anyio.to_thread.run_sync(dep.move_keys, slot, source, target, [lock])
-            with anyio.fail_after(10):
-                for _ in range(4):
-                    await next_renewal_round(backend)
+            await _rounds(backend)
             assert not lease.lost
             assert await backend.validate(name, lease.token)
             await anyio.to_thread.run_sync(dep.move_keys, slot, source, target, None)

@@ -184,3 +184,18 @@ local function free(lock, q, qx, chan)
   handoff(lock, q, qx, chan, head(q, qx, lock))
 end
 """
+
+# G5 owner-checked, G7 the same token: renew one lock key. Never re-creates a missing key.
+RENEW = """
+-- Extend key (whose value is cur) by ttl ms if it still holds value ("owner:token").
+-- Returns 1 extended, 0 key gone, -1 held by someone else.
+local function renew(cur, key, value, ttl)
+  if cur == value then
+    redis.call('PEXPIRE', key, ttl)
+    return 1
+  elseif cur == false then
+    return 0
+  end
+  return -1
+end
+"""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 
-from .lua import CLOCK, HANDOFF, LEASE
+from .lua import CLOCK, HANDOFF, LEASE, RENEW
 
 # ACQUIRE (G1 exclusion, G2 monotonic tokens, fair queue).
 # KEYS: lock, fence, queue, queue_exp, epoch[, scope fence: token_scope's counter, next_token's
@@ -93,21 +93,16 @@ return {0, left}
 # KEYS: lock keys. ARGV: for lease i, ARGV[2i-1] = "owner:token", ARGV[2i] = ttl_ms.
 # Returns one entry per lease: 1 extended, 0 key gone, -1 held by someone else.
 # Never re-creates a missing key: a lease that expired stays lost.
-EXTEND = """
+EXTEND = (
+    RENEW
+    + """
 local out = {}
 for i = 1, #KEYS do
-  local cur = redis.call('GET', KEYS[i])
-  if cur == ARGV[2 * i - 1] then
-    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
-    out[i] = 1
-  elseif cur == false then
-    out[i] = 0
-  else
-    out[i] = -1
-  end
+  out[i] = renew(redis.call('GET', KEYS[i]), KEYS[i], ARGV[2 * i - 1], ARGV[2 * i])
 end
 return out
 """
+)
 
 # RELEASE (G5): delete the lock only if it is ours, then hand the name to the next waiter.
 # KEYS: lock, queue, queue_exp. ARGV: owner, token ('' = unknown: an interrupted acquire,
@@ -331,24 +326,23 @@ return next_token(KEYS[1], math.max(token_floor(KEYS[2]), tonumber(ARGV[1])))
 # ARGV: for lease i, ARGV[3i-2] = lock key, ARGV[3i-1] = "owner:token", ARGV[3i] = ttl_ms.
 # Returns one entry per lease: 1 extended, 0 key gone, -1 held by someone else, 2 the key's
 # slot is not on this node (moved: ask its owner).
-CLUSTER_EXTEND = """#!lua flags=allow-cross-slot-keys
+CLUSTER_EXTEND = (
+    "#!lua flags=allow-cross-slot-keys\n"
+    + RENEW
+    + """
 local out = {}
 for i = 1, #ARGV / 3 do
   local key = ARGV[3 * i - 2]
   local cur = redis.pcall('GET', key)
   if type(cur) == 'table' and cur.err then
     out[i] = 2
-  elseif cur == ARGV[3 * i - 1] then
-    redis.call('PEXPIRE', key, ARGV[3 * i])
-    out[i] = 1
-  elseif cur == false then
-    out[i] = 0
   else
-    out[i] = -1
+    out[i] = renew(cur, key, ARGV[3 * i - 1], ARGV[3 * i])
   end
 end
 return out
 """
+)
 
 SCRIPTS = {
     "acquire": ACQUIRE,
