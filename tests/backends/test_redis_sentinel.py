@@ -182,6 +182,43 @@ async def test_with_wait_no_double_grant_in_50_trials(
     assert min(t for _, t in seen.values()) > max(x.token for x in holders.leases.values())
 
 
+async def test_tokens_jump_over_the_old_primary_even_if_its_data_was_never_adopted(
+    deployment_factory: DeploymentFactory,
+) -> None:
+    """The new primary hands out tokens above every token the old one handed out, also the
+    ones it handed out after the promotion to a holder cut off from the sentinels (the split
+    brain, no WAIT), and also when no backend had adopted the old primary's data yet (no era
+    key: it is a promoted replica all the same). Before: the new primary counted on from the
+    replicated counter and handed out the very token the old primary had just given."""
+    dep = deployment_factory.sentinel(replicas=2)
+    ports = [int(p.rsplit(":", 1)[1]) for p in dep.url.split("//")[1].split("/")[0].split(",")]
+    proxies = [Proxy(("127.0.0.1", port)) for port in ports]
+    async with anyio.create_task_group() as outer:
+        for proxy in proxies:
+            await outer.start(proxy.serve)
+        hidden = f"redis+sentinel://{','.join(p.address for p in proxies)}/{dep.service}"
+        async with asynclock.connect(hidden) as a, asynclock.connect(dep.url) as b:
+            async with a.lock("jump", ttl=1.0) as before:
+                pass
+            client = redis.asyncio.Redis(port=dep.primary().port)
+            try:
+                await client.delete(b"asynclock:era")
+                await client.execute_command("WAIT", 2, 5000)
+            finally:
+                await client.aclose()
+            for proxy in proxies:
+                proxy.set_mode("blackhole")
+            old = await anyio.to_thread.run_sync(dep.failover)
+            await anyio.to_thread.run_sync(dep.wait_switched, old)
+            async with a.lock("jump", ttl=1.0) as late:  # on the old primary, still writable
+                assert late.token > before.token
+            async with b.lock("jump", ttl=1.0, timeout=10) as new:
+                assert new.token > late.token
+            for proxy in proxies:
+                proxy.heal()
+        outer.cancel_scope.cancel()
+
+
 async def test_wait_failure_says_what_to_change(
     redis_sentinel_deployment: SentinelDeployment,
 ) -> None:

@@ -360,9 +360,10 @@ SCRIPTS = {
     "cluster_extend": CLUSTER_EXTEND,
     "scope_next": SCOPE_NEXT,
 }
-#: Scripts not loaded at open (loaded on their first NOSCRIPT): CLUSTER_EXTEND's flags
-#: need Redis >= 7.0, and only a redis+cluster:// backend runs it.
-LAZY = frozenset({"cluster_extend"})
+#: Scripts not loaded at open (loaded on their first NOSCRIPT): only redis+sentinel:// and
+#: redis+cluster:// run them (a redis:// or redlock:// open loads no more than it did), and
+#: CLUSTER_EXTEND's flags need Redis >= 7.0.
+LAZY = frozenset({"adopt", "cluster_extend", "scope_next"})
 #: EVALSHA digests (the same on every server: SHA1 of the script text).
 SHAS = {key: hashlib.sha1(text.encode()).hexdigest().encode() for key, text in SCRIPTS.items()}
 
