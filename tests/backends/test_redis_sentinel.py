@@ -203,7 +203,7 @@ async def test_tokens_jump_over_the_old_primary_even_if_its_data_was_never_adopt
             client = redis.asyncio.Redis(port=dep.primary().port)
             try:
                 await client.delete(b"asynclock:era")
-                await client.execute_command("WAIT", 2, 5000)
+                await client.execute_command("WAIT", 2, 5000)  # type: ignore[no-untyped-call]
             finally:
                 await client.aclose()
             for proxy in proxies:

@@ -186,6 +186,9 @@ class Routed(Driver):
         self.primary_options = {k: v for k, v in options.items() if k != "wait"}
         self.wait: Wait | None = options.get("wait")
         self.prefix: str = options.get("prefix", "asynclock:")
+        # As one server's driver: with the fair queue a release wakes only the waiter it
+        # hands the name to (through the primary's listener).
+        self.wakes_waiters = bool(options.get("fair", True))
         #: owner -> (name, token, the primary that holds it).
         self._held: dict[str, tuple[str, int, PrimaryDriver]] = {}
         #: name -> the primaries each running wait watches it on.
