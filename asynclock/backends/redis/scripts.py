@@ -93,16 +93,21 @@ return {0, left}
 # KEYS: lock keys. ARGV: for lease i, ARGV[2i-1] = "owner:token", ARGV[2i] = ttl_ms.
 # Returns one entry per lease: 1 extended, 0 key gone, -1 held by someone else.
 # Never re-creates a missing key: a lease that expired stays lost.
-EXTEND = (
-    RENEW
-    + """
+EXTEND = """
 local out = {}
 for i = 1, #KEYS do
-  out[i] = renew(redis.call('GET', KEYS[i]), KEYS[i], ARGV[2 * i - 1], ARGV[2 * i])
+  local cur = redis.call('GET', KEYS[i])
+  if cur == ARGV[2 * i - 1] then
+    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
+    out[i] = 1
+  elseif cur == false then
+    out[i] = 0
+  else
+    out[i] = -1
+  end
 end
 return out
 """
-)
 
 # RELEASE (G5): delete the lock only if it is ours, then hand the name to the next waiter.
 # KEYS: lock, queue, queue_exp. ARGV: owner, token ('' = unknown: an interrupted acquire,
