@@ -23,7 +23,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -34,25 +33,17 @@ import redis.asyncio
 import redis.asyncio.cluster
 import redis.asyncio.sentinel
 
-import asynclock
-import asynclock.testing
 from asynclock._harness.redis_deploy import ClusterDeployment, SentinelDeployment
 from asynclock._harness.servers import RedisServer
-from benchmarks.bench_redis import STACK, cpu_seconds, cycles_per_second, evalsha_calls
+from benchmarks import bench_redis
+from benchmarks.bench_redis import STACK, cycles_per_second, many_leases
 
 Cycle = Callable[[], Awaitable[None]]
 
 
-async def asynclock_cycle(url: str, **options: Any) -> Cycle:
-    backend = asynclock.connect(url, **options)
-    await backend.__aenter__()
-    STACK.append(lambda: backend.__aexit__(None, None, None))
-
-    async def cycle() -> None:
-        async with backend.lock("bench", ttl=10.0):
-            pass
-
-    return cycle
+def asynclock_cycle(url: str) -> Awaitable[Cycle]:
+    """bench_redis's asynclock cycle (one name, ttl 10 s) on ``url``."""
+    return bench_redis.asynclock_cycle(lambda _servers: url)([])
 
 
 async def redis_py_cycle(client: Any, wait: bool = False) -> Cycle:
@@ -92,7 +83,7 @@ async def uncontended(
         ("redis-py Lock via Sentinel", lambda: redis_py_cycle(sentinel_client())),
         (
             "asynclock redis+sentinel:// wait_replicas=1",
-            lambda: asynclock_cycle(sentinel.url, wait_replicas=1),
+            lambda: asynclock_cycle(sentinel.url + "?wait_replicas=1"),
         ),
         ("redis-py Lock via Sentinel + WAIT 1", lambda: redis_py_cycle(sentinel_client(), True)),
         ("asynclock redis+cluster://", lambda: asynclock_cycle(cluster.url)),
@@ -108,53 +99,23 @@ async def uncontended(
         print(f"| {label} | {rate:,.0f} | {rate / base:.2f} |", flush=True)
 
 
-async def many_leases(
-    url: str, servers: list[RedisServer], hold: float, n: int = 1000
-) -> dict[str, float]:
-    ttl = 2.0
-    async with asynclock.connect(url) as backend:
-        leases = [await backend.acquire(f"held:{i}", ttl=ttl) for i in range(n)]
-        await asynclock.testing.next_renewal_round(backend)
-        before = [await evalsha_calls(s) for s in servers]
-        rounds0 = backend.stats().renewal_round_trips
-        cpu0, t0 = cpu_seconds(), time.monotonic()
-        await anyio.sleep(hold)
-        cpu1, t1 = cpu_seconds(), time.monotonic()
-        after = [await evalsha_calls(s) for s in servers]
-        rounds = backend.stats().renewal_round_trips - rounds0
-        lost = sum(1 for lease in leases if lease.lost)
-        for lease in leases:
-            await lease.release()
-    intervals = (t1 - t0) / (ttl / 3)
-    per_node = [(a - b) / intervals for a, b in zip(after, before, strict=True)]
-    return {
-        "per_node": statistics.median(per_node),
-        "max_node": max(per_node),
-        "rounds": rounds / intervals,
-        "cpu": 100 * (cpu1 - cpu0) / (t1 - t0),
-        "lost": lost,
-    }
-
-
 async def renewals(
     lone: RedisServer, sentinel: SentinelDeployment, cluster: ClusterDeployment, args: Any
 ) -> None:
     print(f"\n## 1,000 leases held {args.hold:g} s at ttl 2 s\n")
-    print(
-        "| deployment | primaries | renewal scripts per primary per interval (median, max) "
-        "| renewal rounds per interval | CPU % of a core | lost |"
-    )
-    print("|---|---|---|---|---|---|")
+    print("| deployment | primaries | renewal scripts per primary per interval | CPU % | lost |")
+    print("|---|---|---|---|---|")
     cases = [
         ("redis:// (one server)", lone.url, [lone]),
         ("redis+sentinel://", sentinel.url, [sentinel.primary()]),
         ("redis+cluster://", cluster.url, cluster.primary_nodes()),
     ]
     for label, url, servers in cases:
-        r = await many_leases(url, servers, args.hold)
+        # bench_redis's measurement: the median over the primaries, per renewal interval.
+        r = await many_leases(servers, url, args.hold)
         print(
-            f"| {label} | {len(servers)} | {r['per_node']:.2f}, {r['max_node']:.2f} | "
-            f"{r['rounds']:.2f} | {r['cpu']:.1f} | {r['lost']:.0f} |",
+            f"| {label} | {len(servers)} | {r['commands_per_node_per_interval']:.2f} | "
+            f"{r['cpu_percent']:.1f} | {r['lost']:.0f} |",
             flush=True,
         )
 

@@ -95,8 +95,7 @@ async def test_moved_during_a_held_lease_keeps_it(deployment_factory: Deployment
     finds the key on another node, follows the slot there and keeps renewing; release and
     the next acquire go to the new owner."""
     dep = deployment_factory.cluster()
-    name = "moving"
-    slot = _slot(name)
+    name, slot = "moving", _slot("moving")
     async with asynclock.connect(dep.url) as backend:
         async with backend.lock(name, ttl=1.0) as lease:
             _, target = _elsewhere(dep, slot)

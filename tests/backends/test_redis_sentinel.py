@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -121,18 +122,27 @@ async def test_failover_loses_every_lease_before_the_new_primary_grants(
     assert elapsed < 5.0  # at the announcement, well before the 5 s leases would have ended
 
 
+@contextlib.asynccontextmanager
+async def _behind_proxies(dep: SentinelDeployment) -> AsyncIterator[tuple[str, list[Proxy]]]:
+    """A URL that reaches the sentinels through proxies (that can go dark), and those."""
+    ports = [int(p.rsplit(":", 1)[1]) for p in dep.url.split("//")[1].split("/")[0].split(",")]
+    proxies = [Proxy(("127.0.0.1", port)) for port in ports]
+    async with anyio.create_task_group() as tg:
+        for proxy in proxies:
+            await tg.start(proxy.serve)
+        yield f"redis+sentinel://{','.join(p.address for p in proxies)}/{dep.service}", proxies
+        for proxy in proxies:
+            proxy.heal()
+        tg.cancel_scope.cancel()
+
+
 async def _split_brain(
     dep: SentinelDeployment, names: list[str], **options: Any
 ) -> tuple[Holders, dict[str, Any]]:
     """A holds ``names`` through proxies to the sentinels; the proxies go dark (A no longer
     hears of a failover, but still reaches the old primary), SENTINEL FAILOVER, and B (who
     hears it) acquires every name from the new primary."""
-    ports = [int(p.rsplit(":", 1)[1]) for p in dep.url.split("//")[1].split("/")[0].split(",")]
-    proxies = [Proxy(("127.0.0.1", port)) for port in ports]
-    async with anyio.create_task_group() as outer:
-        for proxy in proxies:
-            await outer.start(proxy.serve)
-        hidden = f"redis+sentinel://{','.join(p.address for p in proxies)}/{dep.service}"
+    async with _behind_proxies(dep) as (hidden, proxies):
         async with (
             asynclock.connect(hidden, **options) as a,
             asynclock.connect(dep.url, **options) as b,
@@ -147,9 +157,6 @@ async def _split_brain(
                 await anyio.to_thread.run_sync(dep.failover)
                 seen = await _grab_all(b, holders, ttl=1.0)
                 holders.stop.set()
-            for proxy in proxies:
-                proxy.heal()
-        outer.cancel_scope.cancel()
     return holders, seen
 
 
@@ -191,12 +198,7 @@ async def test_tokens_jump_over_the_old_primary_even_if_its_data_was_never_adopt
     key: it is a promoted replica all the same). Before: the new primary counted on from the
     replicated counter and handed out the very token the old primary had just given."""
     dep = deployment_factory.sentinel(replicas=2)
-    ports = [int(p.rsplit(":", 1)[1]) for p in dep.url.split("//")[1].split("/")[0].split(",")]
-    proxies = [Proxy(("127.0.0.1", port)) for port in ports]
-    async with anyio.create_task_group() as outer:
-        for proxy in proxies:
-            await outer.start(proxy.serve)
-        hidden = f"redis+sentinel://{','.join(p.address for p in proxies)}/{dep.service}"
+    async with _behind_proxies(dep) as (hidden, proxies):
         async with asynclock.connect(hidden) as a, asynclock.connect(dep.url) as b:
             async with a.lock("jump", ttl=1.0) as before:
                 pass
@@ -214,9 +216,6 @@ async def test_tokens_jump_over_the_old_primary_even_if_its_data_was_never_adopt
                 assert late.token > before.token
             async with b.lock("jump", ttl=1.0, timeout=10) as new:
                 assert new.token > late.token
-            for proxy in proxies:
-                proxy.heal()
-        outer.cancel_scope.cancel()
 
 
 async def test_wait_failure_says_what_to_change(
