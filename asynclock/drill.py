@@ -15,7 +15,10 @@ worker and the lock servers, switched to blackhole or added latency for one work
 ``kill`` (kill -9 a holder and start a new worker in its lane; with ``spawn=`` every
 other kill is a lock server's: a lone server is restarted at once, a cluster's node at the
 next server kill), ``clock`` (one worker's clock runs fast or slow, through the injectable
-:class:`~asynclock.Clock`).
+:class:`~asynclock.Clock`); when asked for, ``restart`` (a lock server killed and started
+again without its data: the restart grace) and ``failover`` (``spawn="redis-sentinel"``: a
+holder cut off from the sentinels, then ``SENTINEL FAILOVER``; ``"redis-cluster"``:
+``CLUSTER FAILOVER FORCE``).
 
 The register is a real store: a SQLite row (``sqlite``, ``etcd``), a Redis key (``redis``,
 ``redlock``) or a PostgreSQL row (``postgresql``). With ``spawn=`` it lives on a server of
@@ -44,9 +47,19 @@ import anyio
 from ._harness import write_jsonl
 from ._harness.deployment import SPAWN, check_url, deployment
 from ._harness.report import DrillReport, Fault, judge
-from ._harness.schedule import FAULTS, Drill, Progress
+from ._harness.schedule import ALL_FAULTS, FAULTS, Drill, Progress
 
-__all__ = ("FAULTS", "SPAWN", "DrillReport", "Fault", "check_url", "run", "run_async", "save")
+__all__ = (
+    "ALL_FAULTS",
+    "FAULTS",
+    "SPAWN",
+    "DrillReport",
+    "Fault",
+    "check_url",
+    "run",
+    "run_async",
+    "save",
+)
 
 
 def _check(workers: int, duration: float, ttl: float, faults: Sequence[str]) -> None:
@@ -57,9 +70,9 @@ def _check(workers: int, duration: float, ttl: float, faults: Sequence[str]) -> 
             raise ValueError(
                 f"{label} must be a number of seconds from {low} to 86400, got {value!r}"
             )
-    unknown = [f for f in faults if f not in FAULTS]
+    unknown = [f for f in faults if f not in ALL_FAULTS]
     if unknown:
-        raise ValueError(f"unknown fault {unknown[0]!r}; allowed: {', '.join(FAULTS)}")
+        raise ValueError(f"unknown fault {unknown[0]!r}; allowed: {', '.join(ALL_FAULTS)}")
 
 
 async def run_async(
@@ -77,6 +90,7 @@ async def run_async(
     seed: int | None = None,
     fault_interval: float | None = None,
     work: float = 0.005,
+    wait: bool = True,
 ) -> DrillReport:
     """:func:`run`, awaitable (inside your own event loop)."""
     faults = tuple(dict.fromkeys(faults))
@@ -85,10 +99,12 @@ async def run_async(
     name = f"asynclock-drill-{run_id}"
     with tempfile.TemporaryDirectory(prefix="asynclock-drill-") as tmp_name:
         tmp = Path(tmp_name)
-        async with deployment(url, spawn, faults, allow_remote_faults, tmp, run_id) as dep:
+        where = deployment(url, spawn, faults, allow_remote_faults, tmp, run_id, wait)
+        async with where as dep:
             report = DrillReport(dep.kind, dep.url, fence, workers, duration, ttl)
             if dep.kind == "sqlite" and "partition" in faults:
                 report.skipped.append("partition: SQLite has no network to partition")
+            report.skipped += _inapplicable(dep, faults)
             rng = random.Random(seed)
             drill = Drill(
                 dep,
@@ -111,6 +127,19 @@ async def run_async(
     return report
 
 
+def _inapplicable(dep: Any, faults: Sequence[str]) -> list[str]:
+    """The faults asked for that this deployment cannot have, each with why."""
+    out = []
+    if "restart" in faults and not dep.servers:
+        out.append("restart: only a lock server the drill started (--spawn) can be restarted")
+    if "failover" in faults and dep.failover is None:
+        out.append(
+            "failover: only --spawn redis-sentinel and --spawn redis-cluster have replicas "
+            "to promote"
+        )
+    return out
+
+
 def run(url: str | None = None, **options: Any) -> DrillReport:
     """Run a drill and return its :class:`DrillReport` (``report.ok``: nothing was lost).
 
@@ -119,11 +148,14 @@ def run(url: str | None = None, **options: Any) -> DrillReport:
     ``allow_remote_faults=True``) or ``spawn=`` one of :data:`SPAWN` (throwaway servers).
 
     Options: ``workers`` (processes, default 4), ``duration`` (seconds, default 10),
-    ``faults`` (any of :data:`FAULTS`, default all), ``fence`` (default True; False runs the
+    ``faults`` (any of :data:`ALL_FAULTS`, default :data:`FAULTS`: pause, partition, kill,
+    clock; ``restart`` and ``failover`` when asked for), ``fence`` (default True; False runs the
     same schedule unfenced), ``ttl`` (lease seconds, default 0.5), ``report_dir`` (write
     ``history.jsonl``, ``report.json`` and ``report.html`` there), ``progress`` (called
     about 4 times a second with (elapsed, planned, counters)), ``seed`` (which workers the
-    faults hit), ``fault_interval`` (seconds between faults; default: spread over the run).
+    faults hit), ``fault_interval`` (seconds between faults; default: spread over the run),
+    ``wait`` (``spawn="redis-sentinel"``/``"redis-cluster"``: the workers ask for
+    ``wait_replicas=1``; default True, False shows a failover's double grant).
 
     Raises ``ValueError`` for bad options, before anything starts.
     """

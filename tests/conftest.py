@@ -33,8 +33,8 @@ pytest_plugins = [
 
 #: Every backend the conformance suite runs on (each needs a ``spec_<id>`` fixture).
 BACKENDS = [
-    "memory", "sqlite", "postgres", "postgres_lease", "redis", "redlock", "etcd", "etcd3",
-    "zookeeper", "zookeeper3",
+    "memory", "sqlite", "postgres", "postgres_lease", "redis", "redlock", "redis_sentinel",
+    "redis_cluster", "etcd", "etcd3", "zookeeper", "zookeeper3",
 ]  # fmt: skip
 
 #: Backends whose locks live inside one process (no multi-process tests for them).

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.redis_servers import DeploymentFactory
 from tests.support.zk_servers import ZkEnsemble
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -229,3 +230,13 @@ def test_advice() -> None:
     served = out.split("over HTTP: ")[1].splitlines()[0]
     assert advised == served  # the same numbers, read over HTTP
     assert "over HTTP: 121 leases acquired" in out
+
+
+def test_redis_failover(deployment_factory: DeploymentFactory) -> None:
+    deployment = deployment_factory.sentinel(replicas=2)
+    out = run("redis_failover.py", deployment.url)
+    assert out.splitlines() == [
+        "holding 'report:nightly'",
+        "lost in the failover: True",
+        "next holder's token is larger: True",
+    ]

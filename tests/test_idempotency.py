@@ -29,7 +29,10 @@ from tests.support.spec import BackendSpec
 pytestmark = pytest.mark.anyio
 
 #: Every backend that stores idempotency records (Redlock refuses: see the last test).
-RECORD_BACKENDS = ["memory", "sqlite", "postgres", "postgres_lease", "redis", "etcd"]
+RECORD_BACKENDS = [
+    "memory", "sqlite", "postgres", "postgres_lease", "redis", "redis_sentinel", "redis_cluster",
+    "etcd",
+]  # fmt: skip
 
 
 @pytest.fixture(params=RECORD_BACKENDS)

@@ -29,6 +29,14 @@ work -> write register+1 with the lease's token -> release. Faults (loopback onl
              kill is a lock server's (restarted; a cluster's node at the next kill)
   clock      one worker's clock runs at 0.5x or 2x (the injectable Clock)
 
+Only when asked for (--faults ...,restart,failover), on servers the drill started:
+
+  restart    kill -9 a lock server and start it again without its data (the restart grace)
+  failover   --spawn redis-sentinel: cut a holder off from the sentinels, SENTINEL FAILOVER
+             (the split brain: with --no-wait it keeps granting on the old primary: double
+             grants, every stale write rejected by the fence); --spawn redis-cluster:
+             CLUSTER FAILOVER FORCE
+
 It prints a summary table, writes history.jsonl, report.json and report.html (an SVG
 timeline) into --report DIR, and exits 0 only if nothing was lost with the fence on;
 --no-fence runs the same schedule without the fence and exits 1, showing the damage."""
@@ -39,6 +47,9 @@ examples:
   asynclock drill --spawn redis --workers 6 --duration 60 --report drill-report
   asynclock drill --spawn sqlite --no-fence
   asynclock drill --spawn zookeeper        (a 3-member ensemble; members are killed)
+  asynclock drill --spawn redis-sentinel --faults failover,restart,pause
+  asynclock drill --spawn redis-sentinel --faults failover --no-wait   (the double grant)
+  asynclock drill --spawn redis-cluster --faults kill,failover,partition
   asynclock drill --url redis://127.0.0.1:6379/0 --faults pause,kill"""
 
 
@@ -56,21 +67,21 @@ def _positive(kind: type, low: float, high: float) -> Any:
 
 
 def _faults(text: str) -> tuple[str, ...]:
-    from ..drill import FAULTS
+    from ..drill import ALL_FAULTS
 
     if text.strip() in ("", "none"):
         return ()
     items = tuple(dict.fromkeys(t.strip() for t in text.split(",")))
-    bad = [t for t in items if t not in FAULTS]
+    bad = [t for t in items if t not in ALL_FAULTS]
     if bad:
         raise argparse.ArgumentTypeError(
-            f"unknown fault {bad[0]!r}; allowed: {','.join(FAULTS)} (comma-separated) or none"
+            f"unknown fault {bad[0]!r}; allowed: {','.join(ALL_FAULTS)} (comma-separated) or none"
         )
     return items
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..drill import FAULTS, SPAWN
+    from ..drill import ALL_FAULTS, FAULTS, SPAWN
 
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument(
@@ -99,7 +110,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=_faults,
         default=FAULTS,
         metavar="LIST",
-        help=f"comma-separated, from {','.join(FAULTS)} (default: all) or none",
+        help=f"comma-separated, from {','.join(ALL_FAULTS)} (default: {','.join(FAULTS)}) or none",
+    )
+    p.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="--spawn redis-sentinel/redis-cluster: no wait_replicas (WAIT) for the workers: "
+        "a failover then shows its double grant",
     )
     p.add_argument(
         "--no-fence",
@@ -210,6 +227,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             seed=args.seed,
             allow_remote_faults=args.allow_remote_faults,
             progress=bar,
+            wait=not args.no_wait,
         )
     finally:
         bar.close()
@@ -222,6 +240,15 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if report.ok:
         out.verdict(True, "Nothing was lost: every stale write was rejected by the fence.", lines)
         return 0
+    if report.double_grants and not args.no_fence:
+        title = (
+            f"A failover granted {report.double_grants} hold(s) twice (the split brain"
+            + (": run without --no-wait" if args.no_wait else "")
+            + f"); the fence rejected every stale access and {report.lost_updates} "
+            "update(s) were lost."
+        )
+        out.verdict(False, title, lines, label="NO WAIT" if args.no_wait else "")
+        return 1
     if not fence:
         title = (
             f"Without the fence, {report.lost_updates} update(s) were lost."

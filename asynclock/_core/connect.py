@@ -17,6 +17,12 @@ SCHEMES: dict[str, tuple[str, str | None]] = {
     "rediss": ("asynclock.backends.redis", "redis"),
     "unix": ("asynclock.backends.redis", "redis"),
     "redlock": ("asynclock.backends.redis.redlock", "redis"),
+    "redis+sentinel": ("asynclock.backends.redis.sentinel", "redis"),
+    "redis-sentinel": ("asynclock.backends.redis.sentinel", "redis"),
+    "redis+cluster": ("asynclock.backends.redis.cluster", "redis"),
+    # Refused with a clear ValueError (TLS is not supported on them yet).
+    "rediss+sentinel": ("asynclock.backends.redis.sentinel", "redis"),
+    "rediss+cluster": ("asynclock.backends.redis.cluster", "redis"),
     "postgresql": ("asynclock.backends.postgres", "postgres"),
     "postgres": ("asynclock.backends.postgres", "postgres"),
     "etcd": ("asynclock.backends.etcd", "etcd"),
@@ -37,7 +43,8 @@ def connect(
     """Create a backend for ``url``; use it as ``async with connect(url) as backend:``.
 
     Schemes: ``memory://``, ``sqlite:///path/to/file``, ``redis://``, ``rediss://``,
-    ``unix://``, ``redlock://h1,h2,h3``, ``postgresql://``, ``etcd://h1:2379,h2:2379``,
+    ``unix://``, ``redlock://h1,h2,h3``, ``redis+sentinel://s1,s2,s3/service``,
+    ``redis+cluster://n1,n2,n3``, ``postgresql://``, ``etcd://h1:2379,h2:2379``,
     ``zookeeper://h1:2181,h2:2181/chroot``.
     Extra keyword ``options`` go to the backend's driver (see its docs).
     """

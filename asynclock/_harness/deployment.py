@@ -18,15 +18,22 @@ import anyio
 
 from .._core.urls import Host, parse_multi_host_url, url_scheme
 from .pg_server import running_pg
+from .redis_deploy import ClusterDeployment, SentinelDeployment
 from .servers import EtcdMember, EtcdServers, RedisServer, ZookeeperServers
 
 #: What ``spawn=`` can start.
-SPAWN = ("sqlite", "redis", "redlock", "postgres", "postgres-lease", "etcd", "zookeeper")
+SPAWN = (
+    "sqlite", "redis", "redlock", "redis-sentinel", "redis-cluster", "postgres",
+    "postgres-lease", "etcd", "zookeeper",
+)  # fmt: skip
 
 _DEFAULT_PORTS = {
     "redis": 6379,
     "rediss": 6379,
     "redlock": 6379,
+    "redis+sentinel": 26379,
+    "redis-sentinel": 26379,
+    "redis+cluster": 6379,
     "postgresql": 5432,
     "postgres": 5432,
     "etcd": 2379,
@@ -67,6 +74,9 @@ def check_url(url: str, faults: Sequence[str], allow_remote_faults: bool) -> str
         "redis": "redis",
         "rediss": "redis",
         "redlock": "redlock",
+        "redis+sentinel": "redis-sentinel",
+        "redis-sentinel": "redis-sentinel",
+        "redis+cluster": "redis-cluster",
         "postgresql": "postgres",
         "postgres": "postgres",
     }
@@ -106,6 +116,9 @@ class LockServer:
     start: Callable[[], object]
     #: What a restart brings back, for the fault's description.
     comes_back: str
+    #: Deletes what it persists (the restart fault restarts it without its data); None:
+    #: it persists nothing.
+    wipe: Callable[[], object] | None = None
 
 
 @dataclass
@@ -115,10 +128,77 @@ class Deployment:
     register: str
     #: Lock servers this drill started, for the kill fault (the register is never on one).
     servers: list[LockServer] = field(default_factory=list)
+    #: The failover fault (a replica promoted, the lock name's on a cluster): returns once
+    #: the deployment announced it, with what happened; None: this deployment has none.
+    failover: Callable[[str], str] | None = None
+    #: The failover fault cuts its worker off from the URL's hosts first (the sentinels:
+    #: the split brain, a holder still reaching the old primary).
+    split: bool = False
+
+
+def _sentinel_failover(dep: SentinelDeployment, name: str) -> str:
+    old = dep.failover()
+    new = dep.wait_switched(old)
+    return (
+        f"SENTINEL FAILOVER: {new} promoted and announced; {old} stays a writable primary "
+        "until Sentinel demotes it (~10 s)"
+    )
+
+
+def _cluster_failover(dep: ClusterDeployment, name: str) -> str:
+    from ..backends.redis import keys_for
+    from ..backends.redis.topology import key_slot
+
+    slot = key_slot(keys_for(name).lock.encode())
+    dep.wait_healthy()  # a replica in sync to promote (a node killed before is back)
+    primary = dep.owner(slot)
+    replica = dep.manual_failover(primary, force=True)
+    dep.wait_primary(replica)
+    return f"CLUSTER FAILOVER FORCE: {replica.address} took over the slots of {primary.address}"
+
+
+def _deployments(kind: str, tmp: Path, stack: contextlib.ExitStack, wait: bool) -> Deployment:
+    """``redis-sentinel`` (a primary, 2 replicas, 3 sentinels) or ``redis-cluster`` (3+3),
+    without persistence; ``wait``: the workers' URL asks for ``wait_replicas=1``."""
+    query = "?wait_replicas=1" if wait else ""
+    if kind == "redis-sentinel":
+        # Two replicas: after a failover WAIT 1 needs one besides the promoted one.
+        sentinels = SentinelDeployment(tmp / "sentinel", replicas=2).start()
+        stack.callback(sentinels.stop)
+        down: list[RedisServer] = []
+
+        def kill() -> None:
+            down.append(sentinels.primary())
+            down[-1].kill()
+
+        def start() -> None:
+            down.pop().start(settle=False)
+
+        comes_back = (
+            "empty (no persistence; Sentinel fails over if it stays down past "
+            "down-after-milliseconds, 1 s)"
+        )
+        primary = LockServer("primary", kill, start, comes_back)
+        return Deployment(
+            kind,
+            sentinels.url + query,
+            "",
+            [primary],
+            partial(_sentinel_failover, sentinels),
+            split=True,
+        )
+    cluster = ClusterDeployment(tmp / "cluster").start()
+    stack.callback(cluster.stop)
+    # A killed primary stays down until the next server kill: its replica takes over.
+    nodes = [
+        LockServer(n.address, n.kill, partial(n.start, settle=False), "as a replica, empty")
+        for n in cluster.primary_nodes()
+    ]
+    return Deployment(kind, cluster.url + query, "", nodes, partial(_cluster_failover, cluster))
 
 
 @contextlib.contextmanager
-def spawned(kind: str, tmp: Path, run_id: str) -> Iterator[Deployment]:
+def spawned(kind: str, tmp: Path, run_id: str, wait: bool = True) -> Iterator[Deployment]:
     """Throwaway servers for ``spawn=kind``, configured as the backend's docs recommend, and
     the register on a server of its own: the lock servers can then be killed -9 with the
     fenced resource (and its high-water mark) still up, as in production."""
@@ -173,8 +253,15 @@ def spawned(kind: str, tmp: Path, run_id: str) -> Iterator[Deployment]:
             lone = RedisServer(tmp / "redis", persist=True).start()
             stack.callback(lone.stop)
             again = partial(lone.start, settle=False)
-            server = LockServer(lone.address, lone.kill, again, "from its AOF (appendfsync always)")
+            server = LockServer(
+                lone.address, lone.kill, again, "from its AOF (appendfsync always)", lone.wipe
+            )
             yield Deployment(kind, lone.url, register, [server])
+            return
+        if kind in ("redis-sentinel", "redis-cluster"):
+            dep = _deployments(kind, tmp, stack, wait)
+            dep.register = register
+            yield dep
             return
         # Redlock nodes without persistence, as its docs allow: a restarted node comes back
         # empty, reseeds its counters from TIME and grants nothing for the restart grace.
@@ -208,6 +295,7 @@ async def deployment(
     allow_remote_faults: bool,
     tmp: Path,
     run_id: str,
+    wait: bool = True,
 ) -> AsyncIterator[Deployment]:
     if (url is None) == (spawn is None):
         raise ValueError(
@@ -219,7 +307,7 @@ async def deployment(
             raise ValueError(f"spawn must be one of {', '.join(SPAWN)}, got {spawn!r}")
         # Starting servers blocks (and PostgreSQL's set-up runs an event loop of its own).
         stack = contextlib.ExitStack()
-        dep = await anyio.to_thread.run_sync(stack.enter_context, spawned(spawn, tmp, run_id))
+        dep = await anyio.to_thread.run_sync(stack.enter_context, spawned(spawn, tmp, run_id, wait))
         try:
             yield dep
         finally:

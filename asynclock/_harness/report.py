@@ -122,6 +122,18 @@ class DrillReport:
         )
 
     @property
+    def double_grants(self) -> int:
+        """Names granted to a worker while another (not paused) still held them, during a
+        failover: the split brain ``wait_replicas`` prevents and the fence makes harmless."""
+        windows = [(f.start, f.end + 2 * self.ttl) for f in self.faults if f.kind == "failover"]
+        pauses = [f for f in self.faults if f.kind == "pause"]
+        return sum(
+            any(lo <= b.start <= hi for lo, hi in windows)
+            and not any(f.target == a.worker and f.start <= b.start <= f.end for f in pauses)
+            for a, b in overlaps(self.holds)
+        )
+
+    @property
     def ok(self) -> bool:
         """Fencing on, nothing lost, tokens in order: the only passing verdict."""
         return self.fence and not self.problems
@@ -133,8 +145,10 @@ class DrillReport:
             "acquisitions": self.acquisitions,
             "leases lost": self.lost_leases,
             "believed overlaps": self.overlaps,
+            "double grants in a failover": self.double_grants,
             "writes accepted": max(self.applied, self.accepted),
             "stale writes rejected": self.rejected,
+            "stale reads rejected": self.read_rejections,
             "rejected after a server restart": self.rejected_after_restart,
             "register (final)": self.final,
             "lost updates": self.lost_updates,
@@ -158,6 +172,10 @@ class DrillReport:
         }
 
 
+#: Token-order problems listed one by one; the rest are counted.
+MAX_LISTED = 5
+
+
 def judge(report: DrillReport) -> None:
     problems = report.problems
     if report.lost_updates:
@@ -177,11 +195,15 @@ def judge(report: DrillReport) -> None:
                 f"accepted writes out of token order: {a.worker} wrote with {a.token}, "
                 f"then {b.worker} with {b.token}"
             )
-    problems += [
+    disorder = [
         f"tokens did not increase: {a.worker} held {a.token} from {a.start:.6f}, then "
         f"{b.worker} asked at {sent:.6f} and got {b.token}"
         for a, b, sent in holds_out_of_order(report.holds, report.sent)
     ]
+    if len(disorder) > MAX_LISTED:  # a split brain: every hold on the old primary
+        more = len(disorder) - MAX_LISTED
+        disorder = [*disorder[:MAX_LISTED], f"... and {more} more holds with tokens out of order"]
+    problems += disorder
 
 
 def holds_out_of_order(
@@ -215,7 +237,14 @@ def holds_out_of_order(
 # -- the HTML page ------------------------------------------------------------------------
 
 LANE_H, LEFT, RIGHT, TOP, WIDTH = 34, 70, 20, 30, 1200
-FAULT_COLORS = {"pause": "#7b61ff", "partition": "#ff8c00", "kill": "#222222", "clock": "#1e90ff"}
+FAULT_COLORS = {
+    "pause": "#7b61ff",
+    "partition": "#ff8c00",
+    "kill": "#222222",
+    "clock": "#1e90ff",
+    "restart": "#8b4513",
+    "failover": "#c71585",
+}
 
 
 def _x(t: float, t0: float, span: float) -> float:

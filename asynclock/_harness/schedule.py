@@ -22,8 +22,14 @@ from .proxy import Proxy
 from .register import open_register
 from .report import DrillReport, Fault
 
-#: Every fault the drill knows, in the order a schedule cycles through them.
+#: The faults a drill runs by default, in the order a schedule cycles through them.
 FAULTS = ("pause", "partition", "kill", "clock")
+#: Faults a drill runs only when asked for, on servers it started: ``restart`` (a lock
+#: server killed and restarted without its data: the restart grace) and ``failover`` (a
+#: replica promoted: Sentinel's, or a cluster's).
+MORE_FAULTS = ("restart", "failover")
+#: Every fault the drill knows.
+ALL_FAULTS = FAULTS + MORE_FAULTS
 #: Bound on a worker's start (Python, imports, connect).
 START_TIMEOUT = 30.0
 #: Progress callback: (seconds elapsed, seconds planned, counters so far).
@@ -255,6 +261,50 @@ class Drill:
         detail = f"kill -9 the lock server; {down}, back {server.comes_back}"
         self._fault("kill", f"server {server.address}", start, detail)
 
+    async def restart(self, tg: anyio.abc.TaskGroup) -> None:
+        """kill -9 a lock server and start it again at once without its data: the holders
+        lose their leases at the reconnect, and no lock is granted for the restart grace."""
+        servers = [s for s in self.dep.servers if s is not self.killed]
+        server, start = self.rng.choice(servers), time.monotonic()
+        with anyio.CancelScope(shield=True):  # a drill that ends now still gets it back
+            await anyio.to_thread.run_sync(server.kill)
+            if server.wipe is not None:
+                await anyio.to_thread.run_sync(server.wipe)
+            await anyio.to_thread.run_sync(server.start)
+        self.report.outages.append((start, time.monotonic()))
+        detail = "kill -9 and start again without its data: the restart grace"
+        self._fault("restart", f"server {server.address}", start, detail)
+
+    async def failover(self, tg: anyio.abc.TaskGroup) -> None:
+        """A replica is promoted. On Sentinel, a holder is cut off from the sentinels first
+        (the split brain: it still reaches the old primary, writable for ~10 s); the fault
+        lasts until another worker has written after the promotion, and 2 ttl more."""
+        promote = self.dep.failover
+        assert promote is not None
+        if self.killed is not None:  # one node down at a time: the one killed comes back
+            await anyio.to_thread.run_sync(self.killed.start)
+            self.report.outages[-1] = (self.report.outages[-1][0], time.monotonic())
+            self.killed = None
+        slot, start = self._pick(), time.monotonic()
+        cut = self.dep.split and bool(slot.proxies)
+        if cut:
+            for proxy in slot.proxies:
+                proxy.set_mode("blackhole")
+        try:
+            detail = await anyio.to_thread.run_sync(promote, self.name)
+            promoted = time.monotonic()
+            successor = lambda label, ev: (  # noqa: E731
+                label != slot.label and ev.get("event") == "wrote" and float(ev["t"]) > promoted
+            )
+            await self.recorder.wait_for(successor, 10 + 6 * self.ttl)
+            await anyio.sleep(2 * self.ttl)  # the fault's length: the split brain, shown
+        finally:
+            for proxy in slot.proxies:
+                proxy.heal()
+        if cut:
+            detail += f"; {slot.label} was cut off from the sentinels meanwhile"
+        self._fault("failover", slot.label if cut else "primary", start, detail)
+
     async def partition(self, tg: anyio.abc.TaskGroup) -> None:
         slot = self._pick()
         start = time.monotonic()
@@ -308,7 +358,8 @@ class Drill:
 
     async def run(self, duration: float) -> None:
         async with self.group, anyio.create_task_group() as tg:
-            if self.dep.kind != "sqlite" and "partition" in self.faults:
+            cuts = "partition" in self.faults or (self.dep.split and "failover" in self.faults)
+            if self.dep.kind != "sqlite" and cuts:
                 scheme, auth, endpoints, rest = split_url(self.dep.url)
                 for slot in self.slots:
                     slot.proxies = [Proxy(ep) for ep in endpoints]

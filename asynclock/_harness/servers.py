@@ -120,6 +120,8 @@ class RedisServer:
     unixsocket: bool = False
     #: redis-server to run (default: :func:`find_redis_server`).
     binary: str | None = None
+    #: More redis-server arguments (replication, cluster mode: see ``redis_deploy``).
+    extra: list[str] = field(default_factory=list)
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -158,6 +160,7 @@ class RedisServer:
             args += ["--requirepass", self.password]
         if self.unixsocket:
             args += ["--unixsocket", str(self.socket_path), "--unixsocketperm", "700"]
+        args += self.extra
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         give_up = time.monotonic() + 10
         while not redis_ping(self.port, self.password):
@@ -205,11 +208,15 @@ class RedisServer:
         that lost its data waits the restart grace before it grants a lock)."""
         self.kill()
         if not keep_data:
-            for f in self.directory.glob("*.aof"):
-                f.unlink()
-            for f in self.directory.glob("appendonlydir"):
-                shutil.rmtree(f)
+            self.wipe()
         self.start(settle=False)
+
+    def wipe(self) -> None:
+        """Delete what it persisted (its AOF), so its next start is empty."""
+        for f in self.directory.glob("*.aof"):
+            f.unlink()
+        for f in self.directory.glob("appendonlydir"):
+            shutil.rmtree(f)
 
     def stop(self) -> None:
         self.kill()

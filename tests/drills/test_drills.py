@@ -27,9 +27,12 @@ from tests.support.spec import BackendSpec
 #: the kill fault kills -9 (the register is on a server of its own): a lone server (redis,
 #: both PostgreSQL modes) comes back at once, a cluster's node (redlock, etcd, zookeeper:
 #: 3 nodes) at the next server kill.
-SPAWN = ["sqlite", "redis", "redlock", "postgres", "postgres-lease", "etcd", "zookeeper"]
+SPAWN = [
+    "sqlite", "redis", "redlock", "redis-sentinel", "redis-cluster", "postgres",
+    "postgres-lease", "etcd", "zookeeper",
+]  # fmt: skip
 #: Spawned kinds whose lock servers are a cluster's nodes (one killed at a time).
-CLUSTERS = ("redlock", "etcd", "zookeeper")
+CLUSTERS = ("redlock", "redis-cluster", "etcd", "zookeeper")
 #: Drills against the suite's servers by URL (``spec_<id>`` fixtures): PostgreSQL's lease
 #: mode (``--spawn postgres`` is session mode) and etcd (a local SQLite register). A new
 #: backend is one more fixture id here.
@@ -146,7 +149,9 @@ def test_no_fence_shows_the_lost_update() -> None:
 def test_bad_options_raise_before_anything_starts() -> None:
     with pytest.raises(ValueError, match=r"exactly one of url= .* or spawn="):
         asynclock.drill.run()
-    with pytest.raises(ValueError, match=r"spawn must be one of .*etcd, zookeeper"):
+    with pytest.raises(
+        ValueError, match=r"spawn must be one of .*redis-sentinel, redis-cluster.*zookeeper"
+    ):
         asynclock.drill.run(spawn="mysql")
     with pytest.raises(ValueError, match="unknown fault 'flood'"):
         asynclock.drill.run(spawn="sqlite", faults=("flood",))
@@ -167,7 +172,8 @@ def test_remote_faults_are_refused_unless_allowed() -> None:
 def test_drill_module_exports_exactly_its_api() -> None:
     assert isinstance(asynclock.drill.__all__, tuple)
     assert set(asynclock.drill.__all__) == {
-        "FAULTS", "SPAWN", "DrillReport", "Fault", "check_url", "run", "run_async", "save",
+        "ALL_FAULTS", "FAULTS", "SPAWN", "DrillReport", "Fault", "check_url", "run", "run_async",
+        "save",
     }  # fmt: skip
     for name in asynclock.drill.__all__:
         assert hasattr(asynclock.drill, name), name

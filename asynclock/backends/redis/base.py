@@ -64,10 +64,11 @@ class GraceReport:
                 self._warned.popitem(last=False)
             logger.warning(
                 "%s: restart grace until %s UTC (%.1fs from now): the database lost its lock "
-                "data or never had any (a new database, a flush, or a restart without "
-                "persistence), so no lock is granted before then: a lease granted before the "
-                "loss may still be running. The option restart_grace (seconds; 0 turns it "
-                "off) sets how long it lasts after the server starts.",
+                "data or never had any (a new database, a flush, a restart without "
+                "persistence, or a failover to a replica that may lack the last grants), so "
+                "no lock is granted before then: a lease granted before the loss may still "
+                "be running. The option restart_grace (seconds; 0 turns it off) sets how long "
+                "it lasts after the server starts (or the failover is seen).",
                 self.display,
                 time.strftime("%H:%M:%S", time.gmtime(until)),
                 left_ms / 1000,
@@ -75,8 +76,8 @@ class GraceReport:
         return Busy(
             left_ms / 1000,
             f"{self.display} lost its lock data or never had any (a new database, a flush, "
-            "or a restart without persistence), and a lease granted before may still be "
-            "running",
+            "a restart without persistence, or a failover), and a lease granted before may "
+            "still be running",
             cursor=cursor,
             grace_until=until,
         )

@@ -64,6 +64,11 @@ def epoch_key(prefix: str = "asynclock:") -> str:
     return f"{prefix}epoch"
 
 
+def era_key(prefix: str = "asynclock:") -> str:
+    """The database's era key (see ``ADOPT``): the replication id its data was written under."""
+    return f"{prefix}era"
+
+
 @dataclass(frozen=True, slots=True)
 class WireKeys:
     """The keys of one name as the scripts take them (bytes), and its channel's name."""

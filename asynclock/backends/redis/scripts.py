@@ -1,158 +1,11 @@
-"""The Lua scripts of the Redis drivers: each with its KEYS, ARGV and replies, and the
-shared Lua helpers they are built from (single node and Redlock)."""
+"""The Lua scripts of the Redis drivers (one server, Redlock, Sentinel, Cluster): each with
+its KEYS, ARGV and replies; the shared Lua helpers they are built from are in :mod:`.lua`."""
 
 from __future__ import annotations
 
 import hashlib
 
-# -- Lua ----------------------------------------------------------------------------------
-#
-# Values: the lock key holds "owner:token" while held, or "~owner" while a release has
-# reserved the name for the waiter ``owner`` (who then claims it with ACQUIRE). Waiters are
-# members "owner:ttl_ms:probe" (or "owner:ttl_ms": no probe yet) of two sorted sets: by
-# arrival (queue) and by expiry (queue_exp). ``probe`` names the waiting backend's probe
-# channel, "<prefix>w:<probe>", which that backend subscribes to while it lives: PUBLISH
-# there answers 0 once its connection is gone (the process died).
-
-# The server's clock, read at most once per call and only by a call that needs it (the
-# steady-state acquire does not: the counter exists and the grace is over).
-_CLOCK = """
-local clock_t
--- Now in Unix ms on the server's clock, and the TIME reply.
-local function clock()
-  if not clock_t then clock_t = redis.call('TIME') end
-  return tonumber(clock_t[1]) * 1000 + math.floor(tonumber(clock_t[2]) / 1000), clock_t
-end
-"""
-
-# Shared helpers for the scripts that take and free a lease (single node and Redlock).
-_LEASE = """
--- G2: the name's next token. INCR answers 1 only for a missing counter (a new name, or
--- data loss): it is then seeded from TIME in ms * 1000 before counting on, so tokens keep
--- rising across a restart that lost it.
-local function next_token(fence)
-  local n = redis.call('INCR', fence)
-  if n == 1 then
-    local _, t = clock()
-    local ms = math.floor(tonumber(t[2]) / 1000)
-    redis.call('SET', fence, t[1] .. string.format('%03d', ms) .. '000')
-    n = redis.call('INCR', fence)
-  end
-  return n
-end
--- G2 per token scope: the next token of the name's counter and of the scope's (both
--- seeded as above), whichever is larger; both counters end at it.
-local function scoped_token(fence, scope)
-  local a, b = next_token(fence), next_token(scope)
-  if a < b then redis.call('SET', fence, b) elseif b < a then redis.call('SET', scope, a) end
-  return math.max(a, b)
-end
--- Hold the lock for owner with token for ttl ms (%d: '..' would print 1.7e+15).
-local function hold(lock, owner, token, ttl)
-  redis.call('SET', lock, owner .. ':' .. string.format('%d', token), 'PX', ttl)
-end
--- The token of owner's lease in cur (the lock's value), or nil: an acquire retried after
--- its reply was lost gets the same answer.
-local function held_token(cur, owner)
-  if cur and string.sub(cur, 1, #owner + 1) == owner .. ':' then
-    return tonumber(string.sub(cur, #owner + 2))
-  end
-  return nil
-end
--- G1 across data loss: the restart grace. The epoch key holds the Unix ms at which the
--- database's grace ends, one end for every request, and lives as long as the database's
--- data; "0" once the grace is over (so the steady state needs no TIME). When it is missing
--- (a new database, a flush, a restart that lost the data) a lease granted before may still
--- run in its holder, so nothing is granted until the server's start + grace ms: data
--- cannot have been lost before the server started, so a server up for longer than the
--- grace waits for nothing (an INFO that fails counts as just started).
--- Returns the ms left (0: none) and the end.
-local function grace_left(epoch, grace)
-  local kept = redis.call('GET', epoch)
-  if kept == '0' then return 0, 0 end
-  local now, t = clock()
-  local ends = tonumber(kept or '')
-  if ends == nil then
-    local info = redis.pcall('INFO', 'server')
-    local up = type(info) == 'string' and tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
-    -- The uptime is whole seconds of the clock (now's second minus the start's), so the
-    -- start is before the second after now's second - up: take that, the latest it can
-    -- be (never after now), so the grace is never short of a holder from before.
-    local start = math.min(now, (tonumber(t[1]) - (up or 0) + 1) * 1000)
-    ends = start + tonumber(grace)
-  end
-  if ends <= now then
-    redis.call('SET', epoch, '0')
-    return 0, ends
-  end
-  if tonumber(kept or '') == nil then redis.call('SET', epoch, string.format('%d', ends)) end
-  return ends - now, ends
-end
--- G5, for release: true if cur is owner's lease with token ('' = unknown: an interrupted
--- acquire, any token of ours), false if it is only owner's reservation (token ''), nil if
--- it is not ours.
-local function owned(cur, owner, token)
-  if token == '' then
-    if held_token(cur, owner) then return true end
-    if cur == '~' .. owner then return false end
-    return nil
-  end
-  if cur == owner .. ':' .. token then return true end
-  return nil
-end
-"""
-
-# Shared helpers for the scripts that hand a free name to the next waiter.
-_HANDOFF = """
--- (owner, ttl, probe or nil) of queue member m.
-local function parse_member(m)
-  local owner, ttl, probe = string.match(m, '^([^:]*):(%d+):(%x+)$')
-  if owner then return owner, ttl, probe end
-  owner, ttl = string.match(m, '^(.*):(%d+)$')
-  return owner, ttl, nil
-end
--- Forget waiters that stopped asking (their entry expired) or died (nobody listens on
--- their probe channel: the waiter's connection closed); return the oldest live one.
--- lock: the lock key, whose text up to '{' is the key prefix.
-local function head(q, qx, lock)
-  if redis.call('EXISTS', q) == 0 then return nil end
-  local dead = redis.call('ZRANGEBYSCORE', qx, '-inf', (clock()), 'LIMIT', 0, 100)
-  for _, m in ipairs(dead) do
-    redis.call('ZREM', q, m)
-    redis.call('ZREM', qx, m)
-  end
-  local pre = string.match(lock, '^[^{]*') .. 'w:'
-  for _ = 1, 100 do
-    local m = redis.call('ZRANGE', q, 0, 0)[1]
-    if m == nil then return nil end
-    local _, _, probe = parse_member(m)
-    if probe == nil or redis.call('PUBLISH', pre .. probe, '') > 0 then return m end
-    redis.call('ZREM', q, m)
-    redis.call('ZREM', qx, m)
-  end
-  return redis.call('ZRANGE', q, 0, 0)[1]
-end
--- Reserve the free name for waiter member m (for its own ttl) and wake only it.
--- With no waiter, publish '' so any watcher may try. Returns the reservation in ms or nil.
-local function handoff(lock, q, qx, chan, m)
-  if m then
-    redis.call('ZREM', q, m)
-    redis.call('ZREM', qx, m)
-    local owner, ttl = parse_member(m)
-    redis.call('SET', lock, '~' .. owner, 'PX', ttl)
-    redis.call('PUBLISH', chan, owner)
-    return tonumber(ttl)
-  end
-  redis.call('PUBLISH', chan, '')
-  return nil
-end
-
--- Delete the lock key and hand the name to the oldest live waiter, if any.
-local function free(lock, q, qx, chan)
-  redis.call('DEL', lock)
-  handoff(lock, q, qx, chan, head(q, qx, lock))
-end
-"""
+from .lua import CLOCK, HANDOFF, LEASE, RENEW
 
 # ACQUIRE (G1 exclusion, G2 monotonic tokens, fair queue).
 # KEYS: lock, fence, queue, queue_exp, epoch[, scope fence: token_scope's counter, next_token's
@@ -165,9 +18,9 @@ end
 # key has no expiry (not ours: another tool's or a legacy key).
 # The fence counter is never deleted (see next_token).
 ACQUIRE = (
-    _CLOCK
-    + _LEASE
-    + _HANDOFF
+    CLOCK
+    + LEASE
+    + HANDOFF
     + """
 local lock, fence, q, qx, epoch = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local owner, ttl, mode, chan = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
@@ -185,9 +38,15 @@ if mode == '2' and ARGV[6] ~= '' then
     redis.call('ZADD', qx, until_ms, member)
   end
 end
+local floor
 local function grant()
+  if floor == nil then floor = token_floor(epoch) end
   local token
-  if KEYS[6] then token = scoped_token(fence, KEYS[6]) else token = next_token(fence) end
+  if KEYS[6] then
+    token = scoped_token(fence, KEYS[6], floor)
+  else
+    token = next_token(fence, floor)
+  end
   hold(lock, owner, token, ttl)
   if mode == '2' and redis.call('EXISTS', q) == 1 then
     redis.call('ZREM', q, member)
@@ -200,7 +59,7 @@ local mine = held_token(cur, owner)
 if mine then return {mine} end
 local left, grace, ends = nil, 0, nil
 if cur == false then
-  grace, ends = grace_left(epoch, ARGV[5])
+  grace, ends, floor = grace_left(epoch, ARGV[5])
 end
 if grace > 0 then
   left = grace  -- In the restart grace: wait (and queue) as if the name were held.
@@ -255,9 +114,9 @@ return out
 # match any token of ours or our reservation), channel.
 # Returns 1 if our lease was removed, 0 if it was not ours (or only a reservation).
 RELEASE = (
-    _CLOCK
-    + _LEASE
-    + _HANDOFF
+    CLOCK
+    + LEASE
+    + HANDOFF
     + """
 local lock, q, qx = KEYS[1], KEYS[2], KEYS[3]
 local owner, token, chan = ARGV[1], ARGV[2], ARGV[3]
@@ -276,8 +135,8 @@ return 0
 # If the name was reserved for this waiter, pass the reservation on to the next one.
 # Returns 1.
 ABANDON = (
-    _CLOCK
-    + _HANDOFF
+    CLOCK
+    + HANDOFF
     + """
 local lock, q, qx = KEYS[1], KEYS[2], KEYS[3]
 local plain = string.match(ARGV[1], '^([^:]*:%d+)') or ARGV[1]
@@ -302,8 +161,8 @@ return 1
 # restart grace, {0, -1} when the lock key has no expiry (as ACQUIRE). The counter is seeded
 # from TIME exactly as in ACQUIRE (next_token).
 REDLOCK_ACQUIRE = (
-    _CLOCK
-    + _LEASE
+    CLOCK
+    + LEASE
     + """
 local lock, fence, owner = KEYS[1], KEYS[2], ARGV[1]
 local cur = redis.call('GET', lock)
@@ -315,10 +174,14 @@ if cur and cur ~= '~' .. owner then
   if left < 0 then left = 0 end
   return {0, left}
 end
-local left, ends = grace_left(KEYS[3], ARGV[3])
+local left, ends, floor = grace_left(KEYS[3], ARGV[3])
 if left > 0 then return {0, left, ends} end
 local token
-if KEYS[4] then token = scoped_token(fence, KEYS[4]) else token = next_token(fence) end
+if KEYS[4] then
+  token = scoped_token(fence, KEYS[4], floor)
+else
+  token = next_token(fence, floor)
+end
 hold(lock, owner, token, ARGV[2])
 return {token}
 """
@@ -331,8 +194,8 @@ return {token}
 # ours or our reservation), channel.
 # Returns 1 if our lease was removed, 0 if it was not ours (or only a reservation).
 REDLOCK_RELEASE = (
-    _CLOCK
-    + _LEASE
+    CLOCK
+    + LEASE
     + """
 local cur = redis.call('GET', KEYS[1])
 if cur == false then return 0 end
@@ -363,12 +226,13 @@ return 1
 
 # HOLDER: who holds the lock, in one round trip. KEYS: lock, epoch. Returns {"owner:token",
 # pttl_ms} while a lease holds it, {"", ms_left, end_ms} while the database's restart grace
-# runs (see grace_left; a grace starts with the first acquire that finds the epoch missing),
+# runs (see grace_left; a grace starts with the first acquire that finds the epoch missing,
+# or marked as a failover's),
 # {} when it is free or only reserved for a waiter.
 HOLDER = """
 local cur = redis.call('GET', KEYS[1])
 if not cur or string.sub(cur, 1, 1) == '~' then
-  local ends = tonumber(redis.call('GET', KEYS[2]) or '')
+  local ends = tonumber(string.match(redis.call('GET', KEYS[2]) or '', '^(%d+)'))
   if ends then
     local t = redis.call('TIME')
     local left = ends - (tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
@@ -385,8 +249,8 @@ return {cur, redis.call('PTTL', KEYS[1])}
 # queue_exp. ARGV: channel. Returns 1 if a lease was deleted, 0 if none held the lock (a
 # waiter's reservation is left alone).
 BREAK = (
-    _CLOCK
-    + _HANDOFF
+    CLOCK
+    + HANDOFF
     + """
 local lock, q, qx, chan = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
 local cur = redis.call('GET', lock)
@@ -422,6 +286,69 @@ end
 return 0
 """
 
+# ADOPT (G1, G2 across a failover or a restart): run on a primary before a backend's first
+# grant there (redis+sentinel://, and per hash slot on redis+cluster://). The era key holds
+# the replication id of the primary the data was last adopted under. When the primary is
+# another one now and was promoted from a replica (its master_replid2 is set), or a backend
+# saw it restart with its data (kept on disk, or copied from a replica), the data may lack
+# what was granted last (and the tokens handed out): the epoch key is marked "f<now ms>"
+# (see grace_left: a restart grace from now, and every later token above now ms * 1000).
+# Any other change (no era yet on a primary never promoted, a restart that lost the data:
+# the epoch key is gone with it) is only recorded. The mark errs towards a grace: a slot a
+# cluster migrated to a once-promoted primary waits one too.
+# KEYS: epoch, era (one hash slot). ARGV: master_replid, master_replid2, restarted ('1':
+# this backend saw the server restart). Returns 1 if it marked, else 0.
+ADOPT = """
+local era = redis.call('GET', KEYS[2])
+if era == ARGV[1] then return 0 end
+redis.call('SET', KEYS[2], ARGV[1])
+local promoted = string.find(ARGV[2], '[^0]') ~= nil
+local kept = redis.call('EXISTS', KEYS[1]) == 1
+if not promoted and not (kept and ARGV[3] == '1') then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('SET', KEYS[1], 'f' .. string.format('%d', now))
+return 1
+"""
+
+# SCOPE_NEXT (G2 per token scope on redis+cluster://, whose scope counter is in another slot
+# than the name's): the scope's next token, above t (what the name's own counter just gave
+# the grant) and above the slot's failover floor (see grace_left); RAISE_FENCE then gives it
+# to the lease. KEYS: the scope's fence counter, its slot's epoch key. ARGV: t.
+# Returns the token.
+SCOPE_NEXT = (
+    CLOCK
+    + LEASE
+    + """
+return next_token(KEYS[1], math.max(token_floor(KEYS[2]), tonumber(ARGV[1])))
+"""
+)
+
+# CLUSTER_EXTEND (G5 owner-checked, G7 same token): EXTEND for the leases of one Redis
+# Cluster node, whose lock keys are in many hash slots. Redis (>= 7.0) lets a script with
+# this flag touch keys of several slots as long as they live on the node; the keys are
+# ARGV (a command's KEYS must share one slot), KEYS[1] one of them (it routes the call).
+# ARGV: for lease i, ARGV[3i-2] = lock key, ARGV[3i-1] = "owner:token", ARGV[3i] = ttl_ms.
+# Returns one entry per lease: 1 extended, 0 key gone, -1 held by someone else, 2 the key's
+# slot is not on this node (moved: ask its owner).
+CLUSTER_EXTEND = (
+    "#!lua flags=allow-cross-slot-keys\n"
+    + RENEW
+    + """
+local out = {}
+for i = 1, #ARGV / 3 do
+  local key = ARGV[3 * i - 2]
+  local cur = redis.pcall('GET', key)
+  if type(cur) == 'table' and cur.err then
+    out[i] = 2
+  else
+    out[i] = renew(cur, key, ARGV[3 * i - 1], ARGV[3 * i])
+  end
+end
+return out
+"""
+)
+
 SCRIPTS = {
     "acquire": ACQUIRE,
     "extend": EXTEND,
@@ -434,7 +361,14 @@ SCRIPTS = {
     "break": BREAK,
     "record_put": RECORD_PUT,
     "record_delete": RECORD_DELETE,
+    "adopt": ADOPT,
+    "cluster_extend": CLUSTER_EXTEND,
+    "scope_next": SCOPE_NEXT,
 }
+#: Scripts not loaded at open (loaded on their first NOSCRIPT): only redis+sentinel:// and
+#: redis+cluster:// run them (a redis:// or redlock:// open loads no more than it did), and
+#: CLUSTER_EXTEND's flags need Redis >= 7.0.
+LAZY = frozenset({"adopt", "cluster_extend", "scope_next"})
 #: EVALSHA digests (the same on every server: SHA1 of the script text).
 SHAS = {key: hashlib.sha1(text.encode()).hexdigest().encode() for key, text in SCRIPTS.items()}
 

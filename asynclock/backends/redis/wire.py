@@ -10,7 +10,7 @@ import asyncio
 import inspect
 import logging
 import math
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 import redis.asyncio
@@ -23,7 +23,7 @@ from .deadlines import Deadlines
 from .options import NodeURL
 from .pipeline import MAX_CALLS, Pipelined
 from .pipeline import drop_connection as drop_connection
-from .scripts import SCRIPTS, SHAS
+from .scripts import LAZY, SCRIPTS, SHAS
 
 _hiredis: Any
 try:  # optional, as for redis-py: replies are parsed in C when it is there
@@ -365,6 +365,43 @@ class Node(Pipelined):
         finally:
             self._calls -= 1
 
+    async def call_chain(
+        self, packed: bytes, deadline: float, then: Callable[[Any], bytes | None]
+    ) -> list[Any]:
+        """Send ``packed`` and read its reply, then, while ``then(reply)`` gives a command,
+        send that on the same connection and read its reply: every reply, in order. For
+        what must follow on one connection: ``WAIT`` counts the replicas that have this
+        connection's writes, ``ASKING`` lets the next command in. Raw driver exceptions (an
+        error reply ends the chain); a reused connection found dead at the first command
+        is replaced once (``packed`` must be safe to repeat)."""
+        with self.deadlines.at(deadline):
+            reused = bool(self._idle)
+            wire = self._idle.pop() if reused else await self._connect()
+            try:
+                try:
+                    await wire.conn.send_packed_command(packed, check_health=False)
+                    reply = await wire.read()
+                except redis.exceptions.ConnectionError:
+                    if not reused:
+                        raise
+                    await drop_connection(wire.conn)
+                    wire = await self._connect()
+                    await wire.conn.send_packed_command(packed, check_health=False)
+                    reply = await wire.read()
+                replies = [reply]
+                while (follow := then(reply)) is not None:
+                    await wire.conn.send_packed_command(follow, check_health=False)
+                    reply = await wire.read()
+                    replies.append(reply)
+            except redis.exceptions.ResponseError:
+                await self._keep(wire)  # a complete (error) reply: the connection is fine
+                raise
+            except BaseException:
+                await drop_connection(wire.conn)
+                raise
+            await self._keep(wire)
+            return replies
+
     def deadline(self, timeout: float | None = None) -> float:
         return asyncio.get_running_loop().time() + (
             self.socket_timeout if timeout is None else timeout
@@ -377,8 +414,9 @@ class Node(Pipelined):
         and read the server's ``run_id``."""
         deadline = self.deadline(timeout)
         try:
-            for text in SCRIPTS.values():
-                await self.call(pack(b"SCRIPT", b"LOAD", text.encode()), deadline)
+            for script, text in SCRIPTS.items():
+                if script not in LAZY:
+                    await self.call(pack(b"SCRIPT", b"LOAD", text.encode()), deadline)
             self.run_id = await self.read_run_id(deadline)
         except Exception as exc:
             raise self.error("connect", exc) from exc
