@@ -9,11 +9,11 @@ A context variable is per task (child tasks get a copy) and per thread, never sh
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
@@ -211,3 +211,61 @@ def lost_on_exit(lease: Lease, swallowed: bool, exc_type: type[BaseException] | 
     if swallowed or exc_type is None:
         raise LeaseLost(lease.name, lease.token, lease.lost.reason or "lost") from None
     return False
+
+
+class Releaser(Protocol):
+    """What a lock's exit releases through (the acquisition, ``release.Releasing``)."""
+
+    def release(
+        self,
+        lease: Lease,
+        quiet: bool = False,
+        scope: anyio.CancelScope | None = None,
+        exiting: ExcInfo | None = None,
+    ) -> Coroutine[Any, Any, bool]: ...
+
+
+class LockBody:
+    """The end of a lock's body (``Lock.__aexit__``), here with the rest of the holder
+    scope's life (a base of ``lock.Lock``): :func:`leave_body` written out inline, then the
+    release. Not a coroutine itself: it returns the release's coroutine, which leaves the
+    holder scope too, a coroutine layer (and a call) less per hold."""
+
+    __slots__ = ()
+    _acq: Releaser
+
+    def __aexit__(self, *exc_info: *ExcInfo) -> Coroutine[Any, Any, bool]:
+        stack = LEASES.get()
+        if stack and stack[-1][0] is self:  # leave_body's usual case, inline
+            LEASES.set(stack[:-1])
+            _, lease, scope = stack[-1]
+        else:
+            found = pop_lease(self)
+            assert found is not None, "Lock.__aexit__ without __aenter__"
+            _, lease, scope = found
+        lease._scope = None
+        lease._task = None  # the hold is over (and a kept lease must not keep its task)
+        assert scope is not None  # a lock's own entry always carries its scope
+        if lease.lost.reason is not None:
+            # Lost: its scope was cancelled (only a loss cancels a holder scope:
+            # Session.lose, or the push of a lease already lost; this test is
+            # `scope.cancel_called` without the property call).
+            return self._exit_cancelled(lease, scope, exc_info)
+        # The usual case: release inside the holder's own scope, shielded from outer
+        # cancellation from here on — one cancel scope per hold, not two. Nothing can
+        # cancel this scope now but the release deadline: the lease leaves the renewer and
+        # watchdog (the session's `held`) first thing in `release`, and `_scope` is unset.
+        scope.shield = True
+        return self._acq.release(lease, True, scope, exc_info)  # quiet, scope, exiting
+
+    async def _exit_cancelled(
+        self, lease: Lease, scope: anyio.CancelScope, exc_info: ExcInfo
+    ) -> bool:
+        """Lost: leave the cancelled scope, then release in a fresh shielded one."""
+        try:
+            swallowed = bool(scope.__exit__(*exc_info))
+        finally:
+            await self._acq.release(lease, quiet=True)
+        if lease.lost.reason is not None:
+            return lost_on_exit(lease, swallowed, exc_info[0])
+        return swallowed

@@ -42,8 +42,7 @@ from .context import (
 )
 from .exceptions import BackendUnavailable
 from .keeper import Keeper
-from .lease import Lease
-from .session import deadline_reason
+from .lease import Lease, deadline_reason
 
 if TYPE_CHECKING:
     from .acquisition import Acquisition

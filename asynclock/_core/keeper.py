@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,9 +30,9 @@ class Busy:
     grace_until: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class LeaseRef:
-    """What identifies one lease at the server, plus the ttl to renew it with."""
+class LeaseRef(NamedTuple):
+    """What identifies one lease at the server, plus the ttl to renew it with (a tuple:
+    the renewer makes one per lease per call, so it is as cheap as Python makes them)."""
 
     name: str
     owner: str

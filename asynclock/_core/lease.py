@@ -235,3 +235,9 @@ class Lease:
         """
         self._grantor.check_loop()
         await self._grantor.extend(self, ttl)
+
+
+def deadline_reason(lease: Lease, now: float) -> str:
+    """Why a lease whose :attr:`Lease.deadline` has passed is lost."""
+    hard = lease.hard_deadline is not None and now >= lease.hard_deadline
+    return "max_hold reached" if hard else "local deadline passed"

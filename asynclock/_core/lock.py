@@ -8,10 +8,8 @@ import inspect
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-import anyio
-
 from .context import LEASES as _LEASES
-from .context import ExcInfo, leave_body, lost_on_exit, refuse_nested
+from .context import LockBody, refuse_nested
 from .exceptions import LeaseLost
 from .lease import Lease
 from .misuse import AsyncContextOnly
@@ -25,7 +23,7 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 
-class Lock(AsyncContextOnly):
+class Lock(LockBody, AsyncContextOnly):
     """``async with backend.lock(name, ttl=...) as lease:`` — see :meth:`Backend.lock`.
 
     Reusable and safe to share: each entering task gets its own lease (ownership lives on
@@ -33,6 +31,7 @@ class Lock(AsyncContextOnly):
     """
 
     __slots__ = ("_acq", "_args", "_call", "_template", "_token_scope")
+    _acq: Acquisition
     _usage = "backend.lock(...)"
     #: What it says of itself in ``AlreadyHeld`` (``context.refuse_nested``).
     kind = "lock"
@@ -66,10 +65,10 @@ class Lock(AsyncContextOnly):
     def __repr__(self) -> str:
         return f"<asynclock.Lock {self.name!r} ttl={self._args[1]:g}>"
 
-    # __aenter__ and __aexit__ are not coroutines themselves: each makes its checks and
-    # returns the acquisition's coroutine, which enters (leaves) the holder scope too.
-    # That is a coroutine layer less per acquire and per release, a measurable share of a
-    # fast hold (see benchmarks/README.md, "Core overhead").
+    # __aenter__ and __aexit__ (context.LockBody's) are not coroutines themselves: each
+    # makes its checks and returns the acquisition's coroutine, which enters (leaves) the
+    # holder scope too. That is a coroutine layer less per acquire and per release, a
+    # measurable share of a fast hold (see benchmarks/README.md, "Core overhead").
 
     def __aenter__(self) -> Coroutine[Any, Any, Lease]:
         acq = self._acq
@@ -80,33 +79,6 @@ class Lock(AsyncContextOnly):
         if stack:
             refuse_nested(acq, self._args[0], stack, task)
         return acq.acquire(*self._call, (self, task, stack), self._template)
-
-    def __aexit__(self, *exc_info: *ExcInfo) -> Coroutine[Any, Any, bool]:
-        _, lease, scope = leave_body(self)
-        assert scope is not None  # a Lock's own entry always carries its scope
-        if lease.lost.reason is not None:
-            # Lost: its scope was cancelled (only a loss cancels a holder scope:
-            # Session.lose, or the push of a lease already lost; this test is
-            # `scope.cancel_called` without the property call).
-            return self._exit_cancelled(lease, scope, exc_info)
-        # The usual case: release inside the holder's own scope, shielded from outer
-        # cancellation from here on — one cancel scope per hold, not two. Nothing can
-        # cancel this scope now but the release deadline: the lease leaves the renewer and
-        # watchdog (the session's `held`) first thing in `release`, and `_scope` is unset.
-        scope.shield = True
-        return self._acq.release(lease, True, scope, exc_info)  # quiet, scope, exiting
-
-    async def _exit_cancelled(
-        self, lease: Lease, scope: anyio.CancelScope, exc_info: ExcInfo
-    ) -> bool:
-        """Lost: leave the cancelled scope, then release in a fresh shielded one."""
-        try:
-            swallowed = bool(scope.__exit__(*exc_info))
-        finally:
-            await self._acq.release(lease, quiet=True)
-        if lease.lost.reason is not None:
-            return lost_on_exit(lease, swallowed, exc_info[0])
-        return swallowed
 
 
 def locked_function(

@@ -16,8 +16,8 @@ from .context import ExcInfo, lost_on_exit
 from .driver import Driver
 from .exceptions import BackendUnavailable
 from .fastpath import _level_cache
-from .lease import Lease
-from .session import Session, deadline_reason
+from .lease import Lease, deadline_reason
+from .session import Session
 
 if TYPE_CHECKING:
     from .stats import StatsRecorder

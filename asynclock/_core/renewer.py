@@ -31,6 +31,7 @@ import anyio
 
 from .clock import Clock
 from .keeper import Keeper, LeaseRef
+from .lease import deadline_reason
 from .observer import Observer
 from .stats import StatsRecorder
 
@@ -67,13 +68,15 @@ class Leases(Protocol):
     display: str
     stats: StatsRecorder
     observer: Observer | None
-    held: dict[str, tuple[weakref.ref[Lease], LeaseRef, Keeper]]
+    held: dict[str, tuple[weakref.ref[Lease], str, int, Keeper]]
     extends: dict[str, ExtendRequest]
     inbox: deque[tuple[Callable[..., None], tuple[Any, ...]]]
     inbox_used: bool
     dropped: list[weakref.ref[Lease]]
 
     def run_inbox(self) -> None: ...
+
+    def lose(self, lease: Lease, reason: str) -> None: ...
 
     def flush_release_failures(self) -> None: ...
 
@@ -210,16 +213,22 @@ class Renewer:
         margin = session.margin
         due: list[Item] = []
         next_due = math.inf
-        for owner, (ref_w, ref, keeper) in list(session.held.items()):
+        late: list[Lease] = []
+        for owner, (ref_w, name, token, keeper) in list(session.held.items()):
             lease = ref_w()
             if lease is None or lease._released:
+                continue
+            if now >= lease.deadline:  # the loop was stalled: the watchdog has not run yet
+                late.append(lease)
                 continue
             ttl = lease.ttl
             renew_at = lease._deadline - ttl * before + margin
             if every or renew_at <= now + ttl * hb * COALESCE or owner in extends:
-                due.append((lease, ref, keeper))
+                due.append((lease, LeaseRef(name, owner, token, ttl), keeper))
             elif renew_at < next_due:
                 next_due = renew_at
+        for lease in late:  # lost for what it is, not renewed (a refusal would misname it)
+            session.lose(lease, deadline_reason(lease, now))
         return due, next_due
 
     async def _round(self, items: list[Item], now: float, late_by: float) -> int:

@@ -34,7 +34,7 @@ from .clock import Clock
 from .exceptions import BackendUnavailable, LeaseLost
 from .fastpath import _level_cache
 from .keeper import Keeper, LeaseRef, Refused
-from .lease import Lease, LossSignal
+from .lease import Lease, LossSignal, deadline_reason
 from .observer import Observer
 from .renewer import IDLE_NAP, ExtendRequest, Renewer
 from .stats import StatsRecorder
@@ -55,9 +55,9 @@ _new = object.__new__
 RELEASE_STORM = 1.0
 
 #: What the session keeps per held lease: a weak reference (the holder keeps the Lease
-#: alive), what identifies it at the server (with the ttl it is renewed with), and the
-#: keeper that renews and releases it (to release it once it is collected).
-HeldRecord = tuple["weakref.ref[Lease]", LeaseRef, Keeper]
+#: alive), its name and token (to release it once it is collected), and the keeper that
+#: renews and releases it. A plain tuple: made once per hold.
+HeldRecord = tuple["weakref.ref[Lease]", str, int, Keeper]
 
 
 class Session:
@@ -87,7 +87,7 @@ class Session:
         #: Called with a name once a lease of it was released here (local waiters may try
         #: again); the acquisition sets it.
         self.wake: Callable[[str], None] = lambda name: None
-        #: owner -> (weak reference to the Lease, its LeaseRef, its keeper), for every lease
+        #: owner -> (weak reference to the Lease, name, token, its keeper), for every lease
         #: renewed.
         self.held: dict[str, HeldRecord] = {}
         self.dropped: list[weakref.ref[Lease]] = []  # appended by the weakref callback
@@ -163,18 +163,32 @@ class Session:
         grantor: Grantor,
         keeper: Keeper,
     ) -> Lease:
-        """A lease ``acquire`` was granted, renewed from now on (:meth:`new_lease` and
-        :meth:`adopt` in one, the hold's fast path)."""
-        lease = self.new_lease(name, owner, token, ttl, t_send, max_hold, grantor, keeper)
-        ref = LeaseRef(name, owner, token, ttl)
-        self.held[owner] = (_ref(lease, self._on_collected), ref, keeper)
+        """A lease ``acquire`` was granted, renewed from now on: :meth:`new_lease` and
+        :meth:`adopt` in one, written out inline (the hold's fast path: a call less)."""
+        deadline = t_send + ttl * self.keep - self.margin  # self.deadline(), inline
+        lease = _new(Lease)  # new_lease(), inline: every field, as there
+        lease.name = name
+        lease.owner = owner
+        lease.token = token
+        lease.ttl = ttl
+        lease.acquired_at = t_send
+        lease.hard_deadline = None if max_hold is None else t_send + max_hold
+        lease.lost = lost = _new(LossSignal)
+        lost._event = lost.reason = None
+        lease._deadline = deadline
+        lease._grantor = grantor
+        lease._keeper = keeper
+        lease._scope = None
+        lease._task = None
+        lease._released = False
+        self.held[owner] = (_ref(lease, self._on_collected), name, token, keeper)
         self.stats.acquired += 1
         if _known_level(_DEBUG, True) and logger.isEnabledFor(_DEBUG):
             logger.debug("acquired %r token=%d ttl=%gs", name, token, ttl)
         renewer = self.renewer
         if t_send + ttl * self.heartbeat < renewer.next_round:  # due before the next round
             renewer.wake_at(t_send + ttl * self.heartbeat)
-        if lease._deadline < self._watch_until or (
+        if deadline < self._watch_until or (
             max_hold is not None and t_send + max_hold < self._watch_until
         ):
             _poke(self._watch_wake)
@@ -186,7 +200,8 @@ class Session:
         renews it; it is lost, counted, timed and observed as a lock is."""
         self.held[lease.owner] = (
             _ref(lease, self._on_collected),
-            LeaseRef(lease.name, lease.owner, lease.token, lease.ttl),
+            lease.name,
+            lease.token,
             lease._keeper,
         )
         self.stats.acquired += 1
@@ -221,7 +236,8 @@ class Session:
         if lease.lost.reason is None and not lease._released and lease.owner not in self.held:
             self.held[lease.owner] = (
                 _ref(lease, self._on_collected),
-                LeaseRef(lease.name, lease.owner, lease.token, lease.ttl),
+                lease.name,
+                lease.token,
                 lease._keeper,
             )
             self.renewer.wake_at(self.clock.now())
@@ -271,7 +287,7 @@ class Session:
 
     def live(self) -> list[Lease]:
         """Every lease renewed here (and not yet garbage-collected)."""
-        return [lease for ref, _, _ in list(self.held.values()) if (lease := ref()) is not None]
+        return [lease for ref, _, _, _ in list(self.held.values()) if (lease := ref()) is not None]
 
     def lose(self, lease: Lease, reason: str) -> None:
         """Mark ``lease`` lost (once), stop renewing it and cancel its holder (G4)."""
@@ -371,9 +387,6 @@ class Session:
         if result is True:
             lease.ttl = ref.ttl
             lease._deadline = deadline  # may move earlier: a shorter ttl
-            entry = self.held.get(lease.owner)
-            if entry is not None:
-                self.held[lease.owner] = (entry[0], ref, entry[2])
             self.stats.renewals += 1
         elif isinstance(result, Refused):
             self.lose(lease, f"extend refused: {result.reason}")
@@ -471,29 +484,21 @@ class Session:
             if entry[0]() is not None or self.held.get(owner) is not entry:
                 continue  # alive, or released while we were releasing another one
             del self.held[owner]
-            _, ref, keeper = entry
+            _, name, token, keeper = entry
             logger.warning(
                 "lease on %r (token %d) was garbage-collected without release(): releasing "
                 "it; call `await lease.release()`, or hold it with `async with "
                 "backend.lock(...)`",
-                ref.name,
-                ref.token,
+                name,
+                token,
             )
-            await cleanup(
-                keeper.release(ref.name, owner, ref.token), self.bounds, "release dropped"
-            )
-            self.wake(ref.name)
+            await cleanup(keeper.release(name, owner, token), self.bounds, "release dropped")
+            self.wake(name)
 
     def poke_watchdog(self, deadline: float) -> None:
         """A deadline moved earlier than what the watchdog sleeps until: wake it."""
         if deadline < self._watch_until:
             _poke(self._watch_wake)
-
-
-def deadline_reason(lease: Lease, now: float) -> str:
-    """Why a lease whose :attr:`Lease.deadline` has passed is lost."""
-    hard = lease.hard_deadline is not None and now >= lease.hard_deadline
-    return "max_hold reached" if hard else "local deadline passed"
 
 
 def loss_kind(reason: str) -> str:

@@ -91,13 +91,16 @@ class MemoryDriver(Driver):
         if entry is None or entry.owner != owner or (token is not None and entry.token != token):
             return False
         del self.leases[name]
-        self._wake_next(name)
+        if self.queues:  # (_wake_next, inline: nobody waits on most releases)
+            self._wake_next(name)
         return True
 
     def _wake_next(self, name: str) -> None:
-        """The name is free: wake the head of its queue only (no herd), or anyone."""
+        """The name is free: wake the head of its queue only (no herd). Every waiter of
+        this backend is queued (a blocking acquire joins the queue), so no queue: none."""
         waiting = self.queues.get(name)
-        self._wake(name, waiting[0] if waiting else None)
+        if waiting:
+            self._wake(name, waiting[0])
 
     async def validate(self, name: str, token: int) -> bool:
         entry = self._live(name)
