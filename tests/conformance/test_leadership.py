@@ -18,12 +18,9 @@ from tests.support.worker import fenced_write
 
 pytestmark = pytest.mark.anyio
 
-#: Backends whose server stores no owner for a lock, so leader() cannot answer.
-NO_LEADER_LOOKUP = {"postgres", "redlock"}
-
 
 def tells_leader(spec: BackendSpec) -> bool:
-    return spec.id not in NO_LEADER_LOOKUP
+    return spec.can("leader")
 
 
 async def test_three_contenders_one_leader_at_a_time(

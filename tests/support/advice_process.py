@@ -1,5 +1,5 @@
 """A process that holds locks with advice collected and serves its stats (for
-``tests/test_advice.py``): ``python -m tests.support.advice_process URL ADDRESS HOLDS``.
+``tests/conformance/test_advice.py``): ``python -m tests.support.advice_process URL ADDRESS HOLDS``.
 
 It makes HOLDS short holds of ``job:N`` and holds ``slow:1`` (ttl 0.15 s) until the renewer
 has run 25 rounds, then prints one JSON line (the address bound, its own figures) and

@@ -8,6 +8,39 @@ from typing import Any
 
 import asynclock
 
+#: What each backend of the conformance suite can do (``BackendSpec.can``): one table, so a
+#: test asks the spec instead of keeping its own set of backend ids.
+#:
+#: * ``records`` — stores idempotency records (``backend.idempotent``; Redlock refuses);
+#: * ``names`` — lists the names it holds (``backend.holders()``, ``asynclock list``);
+#: * ``leader`` — tells who holds a name (``backend.leader()``: the server keeps owners);
+#: * ``server_ttl`` — the server keeps each lease's expiry (PostgreSQL session mode keeps
+#:   a lock for its session instead);
+#: * ``claims`` — ``backend.claims()`` (PostgreSQL);
+#: * ``multiprocess`` — separate processes share its locks through the URL.
+CAPABILITIES: dict[str, frozenset[str]] = {
+    backend_id: frozenset(caps.split())
+    for backend_id, caps in {
+        "memory": "records names leader server_ttl",
+        "sqlite": "records names leader server_ttl multiprocess",
+        "postgres": "records claims multiprocess",
+        "postgres_lease": "records names leader server_ttl claims multiprocess",
+        "redis": "records names leader server_ttl multiprocess",
+        "redlock": "server_ttl multiprocess",
+        "redis_sentinel": "records names leader server_ttl multiprocess",
+        "redis_cluster": "records names leader server_ttl multiprocess",
+        "etcd": "records names leader server_ttl multiprocess",
+        "etcd3": "records names leader server_ttl multiprocess",
+        "zookeeper": "names leader server_ttl multiprocess",
+        "zookeeper3": "names leader server_ttl multiprocess",
+    }.items()
+}
+
+
+def backends_with(capability: str, among: list[str] | None = None) -> list[str]:
+    """The backend ids (of ``among``, default every one) that have ``capability``."""
+    return [b for b in (among or list(CAPABILITIES)) if capability in CAPABILITIES[b]]
+
 
 @dataclass(frozen=True)
 class BackendSpec:
@@ -23,6 +56,10 @@ class BackendSpec:
     sabotage: Callable[[asynclock.Backend, str], Awaitable[None]]
     multiprocess: bool = True
     options: dict[str, Any] = field(default_factory=dict)
+
+    def can(self, capability: str) -> bool:
+        """Whether this backend has ``capability`` (see :data:`CAPABILITIES`)."""
+        return capability in CAPABILITIES[self.id]
 
     def connect(self, **extra: Any) -> asynclock.Backend:
         return asynclock.connect(self.url, **{**self.options, **extra})

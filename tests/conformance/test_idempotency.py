@@ -24,15 +24,12 @@ from asynclock.backends.zookeeper._paths import lock_path as zk_lock_path
 from asynclock.idempotency import MAX_DEPTH, MAX_RESULT_BYTES
 from tests.support.procs import start_worker
 from tests.support.redis_servers import RedisFactory
-from tests.support.spec import BackendSpec
+from tests.support.spec import BackendSpec, backends_with
 
 pytestmark = pytest.mark.anyio
 
 #: Every backend that stores idempotency records (Redlock refuses: see the last test).
-RECORD_BACKENDS = [
-    "memory", "sqlite", "postgres", "postgres_lease", "redis", "redis_sentinel", "redis_cluster",
-    "etcd",
-]  # fmt: skip
+RECORD_BACKENDS = backends_with("records")
 
 
 @pytest.fixture(params=RECORD_BACKENDS)
