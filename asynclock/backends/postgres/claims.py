@@ -152,35 +152,37 @@ FROM unnest($1::{id_type}[], $2::bigint[], $3::text[]) AS u(id, token, error)
 WHERE t.{i} = u.id AND t.claim_token = u.token AND t.status = 'claimed'"""
         # Fail (G8): args $1 id, $2 token, $3 error, $4 retry_in (s, NULL: backoff), $5
         # max_attempts. Only while the row carries $2 and is claimed: back to 'ready' after
-        # the delay, or 'parked' once claimed max_attempts times. Returns (ok, current token).
+        # the delay, or 'parked' once claimed max_attempts times. Returns the new status,
+        # or no row: refused (then ``current`` reads the row's token).
         self.fail = f"""
-WITH u AS (
-    UPDATE {t} AS t SET
+UPDATE {t} AS t SET
         status = CASE WHEN t.attempts >= $5 THEN 'parked' ELSE 'ready' END,
         claim_expires = NULL,
         last_error = $3,
         run_after = clock_timestamp() + coalesce(
             $4::float8, least({MAX_BACKOFF}, power(2, greatest(t.attempts - 1, 0)))
         ) * interval '1 second'
-    WHERE t.{i} = $1 AND t.claim_token = $2 AND t.status = 'claimed'
-    RETURNING t.status
-)
-SELECT (SELECT status FROM u) AS status, (SELECT claim_token FROM {t} WHERE {i} = $1) AS current"""
+WHERE t.{i} = $1 AND t.claim_token = $2 AND t.status = 'claimed'
+RETURNING t.status"""
+        # Current (after a refused completion only): args $1 id. The row's claim token.
+        self.current = f"SELECT claim_token FROM {t} WHERE {i} = $1"
         self.table, self.id_col = t, i
+        self._complete: dict[tuple[str, ...], str] = {}
 
-    def complete(self, columns: Sequence[str]) -> str:
+    def complete(self, columns: tuple[str, ...]) -> str:
         """Complete (G8): args $1 id, $2 token, $3.. the result columns' values. One
         conditional UPDATE: only while the row carries $2 and is claimed, set status
-        'done' and the results. Returns (status, current token): status NULL = refused."""
-        sets = "".join(f", {col} = ${n}" for n, col in enumerate(columns, start=3))
-        t, i = self.table, self.id_col
-        return f"""
-WITH u AS (
-    UPDATE {t} AS t SET status = 'done', claim_expires = NULL{sets}
-    WHERE t.{i} = $1 AND t.claim_token = $2 AND t.status = 'claimed'
-    RETURNING t.status
-)
-SELECT (SELECT status FROM u) AS status, (SELECT claim_token FROM {t} WHERE {i} = $1) AS current"""
+        'done' and the results. Returns the status ('done'), or no row: refused. (Made once
+        per set of result columns.)"""
+        sql = self._complete.get(columns)
+        if sql is None:
+            sets = "".join(f", {col} = ${n}" for n, col in enumerate(columns, start=3))
+            t, i = self.table, self.id_col
+            sql = self._complete[columns] = f"""
+UPDATE {t} AS t SET status = 'done', claim_expires = NULL{sets}
+WHERE t.{i} = $1 AND t.claim_token = $2 AND t.status = 'claimed'
+RETURNING t.status"""
+        return sql
 
 
 class PostgresClaimStore:
@@ -423,21 +425,27 @@ class PostgresClaimStore:
 
     async def complete(self, row_id: Any, token: int, results: Mapping[str, Any]) -> Finish:
         sql = await self._resolve()
-        cols = [quote(col, "column") for col in results]
-        return await self._finish(sql.complete(cols), "complete", row_id, token, *results.values())
+        cols = tuple(quote(col, "column") for col in results)
+        statement = sql.complete(cols)
+        return await self._finish(sql, statement, "complete", row_id, token, *results.values())
 
     async def fail(
         self, row_id: Any, token: int, error: str, retry_in: float | None, max_attempts: int
     ) -> Finish:
         sql = await self._resolve()
-        return await self._finish(sql.fail, "fail", row_id, token, error, retry_in, max_attempts)
+        return await self._finish(
+            sql, sql.fail, "fail", row_id, token, error, retry_in, max_attempts
+        )
 
-    async def _finish(self, sql: str, what: str, *args: Any) -> Finish:
+    async def _finish(
+        self, sql: Statements, statement: str, what: str, row_id: Any, token: int, *args: Any
+    ) -> Finish:
         # A statement the database refuses (a constraint, a wrong type) raises its own
         # error, unchanged: nothing was written and the claim is still held.
-        row = await self._driver._run(f"claim {what} failed", "fetchrow", sql, *args)
-        current = row["current"]
-        status = row["status"]
-        return Finish(
-            None if status is None else str(status), None if current is None else int(current)
-        )
+        run = self._driver._run
+        status = await run(f"claim {what} failed", "fetchval", statement, row_id, token, *args)
+        if status is not None:
+            return Finish(str(status), token)
+        # Refused (rare): the token the row carries now, for StaleToken.
+        current = await run(f"claim {what} failed", "fetchval", sql.current, row_id)
+        return Finish(None, None if current is None else int(current))
