@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 import anyio
+import anyio.lowlevel
 
 from .context import ExcInfo
 from .driver import Record
@@ -172,6 +173,9 @@ class IdempotentCall:
         except (TypeError, ValueError) as exc:
             self._rejected = exc  # never stored as a failure (store_errors): a retry runs
             raise
+        # A body whose lease is lost is cancelled here, before anything is sent, even on a
+        # driver whose write starts without yielding (SQLite): the documented LeaseLost.
+        await anyio.lowlevel.checkpoint_if_cancelled()
         guard = self._guard
         payload = _payload(_DONE, guard.fingerprint, body)
         if not await guard.put(self.lease, payload) and not await guard.stored(self.token, payload):

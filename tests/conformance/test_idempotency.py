@@ -15,6 +15,7 @@ import anyio
 import pytest
 
 import asynclock
+import asynclock.testing
 from asynclock._core import idempotency
 from asynclock._core.idempotency_rules import KEY_NAMESPACE, lock_name
 from asynclock.backends.etcd import _proto as pb
@@ -514,6 +515,21 @@ async def test_lease_loss_cancels_the_body_and_stores_nothing(
             assert await backend.idempotent(key, ttl=5.0).run(done) == "done"
             async with backend.idempotent(key, ttl=5.0) as again:
                 assert again.replayed and again.token > op.token
+
+
+async def test_a_save_after_the_loss_without_an_await_between_stores_nothing(
+    idem_spec: BackendSpec, key: str
+) -> None:
+    """The loss lands while the body is in code that cannot be cancelled (a thread, a
+    shielded call): its next ``save()`` is cancelled before anything is sent, on every
+    driver, also one whose write starts without yielding (SQLite stored it)."""
+    with anyio.fail_after(15):
+        async with idem_spec.connect() as backend:
+            with pytest.raises(asynclock.LeaseLost):
+                async with backend.idempotent(key, ttl=5.0) as op:
+                    asynclock.testing.force_loss(op)
+                    await op.save("late")
+            assert await backend.idempotent(key, ttl=5.0).run(done) == "done"
 
 
 async def test_a_store_that_goes_away_mid_body_cancels_it_and_stores_nothing(
