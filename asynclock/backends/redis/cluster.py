@@ -55,6 +55,7 @@ class ClusterDriver(Routed):
         super().__init__(dep.display, dep.options)
         self.dep = dep
         self.keys = SlotKeyCache(self.prefix)
+        self.keys.held = lambda: sum(len(p._leases) for p in self.by_address.values())
         self.owners: list[PrimaryDriver | None] = [None] * SLOTS
         self.by_address: dict[str, PrimaryDriver] = {}
         self.seeds = [

@@ -72,7 +72,7 @@ class PrimaryDriver(RedisDriver):
         )
         node.wait = wait
         self.node = self.listener.node = node
-        if keys is not None:
+        if keys is not None:  # shared by a cluster's primaries (it counts their leases)
             self.keys = keys
         self.address = address
         self.role = ""

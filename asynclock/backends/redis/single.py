@@ -100,6 +100,7 @@ class RedisDriver(SubscribingDriver):
         self._waits: dict[str, dict[str, _Wait]] = {}
         #: Leases granted here and not yet released: owner -> (name, drops seen at grant).
         self._leases: dict[str, tuple[str, int]] = {}
+        self.keys.held = self._leases.__len__
         self._drops = 0
         #: Set when a restart was seen, until the next renewal round has said so.
         self._restart_note: str | None = None
