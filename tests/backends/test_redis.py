@@ -758,3 +758,22 @@ async def test_a_lease_the_restarted_server_granted_survives_the_first_pubsub_co
         assert not lease.lost, lease.lost.reason
         assert await backend.validate("after-restart", lease.token)
         assert await lease.release()
+
+
+def test_the_key_cache_keeps_every_held_name_while_many_are_held() -> None:
+    """Each held name's keys are looked up once per renewal round: a cache bound below the
+    number held emptied itself over and over and every renewal rebuilt its keys (issue 45:
+    4x the CPU per lease at 10,000 held). A driver tells the cache how many it holds."""
+    from asynclock.backends.redis.keys import KeyCache
+
+    driver = RedisDriver("redis://127.0.0.1:1/0")
+    assert driver.keys.held() == 0
+    driver._leases.update({f"owner-{i}": (f"n{i}", 0) for i in range(10_000)})
+    assert driver.keys.held() == 10_000
+    cache = driver.keys
+    first = [cache(f"n{i}") for i in range(10_000)]
+    assert all(cache(f"n{i}") is first[i] for i in range(10_000))  # none rebuilt
+    idle = KeyCache("asynclock:")  # holding nothing: bounded as before
+    for i in range(KeyCache.LIMIT * 3):
+        idle(f"n{i}")
+    assert len(idle._cache) <= KeyCache.LIMIT
