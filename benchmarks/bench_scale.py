@@ -17,8 +17,9 @@ One process takes N names with ``lock(name, ttl=TTL)`` (N tasks, each in its own
 Then W waiters on one name (``--waiters``): the hand-off latency (release to the next
 grant), the client's CPU per hand-off, and for Redis the server's commands per hand-off.
 
-The anchor: Redisson's watchdog renews each lock with its own call every 10 s (a 30 s
-lease), in batches of at most 100 per Lua call (``RedissonBaseLock.renewExpiration``).
+The anchor: Redisson's watchdog renews every lock of a client from one timer every
+``lockWatchdogTimeout / 3`` (10 s of a 30 s lease), ``lockWatchdogBatchSize`` (100) locks
+per Lua call, grouped by cluster slot (``org.redisson.renewal``).
 
 Usage::
 
