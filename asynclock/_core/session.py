@@ -401,7 +401,7 @@ class Session:
 
     def apply_renewals(
         self,
-        items: list[tuple[Lease, LeaseRef, Keeper]],
+        leases: list[Lease],
         refs: list[LeaseRef],
         results: Sequence[object],
         t_send: float,
@@ -417,7 +417,7 @@ class Session:
         renewed_before, lost_before = stats.renewals, stats.losses
         keep, margin = self.keep, self.margin
         errors = 0
-        for (lease, _, _), ref, result in zip(items, refs, results, strict=True):
+        for lease, ref, result in zip(leases, refs, results, strict=True):
             request = asked.get(lease.owner) if asked else None
             entry = held.get(lease.owner)
             if entry is None or entry[0]() is not lease or lease._released:
@@ -445,7 +445,7 @@ class Session:
         if errors:
             stats.renewal_errors += errors
         if self.observer is not None:
-            self.observer.renewal_timing(round_trip, lag, [item[0] for item in items])
+            self.observer.renewal_timing(round_trip, lag, leases)
             self.observer.renewal_round(
                 stats.renewals - renewed_before, errors + stats.losses - lost_before
             )
