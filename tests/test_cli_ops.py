@@ -182,3 +182,48 @@ async def test_holders_lists_user_locks_not_idempotency_keys(
             assert not op.replayed
             found = await backend.holders("*" + lock_name[-8:])
             assert [(h.name, h.token) for h in found] == [(lock_name, lease.token)]
+
+
+#: A name chosen to drive a terminal: clear the screen, set the window title, a C1 CSI,
+#: a bidi override, a carriage return and a forged line of output.
+HOSTILE = "job\x1b[2J\x1b]0;pwned\x07\x9b31m\u202eevil\r\nFORGED: free, nobody holds it"
+RAW = ("\x1b", "\x07", "\x9b", "\u202e", "\r")
+
+
+def _clean(text: str) -> None:
+    assert not any(ch in text for ch in RAW), repr(text)
+    assert not any(line.lstrip().startswith("FORGED") for line in text.splitlines()), text
+
+
+@pytest.mark.parametrize("spec", ["sqlite", "redis"], indirect=True)
+async def test_human_output_escapes_every_control_character_of_a_name(
+    spec: BackendSpec, lock_name: str
+) -> None:
+    """``holder``, ``list``, ``watch`` and ``break`` write names as ``ls`` and ``git`` do:
+    every control character visible as an escape, never acted on by the terminal."""
+    name = f"{lock_name[-8:]}:{HOSTILE}"  # short enough to be shown whole
+    async with spec.connect() as backend:
+        with pytest.raises(asynclock.LeaseLost):
+            async with backend.lock(name, ttl=2.0):
+                for args in (("holder", name), ("list", f"{lock_name[-8:]}*"), ("watch", name)):
+                    extra = ("--count", "1") if args[0] == "watch" else ()
+                    code, out, err = await cli(*args, *extra, "--url", spec.url)
+                    assert code == 0, (args, err)
+                    _clean(out + err)
+                    assert "\\x1b[2J" in out, out  # shown, escaped
+                code, out, err = await cli("break", name, "--yes", "--url", spec.url)
+                assert code == 0, err
+                _clean(out + err)
+                with anyio.fail_after(30):
+                    await anyio.sleep_forever()
+
+
+def test_plain_output_escapes_too(capsys: pytest.CaptureFixture[str]) -> None:
+    from asynclock._cli.output import Output
+
+    out = Output(color=False)
+    out.line([(HOSTILE, "")])
+    out.paragraph([(HOSTILE, "")], "  ", "  ")
+    out.table("t", [("name", "<")], [[HOSTILE]])
+    out.verdict(True, HOSTILE, [HOSTILE])
+    _clean(capsys.readouterr().out)

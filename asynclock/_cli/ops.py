@@ -27,7 +27,7 @@ from typing import Any
 import asynclock
 
 from .._core.validation import check_name
-from .output import Output, make_output, wants_color
+from .output import Output, make_output, safe, wants_color
 from .registry import Command, register
 
 URL_ENV = "ASYNCLOCK_URL"
@@ -87,10 +87,10 @@ def _run(
     try:
         return anyio.run(main)
     except asynclock.BackendUnavailable as exc:
-        print(f"asynclock {args.command}: {exc}", file=sys.stderr)
+        print(f"asynclock {args.command}: {safe(str(exc))}", file=sys.stderr)
         return UNAVAILABLE
     except NotImplementedError as exc:
-        print(f"asynclock {args.command}: {exc}", file=sys.stderr)
+        print(f"asynclock {args.command}: {safe(str(exc))}", file=sys.stderr)
         return USAGE
     except KeyboardInterrupt:
         return 130

@@ -28,6 +28,29 @@ STYLES = dict(
 _SGR = {"bold": "1", "dim": "2", "red": "31", "green": "32", "magenta": "35", "cyan": "36"}
 
 
+def safe(text: str) -> str:
+    """``text`` with every character a terminal would act on or hide made visible, as
+    ``ls`` and ``git`` do: C0 and C1 controls and DEL (so no ESC starts a CSI or OSC
+    sequence: no cleared screen, no window title), newlines (no forged output line),
+    Unicode format characters (bidi overrides) and line separators, as ``\\xNN`` /
+    ``\\uNNNN``. Lock names and holder ids are chosen by whoever takes a lock; every human
+    output of the CLI passes through here (``--json`` is escaped by JSON itself)."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() or ch == " " else _escape(ch) for ch in text)
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    return (
+        f"\\x{code:02x}"
+        if code < 0x100
+        else f"\\u{code:04x}"
+        if code < 0x10000
+        else f"\\U{code:08x}"
+    )
+
+
 def ansi(style: str) -> str:
     """The ANSI escape that starts ``style`` ("bold cyan": ``ESC[1;36m``)."""
     return "\x1b[" + ";".join(_SGR[word] for word in STYLES[style].split()) + "m"
@@ -72,7 +95,7 @@ class Output:
 
     def line(self, parts: Parts) -> None:
         merged: Parts = []
-        for text, style in parts:
+        for text, style in ((safe(t), s) for t, s in parts):
             if merged and merged[-1][1] == style:
                 merged[-1] = (merged[-1][0] + text, style)
             else:
@@ -80,6 +103,7 @@ class Output:
         print("".join(self._style(text, style) for text, style in merged), flush=True)
 
     def paragraph(self, parts: Parts, first: str = "", indent: str = "") -> None:
+        parts = [(safe(text), style) for text, style in parts]  # before "\n" is a space
         for line in self._wrap(parts, first, indent):
             self.line(line)
 
@@ -100,7 +124,9 @@ class Output:
         styles: Mapping[str, str] | None = None,
     ) -> None:
         """``columns``: (heading, "<" or ">"); a cell found in ``styles`` gets that style."""
-        self._table(title, columns, rows, styles or {})
+        rows = [[safe(cell) for cell in row] for row in rows]
+        styles = {safe(cell): style for cell, style in (styles or {}).items()}
+        self._table(safe(title), columns, rows, styles)
 
     def _table(self, title: str, columns: Columns, rows: Rows, styles: Mapping[str, str]) -> None:
         widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, (h, _) in enumerate(columns)]
@@ -140,7 +166,7 @@ class RichOutput(Output):
     def _text(self, parts: Parts) -> Any:
         from rich.text import Text
 
-        return Text.assemble(*((t, STYLES[s] if s else "") for t, s in parts))
+        return Text.assemble(*((safe(t), STYLES[s] if s else "") for t, s in parts))
 
     def line(self, parts: Parts) -> None:
         self.console.print(self._text(parts), soft_wrap=True)
@@ -151,7 +177,9 @@ class RichOutput(Output):
 
         table = Table(title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD)
         for heading, align in columns:
-            table.add_column(heading, justify="right" if align == ">" else "left")
+            # One line per row: a cell wrapped at its spaces reads as rows of its own
+            # (a name can hold "... free, nobody holds it"); a long one ends in "…".
+            table.add_column(heading, justify="right" if align == ">" else "left", no_wrap=True)
         for row in rows:
             table.add_row(*(self._text([(c, styles.get(c, ""))]) for c in row))
         self.console.print()
@@ -162,7 +190,10 @@ class RichOutput(Output):
 
         label = label or ("OK" if ok else "DEVIATION")
         color = "green" if ok else "red"
-        body = self._text([(title, "h")] + [(f"\n• {text}", "") for text in lines])
+        body = self._text([(title, "h")])
+        for text in lines:
+            body.append("\n• ")
+            body.append(safe(text))
         self.console.print()
         self.console.print(
             Panel(body, title=f"[bold {color}]{label}[/]", title_align="left", border_style=color)

@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 from .._ops.serve import fetch, parse_address
 from .ops import DONE, NO, UNAVAILABLE, USAGE
-from .output import Output, make_output, wants_color
+from .output import Output, make_output, safe, wants_color
 from .registry import Command, register
 
 
@@ -38,7 +38,7 @@ def _ask(args: argparse.Namespace, parser: argparse.ArgumentParser, target: str)
         return UNAVAILABLE
     if status != 200:
         error = body.get("error") if isinstance(body, dict) else body
-        print(f"asynclock {args.command}: {args.source}: {error}", file=sys.stderr)
+        print(f"asynclock {args.command}: {args.source}: {safe(str(error))}", file=sys.stderr)
         return USAGE if status in (400, 404) else NO
     return body
 
