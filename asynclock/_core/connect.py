@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import threading
 from typing import Any
 
 from .backend import Backend
@@ -28,6 +29,20 @@ SCHEMES: dict[str, tuple[str, str | None]] = {
     "etcd": ("asynclock.backends.etcd", "etcd"),
     "zookeeper": ("asynclock.backends.zookeeper", "zookeeper"),
 }
+
+
+#: Held while a backend module is imported: two threads connecting at once (a thread pool
+#: warming ``redis://`` and ``redlock://``) imported the package and its submodule in
+#: opposite orders and one died in an import deadlock (``_DeadlockError``).
+_LOADING = threading.Lock()
+
+
+def _load(module_name: str) -> Any:
+    """The backend module, its package imported first (one order for every thread)."""
+    with _LOADING:
+        package = ".".join(module_name.split(".")[:3])  # asynclock.backends.<backend>
+        importlib.import_module(package)
+        return importlib.import_module(module_name)
 
 
 def connect(
@@ -57,7 +72,7 @@ def connect(
         raise ValueError(f"unknown backend URL scheme {shown} in the URL; allowed: {allowed}")
     module_name, extra = SCHEMES[scheme]
     try:
-        module = importlib.import_module(module_name)
+        module = _load(module_name)
     except ModuleNotFoundError as exc:
         if extra is not None and not (exc.name or "").startswith("asynclock"):
             raise ModuleNotFoundError(
