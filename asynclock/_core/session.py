@@ -504,7 +504,8 @@ class Session:
 def loss_kind(reason: str) -> str:
     """The kind of a loss reason, for ``stats().loss_reasons`` and metrics: the reason up
     to its first detail (``"renewal refused: ..."`` -> ``"renewal refused"``)."""
-    return re.split(r"[:;(]", reason, maxsplit=1)[0].strip()
+    # ("()" names a call, "lock broken by break_lock()": not the start of a detail.)
+    return re.split(r"[:;]|\((?!\))", reason, maxsplit=1)[0].strip()
 
 
 def _poke(scope: anyio.CancelScope | None) -> None:

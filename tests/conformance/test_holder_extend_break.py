@@ -213,6 +213,8 @@ async def test_break_lock_here(
                     assert await backend.break_lock(lock_name) is True
                 await anyio.sleep_forever()
         assert any("break_lock" in r.getMessage() for r in caplog.records)
+        # The kind stats and metrics count it under, as docs/operations.md lists it.
+        assert backend.stats().loss_reasons == {"lock broken by break_lock()": 1}
         assert not await backend.locked(lock_name)
         assert not await backend.validate(lock_name, lease.token)
         async with backend.lock(lock_name, ttl=5.0, blocking=False) as after:
