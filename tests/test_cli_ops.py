@@ -227,3 +227,11 @@ def test_plain_output_escapes_too(capsys: pytest.CaptureFixture[str]) -> None:
     out.table("t", [("name", "<")], [[HOSTILE]])
     out.verdict(True, HOSTILE, [HOSTILE])
     _clean(capsys.readouterr().out)
+
+
+async def test_an_unreachable_zookeeper_says_so_once_without_kazoos_own_lines() -> None:
+    from asynclock._harness.servers import free_port
+
+    code, _, err = await cli("holder", "x", "--url", f"zookeeper://127.0.0.1:{free_port()}")
+    assert code == 3, err
+    assert err.splitlines() == [err.strip()] and err.startswith("asynclock holder: "), err

@@ -20,6 +20,7 @@ import os
 import socket
 import sys
 import time
+import warnings
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -77,6 +78,11 @@ def _run(
 ) -> int:
     import anyio
 
+    # A client library's own log lines and warnings (kazoo logs every refused connect)
+    # are not for the operator's terminal: the command says what failed, once.
+    logging.getLogger("kazoo").addHandler(logging.NullHandler())
+    logging.getLogger("kazoo").propagate = False
+    warnings.filterwarnings("ignore", module="kazoo")
     backend = _backend(args, parser)
     out = make_output(wants_color(args.no_color))
 
