@@ -176,6 +176,12 @@ async def hold_many(url: str, n: int, ttl: float, concurrency: int) -> dict[str,
         released = time.perf_counter() - t_release
         trips = rounds.trips[trips0:]
         lost = backend.stats().losses
+        if lost:
+            print(
+                f"  (lost: {stats1.losses - stats0.losses} while holding, "
+                f"{lost - stats1.losses} while releasing; {backend.stats().loss_reasons})",
+                file=sys.stderr,
+            )
     for text, times in sorted(errors.items(), key=lambda e: -e[1])[:3]:
         print(f"  ({times} x {text})", file=sys.stderr)
     logging.getLogger("asynclock").removeHandler(warnings)

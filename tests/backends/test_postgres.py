@@ -761,3 +761,32 @@ async def test_tasks_of_one_process_take_turns_on_a_name(pg_server: PgServer, mo
                     tg.start_soon(worker, i)
     # Each took its turn early on: nobody held it many times over while another waited.
     assert all(holds) and max(holds) <= 3, holds
+
+
+async def test_the_connection_lock_lets_renewals_go_first() -> None:
+    """Statements queued on the pinned connection keep their order; a renewal goes ahead
+    of them (with 50,000 releases queued, renewals of leases still held waited behind them
+    and those leases passed their deadline); a waiter cancelled in line hands nothing
+    on twice."""
+    import asyncio
+
+    from asynclock.backends.postgres.io_lock import IOLock
+
+    lock, order = IOLock(), []
+
+    async def statement(tag: str, urgent: bool = False) -> None:
+        async with lock.first if urgent else lock:
+            order.append(tag)
+            await asyncio.sleep(0)
+
+    await lock.acquire()
+    tasks = [asyncio.ensure_future(statement(f"q{i}")) for i in range(3)]
+    doomed = asyncio.ensure_future(statement("cancelled"))
+    await asyncio.sleep(0)
+    tasks.append(asyncio.ensure_future(statement("renewal", urgent=True)))
+    await asyncio.sleep(0)
+    doomed.cancel()
+    lock.release()
+    await asyncio.wait_for(asyncio.gather(*tasks), 5)
+    assert order == ["renewal", "q0", "q1", "q2"]
+    assert not lock.locked()

@@ -373,6 +373,7 @@ class PostgresClaimStore:
             ids,
             [ref.token for ref in leases],
             [ref.ttl * 1000.0 for ref in leases],
+            first=True,
         )
         done = {int(r["i"]) for r in rows}
         return [

@@ -20,6 +20,7 @@ from ..._core.errors import map_errors
 from ..._core.exceptions import BackendUnavailable
 from ..._core.holder import Holder
 from ..._core.validation import check_seconds
+from .io_lock import IOLock
 from .sql import SQL_RECORD_DELETE, SQL_RECORD_EXISTS, SQL_RECORD_GET, SQL_RECORD_SCHEMA
 from .tokens import _name_bytes, ensure_schema, notify_channel, waiter_key
 
@@ -91,7 +92,7 @@ class PostgresDriver(Driver):
         self._listen_conn: asyncpg.Connection | None = None
         # asyncio locks (asyncpg is asyncio-only): unlike anyio.Lock they do not yield
         # to the event loop when uncontended, which is most of a lock cycle's budget.
-        self._io = asyncio.Lock()
+        self._io = IOLock()  # renewals first (`async with self._io.first`): see io_lock
         self._listen_io = asyncio.Lock()
         self._idle_set: str | None = None  # idle_session_timeout now set on the session
         self._closed = False
@@ -296,10 +297,11 @@ class PostgresDriver(Driver):
             await _close(conn)
         await self._close_listener()
 
-    async def _run(self, what: str, fetch: str, sql: str, *args: Any) -> Any:
+    async def _run(self, what: str, fetch: str, sql: str, *args: Any, first: bool = False) -> Any:
         """``conn.<fetch>(sql, *args)`` on the pinned connection, a lost connection as
-        BackendUnavailable("<display>: <what>: ...") (not for the hot path: getattr)."""
-        async with self._io:
+        BackendUnavailable("<display>: <what>: ...") (not for the hot path: getattr).
+        ``first``: a renewal, ahead of the statements queued (see :mod:`.io_lock`)."""
+        async with self._io.first if first else self._io:
             conn = await self._main()
             try:
                 return await getattr(conn, fetch)(sql, *args)

@@ -67,7 +67,7 @@ class LeaseDriver(PostgresDriver):
         return Busy(min(left, self.poll) if self._pooled else left)
 
     async def _extend_locks(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
-        async with self._io:
+        async with self._io.first:
             conn = await self._main()
             try:
                 rows = await conn.fetch(

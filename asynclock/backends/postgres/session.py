@@ -168,7 +168,7 @@ class SessionDriver(PostgresDriver):
         )
 
     async def _extend_locks(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
-        async with self._io:
+        async with self._io.first:
             conn = await self._main()
             keys = [lock_key(ref.name) for ref in leases]
             t_send = self.clock.now()
