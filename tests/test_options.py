@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import asynclock
-from asynclock._core import urls
+from asynclock.backends._common import urls
 from asynclock.backends.redis import options as redis_options
 
 URLS = {
@@ -58,9 +58,9 @@ def test_allowed_lists_the_declared_options() -> None:
 
 
 def test_a_redis_url_is_split_once_per_connect(monkeypatch: pytest.MonkeyPatch) -> None:
-    """connect() reads the scheme (one split), the driver the rest (one more); nothing
-    else of ours splits it again (urllib's urlsplit runs only in redis-py, once per node,
-    when it builds the node's connection pool)."""
+    """connect() reads the scheme without splitting the URL, the driver the rest (one
+    split); nothing else of ours splits it again (urllib's urlsplit runs only in
+    redis-py, once per node, when it builds the node's connection pool)."""
     calls: list[str] = []
     original = urls.split_url
 
@@ -86,7 +86,7 @@ def test_a_redis_url_is_split_once_per_connect(monkeypatch: pytest.MonkeyPatch) 
         calls.clear()
         urlsplits.clear()
         backend = asynclock.connect(url)
-        assert calls == [url, url], url
+        assert calls == [url], url
         assert len(urlsplits) == nodes, urlsplits
         assert "p@" not in backend.driver.display
 

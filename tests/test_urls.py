@@ -2,7 +2,7 @@
 
 ``urllib.parse.urlsplit("redlock://127.0.0.1:1,[::1]:2")`` raises "Invalid IPv6 URL" on
 builds with the bracketed-host check (Debian's 3.11.2) and not on others, so these URLs are
-split by ``asynclock._core.urls``. CI runs this file on every Python the package claims.
+split by ``asynclock.backends._common.urls``. CI runs this file on every Python the package claims.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from urllib.parse import urlsplit
 import pytest
 
 import asynclock
-from asynclock._core.urls import Host, parse_multi_host_url, split_url, url_scheme
 from asynclock._harness.deployment import check_url, join_url
 from asynclock._harness.deployment import split_url as split_endpoints
+from asynclock.backends._common.urls import Host, parse_multi_host_url, split_url, url_scheme
 from asynclock.backends.etcd.driver import EtcdDriver
 from asynclock.backends.redis.options import parse_url
 from asynclock.backends.redis.redlock import RedlockDriver
@@ -168,3 +168,16 @@ def test_a_raw_bracket_in_a_password_is_told_to_percent_encode_on_every_backend(
     with pytest.raises(ValueError, match="percent-encode") as caught:
         asynclock.connect(url)
     assert "s3cr3t" not in str(caught.value) and "Qv9" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["Redlock://h1,[::1]:2", "  redis://x", "\tre\ndis://x", "1x:y", "a/b:c", "no-scheme",
+     "", "rediss+sentinel://s/m", "sqlite:///p", "x:", ":x", "a.b-c+d://h"],
+)  # fmt: skip
+def test_connect_reads_the_scheme_as_the_url_splitter_does(url: str) -> None:
+    """``connect()`` reads a URL's scheme itself (the core needs only that); the backends'
+    splitter reads the whole URL: they agree on every kind of text."""
+    from asynclock._core.connect import url_scheme as core_scheme
+
+    assert core_scheme(url) == url_scheme(url)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import importlib
+import re
 import threading
 from typing import Any
 
 from .backend import Backend
 from .clock import Clock
-from .urls import url_scheme
 
 #: scheme -> (module, extra that provides its driver, or None for the core)
 SCHEMES: dict[str, tuple[str, str | None]] = {
@@ -29,6 +29,19 @@ SCHEMES: dict[str, tuple[str, str | None]] = {
     "etcd": ("asynclock.backends.etcd", "etcd"),
     "zookeeper": ("asynclock.backends.zookeeper", "zookeeper"),
 }
+
+
+#: A URL's scheme (RFC 3986), after what urlsplit strips from the front and removes anywhere.
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+_STRIPPED = "".join(map(chr, range(0x21)))
+_REMOVED = str.maketrans("", "", "\t\r\n")
+
+
+def url_scheme(url: str) -> str:
+    """The scheme of ``url``, in lower case ("" if none); never raises. (The backends split
+    the rest: ``backends._common.urls``, whose ``url_scheme`` agrees: tests/test_urls.py.)"""
+    match = _SCHEME.match(url.lstrip(_STRIPPED).translate(_REMOVED))
+    return match.group(1).lower() if match else ""
 
 
 #: Held while a backend module is imported: two threads connecting at once (a thread pool

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import anyio
 
-from .._core.urls import Host, parse_multi_host_url, url_scheme
+from ..backends._common.urls import Host, parse_multi_host_url, url_scheme
 from .pg_server import running_pg
 from .redis_deploy import ClusterDeployment, SentinelDeployment
 from .servers import EtcdMember, EtcdServers, RedisServer, ZookeeperServers

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Record, Refused, leave_queue
 from .._core.holder import Holder
-from .._core.options import Options
+from ._common.options import Options
 
 
 @dataclass(slots=True)

@@ -22,17 +22,17 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
-from ..._core.asyncio_only import require_asyncio
 from ..._core.backend import Backend
 from ..._core.lease import Lease
-from ..._core.options import Options
-from ..._core.urls import (
+from ..._core.validation import check_seconds
+from .._common.asyncio_only import require_asyncio
+from .._common.options import Options
+from .._common.urls import (
     parse_multi_host_url,
     password_spilled,
     refuse_raw_brackets,
     spilled_message,
 )
-from ..._core.validation import check_seconds
 from ._session import requested_ttl
 from .client import TLS, Endpoints, EtcdClient
 from .driver import EtcdDriver

@@ -33,9 +33,9 @@ from collections.abc import Sequence
 
 import anyio
 
-from ..._core.asyncio_only import require_asyncio
 from ..._core.driver import Driver, ExtendResult, LeaseRef, Record, Refused, leave_queue
 from ..._core.holder import Holder
+from .._common.asyncio_only import require_asyncio
 from . import _proto as pb
 from ._acquire import Acquiring
 from ._kv import created_at, delete_key, first_key

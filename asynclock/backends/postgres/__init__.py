@@ -66,9 +66,9 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 from ..._core.claims import MAX_LIMIT, Claim, ClaimBatch, Claims
-from ..._core.options import Options
-from ..._core.urls import refuse_raw_brackets, url_scheme
 from ..._core.validation import check_seconds
+from .._common.options import Options
+from .._common.urls import refuse_raw_brackets, url_scheme
 from .claims import CLAIM_COLUMNS
 from .connection import MODES, PoolerDetected, PostgresDriver
 from .lease import LeaseDriver

@@ -14,12 +14,12 @@ from urllib.parse import parse_qsl, urlsplit
 import anyio
 import asyncpg  # type: ignore[import-untyped]  # no stubs; see fence/sql.py Protocols
 
-from ..._core.asyncio_only import require_asyncio
 from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Record, leave_queue
 from ..._core.errors import map_errors
 from ..._core.exceptions import BackendUnavailable
 from ..._core.holder import Holder
 from ..._core.validation import check_seconds
+from .._common.asyncio_only import require_asyncio
 from .io_lock import IOLock
 from .sql import SQL_RECORD_DELETE, SQL_RECORD_EXISTS, SQL_RECORD_GET, SQL_RECORD_SCHEMA
 from .tokens import _name_bytes, ensure_schema, notify_channel, waiter_key

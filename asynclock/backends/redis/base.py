@@ -9,8 +9,8 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from ..._core.asyncio_only import require_asyncio
 from ..._core.driver import Busy, Driver
+from .._common.asyncio_only import require_asyncio
 from .keys import KeyCache
 from .scripts import MAX_IDLE_SUBSCRIPTIONS
 

@@ -32,7 +32,7 @@ import anyio
 
 from ..._core.driver import Busy, ExtendResult, LeaseRef, Refused
 from ..._core.exceptions import BackendUnavailable
-from ..._core.urls import parse_multi_host_url
+from .._common.urls import parse_multi_host_url
 from .base import LOUD
 from .deployments import Deployment, read_deployment_url
 from .keys import scope_fence_key

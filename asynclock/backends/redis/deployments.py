@@ -22,8 +22,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode
 
-from ..._core.urls import Host, URLParts, parse_multi_host_url, refuse_raw_brackets, split_url
 from ..._core.validation import check_seconds
+from .._common.urls import Host, URLParts, parse_multi_host_url, refuse_raw_brackets, split_url
 from .keys import check_prefix
 from .options import NodeURL, _check, _identity, check_restart_grace
 from .replication import Wait

@@ -3,7 +3,7 @@
 into one :class:`NodeURL` per server and the driver's own options.
 
 Names are checked by the options declaration every backend uses
-(:class:`asynclock._core.options.Options`); values here: the database number, the
+(:class:`asynclock.backends._common.options.Options`); values here: the database number, the
 timeouts, Redlock's own node timeouts, the key prefix and the restart grace.
 """
 
@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode
 
-from ..._core.options import Options
-from ..._core.urls import Host, URLParts, parse_multi_host_url, refuse_raw_brackets, split_url
 from ..._core.validation import check_seconds
+from .._common.options import Options
+from .._common.urls import Host, URLParts, parse_multi_host_url, refuse_raw_brackets, split_url
 from .keys import check_prefix
 
 #: RedisDriver's own keyword options (the rest go to redis-py).

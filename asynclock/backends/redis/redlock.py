@@ -32,10 +32,10 @@ from typing import Any
 
 import anyio
 
-from ..._core.asyncio_only import require_asyncio
 from ..._core.driver import Busy, ExtendResult, LeaseRef, Record, Refused
 from ..._core.exceptions import QuorumNotReached
 from ..._core.holder import Holder
+from .._common.asyncio_only import require_asyncio
 from .base import LOUD, NO_EXPIRY, QUIET, GraceReport, SubscribingDriver
 from .fanout import Fanout, tally
 from .keys import scope_fence_key

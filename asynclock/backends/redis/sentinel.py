@@ -26,7 +26,7 @@ from typing import Any
 import anyio
 
 from ..._core.exceptions import BackendUnavailable
-from ..._core.urls import parse_multi_host_url
+from .._common.urls import parse_multi_host_url
 from .deployments import Deployment, read_deployment_url
 from .keys import era_key
 from .routed import NotPrimary, PrimaryDriver, Routed, cause

@@ -36,9 +36,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..._core.asyncio_only import require_asyncio
 from ..._core.driver import Busy, ExtendResult, LeaseRef, Record, Refused
 from ..._core.holder import Holder
+from .._common.asyncio_only import require_asyncio
 from .base import LOUD, NO_EXPIRY, QUIET, GraceReport, SubscribingDriver
 from .blocking import BlockingCalls
 from .keys import glob_escape, name_of_key, record_key, scope_fence_key

@@ -38,8 +38,8 @@ from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Record, Refuse
 from ..._core.errors import map_errors
 from ..._core.exceptions import BackendUnavailable
 from ..._core.holder import Holder
-from ..._core.options import Options
 from ..._core.validation import check_seconds
+from .._common.options import Options
 from .host import boot_id, wake_socket
 from .sql import (
     SCHEMA,

@@ -23,15 +23,15 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
-from ..._core.asyncio_only import require_asyncio
-from ..._core.options import Options
-from ..._core.urls import (
+from ..._core.validation import check_seconds
+from .._common.asyncio_only import require_asyncio
+from .._common.options import Options
+from .._common.urls import (
     parse_multi_host_url,
     password_spilled,
     refuse_raw_brackets,
     spilled_message,
 )
-from ..._core.validation import check_seconds
 from ._kazoo import Zk
 from .driver import ZooKeeperDriver
 

@@ -30,11 +30,11 @@ from typing import Any, TypeVar
 
 import anyio
 
-from ..._core.asyncio_only import require_asyncio
 from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
 from ..._core.errors import ErrorMapper, map_errors
 from ..._core.exceptions import BackendUnavailable
 from ..._core.holder import Holder
+from .._common.asyncio_only import require_asyncio
 from . import _paths
 from ._kazoo import NoAuthError, NodeExistsError, NoNodeError, SessionExpiredError, Zk
 
