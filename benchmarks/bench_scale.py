@@ -78,7 +78,9 @@ def server(kind: str, tmp: Path) -> Iterator[str]:
         finally:
             cluster.stop()
     elif kind == "zookeeper":
-        ensemble = servers.ZookeeperServers(tmp / "zk", 1).start()
+        from asynclock._harness.zookeeper import ZookeeperServers
+
+        ensemble = ZookeeperServers(tmp / "zk", 1).start()
         try:
             yield ensemble.url
         finally:

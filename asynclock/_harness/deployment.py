@@ -19,7 +19,8 @@ import anyio
 from ..backends._common.urls import Host, parse_multi_host_url, url_scheme
 from .pg_server import running_pg
 from .redis_deploy import ClusterDeployment, SentinelDeployment
-from .servers import EtcdMember, EtcdServers, RedisServer, ZookeeperServers
+from .servers import EtcdMember, EtcdServers, RedisServer
+from .zookeeper import ZookeeperServers
 
 #: What ``spawn=`` can start.
 SPAWN = (

@@ -1,6 +1,6 @@
 """Real ZooKeeper servers for the tests, on free loopback ports, data in temporary dirs.
 
-Started by the package's own launcher (:class:`asynclock._harness.servers.ZookeeperServers`,
+Started by the package's own launcher (:class:`asynclock._harness.zookeeper.ZookeeperServers`,
 also the drill's): Debian's ``zookeeper`` package jars with a headless JRE (.ci/run installs
 both when missing) and the suite's own config: ``admin.enableServer=false`` (or Jetty takes :8080),
 a short tick, and a ``maxSessionTimeout`` that allows the driver's default. Provides the
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 import asynclock
-from asynclock._harness.servers import ZookeeperMember as ZkNode
-from asynclock._harness.servers import ZookeeperServers, find_zookeeper
-from asynclock._harness.servers import zookeeper_four_letter as four_letter
+from asynclock._harness.zookeeper import ZookeeperMember as ZkNode
+from asynclock._harness.zookeeper import ZookeeperServers, find_zookeeper
+from asynclock._harness.zookeeper import zookeeper_four_letter as four_letter
 from asynclock.backends.zookeeper._paths import lock_path
 
 from .spec import BackendSpec
