@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -37,7 +36,7 @@ from .keeper import Keeper, LeaseRef, Refused
 from .lease import Lease, LossSignal, deadline_reason
 from .observer import Observer
 from .renewer import IDLE_NAP, ExtendRequest, Renewer
-from .stats import StatsRecorder
+from .stats import ReleaseStorm, StatsRecorder, loss_kind
 from .validation import check_lease_ttl, no_time_left
 
 if TYPE_CHECKING:
@@ -50,9 +49,6 @@ _ref = weakref.ref
 _DEBUG = logging.DEBUG
 
 _new = object.__new__
-
-#: Release failures within this many seconds of the last one logged are summed up.
-RELEASE_STORM = 1.0
 
 #: What the session keeps per held lease: a weak reference (the holder keeps the Lease
 #: alive), its name and token (to release it once it is collected), and the keeper that
@@ -106,9 +102,7 @@ class Session:
         self.observer: Observer | None = None
         self.renewer = Renewer(self)
         # Release failures in a storm (release_failed): counted, then summed up.
-        self._storm_until = -math.inf
-        self._storm_count = 0
-        self._storm_last = ""
+        self.release_storm = ReleaseStorm(logger)
 
     # -- deadlines and the making of leases ------------------------------------------------
 
@@ -257,28 +251,11 @@ class Session:
 
     def release_failed(self, lease: Lease, why: str) -> None:
         """A release the server did not confirm (renewal has stopped: the server expires the
-        lease within its ttl). Logged at WARNING; a storm of them (many blocks exiting at
-        once against a server in trouble) logs its first one and then one summary line per
-        :data:`RELEASE_STORM` seconds, not one line per lease."""
-        now = self.clock.now()
-        if now >= self._storm_until:
-            self.flush_release_failures()
-            logger.warning("release of %r token=%d: %s", lease.name, lease.token, why)
-            self._storm_until = now + RELEASE_STORM
-            return
-        self._storm_count += 1
-        self._storm_last = f"{lease.name!r} token={lease.token}: {why}"
+        lease within its ttl): see :class:`~.stats.ReleaseStorm`."""
+        self.release_storm.failed(f"{lease.name!r} token={lease.token}: {why}", self.clock.now())
 
     def flush_release_failures(self) -> None:
-        """Log the summary of the release failures counted since the last line, if any."""
-        if self._storm_count:
-            logger.warning(
-                "%d more releases were not confirmed (each lease expires at the server "
-                "within its ttl); the last: %s",
-                self._storm_count,
-                self._storm_last,
-            )
-            self._storm_count = 0
+        self.release_storm.flush()
 
     def released_locally(self, lease: Lease) -> None:
         """Mark ``lease`` released before its release is confirmed (another thread's
@@ -499,13 +476,6 @@ class Session:
         """A deadline moved earlier than what the watchdog sleeps until: wake it."""
         if deadline < self._watch_until:
             _poke(self._watch_wake)
-
-
-def loss_kind(reason: str) -> str:
-    """The kind of a loss reason, for ``stats().loss_reasons`` and metrics: the reason up
-    to its first detail (``"renewal refused: ..."`` -> ``"renewal refused"``)."""
-    # ("()" names a call, "lock broken by break_lock()": not the start of a detail.)
-    return re.split(r"[:;]|\((?!\))", reason, maxsplit=1)[0].strip()
 
 
 def _poke(scope: anyio.CancelScope | None) -> None:

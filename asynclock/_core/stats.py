@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import math
+import re
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
@@ -85,3 +88,46 @@ class StatsRecorder:
             loss_reasons=dict(self.loss_reasons),
             hold_times=holds,
         )
+
+
+def loss_kind(reason: str) -> str:
+    """The kind of a loss reason, for ``stats().loss_reasons`` and metrics: the reason up
+    to its first detail (``"renewal refused: ..."`` -> ``"renewal refused"``)."""
+    # ("()" names a call, "lock broken by break_lock()": not the start of a detail.)
+    return re.split(r"[:;]|\((?!\))", reason, maxsplit=1)[0].strip()
+
+
+#: Release failures within this many seconds of the last one logged are summed up.
+RELEASE_STORM = 1.0
+
+
+class ReleaseStorm:
+    """Releases the server did not confirm, logged at WARNING; a storm of them (many
+    blocks exiting at once against a server in trouble) logs its first one and then one
+    summary line per :data:`RELEASE_STORM` seconds, not one line per lease."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._logger = logger
+        self._until = -math.inf
+        self._count = 0
+        self._last = ""
+
+    def failed(self, what: str, now: float) -> None:
+        if now >= self._until:
+            self.flush()
+            self._logger.warning("release of %s", what)
+            self._until = now + RELEASE_STORM
+            return
+        self._count += 1
+        self._last = what
+
+    def flush(self) -> None:
+        """Log the summary of the failures counted since the last line, if any."""
+        if self._count:
+            self._logger.warning(
+                "%d more releases were not confirmed (each lease expires at the server "
+                "within its ttl); the last: %s",
+                self._count,
+                self._last,
+            )
+            self._count = 0
