@@ -8,21 +8,22 @@
 * **Token.** The holder node's ``czxid``: the ensemble's transaction id of its creation,
   larger than every earlier one (G2), whatever the name or token scope.
 * **Liveness.** ZooKeeper keeps an ephemeral node as long as the session lives, not for a
-  ttl. Renewal writes the node (``set_data``; a node that is gone is a definite refusal)
-  and stamps the ttl into it, so ``holder()`` can say how long the holder has left. A hold
-  the core stops renewing is deleted by the driver once its ttl has passed (the session
-  lives on for the others). The server ends a session it has not heard from for the
-  negotiated session timeout: when the connection is lost (kazoo: SUSPENDED), every
-  holder is cancelled at ``last contact + timeout x (1 - drift) - margin``, before the
-  server can expire the session and hand the name on (G3); a reconnect in time keeps them.
-  A session lost (expired) cancels every holder at once (G4).
+  ttl, so a renewal writes nothing: one ``sync`` round trip renews every lease of the
+  backend at once (the session is alive; O(1) per call whatever the number held), and
+  each lease keeps its own ttl and local deadline here. A held node is watched: deleted
+  behind our back (``break``), its lease is lost at once. A hold the core stops renewing
+  is deleted by the driver once its ttl has passed (the session lives on for the
+  others). The server ends a session it has not heard from for the negotiated session
+  timeout: when the connection is lost (kazoo: SUSPENDED), every holder is cancelled at
+  ``last contact + timeout x (1 - drift) - margin``, before the server can expire the
+  session and hand the name on (G3); a reconnect in time keeps them. A session lost
+  (expired) loses every lease on it at once (G4): that is what a session means.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -84,12 +85,16 @@ class _Node:
     token: int
     ttl: float
     expires_at: float  # local clock: last confirmed renewal's t_send + ttl
+    session: int | None  # the session the node was created on (it lives as long)
+    releasing: bool = False  # our own delete is on its way: its watch event is no loss
+    gone: bool = False  # its watch saw it deleted: the next renewal is refused
 
 
 class ZooKeeperDriver(Driver):
     """Locks in a ZooKeeper ensemble. See the module docstring and docs/backends/zookeeper.md."""
 
     remote = True
+    renew_chunk = None  # one round trip renews every lease (the session)
 
     def __init__(
         self,
@@ -113,6 +118,10 @@ class ZooKeeperDriver(Driver):
         self.waiting: dict[str, tuple[str, str, int]] = {}
         #: Nodes to delete once the server answers: node path, or (lock path, owner).
         self._orphans: set[str | tuple[str, str]] = set()
+        #: node in front of a queued waiter -> the watch armed on it (until it fires)
+        self._armed: dict[str, Callable[[Any], None]] = {}
+        #: held nodes whose watch could not be set (connection down): set again later
+        self._unwatched: dict[str, _Node] = {}
         self.last_contact: float | None = None
         self._suspended = False
         self._deadline_scope: anyio.CancelScope | None = None
@@ -208,6 +217,9 @@ class ZooKeeperDriver(Driver):
                 self._deadline_scope.cancel()
             for name, _, _ in list(self.waiting.values()):
                 self._wake(name)  # a watch may have been missed while away
+            for owner, node in list(self._unwatched.items()):
+                del self._unwatched[owner]
+                self._watch_held(owner, node)
             self._poke.set()
         elif state == "lost":
             self._suspended = False
@@ -218,6 +230,8 @@ class ZooKeeperDriver(Driver):
                 del self.waiting[owner]  # its node went with the session
                 self._wake(name)
             self._orphans.clear()  # every node of the old session is gone
+            self._armed.clear()  # and every watch
+            self._unwatched.clear()
 
     def _lose_all(self, why: str) -> None:
         for owner, node in list(self.held.items()):
@@ -274,6 +288,9 @@ class ZooKeeperDriver(Driver):
                         logger.debug("ping failed: %r", exc)
                 elif self.held:
                     due = min(due, ping_at)
+                for owner, node in list(self._unwatched.items()):
+                    del self._unwatched[owner]
+                    self._watch_held(owner, node)
                 for orphan in list(self._orphans):
                     try:
                         await self._delete_orphan(orphan)
@@ -320,6 +337,7 @@ class ZooKeeperDriver(Driver):
         # token of any name or scope (G2 for both).
         lock = self.lock_path(name)
         t_send = self.clock.now()
+        session = self.zk.session_id  # the nodes made below live as long as this session
         waiting = self.waiting.get(owner)
         if waiting is not None:  # a queued waiter: is its node first now?
             _, path, token = waiting
@@ -336,13 +354,19 @@ class ZooKeeperDriver(Driver):
         index = order.index(mine) if mine in order else 0
         if index == 0:
             self.waiting.pop(owner, None)
-            self.held[owner] = _Node(name, owner, path, token, ttl, t_send + ttl)
+            node = _Node(name, owner, path, token, ttl, t_send + ttl, session)
+            self.held[owner] = node
+            self._watch_held(owner, node)
             self._poke.set()
             return token
         predecessor = f"{lock}/{order[index - 1]}"
         detail = f"held by node {order[0]} ({index} ahead in the queue)"
         if queue:
             self.waiting[owner] = (name, path, token)
+            # Every wake-up of a waiter watches the node in front again, whatever woke it
+            # (a watch fires once: a write to that node fires it as "changed").
+            if await self._arm(name, predecessor):  # gone already: look again
+                return await self.acquire(name, owner, ttl, queue=queue, scope=scope)
             return Busy(retry_after=self.session_timeout, detail=detail, cursor=predecessor)
         self.waiting.pop(owner, None)
         try:
@@ -388,38 +412,33 @@ class ZooKeeperDriver(Driver):
     # -- renew, release, validate ------------------------------------------------------------
 
     async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
+        # The session keeps every node of ours: one round trip renews them all (O(1) per
+        # call whatever the number of leases). ``sync`` proves the session alive now and
+        # delivers first every watch event of a write committed before it (a lock node
+        # deleted behind our back is lost through its watch, before this answers).
         t_send = self.clock.now()
+        try:
+            await self._call("renewal", self.zk.sync)
+        except Exception as exc:
+            error = self.errors.unavailable("renewal failed", exc)
+            return [error] * len(leases)
+        session = self.zk.session_id
         out: list[ExtendResult] = []
-
-        async def one(ref: LeaseRef, node: _Node, slot: int) -> None:
-            try:
-                await self.zk.set_data(node.path, encode_data(ref.owner, ref.ttl))
-            except NoNodeError:
-                if self.held.get(ref.owner) is node:
-                    del self.held[ref.owner]
-                out[slot] = Refused("lock node deleted at the server")
-            except Exception as exc:
-                out[slot] = self.errors.unavailable("renewal failed", exc)
+        for ref in leases:
+            node = self.held.get(ref.owner)
+            if node is None or node.token != ref.token or node.name != ref.name:
+                out.append(Refused("not held by this owner (its lock node is gone)"))
+            elif node.gone:
+                del self.held[ref.owner]
+                self._wake(node.name)
+                out.append(Refused("lock node deleted at the server"))
+            elif node.session != session:
+                del self.held[ref.owner]
+                out.append(Refused("the ZooKeeper session its lock node was made on ended"))
             else:
-                if self.held.get(ref.owner) is not node:
-                    out[slot] = Refused("lost while renewing")
-                    return
                 node.ttl = ref.ttl
                 node.expires_at = max(node.expires_at, t_send + ref.ttl)
-                out[slot] = True
-
-        # One write per lease, all sent at once on the one connection: one round trip.
-        with anyio.move_on_after(self.timeout) as scope:
-            async with anyio.create_task_group() as tg:
-                for ref in leases:
-                    node = self.held.get(ref.owner)
-                    if node is None or node.token != ref.token or node.name != ref.name:
-                        out.append(Refused("not held by this owner"))
-                        continue
-                    out.append(TimeoutError("renewal got no answer in time"))
-                    tg.start_soon(one, ref, node, len(out) - 1)
-        if not scope.cancelled_caught:
-            self._contact(t_send)
+                out.append(True)
         return out
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
@@ -427,7 +446,12 @@ class ZooKeeperDriver(Driver):
         if node is not None and node.name == name:
             if token is not None and node.token != token:
                 return False
-            removed = await self._delete(node.path)  # local state after the server (G6)
+            node.releasing = True
+            try:
+                removed = await self._delete(node.path)  # local state after the server (G6)
+            except BaseException:
+                node.releasing = False
+                raise
             if self.held.get(owner) is node:
                 del self.held[owner]
             self._wake(name)
@@ -495,13 +519,10 @@ class ZooKeeperDriver(Driver):
                 if isinstance(exc.__cause__, NoNodeError):
                     continue  # released just now: look again
                 raise
-            owner, ttl = decode_data(data)
-            remaining = None
-            if ttl is not None:
-                # Time left of the ttl since the last renewal, by the server's clock
-                # (mtime) read against ours.
-                remaining = max(0.0, stat.mtime / 1000 + ttl - time.time())
-            return Holder(name, owner, stat.czxid, remaining)
+            owner, _ = decode_data(data)
+            # No expiry at the server: a node lasts as long as its holder's session, and
+            # the holder's ttl is its own local deadline (renewed without a write).
+            return Holder(name, owner, stat.czxid, None)
         return None
 
     async def break_lock(self, name: str) -> bool:
@@ -541,16 +562,53 @@ class ZooKeeperDriver(Driver):
     async def watch(self, name: str, cursor: object = None) -> bool:
         if not isinstance(cursor, str):
             return False
-        loop_wake = self._wake
-        call = self.zk._loop
+        return await self._arm(name, cursor)
+
+    async def _arm(self, name: str, path: str) -> bool:
+        """Watch ``path``, the node in front of a waiter of ``name``, unless a watch on it
+        is armed already (it fires once; then this arms it again). True if it is gone."""
+        if path in self._armed:
+            return False
+        loop = self.zk._loop
 
         def fired(event: Any) -> None:  # kazoo's thread
-            if call is not None:
+            if loop is not None:
                 with contextlib.suppress(RuntimeError):
-                    call.call_soon_threadsafe(loop_wake, name)
+                    loop.call_soon_threadsafe(self._fired, name, path, fired)
 
-        stat = await self._call("watch", partial(self.zk.exists, cursor, watch=fired))
-        return stat is None  # gone already: try again now
+        self._armed[path] = fired
+        try:
+            there = await self._call("watch", partial(self.zk.exists_watched, path, fired))
+        except BaseException:
+            self._disarm(path, fired)
+            raise
+        if not there:
+            self._disarm(path, fired)
+        return not there
+
+    def _disarm(self, path: str, fired: Callable[[Any], None]) -> None:
+        if self._armed.get(path) is fired:
+            del self._armed[path]
+
+    def _fired(self, name: str, path: str, fired: Callable[[Any], None]) -> None:
+        self._disarm(path, fired)
+        self._wake(name)  # the waiter looks again, and arms a watch again
+
+    def _watch_held(self, owner: str, node: _Node) -> None:
+        """Watch a held node of ours: deleted behind our back (``break``, an operator),
+        the lease is lost at once (no renewal writes to find it out)."""
+        self.zk.watch_node(node.path, partial(self._held_event, owner, node))
+
+    def _held_event(self, owner: str, node: _Node, kind: str) -> None:
+        if self.held.get(owner) is not node or node.releasing:
+            return
+        if kind in ("DELETED", "MISSING"):
+            node.gone = True
+            self._renew_now()  # refused at once, as a renewal that found it gone
+        elif kind == "FAILED" or (kind == "NONE" and self._suspended):
+            self._unwatched[owner] = node  # set again on reconnect
+        elif kind != "NONE":  # written (CHANGED): watch again
+            self._watch_held(owner, node)
 
 
 __all__ = ("ZooKeeperDriver",)
