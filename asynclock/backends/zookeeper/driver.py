@@ -25,72 +25,28 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 
 from ..._core.asyncio_only import require_asyncio
-from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
+from ..._core.driver import Busy, ExtendResult, LeaseRef, Refused
 from ..._core.errors import ErrorMapper, map_errors
 from ..._core.exceptions import BackendUnavailable
 from ..._core.holder import Holder
 from . import _paths
-from ._kazoo import NoAuthError, NodeExistsError, NoNodeError, SessionExpiredError, Zk
+from ._kazoo import NodeExistsError, NoNodeError, SessionExpiredError, Zk
+from ._nodes import DRIFT, MARGIN, Node, decode_data, encode_data, explain
+from ._watches import Watches
 
 logger = logging.getLogger("asynclock.zookeeper")
+#: See ``ZooKeeperDriver._slots``.
+IN_FLIGHT = 64
 T = TypeVar("T")
 
-#: How far a local clock may run slow against the server's (as the core's default).
-DRIFT = 0.01
-#: Taken off the session deadline besides the drift: room for a late wake-up of this
-#: loop (a loaded process) and the cancelled work to stop, before the server expires it.
-MARGIN = 0.15
-_TAG = b"asynclock"
 
-
-def explain(exc: BaseException) -> str | None:
-    if isinstance(exc, NoAuthError):
-        return (
-            "not authorised by the node's ACL (NoAuth): check the digest user and password "
-            "(zookeeper://user:password@host/...)"
-        )
-    if isinstance(exc, TimeoutError):
-        return "no answer in time (is the ensemble reachable, and does it have a quorum?)"
-    return None
-
-
-def encode_data(owner: str, ttl: float) -> bytes:
-    return b"%s\n%s\n%r" % (_TAG, owner.encode(), ttl)
-
-
-def decode_data(data: bytes) -> tuple[str | None, float | None]:
-    """(owner, ttl) of our nodes; (the data as text or None, None) of anyone else's."""
-    parts = data.split(b"\n")
-    if len(parts) == 3 and parts[0] == _TAG:
-        try:
-            return parts[1].decode(), float(parts[2])
-        except ValueError:
-            pass
-    text = data.decode("utf-8", "replace")
-    return (text or None), None
-
-
-@dataclass(slots=True)
-class _Node:
-    name: str
-    owner: str
-    path: str  # the full path of our child node
-    token: int
-    ttl: float
-    expires_at: float  # local clock: last confirmed renewal's t_send + ttl
-    session: int | None  # the session the node was created on (it lives as long)
-    releasing: bool = False  # our own delete is on its way: its watch event is no loss
-    gone: bool = False  # its watch saw it deleted: the next renewal is refused
-
-
-class ZooKeeperDriver(Driver):
+class ZooKeeperDriver(Watches):
     """Locks in a ZooKeeper ensemble. See the module docstring and docs/backends/zookeeper.md."""
 
     remote = True
@@ -113,15 +69,17 @@ class ZooKeeperDriver(Driver):
         self.timeout = timeout
         self.display = display
         self.errors: ErrorMapper = map_errors(display, secret, explain=explain)
-        self.held: dict[str, _Node] = {}  # owner -> held node
+        self.held: dict[str, Node] = {}  # owner -> held node
         #: owner -> (name, node path, czxid) of a queued waiter's node
         self.waiting: dict[str, tuple[str, str, int]] = {}
         #: Nodes to delete once the server answers: node path, or (lock path, owner).
         self._orphans: set[str | tuple[str, str]] = set()
-        #: node in front of a queued waiter -> the watch armed on it (until it fires)
-        self._armed: dict[str, Callable[[Any], None]] = {}
-        #: held nodes whose watch could not be set (connection down): set again later
-        self._unwatched: dict[str, _Node] = {}
+        #: Requests in flight at once on the one connection: thousands sent together
+        #: would each wait behind the others past their deadline (kazoo answers a few
+        #: thousand a second); the rest wait here, for a slot, within their own timeout.
+        self._slots = anyio.CapacityLimiter(IN_FLIGHT)
+        self._armed = {}
+        self._unwatched = {}
         self.last_contact: float | None = None
         self._suspended = False
         self._deadline_scope: anyio.CancelScope | None = None
@@ -143,6 +101,12 @@ class ZooKeeperDriver(Driver):
             await self._state_changed.wait()
 
     async def _call(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        # The deadline runs from when the request goes out, not while it waits for a slot
+        # behind our own others (that wait is bounded by the caller's timeout).
+        async with self._slots:
+            return await self._call_now(what, call)
+
+    async def _call_now(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
         with self.errors(what):
             with anyio.fail_after(self.timeout):
                 for attempt in (1, 2):
@@ -354,7 +318,7 @@ class ZooKeeperDriver(Driver):
         index = order.index(mine) if mine in order else 0
         if index == 0:
             self.waiting.pop(owner, None)
-            node = _Node(name, owner, path, token, ttl, t_send + ttl, session)
+            node = Node(name, owner, path, token, ttl, t_send + ttl, session)
             self.held[owner] = node
             self._watch_held(owner, node)
             self._poke.set()
@@ -385,6 +349,12 @@ class ZooKeeperDriver(Driver):
         """Create our node and list the children in one pipelined round trip."""
         node = f"{lock}/{owner[:32]}{_paths.MARK}"
         data = encode_data(owner, ttl)
+        async with self._slots:  # see _call
+            return await self._create_now(name, lock, node, data)
+
+    async def _create_now(
+        self, name: str, lock: str, node: str, data: bytes
+    ) -> tuple[str, int, list[str]]:
         with self.errors(f"acquire of {name!r} failed"):
             with anyio.fail_after(self.timeout):
                 for attempt in (1, 2, 3):
@@ -418,7 +388,8 @@ class ZooKeeperDriver(Driver):
         # deleted behind our back is lost through its watch, before this answers).
         t_send = self.clock.now()
         try:
-            await self._call("renewal", self.zk.sync)
+            # Not behind acquisitions waiting for a slot: one request, ahead of them.
+            await self._call_now("renewal", self.zk.sync)
         except Exception as exc:
             error = self.errors.unavailable("renewal failed", exc)
             return [error] * len(leases)
@@ -537,78 +508,6 @@ class ZooKeeperDriver(Driver):
                 del self.held[owner]
         self._wake(name)
         return broken
-
-    async def names(self) -> list[str]:
-        found: list[str] = []
-        pending = [self.prefix or "/"]
-        while pending:
-            path = pending.pop()
-            try:
-                children = await self._call("listing", partial(self.zk.children, path))
-            except BackendUnavailable as exc:
-                if isinstance(exc.__cause__, (NoNodeError, NoAuthError)):
-                    continue
-                raise
-            base = "" if path == "/" else path
-            if path != (self.prefix or "/") and _paths.contenders(children):
-                found.append(_paths.name_of(self.prefix, path))
-            for child in children:
-                if _paths.sequence(child) is None and not (base == "" and child == "zookeeper"):
-                    pending.append(f"{base}/{child}")
-        return sorted(found)
-
-    # -- waiting: watch the predecessor --------------------------------------------------------
-
-    async def watch(self, name: str, cursor: object = None) -> bool:
-        if not isinstance(cursor, str):
-            return False
-        return await self._arm(name, cursor)
-
-    async def _arm(self, name: str, path: str) -> bool:
-        """Watch ``path``, the node in front of a waiter of ``name``, unless a watch on it
-        is armed already (it fires once; then this arms it again). True if it is gone."""
-        if path in self._armed:
-            return False
-        loop = self.zk._loop
-
-        def fired(event: Any) -> None:  # kazoo's thread
-            if loop is not None:
-                with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(self._fired, name, path, fired)
-
-        self._armed[path] = fired
-        try:
-            there = await self._call("watch", partial(self.zk.exists_watched, path, fired))
-        except BaseException:
-            self._disarm(path, fired)
-            raise
-        if not there:
-            self._disarm(path, fired)
-        return not there
-
-    def _disarm(self, path: str, fired: Callable[[Any], None]) -> None:
-        if self._armed.get(path) is fired:
-            del self._armed[path]
-
-    def _fired(self, name: str, path: str, fired: Callable[[Any], None]) -> None:
-        self._disarm(path, fired)
-        self._wake(name)  # the waiter looks again, and arms a watch again
-
-    def _watch_held(self, owner: str, node: _Node) -> None:
-        """Watch a held node of ours: deleted behind our back (``break``, an operator),
-        the lease is lost at once (no renewal writes to find it out)."""
-        self.zk.watch_node(node.path, partial(self._held_event, owner, node))
-
-    def _held_event(self, owner: str, node: _Node, kind: str) -> None:
-        if self.held.get(owner) is not node or node.releasing:
-            return
-        if kind in ("DELETED", "MISSING"):
-            node.gone = True
-            self._renew_now()  # refused at once, as a renewal that found it gone
-        elif kind == "FAILED" or (kind == "NONE" and self._suspended):
-            self._unwatched[owner] = node  # set again on reconnect
-        elif kind != "NONE":  # written (CHANGED): watch again
-            self._watch_held(owner, node)
 
 
 __all__ = ("ZooKeeperDriver",)
