@@ -1,7 +1,7 @@
 """The ZooKeeper driver's watches: a queued waiter's on the node in front of it (armed
 again at every wake-up: a watch fires once, and a write to that node fires it as
 "changed"), and one on each held node of ours (deleted behind our back: lost); and the
-walk of the tree that lists the names held."""
+walk of the tree that lists the names held; deletes of our own nodes."""
 
 from __future__ import annotations
 
@@ -84,6 +84,31 @@ class Watches(Driver):
             self._unwatched[owner] = node  # set again on reconnect
         elif kind != "NONE":  # written (CHANGED): watch again
             self._watch_held(owner, node)
+
+    async def _delete_orphan(self, orphan: str | tuple[str, str]) -> None:
+        if isinstance(orphan, str):
+            await self._delete(orphan)
+            return
+        lock, owner = orphan
+        try:
+            children = await self._call("listing", partial(self.zk.children, lock))
+        except BackendUnavailable as exc:
+            if isinstance(exc.__cause__, NoNodeError):
+                return
+            raise
+        for child in children:
+            if child.startswith(owner[:32] + _paths.MARK):
+                await self._delete(f"{lock}/{child}")
+
+    async def _delete(self, path: str) -> bool:
+        """Delete a node of ours; False if it was gone already."""
+        try:
+            await self._call("delete", partial(self.zk.delete, path))
+        except BackendUnavailable as exc:
+            if isinstance(exc.__cause__, NoNodeError):
+                return False
+            raise
+        return True
 
     async def names(self) -> list[str]:
         found: list[str] = []

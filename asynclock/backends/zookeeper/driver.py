@@ -267,31 +267,6 @@ class ZooKeeperDriver(Watches):
             with anyio.move_on_after(max(0.0, due - self.clock.now())):
                 await self._poke.wait()
 
-    async def _delete_orphan(self, orphan: str | tuple[str, str]) -> None:
-        if isinstance(orphan, str):
-            await self._delete(orphan)
-            return
-        lock, owner = orphan
-        try:
-            children = await self._call("listing", partial(self.zk.children, lock))
-        except BackendUnavailable as exc:
-            if isinstance(exc.__cause__, NoNodeError):
-                return
-            raise
-        for child in children:
-            if child.startswith(owner[:32] + _paths.MARK):
-                await self._delete(f"{lock}/{child}")
-
-    async def _delete(self, path: str) -> bool:
-        """Delete a node of ours; False if it was gone already."""
-        try:
-            await self._call("delete", partial(self.zk.delete, path))
-        except BackendUnavailable as exc:
-            if isinstance(exc.__cause__, NoNodeError):
-                return False
-            raise
-        return True
-
     # -- acquire ----------------------------------------------------------------------------
 
     async def acquire(
