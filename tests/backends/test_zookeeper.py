@@ -205,6 +205,28 @@ async def test_a_waiter_in_another_process_is_granted_promptly_after_renewals_an
         assert granted["token"] > lease.token
 
 
+async def test_another_applications_sequential_nodes_are_not_locks(
+    zk_ensemble: ZkEnsemble, lock_name: str
+) -> None:
+    """Issue 39 item 2: a persistent sequential node (Kafka's config changes) under the
+    lock root is no lock: not held, not listed, and break refuses to delete it."""
+    path = lock_path("", lock_name)
+    async with kazoo(zk_ensemble.hosts) as client, asynclock.connect(zk_ensemble.url) as ours:
+        node = await in_thread(
+            lambda: client.create(f"{path}/config_change_", b"{}", sequence=True, makepath=True)
+        )
+        assert node.endswith("config_change_0000000000")
+        try:
+            assert await ours.holder(lock_name) is None
+            assert not await ours.locked(lock_name)
+            assert lock_name not in [h.name for h in await ours.holders()]
+            with pytest.raises(asynclock.BackendUnavailable, match="persistent node, not a lock's"):
+                await ours.break_lock(lock_name)
+            assert await in_thread(client.exists, node) is not None
+        finally:
+            await in_thread(lambda: client.delete(path, recursive=True))
+
+
 # -- connection errors -------------------------------------------------------------------
 
 

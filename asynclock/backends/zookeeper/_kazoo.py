@@ -56,10 +56,11 @@ class Stat:
     czxid: int
     mtime: int  # ms since the epoch, the server's clock at the last write
     version: int
+    ephemeral: bool = True  # False: a persistent node (no lock protocol makes one)
 
 
 def _stat(raw: Any) -> Stat:
-    return Stat(int(raw.czxid), int(raw.mtime), int(raw.version))
+    return Stat(int(raw.czxid), int(raw.mtime), int(raw.version), bool(raw.ephemeralOwner))
 
 
 class _Capture(logging.LoggerAdapter):  # type: ignore[type-arg]

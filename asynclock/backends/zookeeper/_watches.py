@@ -122,8 +122,12 @@ class Watches(Driver):
                     continue
                 raise
             base = "" if path == "/" else path
-            if path != (self.prefix or "/") and _paths.contenders(children):
-                found.append(_paths.name_of(self.prefix, path))
+            order = _paths.contenders(children)
+            if path != (self.prefix or "/") and order:
+                # Only a lock protocol's (ephemeral) nodes are contenders.
+                stat = await self._call("listing", partial(self.zk.exists, f"{path}/{order[0]}"))
+                if stat is not None and stat.ephemeral:
+                    found.append(_paths.name_of(self.prefix, path))
             for child in children:
                 if _paths.sequence(child) is None and not (base == "" and child == "zookeeper"):
                     pending.append(f"{base}/{child}")

@@ -451,7 +451,7 @@ class ZooKeeperDriver(Watches):
                 return False
             stat = await self._call("validate", partial(self.zk.exists, first))
             if stat is not None:
-                return stat.czxid == token
+                return stat.ephemeral and stat.czxid == token
         return False
 
     async def holder(self, name: str) -> Holder | None:
@@ -465,6 +465,8 @@ class ZooKeeperDriver(Watches):
                 if isinstance(exc.__cause__, NoNodeError):
                     continue  # released just now: look again
                 raise
+            if not stat.ephemeral:  # another application's node (not a lock): not held
+                return None
             owner, _ = decode_data(data)
             # No expiry at the server: a node lasts as long as its holder's session, and
             # the holder's ttl is its own local deadline (renewed without a write).
@@ -475,6 +477,13 @@ class ZooKeeperDriver(Watches):
         first = await self._first(name)
         if first is None:
             return False
+        stat = await self._call("break", partial(self.zk.exists, first))
+        if stat is not None and not stat.ephemeral:
+            raise BackendUnavailable(
+                f"{self.display}: {first} is a persistent node, not a lock's: every lock "
+                "protocol's contender is an ephemeral sequential node, so this one belongs "
+                "to another application (its data, not a holder); not deleted"
+            )
         # G2: whoever comes next creates a node with a larger czxid; the broken holder's
         # next renewal finds its node gone (refused).
         broken = await self._delete(first)
