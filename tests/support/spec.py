@@ -31,8 +31,8 @@ CAPABILITIES: dict[str, frozenset[str]] = {
         "redis_cluster": "records names leader server_ttl multiprocess",
         "etcd": "records names leader server_ttl multiprocess",
         "etcd3": "records names leader server_ttl multiprocess",
-        "zookeeper": "names leader server_ttl multiprocess",
-        "zookeeper3": "names leader server_ttl multiprocess",
+        "zookeeper": "names leader multiprocess",
+        "zookeeper3": "names leader multiprocess",
     }.items()
 }
 

@@ -35,7 +35,7 @@ from kazoo.exceptions import (
     NotEmptyError,
     SessionExpiredError,
 )
-from kazoo.protocol.states import KazooState
+from kazoo.protocol.states import Callback, KazooState
 
 __all__ = (
     "AuthFailedError",
@@ -56,10 +56,11 @@ class Stat:
     czxid: int
     mtime: int  # ms since the epoch, the server's clock at the last write
     version: int
+    ephemeral: bool = True  # False: a persistent node (no lock protocol makes one)
 
 
 def _stat(raw: Any) -> Stat:
-    return Stat(int(raw.czxid), int(raw.mtime), int(raw.version))
+    return Stat(int(raw.czxid), int(raw.mtime), int(raw.version), bool(raw.ephemeralOwner))
 
 
 class _Capture(logging.LoggerAdapter):  # type: ignore[type-arg]
@@ -209,6 +210,65 @@ class Zk:
     async def get(self, path: str) -> tuple[bytes, Stat]:
         data, raw = await self._wait(self.client.get_async(path))
         return bytes(data), _stat(raw)
+
+    async def exists_watched(self, path: str, watch: Callable[[Any], None]) -> bool:
+        """Set a one-shot data watch on ``path`` (``watch(event)`` runs on kazoo's thread
+        when the node changes or goes); False, and no watch left behind, if it is gone
+        already (a read, not ``exists``: that would watch for the node's creation)."""
+        try:
+            await self._wait(self.client.get_async(path, watch=watch))
+        except NoNodeError:
+            return False
+        return True
+
+    def watch_node(self, path: str, on_event: Callable[[str], None]) -> None:
+        """Watch ``path`` (a node of ours) without waiting: ``on_event(kind)`` runs on the
+        loop once, with the watch event's type (``DELETED``, ``CHANGED``; ``NONE``: the
+        session ended), ``MISSING`` if the node was already gone, or ``FAILED`` if the
+        watch could not be set (the connection is down)."""
+        loop = self._loop
+        if loop is None:  # pragma: no cover - bound at open
+            return
+
+        def hand_over(kind: str) -> None:  # kazoo's threads
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                loop.call_soon_threadsafe(on_event, kind)
+
+        def answered(done: Any) -> None:
+            if done.successful():
+                return
+            hand_over("MISSING" if isinstance(done.exception, NoNodeError) else "FAILED")
+
+        pending = self.client.get_async(path, watch=lambda event: hand_over(str(event.type)))
+        pending.rawlink(answered)
+
+    async def sync(self) -> None:
+        """One round trip through the leader (``sync``): the session is alive, this
+        server has caught up with every write committed before it, and every watch event
+        those writes fired has been handed to the loop before this returns."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        dispatch = self.client.handler.dispatch_callback
+
+        def settle(done: Any) -> None:
+            if future.done():
+                return
+            if done.successful():
+                future.set_result(None)
+            else:
+                future.set_exception(done.exception)
+
+        def behind_the_watches(done: Any) -> None:
+            # kazoo hands watch events to its callback thread and answers to its
+            # completion thread: queue the answer behind the events read before it.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(settle, done)
+
+        def answered(done: Any) -> None:  # kazoo's completion thread
+            dispatch(Callback("watch", behind_the_watches, (done,)))
+
+        self.client.sync_async("/").rawlink(answered)
+        await future
 
     async def set_data(self, path: str, data: bytes) -> Stat:
         return _stat(await self._wait(self.client.set_async(path, data)))

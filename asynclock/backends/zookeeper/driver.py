@@ -8,88 +8,49 @@
 * **Token.** The holder node's ``czxid``: the ensemble's transaction id of its creation,
   larger than every earlier one (G2), whatever the name or token scope.
 * **Liveness.** ZooKeeper keeps an ephemeral node as long as the session lives, not for a
-  ttl. Renewal writes the node (``set_data``; a node that is gone is a definite refusal)
-  and stamps the ttl into it, so ``holder()`` can say how long the holder has left. A hold
-  the core stops renewing is deleted by the driver once its ttl has passed (the session
-  lives on for the others). The server ends a session it has not heard from for the
-  negotiated session timeout: when the connection is lost (kazoo: SUSPENDED), every
-  holder is cancelled at ``last contact + timeout x (1 - drift) - margin``, before the
-  server can expire the session and hand the name on (G3); a reconnect in time keeps them.
-  A session lost (expired) cancels every holder at once (G4).
+  ttl, so a renewal writes nothing: one ``sync`` round trip renews every lease of the
+  backend at once (the session is alive; O(1) per call whatever the number held), and
+  each lease keeps its own ttl and local deadline here. A held node is watched: deleted
+  behind our back (``break``), its lease is lost at once. A hold the core stops renewing
+  is deleted by the driver once its ttl has passed (the session lives on for the
+  others). The server ends a session it has not heard from for the negotiated session
+  timeout: when the connection is lost (kazoo: SUSPENDED), every holder is cancelled at
+  ``last contact + timeout x (1 - drift) - margin``, before the server can expire the
+  session and hand the name on (G3); a reconnect in time keeps them. A session lost
+  (expired) loses every lease on it at once (G4): that is what a session means.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 
-from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Refused
+from ..._core.driver import Busy, ExtendResult, LeaseRef, Refused
 from ..._core.errors import ErrorMapper, map_errors
 from ..._core.exceptions import BackendUnavailable
 from ..._core.holder import Holder
 from .._common.asyncio_only import require_asyncio
 from . import _paths
-from ._kazoo import NoAuthError, NodeExistsError, NoNodeError, SessionExpiredError, Zk
+from ._kazoo import NodeExistsError, NoNodeError, SessionExpiredError, Zk
+from ._nodes import DRIFT, MARGIN, Node, decode_data, encode_data, explain
+from ._watches import Watches
 
 logger = logging.getLogger("asynclock.zookeeper")
+#: See ``ZooKeeperDriver._slots``.
+IN_FLIGHT = 64
 T = TypeVar("T")
 
-#: How far a local clock may run slow against the server's (as the core's default).
-DRIFT = 0.01
-#: Taken off the session deadline besides the drift: room for a late wake-up of this
-#: loop (a loaded process) and the cancelled work to stop, before the server expires it.
-MARGIN = 0.15
-_TAG = b"asynclock"
 
-
-def explain(exc: BaseException) -> str | None:
-    if isinstance(exc, NoAuthError):
-        return (
-            "not authorised by the node's ACL (NoAuth): check the digest user and password "
-            "(zookeeper://user:password@host/...)"
-        )
-    if isinstance(exc, TimeoutError):
-        return "no answer in time (is the ensemble reachable, and does it have a quorum?)"
-    return None
-
-
-def encode_data(owner: str, ttl: float) -> bytes:
-    return b"%s\n%s\n%r" % (_TAG, owner.encode(), ttl)
-
-
-def decode_data(data: bytes) -> tuple[str | None, float | None]:
-    """(owner, ttl) of our nodes; (the data as text or None, None) of anyone else's."""
-    parts = data.split(b"\n")
-    if len(parts) == 3 and parts[0] == _TAG:
-        try:
-            return parts[1].decode(), float(parts[2])
-        except ValueError:
-            pass
-    text = data.decode("utf-8", "replace")
-    return (text or None), None
-
-
-@dataclass(slots=True)
-class _Node:
-    name: str
-    owner: str
-    path: str  # the full path of our child node
-    token: int
-    ttl: float
-    expires_at: float  # local clock: last confirmed renewal's t_send + ttl
-
-
-class ZooKeeperDriver(Driver):
+class ZooKeeperDriver(Watches):
     """Locks in a ZooKeeper ensemble. See the module docstring and docs/backends/zookeeper.md."""
 
     remote = True
+    renew_chunk = None  # one round trip renews every lease (the session)
 
     def __init__(
         self,
@@ -108,11 +69,17 @@ class ZooKeeperDriver(Driver):
         self.timeout = timeout
         self.display = display
         self.errors: ErrorMapper = map_errors(display, secret, explain=explain)
-        self.held: dict[str, _Node] = {}  # owner -> held node
+        self.held: dict[str, Node] = {}  # owner -> held node
         #: owner -> (name, node path, czxid) of a queued waiter's node
         self.waiting: dict[str, tuple[str, str, int]] = {}
         #: Nodes to delete once the server answers: node path, or (lock path, owner).
         self._orphans: set[str | tuple[str, str]] = set()
+        #: Requests in flight at once on the one connection: thousands sent together
+        #: would each wait behind the others past their deadline (kazoo answers a few
+        #: thousand a second); the rest wait here, for a slot, within their own timeout.
+        self._slots = anyio.CapacityLimiter(IN_FLIGHT)
+        self._armed = {}
+        self._unwatched = {}
         self.last_contact: float | None = None
         self._suspended = False
         self._deadline_scope: anyio.CancelScope | None = None
@@ -134,6 +101,12 @@ class ZooKeeperDriver(Driver):
             await self._state_changed.wait()
 
     async def _call(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        # The deadline runs from when the request goes out, not while it waits for a slot
+        # behind our own others (that wait is bounded by the caller's timeout).
+        async with self._slots:
+            return await self._call_now(what, call)
+
+    async def _call_now(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
         with self.errors(what):
             with anyio.fail_after(self.timeout):
                 for attempt in (1, 2):
@@ -208,6 +181,9 @@ class ZooKeeperDriver(Driver):
                 self._deadline_scope.cancel()
             for name, _, _ in list(self.waiting.values()):
                 self._wake(name)  # a watch may have been missed while away
+            for owner, node in list(self._unwatched.items()):
+                del self._unwatched[owner]
+                self._watch_held(owner, node)
             self._poke.set()
         elif state == "lost":
             self._suspended = False
@@ -218,6 +194,8 @@ class ZooKeeperDriver(Driver):
                 del self.waiting[owner]  # its node went with the session
                 self._wake(name)
             self._orphans.clear()  # every node of the old session is gone
+            self._armed.clear()  # and every watch
+            self._unwatched.clear()
 
     def _lose_all(self, why: str) -> None:
         for owner, node in list(self.held.items()):
@@ -274,6 +252,9 @@ class ZooKeeperDriver(Driver):
                         logger.debug("ping failed: %r", exc)
                 elif self.held:
                     due = min(due, ping_at)
+                for owner, node in list(self._unwatched.items()):
+                    del self._unwatched[owner]
+                    self._watch_held(owner, node)
                 for orphan in list(self._orphans):
                     try:
                         await self._delete_orphan(orphan)
@@ -286,31 +267,6 @@ class ZooKeeperDriver(Driver):
             with anyio.move_on_after(max(0.0, due - self.clock.now())):
                 await self._poke.wait()
 
-    async def _delete_orphan(self, orphan: str | tuple[str, str]) -> None:
-        if isinstance(orphan, str):
-            await self._delete(orphan)
-            return
-        lock, owner = orphan
-        try:
-            children = await self._call("listing", partial(self.zk.children, lock))
-        except BackendUnavailable as exc:
-            if isinstance(exc.__cause__, NoNodeError):
-                return
-            raise
-        for child in children:
-            if child.startswith(owner[:32] + _paths.MARK):
-                await self._delete(f"{lock}/{child}")
-
-    async def _delete(self, path: str) -> bool:
-        """Delete a node of ours; False if it was gone already."""
-        try:
-            await self._call("delete", partial(self.zk.delete, path))
-        except BackendUnavailable as exc:
-            if isinstance(exc.__cause__, NoNodeError):
-                return False
-            raise
-        return True
-
     # -- acquire ----------------------------------------------------------------------------
 
     async def acquire(
@@ -320,6 +276,7 @@ class ZooKeeperDriver(Driver):
         # token of any name or scope (G2 for both).
         lock = self.lock_path(name)
         t_send = self.clock.now()
+        session = self.zk.session_id  # the nodes made below live as long as this session
         waiting = self.waiting.get(owner)
         if waiting is not None:  # a queued waiter: is its node first now?
             _, path, token = waiting
@@ -336,13 +293,19 @@ class ZooKeeperDriver(Driver):
         index = order.index(mine) if mine in order else 0
         if index == 0:
             self.waiting.pop(owner, None)
-            self.held[owner] = _Node(name, owner, path, token, ttl, t_send + ttl)
+            node = Node(name, owner, path, token, ttl, t_send + ttl, session)
+            self.held[owner] = node
+            self._watch_held(owner, node)
             self._poke.set()
             return token
         predecessor = f"{lock}/{order[index - 1]}"
         detail = f"held by node {order[0]} ({index} ahead in the queue)"
         if queue:
             self.waiting[owner] = (name, path, token)
+            # Every wake-up of a waiter watches the node in front again, whatever woke it
+            # (a watch fires once: a write to that node fires it as "changed").
+            if await self._arm(name, predecessor):  # gone already: look again
+                return await self.acquire(name, owner, ttl, queue=queue, scope=scope)
             return Busy(retry_after=self.session_timeout, detail=detail, cursor=predecessor)
         self.waiting.pop(owner, None)
         try:
@@ -361,6 +324,12 @@ class ZooKeeperDriver(Driver):
         """Create our node and list the children in one pipelined round trip."""
         node = f"{lock}/{owner[:32]}{_paths.MARK}"
         data = encode_data(owner, ttl)
+        async with self._slots:  # see _call
+            return await self._create_now(name, lock, node, data)
+
+    async def _create_now(
+        self, name: str, lock: str, node: str, data: bytes
+    ) -> tuple[str, int, list[str]]:
         with self.errors(f"acquire of {name!r} failed"):
             with anyio.fail_after(self.timeout):
                 for attempt in (1, 2, 3):
@@ -388,38 +357,34 @@ class ZooKeeperDriver(Driver):
     # -- renew, release, validate ------------------------------------------------------------
 
     async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
+        # The session keeps every node of ours: one round trip renews them all (O(1) per
+        # call whatever the number of leases). ``sync`` proves the session alive now and
+        # delivers first every watch event of a write committed before it (a lock node
+        # deleted behind our back is lost through its watch, before this answers).
         t_send = self.clock.now()
+        try:
+            # Not behind acquisitions waiting for a slot: one request, ahead of them.
+            await self._call_now("renewal", self.zk.sync)
+        except Exception as exc:
+            error = self.errors.unavailable("renewal failed", exc)
+            return [error] * len(leases)
+        session = self.zk.session_id
         out: list[ExtendResult] = []
-
-        async def one(ref: LeaseRef, node: _Node, slot: int) -> None:
-            try:
-                await self.zk.set_data(node.path, encode_data(ref.owner, ref.ttl))
-            except NoNodeError:
-                if self.held.get(ref.owner) is node:
-                    del self.held[ref.owner]
-                out[slot] = Refused("lock node deleted at the server")
-            except Exception as exc:
-                out[slot] = self.errors.unavailable("renewal failed", exc)
+        for ref in leases:
+            node = self.held.get(ref.owner)
+            if node is None or node.token != ref.token or node.name != ref.name:
+                out.append(Refused("not held by this owner (its lock node is gone)"))
+            elif node.gone:
+                del self.held[ref.owner]
+                self._wake(node.name)
+                out.append(Refused("lock node deleted at the server"))
+            elif node.session != session:
+                del self.held[ref.owner]
+                out.append(Refused("the ZooKeeper session its lock node was made on ended"))
             else:
-                if self.held.get(ref.owner) is not node:
-                    out[slot] = Refused("lost while renewing")
-                    return
                 node.ttl = ref.ttl
                 node.expires_at = max(node.expires_at, t_send + ref.ttl)
-                out[slot] = True
-
-        # One write per lease, all sent at once on the one connection: one round trip.
-        with anyio.move_on_after(self.timeout) as scope:
-            async with anyio.create_task_group() as tg:
-                for ref in leases:
-                    node = self.held.get(ref.owner)
-                    if node is None or node.token != ref.token or node.name != ref.name:
-                        out.append(Refused("not held by this owner"))
-                        continue
-                    out.append(TimeoutError("renewal got no answer in time"))
-                    tg.start_soon(one, ref, node, len(out) - 1)
-        if not scope.cancelled_caught:
-            self._contact(t_send)
+                out.append(True)
         return out
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
@@ -427,7 +392,12 @@ class ZooKeeperDriver(Driver):
         if node is not None and node.name == name:
             if token is not None and node.token != token:
                 return False
-            removed = await self._delete(node.path)  # local state after the server (G6)
+            node.releasing = True
+            try:
+                removed = await self._delete(node.path)  # local state after the server (G6)
+            except BaseException:
+                node.releasing = False
+                raise
             if self.held.get(owner) is node:
                 del self.held[owner]
             self._wake(name)
@@ -481,7 +451,7 @@ class ZooKeeperDriver(Driver):
                 return False
             stat = await self._call("validate", partial(self.zk.exists, first))
             if stat is not None:
-                return stat.czxid == token
+                return stat.ephemeral and stat.czxid == token
         return False
 
     async def holder(self, name: str) -> Holder | None:
@@ -495,19 +465,25 @@ class ZooKeeperDriver(Driver):
                 if isinstance(exc.__cause__, NoNodeError):
                     continue  # released just now: look again
                 raise
-            owner, ttl = decode_data(data)
-            remaining = None
-            if ttl is not None:
-                # Time left of the ttl since the last renewal, by the server's clock
-                # (mtime) read against ours.
-                remaining = max(0.0, stat.mtime / 1000 + ttl - time.time())
-            return Holder(name, owner, stat.czxid, remaining)
+            if not stat.ephemeral:  # another application's node (not a lock): not held
+                return None
+            owner, _ = decode_data(data)
+            # No expiry at the server: a node lasts as long as its holder's session, and
+            # the holder's ttl is its own local deadline (renewed without a write).
+            return Holder(name, owner, stat.czxid, None)
         return None
 
     async def break_lock(self, name: str) -> bool:
         first = await self._first(name)
         if first is None:
             return False
+        stat = await self._call("break", partial(self.zk.exists, first))
+        if stat is not None and not stat.ephemeral:
+            raise BackendUnavailable(
+                f"{self.display}: {first} is a persistent node, not a lock's: every lock "
+                "protocol's contender is an ephemeral sequential node, so this one belongs "
+                "to another application (its data, not a holder); not deleted"
+            )
         # G2: whoever comes next creates a node with a larger czxid; the broken holder's
         # next renewal finds its node gone (refused).
         broken = await self._delete(first)
@@ -516,41 +492,6 @@ class ZooKeeperDriver(Driver):
                 del self.held[owner]
         self._wake(name)
         return broken
-
-    async def names(self) -> list[str]:
-        found: list[str] = []
-        pending = [self.prefix or "/"]
-        while pending:
-            path = pending.pop()
-            try:
-                children = await self._call("listing", partial(self.zk.children, path))
-            except BackendUnavailable as exc:
-                if isinstance(exc.__cause__, (NoNodeError, NoAuthError)):
-                    continue
-                raise
-            base = "" if path == "/" else path
-            if path != (self.prefix or "/") and _paths.contenders(children):
-                found.append(_paths.name_of(self.prefix, path))
-            for child in children:
-                if _paths.sequence(child) is None and not (base == "" and child == "zookeeper"):
-                    pending.append(f"{base}/{child}")
-        return sorted(found)
-
-    # -- waiting: watch the predecessor --------------------------------------------------------
-
-    async def watch(self, name: str, cursor: object = None) -> bool:
-        if not isinstance(cursor, str):
-            return False
-        loop_wake = self._wake
-        call = self.zk._loop
-
-        def fired(event: Any) -> None:  # kazoo's thread
-            if call is not None:
-                with contextlib.suppress(RuntimeError):
-                    call.call_soon_threadsafe(loop_wake, name)
-
-        stat = await self._call("watch", partial(self.zk.exists, cursor, watch=fired))
-        return stat is None  # gone already: try again now
 
 
 __all__ = ("ZooKeeperDriver",)

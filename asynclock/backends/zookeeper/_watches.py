@@ -1,0 +1,137 @@
+"""The ZooKeeper driver's watches: a queued waiter's on the node in front of it (armed
+again at every wake-up: a watch fires once, and a write to that node fires it as
+"changed"), and one on each held node of ours (deleted behind our back: lost); and the
+walk of the tree that lists the names held; deletes of our own nodes."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any, TypeVar
+
+from ..._core.driver import Driver
+from ..._core.exceptions import BackendUnavailable
+from . import _paths
+from ._kazoo import NoAuthError, NoNodeError, Zk
+from ._nodes import Node
+
+T = TypeVar("T")
+
+
+class Watches(Driver):
+    """The watch half of :class:`~asynclock.backends.zookeeper.driver.ZooKeeperDriver`."""
+
+    zk: Zk
+    prefix: str
+    held: dict[str, Node]
+    _suspended: bool
+    #: node in front of a queued waiter -> the watch armed on it (until it fires)
+    _armed: dict[str, Callable[[Any], None]]
+    #: held nodes whose watch could not be set (connection down): set again later
+    _unwatched: dict[str, Node]
+
+    async def _call(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        raise NotImplementedError  # pragma: no cover - the driver's
+
+    async def watch(self, name: str, cursor: object = None) -> bool:
+        if not isinstance(cursor, str):
+            return False
+        return await self._arm(name, cursor)
+
+    async def _arm(self, name: str, path: str) -> bool:
+        """Watch ``path``, the node in front of a waiter of ``name``, unless a watch on it
+        is armed already (it fires once; then this arms it again). True if it is gone."""
+        if path in self._armed:
+            return False
+        loop = self.zk._loop
+
+        def fired(event: Any) -> None:  # kazoo's thread
+            if loop is not None:
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(self._fired, name, path, fired)
+
+        self._armed[path] = fired
+        try:
+            there = await self._call("watch", partial(self.zk.exists_watched, path, fired))
+        except BaseException:
+            self._disarm(path, fired)
+            raise
+        if not there:
+            self._disarm(path, fired)
+        return not there
+
+    def _disarm(self, path: str, fired: Callable[[Any], None]) -> None:
+        if self._armed.get(path) is fired:
+            del self._armed[path]
+
+    def _fired(self, name: str, path: str, fired: Callable[[Any], None]) -> None:
+        self._disarm(path, fired)
+        self._wake(name)  # the waiter looks again, and arms a watch again
+
+    def _watch_held(self, owner: str, node: Node) -> None:
+        """Watch a held node of ours: deleted behind our back (``break``, an operator),
+        the next renewal (made at once) is refused."""
+        self.zk.watch_node(node.path, partial(self._held_event, owner, node))
+
+    def _held_event(self, owner: str, node: Node, kind: str) -> None:
+        if self.held.get(owner) is not node or node.releasing:
+            return
+        if kind in ("DELETED", "MISSING"):
+            node.gone = True
+            self._renew_now()  # refused at once, as a renewal that found it gone
+        elif kind == "FAILED" or (kind == "NONE" and self._suspended):
+            self._unwatched[owner] = node  # set again on reconnect
+        elif kind != "NONE":  # written (CHANGED): watch again
+            self._watch_held(owner, node)
+
+    async def _delete_orphan(self, orphan: str | tuple[str, str]) -> None:
+        if isinstance(orphan, str):
+            await self._delete(orphan)
+            return
+        lock, owner = orphan
+        try:
+            children = await self._call("listing", partial(self.zk.children, lock))
+        except BackendUnavailable as exc:
+            if isinstance(exc.__cause__, NoNodeError):
+                return
+            raise
+        for child in children:
+            if child.startswith(owner[:32] + _paths.MARK):
+                await self._delete(f"{lock}/{child}")
+
+    async def _delete(self, path: str) -> bool:
+        """Delete a node of ours; False if it was gone already."""
+        try:
+            await self._call("delete", partial(self.zk.delete, path))
+        except BackendUnavailable as exc:
+            if isinstance(exc.__cause__, NoNodeError):
+                return False
+            raise
+        return True
+
+    async def names(self) -> list[str]:
+        found: list[str] = []
+        pending = [self.prefix or "/"]
+        while pending:
+            path = pending.pop()
+            try:
+                children = await self._call("listing", partial(self.zk.children, path))
+            except BackendUnavailable as exc:
+                if isinstance(exc.__cause__, (NoNodeError, NoAuthError)):
+                    continue
+                raise
+            base = "" if path == "/" else path
+            order = _paths.contenders(children)
+            if path != (self.prefix or "/") and order:
+                # Only a lock protocol's (ephemeral) nodes are contenders.
+                stat = await self._call("listing", partial(self.zk.exists, f"{path}/{order[0]}"))
+                if stat is not None and stat.ephemeral:
+                    found.append(_paths.name_of(self.prefix, path))
+            for child in children:
+                if _paths.sequence(child) is None and not (base == "" and child == "zookeeper"):
+                    pending.append(f"{base}/{child}")
+        return sorted(found)
+
+
+__all__ = ("Watches",)
