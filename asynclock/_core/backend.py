@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypeVar, cast
 
 import anyio
@@ -24,13 +23,14 @@ from .holds import Holds
 from .idempotency import DEFAULT_KEEP, Idempotent, idempotent_function
 from .leadership import Leader, Leadership, find_leader
 from .lease import Lease
+from .listing import list_holders
 from .lock import Lock as Lock
 from .lock import locked_function
 from .misuse import AsyncContextOnly
 from .observer import Fanout, Observer
 from .session import Session
 from .stats import BackendStats, StatsRecorder
-from .validation import RESERVED_PREFIX, check_name, check_timing, check_token
+from .validation import check_name, check_timing, check_token
 
 if TYPE_CHECKING:
     from .claims import Claims
@@ -336,22 +336,7 @@ class Backend(AsyncContextOnly):
         name is a separate question, so the list is not one instant's snapshot.
         NotImplementedError where the server cannot enumerate names (redlock, PostgreSQL
         ``mode=session``: the message says why)."""
-        acq = self._acq.ready()
-        if not isinstance(pattern, str):
-            raise TypeError(f"pattern must be a str glob such as 'invoice:*', got {pattern!r}")
-        if type(limit) is not int or not 1 <= limit <= 100_000:
-            raise ValueError(f"limit must be an int from 1 to 100000, got {limit!r}")
-        names = await acq.call("names", self.driver.names(), (NotImplementedError,))
-        found: list[Holder] = []
-        # Not asynclock's own names (idempotency keys' locks: see backend.idempotent()).
-        listed = (n for n in cast("list[str]", names) if not n.startswith(RESERVED_PREFIX))
-        for name in sorted(n for n in listed if fnmatchcase(n, pattern)):
-            held = await acq.call("holder", self.driver.holder(name), (NotImplementedError,))
-            if held is not None:
-                found.append(cast("Holder", held))
-                if len(found) == limit:
-                    break
-        return found
+        return await list_holders(self._acq.ready(), pattern, limit)
 
     async def locked(self, name: str) -> bool:
         """True if some lease holds ``name`` right now (a snapshot, as :meth:`holder`)."""
