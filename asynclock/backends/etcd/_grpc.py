@@ -40,11 +40,20 @@ async def settle(
 
 
 def start(aw: Awaitable[T], inflight: set[asyncio.Future[Any]] | None = None) -> asyncio.Future[T]:
+    """``aw`` in a task of its own. Its error is always retrieved: a call left behind (a
+    stream write whose etcd went away while nobody awaited it any more) is not logged by
+    asyncio as "Task exception was never retrieved"."""
     task = asyncio.ensure_future(aw)
+    task.add_done_callback(_retrieve)
     if inflight is not None:
         inflight.add(task)
         task.add_done_callback(inflight.discard)
     return task
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 async def end_stream(call: Any, reading: asyncio.Future[Any] | None) -> None:

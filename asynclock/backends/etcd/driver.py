@@ -51,6 +51,9 @@ class EtcdDriver(Acquiring, Watching, Driver):
     """Locks in an etcd cluster. See the module docstring and docs/backends/etcd.md."""
 
     remote = True  # every acquire and release is a server round trip
+    #: One call renews every lease: a keep-alive and one key listing per session, whatever
+    #: the number of leases (in chunks, each call listed every key of the session again).
+    renew_chunk = None
 
     def __init__(self, client: EtcdClient, *, prefix: str = "", display: str) -> None:
         super().__init__()
