@@ -22,6 +22,7 @@ from ._core.exceptions import (
     QuorumNotReached,
     ReplayedFailure,
     RestartGrace,
+    ServerFull,
     StaleToken,
 )
 from ._core.holder import Holder
@@ -63,6 +64,7 @@ __all__ = (
     "NameTemplate",
     "Observer",
     "QuorumNotReached",
+    "ServerFull",
     "ReplayedFailure",
     "RestartGrace",
     "StaleToken",

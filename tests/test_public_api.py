@@ -41,6 +41,7 @@ PUBLIC = {
     "QuorumNotReached",
     "ReplayedFailure",
     "RestartGrace",
+    "ServerFull",
     "StaleToken",
     "Term",
     "__version__",
@@ -102,6 +103,7 @@ def test_exception_hierarchy() -> None:
         "LeaseLost",
         "LockHeld",
         "QuorumNotReached",
+        "ServerFull",
         "StaleToken",
         "InProgress",
         "IdempotencyKeyReused",
@@ -111,6 +113,9 @@ def test_exception_hierarchy() -> None:
     assert issubclass(asynclock.AcquireTimeout, TimeoutError)
     assert issubclass(asynclock.BackendUnavailable, ConnectionError)
     assert issubclass(asynclock.QuorumNotReached, asynclock.BackendUnavailable)
+    # A server's ceiling is not an outage: code that retries on BackendUnavailable must not
+    # hammer a full lock table, and nothing held is lost with it.
+    assert not issubclass(asynclock.ServerFull, asynclock.BackendUnavailable)
     # A restart grace is a wait with a known end: code that treats busy as "later" still works.
     assert issubclass(asynclock.RestartGrace, asynclock.LockHeld)
     # Same key, other arguments: a caller's mistake, like a bad argument.

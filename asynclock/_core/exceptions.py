@@ -203,6 +203,12 @@ class QuorumNotReached(BackendUnavailable):
         self.failures: dict[str, str] = dict(failures or {})
 
 
+class ServerFull(AsynclockError):
+    """The server refused a new acquisition because one of its own ceilings is reached
+    (PostgreSQL ``mode=session``: its shared lock table). Nothing already held is lost; the
+    message names the setting and the way out. Retry later, or raise the ceiling."""
+
+
 class InProgress(_FieldArgs):
     """Another caller is running the idempotent operation of ``key`` right now.
 

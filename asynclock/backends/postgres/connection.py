@@ -16,7 +16,7 @@ import asyncpg  # type: ignore[import-untyped]  # no stubs; see fence/sql.py Pro
 
 from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Record, leave_queue
 from ..._core.errors import map_errors
-from ..._core.exceptions import BackendUnavailable
+from ..._core.exceptions import BackendUnavailable, ServerFull
 from ..._core.holder import Holder
 from ..._core.validation import check_seconds
 from .._common.asyncio_only import require_asyncio
@@ -38,6 +38,10 @@ _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.PostgresConnectionError,
     asyncpg.exceptions.AdminShutdownError,
 )
+
+
+#: A statement refused because the server's shared lock table has no room (SQLSTATE 53200).
+_LOCK_TABLE_FULL = asyncpg.exceptions.OutOfMemoryError
 
 
 class PoolerDetected(BackendUnavailable):
@@ -297,6 +301,18 @@ class PostgresDriver(Driver):
             await _close(conn)
         await self._close_listener()
 
+    def _table_full(self, what: str, exc: BaseException) -> ServerFull:
+        """The error for a statement refused by a full shared lock table (SQLSTATE 53200)."""
+        said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return ServerFull(
+            f"{self.display}: {what}: PostgreSQL's shared lock table is full ({said}). "
+            "Every lock of every session on the server shares it, mode=session's advisory "
+            "locks too: room for max_locks_per_transaction x (max_connections + "
+            "max_prepared_transactions) locks (about 6,400 holds with the defaults). "
+            "Nothing held was lost. Raise max_locks_per_transaction (needs a restart), hold "
+            "fewer names at once, or use mode=lease (a table row per lock, no such ceiling)"
+        )
+
     async def _run(self, what: str, fetch: str, sql: str, *args: Any, first: bool = False) -> Any:
         """``conn.<fetch>(sql, *args)`` on the pinned connection, a lost connection as
         BackendUnavailable("<display>: <what>: ...") (not for the hot path: getattr).
@@ -307,6 +323,8 @@ class PostgresDriver(Driver):
                 return await getattr(conn, fetch)(sql, *args)
             except _CONNECTION_ERRORS as exc:
                 raise self._unavailable(what, exc) from exc
+            except _LOCK_TABLE_FULL as exc:
+                raise self._table_full(what, exc) from None
             except asyncpg.exceptions.InternalClientError as exc:
                 # The connection's protocol is out of step with the server ("cannot
                 # switch to state ..."; seen after this process was frozen mid-call):

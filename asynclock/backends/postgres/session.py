@@ -10,7 +10,7 @@ import asyncpg  # type: ignore[import-untyped]  # no stubs; see fence/sql.py Pro
 
 from ..._core.driver import Busy, ExtendResult, LeaseRef, Refused
 from ..._core.holder import Holder
-from .connection import _CONNECTION_ERRORS, PostgresDriver, _close
+from .connection import _CONNECTION_ERRORS, _LOCK_TABLE_FULL, PostgresDriver, _close
 from .sql import (
     SQL_S_ACQUIRE,
     SQL_S_ACQUIRE_PLAIN,
@@ -23,6 +23,7 @@ from .sql import (
     SQL_S_RECORD_PUT,
     SQL_S_RELEASE,
     SQL_S_TOKEN,
+    SQL_S_UNLOCK_BARE,
     SQL_S_VALIDATE,
 )
 from .tokens import (
@@ -104,6 +105,9 @@ class SessionDriver(PostgresDriver):
                 try:
                     result = await self._session_acquire(conn, name, owner, ttl)
                     return self._took_turn(name, owner, queue, result)
+                except _LOCK_TABLE_FULL as exc:
+                    await self._undo_full(conn, name, owner)
+                    raise self._table_full(f"acquire of {name!r} refused", exc) from None
                 except Exception as exc:
                     if not self._dead(conn, exc):
                         raise
@@ -157,6 +161,21 @@ class SessionDriver(PostgresDriver):
         self._tokens[name] = token = int(token)
         return token
 
+    async def _undo_full(self, conn: asyncpg.Connection, name: str, owner: str) -> None:
+        """An acquire refused by a full lock table (call with ``_io`` held): it may have taken
+        the name's lock before its token lock failed (session advisory locks survive the
+        statement's error; the token lock is the one that failed, so none is left). Unlock
+        it with a statement that takes no lock table entry (reading pg_locks takes one);
+        every other hold of the session stays as it was."""
+        if self._holders.get(name) != owner:
+            return
+        try:
+            await conn.fetchval(SQL_S_UNLOCK_BARE, lock_key(name), None)
+        except BaseException as exc:
+            self._broken(conn, exc)  # unknown what is held: end the session (frees it)
+            raise
+        del self._holders[name]
+
     def _dead(self, conn: asyncpg.Connection, exc: BaseException) -> bool:
         """Did ``exc`` come from a connection that is gone (or unusable)?"""
         current = self._conn
@@ -184,6 +203,9 @@ class SessionDriver(PostgresDriver):
                     row = await conn.fetchrow(SQL_S_CHECK_PLAIN, keys)
                 else:
                     row = await conn.fetchrow(SQL_S_CHECK, keys, idle)
+            except _LOCK_TABLE_FULL:
+                self._idle_set = None  # set again by the next check that runs
+                row = await self._same_session(conn)
             except BaseException as exc:
                 self._idle_set = None
                 if isinstance(exc, Exception) and self._dead(conn, exc):
@@ -208,6 +230,23 @@ class SessionDriver(PostgresDriver):
                 results.append(True)
         return results
 
+    async def _same_session(self, conn: asyncpg.Connection) -> dict[str, list[int]]:
+        """The renewal check when the lock table is full (reading pg_locks needs an entry):
+        the session is still the one that took the locks (same server pid), and only this
+        driver unlocks them, so every lock it has not unlocked is still held."""
+        try:
+            pid = await conn.fetchval("SELECT pg_backend_pid()")
+        except BaseException as exc:
+            if isinstance(exc, Exception) and self._dead(conn, exc):
+                self._broken(conn, exc)
+                raise self._unavailable("renewal failed", exc) from exc
+            raise
+        if pid != conn.get_server_pid():
+            moved = RuntimeError(f"server pid {pid}, not {conn.get_server_pid()}: a pooler?")
+            self._broken(conn, moved)
+            raise self._unavailable("renewal failed", moved)
+        return {"missing": []}
+
     async def _unlock_unrenewed(self, conn: asyncpg.Connection, names: list[str]) -> None:
         """Unlock holds whose ttl passed without a renewal (call with ``_io`` held)."""
         for name in names:
@@ -229,9 +268,16 @@ class SessionDriver(PostgresDriver):
         never reached us (an interrupted acquire), drop the token lock we cannot name."""
         key = lock_key(name)
         token = self._tokens.get(name)
-        held: bool | None = await conn.fetchval(
-            SQL_S_RELEASE, key, notify_channel(name), *waiter_key(name), token
-        )
+        try:
+            held: bool | None = await conn.fetchval(
+                SQL_S_RELEASE, key, notify_channel(name), *waiter_key(name), token
+            )
+        except _LOCK_TABLE_FULL:
+            # The waiter probe (a transaction lock) found the lock table full; the unlocks
+            # before it may have run (not transactional). Unlock without it: waiters in
+            # other processes find the name free at their next poll, not by a NOTIFY.
+            await conn.fetchval(SQL_S_UNLOCK_BARE, key, token)
+            held = False  # it was ours (the caller checked); nobody was notified
         if token is None:
             known = [(lock_key(n), t) for n, t in self._tokens.items()]
             await conn.fetchval(

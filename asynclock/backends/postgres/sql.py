@@ -154,6 +154,13 @@ SELECT CASE WHEN NOT pg_advisory_unlock($1) THEN NULL
        END
 FROM u
 """
+# Release with no new lock table entry (the table is full). Args: $1 key, $2 the hold's
+# token (NULL: its token lock is left to SQL_S_DROP_TOKEN_LOCKS; the strict functions then
+# do nothing). Returns whether the key was held (false comes with a WARNING, not an error).
+SQL_S_UNLOCK_BARE = """
+WITH u AS (SELECT pg_advisory_unlock_shared(hashint8extended($2::bigint, $1)) AS token_lock)
+SELECT pg_advisory_unlock($1) FROM u
+"""
 # After an acquire whose result never arrived (G6): drops this session's token locks that
 # belong to no hold we know of. Args: $1 keys bigint[], $2 tokens bigint[] of our holds.
 SQL_S_DROP_TOKEN_LOCKS = """
