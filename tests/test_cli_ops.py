@@ -52,6 +52,9 @@ async def test_an_operator_sees_the_holder_lists_it_and_breaks_it(
                 assert seen["held"] is True and seen["name"] == lock_name
                 if backend.driver.tells_owner:
                     assert (seen["owner"], seen["token"]) == (lease.owner, lease.token)
+                elif spec.id == "postgres":  # mode=session: who holds it, and its token
+                    assert seen["token"] == lease.token, seen
+                    assert "held by PostgreSQL session pid " in seen["detail"], seen
                 assert seen["ttl_left"] is None or 0 < seen["ttl_left"] <= 2.0
 
                 code, out, err = await cli("list", "*" + lock_name[-8:], "--url", url, "--json")
@@ -61,9 +64,17 @@ async def test_an_operator_sees_the_holder_lists_it_and_breaks_it(
                     assert code == 0, err
                     assert [h["name"] for h in json.loads(out)] == [lock_name]
 
-                code, out, err = await cli("break", lock_name, "--yes", "--url", url, "--json")
-                assert code == 0, err
-                assert json.loads(out)["broken"] is True
+                if spec.id == "postgres":  # what the break did, in words (issue 39.4)
+                    code, out, err = await cli("break", lock_name, "--yes", "--url", url)
+                    assert code == 0, err
+                    said = " ".join(out.split())
+                    assert f"was token {lease.token}" in said, said
+                    assert "asynclock ended PostgreSQL session pid " in said, said
+                    assert "every other lock and open transaction of that session" in said
+                else:
+                    code, out, err = await cli("break", lock_name, "--yes", "--url", url, "--json")
+                    assert code == 0, err
+                    assert json.loads(out)["broken"] is True
                 assert "requested by" in err and lock_name in err  # who broke it, logged
                 # Fenced off: the token is no longer the live one, and the holder's body is
                 # cancelled at its next renewal (this block then raises LeaseLost).

@@ -209,6 +209,27 @@ def _who() -> str:
     return f"{user}@{socket.gethostname()} (pid {os.getpid()})"
 
 
+def _broken_story(backend: asynclock.Backend, held: asynclock.Holder) -> str:
+    """What a break did, and what follows, as the operator reads it."""
+    token = "unknown" if held.token is None else str(held.token)
+    was = f"(was token {token})."
+    if getattr(backend.driver, "mode", None) == "session" and held.detail is not None:
+        # PostgreSQL mode=session: a session lock is freed only by its own session.
+        session = held.detail.removeprefix("held by ")
+        return (
+            f"{was} asynclock ended {session}: a session lock can be freed only by its own "
+            "session, so every other lock and open transaction of that session ended with "
+            "it. Its holder's connection is gone: it loses the lease and its body is "
+            f"cancelled; a write it still makes with token {token} is refused by a fence; "
+            "the next holder gets a larger token."
+        )
+    return (
+        f"{was} Its holder loses the lease at its next renewal and its body is cancelled; "
+        f"a write it still makes with token {token} is refused by a fence; the next holder "
+        "gets a larger token."
+    )
+
+
 def run_break(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     name = _name(parser, args.name)
     if not args.yes and not sys.stdin.isatty():
@@ -244,18 +265,7 @@ def run_break(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if args.json:
             print(json.dumps({**_as_json(held, name, display), "broken": broken}))
         elif broken:
-            out.paragraph(
-                [
-                    (f"broken: {name}", "good"),
-                    (
-                        f" (was token {held.token}). Its holder loses the lease at its next "
-                        "renewal and its body is cancelled; a write it still makes with "
-                        f"token {held.token} is refused by a fence; the next holder gets a "
-                        "larger token.",
-                        "",
-                    ),
-                ]
-            )
+            out.paragraph([(f"broken: {name}", "good"), (" " + _broken_story(backend, held), "")])
         else:
             out.line([(f"{name}: its lease ended before the break; nothing removed", "")])
         return DONE if broken else NO

@@ -20,6 +20,7 @@ from .sql import (
     SQL_S_CHECK_PLAIN,
     SQL_S_DROP_TOKEN_LOCKS,
     SQL_S_HOLDER,
+    SQL_S_HOLDER_WHO,
     SQL_S_RECORD_PUT,
     SQL_S_RELEASE,
     SQL_S_TOKEN,
@@ -334,16 +335,21 @@ class SessionDriver(PostgresDriver):
         )
 
     async def holder(self, name: str) -> Holder | None:
-        row = await self._run("holder failed", "fetchrow", SQL_S_HOLDER, lock_key(name))
+        key = lock_key(name)
+        row = await self._run("holder failed", "fetchrow", SQL_S_HOLDER, key)
         assert row is not None
         pid, me = row
         if pid is None:
             return None
         owner = self._holders.get(name) if pid == me else None
-        if owner is None:
-            # Another session (or one of our transactions): only its pid is on the server.
-            return Holder(name, None, None, None)
-        return Holder(name, owner, self._tokens.get(name), None)
+        if owner is not None:
+            return Holder(name, owner, self._tokens.get(name), None)
+        # Another session (or one of our transactions): who it is, and its token.
+        who = await self._run(
+            "holder failed", "fetchrow", SQL_S_HOLDER_WHO, key, pid, _TOKEN_SEARCH
+        )
+        assert who is not None
+        return Holder(name, None, who["token"], None, detail=_session_detail(pid, who))
 
     async def break_lock(self, name: str) -> bool:
         key = lock_key(name)
@@ -384,6 +390,23 @@ class SessionDriver(PostgresDriver):
             return False  # released (or already ending) meanwhile
         self._wake(name)
         return True
+
+
+#: How far back holder() looks for another session's token (tokens handed out).
+_TOKEN_SEARCH = 100_000
+
+
+def _session_detail(pid: int, who: Any) -> str:
+    """``held by PostgreSQL session pid N (application 'x', client a.b.c.d, since T)``."""
+    parts = []
+    if who["application_name"]:
+        parts.append(f"application {who['application_name']!r}")
+    if who["client"]:
+        parts.append(f"client {who['client']}")
+    if who["backend_start"] is not None:
+        parts.append(f"connected {who['backend_start']:%Y-%m-%d %H:%M:%S %Z}".rstrip())
+    said = f" ({', '.join(parts)})" if parts else ""
+    return f"held by PostgreSQL session pid {pid}{said}"
 
 
 #: How long break_lock waits for the holder's session to exit (ms), so a successor's next

@@ -285,6 +285,24 @@ _S_HOLDER_PID = """(SELECT l.pid FROM pg_locks AS l
        AND (l.classid::bigint << 32) | l.objid::bigint = $1
      LIMIT 1)"""
 SQL_S_HOLDER = f"SELECT {_S_HOLDER_PID} AS pid, pg_backend_pid() AS me"
+# Operators' view of another session's hold of key $1 held by pid $2: who it is (from
+# pg_stat_activity) and its token, found among the last $3 tokens handed out as the one
+# whose token lock (hashint8extended(token, key)) that pid holds; NULL if not among them.
+SQL_S_HOLDER_WHO = """
+SELECT a.application_name, host(a.client_addr) AS client, a.backend_start,
+       (SELECT t.token
+        FROM generate_series(
+                 greatest(1, (SELECT r.base + s.last_value
+                              FROM asynclock_token_range AS r, asynclock_token_seq AS s) - $3),
+                 (SELECT r.base + s.last_value
+                  FROM asynclock_token_range AS r, asynclock_token_seq AS s)) AS t(token)
+        WHERE hashint8extended(t.token, $1) IN (
+            SELECT (l.classid::bigint << 32) | l.objid::bigint FROM pg_locks AS l
+            WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+              AND l.mode = 'ShareLock' AND l.pid = $2)
+        ORDER BY t.token DESC LIMIT 1) AS token
+FROM (SELECT 1) AS one LEFT JOIN pg_stat_activity AS a ON a.pid = $2
+"""
 # Operators' break in mode session, run on a connection of its own: end the session
 # holding key $1 (a session lock can only be freed by its own session) unless it is $2 (our
 # pinned session: that one unlocks instead). One statement, so it ends the session that
