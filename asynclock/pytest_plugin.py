@@ -9,7 +9,7 @@ loads by itself wherever asynclock is installed).
   plugin names them, it imports none of them (the core imports no integration).
 
 Helpers to call from tests (a memory backend, ``force_loss``, a manual clock, driver
-faults) are in :mod:`asynclock.testing`.
+faults) are in ``asynclock.testing``.
 """
 
 from __future__ import annotations
