@@ -22,6 +22,7 @@ from ._core.exceptions import (
     QuorumNotReached,
     ReplayedFailure,
     RestartGrace,
+    SemaphoreLimitMismatch,
     StaleToken,
 )
 from ._core.holder import Holder
@@ -29,6 +30,7 @@ from ._core.idempotency import Idempotent, IdempotentCall
 from ._core.leadership import Leader, Leadership, Term
 from ._core.lease import Lease, LossSignal
 from ._core.observer import Observer
+from ._core.semaphore import Permit, Semaphore
 from ._core.stats import BackendStats, HoldTimes
 from ._core.templates import NameTemplate
 from ._core.validation import MAX_TTL, check_seconds
@@ -64,7 +66,10 @@ __all__ = (
     "Observer",
     "QuorumNotReached",
     "ReplayedFailure",
+    "Permit",
     "RestartGrace",
+    "Semaphore",
+    "SemaphoreLimitMismatch",
     "StaleToken",
     "Term",
     "__version__",
