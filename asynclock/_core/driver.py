@@ -242,8 +242,7 @@ class Driver:
         ``_core/permit_store.py``), or NotImplementedError saying there is none yet."""
         raise NotImplementedError(
             f"semaphores are not on {self.display} yet: backend.semaphore() works on "
-            "memory://, sqlite://, redis:// (one server) and postgresql:// (mode=lease, "
-            "the default)"
+            "memory://, sqlite://, redis:// (one server) and postgresql:// (both modes)"
         )
 
     async def claim_holder(self, name: str) -> Holder | None:
