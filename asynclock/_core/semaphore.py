@@ -9,7 +9,7 @@ permit:
 * is acquired, waited for (polled with a bounded backoff: not FIFO yet) and cleaned up
   after an interrupted attempt exactly as a lock is (``Holds.acquire``): busy with
   ``blocking=False`` raises ``LockHeld``, a timeout ``AcquireTimeout``;
-* is a lease of the session (named as the semaphore): renewed with the store's other
+* is a lease of the session (named ``semaphore:<name>``): renewed with the store's other
   permits in one call per round, lost when a renewal is refused or its local deadline
   passes, counted in ``stats()``, told to observers, reachable by
   ``asynclock.testing.force_loss``;
@@ -34,7 +34,12 @@ if TYPE_CHECKING:
     from .acquisition import Acquisition
     from .driver import Driver
 
-__all__ = ("MAX_LIMIT", "Permit", "PermitHold", "Semaphore", "Semaphores")
+__all__ = ("LEASE_PREFIX", "MAX_LIMIT", "Permit", "PermitHold", "Semaphore", "Semaphores")
+
+#: A permit's lease is named ``semaphore:<name>``: apart from a lock of the same name (a
+#: lock of ``name`` may be taken inside a permit's body, and ``break_lock(name)`` does not
+#: touch permits).
+LEASE_PREFIX = "semaphore:"
 
 
 class Semaphores:
@@ -68,6 +73,8 @@ class Semaphore:
         self._store = store
         self.name = store.name
         self.limit = store.limit
+        #: The name of each permit's lease (see :data:`LEASE_PREFIX`).
+        self.lease_name = LEASE_PREFIX + store.name
 
     def __repr__(self) -> str:
         return f"<asynclock Semaphore {self.name!r} limit={self.limit}>"
@@ -85,7 +92,7 @@ class Semaphore:
         wait for ever) and ``blocking`` (False: ``LockHeld`` at once when every permit is
         held; a wait that runs out raises ``AcquireTimeout``), ``max_hold``. Arguments are
         checked here."""
-        args = check_lock_args(self.name, ttl, timeout, blocking, max_hold)
+        args = check_lock_args(self.lease_name, ttl, timeout, blocking, max_hold)
         return PermitHold(self, args[1], args[2], args[3], args[4])
 
 
@@ -113,7 +120,7 @@ class PermitHold(AsyncContextOnly):
         holds = sem._holds
         ttl, timeout, blocking, max_hold = self._args
         lease = await holds.acquire(
-            sem.name, ttl, timeout=timeout, blocking=blocking, max_hold=max_hold
+            sem.lease_name, ttl, timeout=timeout, blocking=blocking, max_hold=max_hold
         )
         self._permit = permit = Permit(sem, lease, sem._store.slot_of(lease.owner))
         try:

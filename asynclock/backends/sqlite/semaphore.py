@@ -77,7 +77,7 @@ class SQLitePermits(PermitStore):
             now = time.monotonic()
             out: list[ExtendResult] = []
             for ref in leases:
-                args = (now + ref.ttl, ref.name, ref.owner, ref.token, boot, now)
+                args = (now + ref.ttl, self.name, ref.owner, ref.token, boot, now)
                 cur = db.execute(SQL_EXTEND_PERMIT, args)
                 out.append(True if cur.rowcount == 1 else Refused("permit row expired or taken"))
             return out
