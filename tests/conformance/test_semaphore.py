@@ -73,6 +73,7 @@ async def test_limit_slots_and_tokens_under_contention(
     live: dict[int, int] = {}  # slot -> token of the live permit in it
     most = 0
     tokens: dict[int, list[int]] = defaultdict(list)
+    full = anyio.Event()
 
     async def worker() -> None:
         nonlocal most
@@ -84,6 +85,11 @@ async def test_limit_slots_and_tokens_under_contention(
                 tokens[permit.slot].append(permit.token)
                 most = max(most, len(live))
                 assert len(live) <= limit
+                if len(live) == limit:
+                    full.set()
+                # The first holders stay until the limit is reached (the probe must see
+                # it reached, not only never passed); later ones yield a little.
+                await full.wait()
                 for _ in range(3):
                     await anyio.lowlevel.checkpoint()
                 del live[permit.slot]
