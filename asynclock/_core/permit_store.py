@@ -71,7 +71,7 @@ def backoff(tries: int, ttl: float) -> float:
     """The poll delay after ``tries`` busy answers: 10 ms doubling up to ttl/10, at most
     0.5 s (and never below 10 ms)."""
     cap = min(MAX_POLL, max(FIRST_POLL, ttl / 10))
-    return min(cap, FIRST_POLL * (2 ** min(tries, 16)))
+    return min(cap, FIRST_POLL * float(2 ** min(tries, 16)))
 
 
 class PermitStore:

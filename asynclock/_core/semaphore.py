@@ -21,7 +21,7 @@ permit:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING
 
 from .context import ExcInfo
 from .holds import Holds

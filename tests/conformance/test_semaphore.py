@@ -323,7 +323,7 @@ async def test_not_on_this_backend(spec: BackendSpec) -> None:
     if spec.can("semaphore"):
         pytest.skip("this backend has semaphores")
     backend = spec.connect()  # no I/O: the check is made when the semaphore is made
-    with pytest.raises(NotImplementedError, match="semaphores are not on .* yet.*sqlite://"):
+    with pytest.raises(NotImplementedError, match=r"semaphores are not on .* yet.*sqlite://"):
         backend.semaphore("jobs", 2)
 
 
@@ -339,7 +339,7 @@ async def test_not_on_this_backend(spec: BackendSpec) -> None:
 )
 async def test_not_implemented_without_a_server(url: str) -> None:
     backend = asynclock.connect(url)
-    with pytest.raises(NotImplementedError, match="semaphores are not on .* yet.*redis://"):
+    with pytest.raises(NotImplementedError, match=r"semaphores are not on .* yet.*redis://"):
         backend.semaphore("jobs", 2)
 
 
