@@ -22,6 +22,7 @@ from ._core.exceptions import (
     QuorumNotReached,
     ReplayedFailure,
     RestartGrace,
+    SemaphoreLimitMismatch,
     ServerFull,
     StaleToken,
 )
@@ -30,6 +31,7 @@ from ._core.idempotency import Idempotent, IdempotentCall
 from ._core.leadership import Leader, Leadership, Term
 from ._core.lease import Lease, LossSignal
 from ._core.observer import Observer
+from ._core.semaphore import Permit, Semaphore
 from ._core.stats import BackendStats, HoldTimes
 from ._core.templates import NameTemplate
 from ._core.validation import MAX_TTL, check_seconds
@@ -66,7 +68,10 @@ __all__ = (
     "QuorumNotReached",
     "ServerFull",
     "ReplayedFailure",
+    "Permit",
     "RestartGrace",
+    "Semaphore",
+    "SemaphoreLimitMismatch",
     "StaleToken",
     "Term",
     "__version__",

@@ -240,3 +240,12 @@ def test_redis_failover(deployment_factory: DeploymentFactory) -> None:
         "lost in the failover: True",
         "next holder's token is larger: True",
     ]
+
+
+def test_semaphore() -> None:
+    out = run("semaphore.py")
+    assert out.count("on gpu slot") == 6
+    assert "at most 2 jobs ran at once (limit 2)" in out
+    assert "a third permit was refused while two were held" in out
+    slots = {line.split("slot ")[1].split()[0] for line in out.splitlines() if "gpu slot" in line}
+    assert slots == {"0", "1"}

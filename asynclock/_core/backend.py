@@ -28,6 +28,7 @@ from .lock import Lock as Lock
 from .lock import locked_function
 from .misuse import AsyncContextOnly
 from .observer import Fanout, Observer
+from .semaphore import Semaphores
 from .session import Session
 from .stats import BackendStats, StatsRecorder
 from .validation import check_name, check_timing, check_token
@@ -40,7 +41,7 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 
-class Backend(AsyncContextOnly):
+class Backend(Semaphores, AsyncContextOnly):
     """A lock service: hand out leases on names, renew them, and stop holders that lose them.
     Create one with :func:`asynclock.connect` (or pass a driver) and use it as an async
     context manager; it owns the background renewer of every lease it grants.

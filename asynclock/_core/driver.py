@@ -17,6 +17,7 @@ from .claim_store import ClaimStore
 from .clock import Clock, MonotonicClock
 from .holder import Holder
 from .keeper import RENEW_CHUNK, Busy, ExtendResult, Grants, Keeper, LeaseRef, Refused
+from .permit_store import PermitStore
 
 __all__ = (
     "RENEW_CHUNK",
@@ -234,6 +235,14 @@ class Driver:
             f"table with SELECT ... FOR UPDATE SKIP LOCKED and fences their completion on "
             f"the row's claim token, in the same database; {self.display} has no such "
             "table. Use a lock per item (backend.lock(f'job:{id}', ...)) here."
+        )
+
+    def semaphore_store(self, name: str, limit: int) -> PermitStore:
+        """The server side of ``backend.semaphore(name, limit)`` (see
+        ``_core/permit_store.py``), or NotImplementedError saying there is none yet."""
+        raise NotImplementedError(
+            f"semaphores are not on {self.display} yet: backend.semaphore() works on "
+            "memory://, sqlite://, redis:// (one server) and postgresql:// (both modes)"
         )
 
     async def claim_holder(self, name: str) -> Holder | None:

@@ -270,3 +270,25 @@ class ReplayedFailure(_FieldArgs):
         self.key = key
         self.error_type = error_type
         self.message = message
+
+
+class SemaphoreLimitMismatch(_FieldArgs, ValueError):
+    """``backend.semaphore(name, limit)`` was asked for a permit while permits of ``name``
+    are held under another limit (``held_limit``): the limit is fixed while any permit of
+    the name is live, and takes a new value once every permit is released or expired
+    (docs/semaphores.md)."""
+
+    _fields = ("name", "limit", "held_limit")
+
+    def __init__(self, name: str, limit: int, held_limit: int) -> None:
+        super().__init__(
+            f"semaphore {name!r} was asked for with limit={limit}, but its live permits "
+            f"were granted with limit={held_limit}: use one limit per name (a new limit "
+            "takes effect once every permit of the name is released or expired)",
+            name,
+            limit,
+            held_limit,
+        )
+        self.name = name
+        self.limit = limit
+        self.held_limit = held_limit

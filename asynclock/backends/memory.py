@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Record, Refused, leave_queue
 from .._core.holder import Holder
+from .._core.permit_store import Answer, Full, Granted, OtherLimit, PermitStore
 from ._common.options import Options
 
 
@@ -40,6 +41,13 @@ class MemoryDriver(Driver):
         self.queues: dict[str, deque[str]] = {}
         #: Idempotency records: name -> (record, expiry on the clock).
         self.records: dict[str, tuple[Record, float]] = {}
+        #: Semaphores: name -> slot -> the live permit (a namespace apart from the locks).
+        self.permits: dict[str, dict[int, _Permit]] = {}
+        #: (name, slot) -> the slot's last token (kept for ever: G2 per slot).
+        self.slot_tokens: dict[tuple[str, int], int] = {}
+
+    def semaphore_store(self, name: str, limit: int) -> PermitStore:
+        return MemoryPermits(self, name, limit)
 
     def _live(self, name: str) -> _Entry | None:
         entry = self.leases.get(name)
@@ -152,6 +160,72 @@ class MemoryDriver(Driver):
         if found is None or found[0].token != token:
             return False
         del self.records[name]
+        return True
+
+
+@dataclass(slots=True)
+class _Permit:
+    owner: str
+    token: int
+    expires_at: float
+    limit: int
+
+
+class MemoryPermits(PermitStore):
+    """A semaphore's permits in the driver's dicts (every step runs without an await)."""
+
+    renew_chunk = None
+    display = "memory://"
+
+    def __init__(self, driver: MemoryDriver, name: str, limit: int) -> None:
+        super().__init__(name, limit)
+        self.driver = driver
+
+    def _live(self) -> dict[int, _Permit]:
+        now = self.driver.clock.now()
+        slots = self.driver.permits.setdefault(self.name, {})
+        for slot in [s for s, p in slots.items() if p.expires_at <= now]:
+            del slots[slot]
+        return slots
+
+    async def grant(self, owner: str, ttl: float) -> Answer:
+        slots = self._live()
+        if slots:
+            held = next(iter(slots.values())).limit
+            if held != self.limit:
+                return OtherLimit(held)
+        if len(slots) >= self.limit:
+            now = self.driver.clock.now()
+            return Full(min(p.expires_at for p in slots.values()) - now)
+        slot = next(s for s in range(self.limit) if s not in slots)
+        key = (self.name, slot)
+        token = self.driver.slot_tokens[key] = self.driver.slot_tokens.get(key, 0) + 1
+        slots[slot] = _Permit(owner, token, self.driver.clock.now() + ttl, self.limit)
+        return Granted(slot, token)
+
+    def _find(self, owner: str, token: int | None) -> int | None:
+        for slot, permit in self._live().items():
+            if permit.owner == owner and (token is None or permit.token == token):
+                return slot
+        return None
+
+    async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
+        now = self.driver.clock.now()
+        results: list[ExtendResult] = []
+        for ref in leases:
+            slot = self._find(ref.owner, ref.token)
+            if slot is None:
+                results.append(Refused("the permit is gone (expired or taken over)"))
+            else:
+                self.driver.permits[self.name][slot].expires_at = now + ref.ttl
+                results.append(True)
+        return results
+
+    async def release_permit(self, owner: str, slot: int | None, token: int | None) -> bool:
+        found = self._find(owner, token)
+        if found is None:
+            return False
+        del self.driver.permits[self.name][found]
         return True
 
 

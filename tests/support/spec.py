@@ -17,15 +17,16 @@ import asynclock
 #: * ``server_ttl`` — the server keeps each lease's expiry (PostgreSQL session mode keeps
 #:   a lock for its session instead);
 #: * ``claims`` — ``backend.claims()`` (PostgreSQL);
-#: * ``multiprocess`` — separate processes share its locks through the URL.
+#: * ``multiprocess`` — separate processes share its locks through the URL;
+#: * ``semaphore`` — ``backend.semaphore()`` (others raise NotImplementedError).
 CAPABILITIES: dict[str, frozenset[str]] = {
     backend_id: frozenset(caps.split())
     for backend_id, caps in {
-        "memory": "records names leader server_ttl",
-        "sqlite": "records names leader server_ttl multiprocess",
-        "postgres": "records claims multiprocess",
-        "postgres_lease": "records names leader server_ttl claims multiprocess",
-        "redis": "records names leader server_ttl multiprocess",
+        "memory": "records names leader server_ttl semaphore",
+        "sqlite": "records names leader server_ttl multiprocess semaphore",
+        "postgres": "records claims multiprocess semaphore",
+        "postgres_lease": "records names leader server_ttl claims multiprocess semaphore",
+        "redis": "records names leader server_ttl multiprocess semaphore",
         "redlock": "server_ttl multiprocess",
         "redis_sentinel": "records names leader server_ttl multiprocess",
         "redis_cluster": "records names leader server_ttl multiprocess",

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from ..._core.driver import Busy, ExtendResult, LeaseRef, Refused
 from ..._core.holder import Holder
+from ..._core.permit_store import PermitStore
 from .connection import _CONNECTION_ERRORS, PostgresDriver
 from .sql import (
     SQL_L_ACQUIRE,
@@ -102,6 +103,11 @@ class LeaseDriver(PostgresDriver):
         if live is not None:
             self._wake(name)
         return bool(live)
+
+    def semaphore_store(self, name: str, limit: int) -> PermitStore:
+        from .semaphore import PostgresPermits
+
+        return PostgresPermits(self, name, limit)
 
     async def record_put(
         self, name: str, owner: str, token: int, payload: str, keep: float

@@ -10,6 +10,7 @@ import asyncpg  # type: ignore[import-untyped]  # no stubs; see fence/sql.py Pro
 
 from ..._core.driver import Busy, ExtendResult, LeaseRef, Refused
 from ..._core.holder import Holder
+from ..._core.permit_store import PermitStore
 from .connection import _CONNECTION_ERRORS, _LOCK_TABLE_FULL, PostgresDriver, _close
 from .sql import (
     SQL_S_ACQUIRE,
@@ -313,6 +314,12 @@ class SessionDriver(PostgresDriver):
         if held is not None:
             self._wake(name)
         return held is not None
+
+    def semaphore_store(self, name: str, limit: int) -> PermitStore:
+        # A permit is a row with an expiry in either mode (see .semaphore).
+        from .semaphore import PostgresPermits
+
+        return PostgresPermits(self, name, limit)
 
     async def record_put(
         self, name: str, owner: str, token: int, payload: str, keep: float

@@ -38,9 +38,11 @@ from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Record, Refuse
 from ..._core.errors import map_errors
 from ..._core.exceptions import BackendUnavailable
 from ..._core.holder import Holder
+from ..._core.permit_store import PermitStore
 from ..._core.validation import check_seconds
 from .._common.options import Options
 from .host import boot_id, wake_socket
+from .semaphore import SQLitePermits
 from .sql import (
     SCHEMA,
     SCHEMA_VERSION,
@@ -390,6 +392,9 @@ class SQLiteDriver(Driver):
         except sqlite3.Error as exc:
             raise self._errors.unavailable("validate failed", exc) from exc
         return row is not None and row[1] == token
+
+    def semaphore_store(self, name: str, limit: int) -> PermitStore:
+        return SQLitePermits(self, name, limit)
 
     # -- idempotency records: a table beside the leases ------------------------------------
 

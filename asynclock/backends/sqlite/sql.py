@@ -34,6 +34,16 @@ CREATE TABLE IF NOT EXISTS asynclock_record (
     expires_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS asynclock_record_expiry ON asynclock_record (expires_at);
+CREATE TABLE IF NOT EXISTS asynclock_permit (
+    name       TEXT NOT NULL,
+    slot       INTEGER NOT NULL,
+    owner      TEXT NOT NULL,
+    token      INTEGER NOT NULL,
+    expires_at REAL NOT NULL,
+    boot       TEXT NOT NULL,
+    lim        INTEGER NOT NULL,
+    PRIMARY KEY (name, slot)
+) WITHOUT ROWID;
 """
 
 # G1/G2, the uncontended path in one statement: take :name if its row is free (released,

@@ -1,0 +1,150 @@
+"""What a server does for counting semaphores (``_core/semaphore.py`` is the life of a
+permit): the :class:`PermitStore` base every backend's semaphore store extends.
+
+A store is one semaphore (a name and its limit) on one server. It is the
+:class:`~.keeper.Grants` of its permits: the core's acquire, wait and clean-up path
+(``Holds.acquire``) runs over it exactly as over a driver's locks, and the session renews
+every permit of the store in one :meth:`extend` call per round. A backend implements three
+atomic server steps: :meth:`grant`, :meth:`extend`, :meth:`release_permit`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .exceptions import SemaphoreLimitMismatch
+from .keeper import Busy, ExtendResult, LeaseRef
+
+#: The largest ``limit`` a semaphore may have: each permit is a slot the server keeps
+#: (a row, a hash field) and a grant may look at every live one.
+MAX_LIMIT = 10_000
+
+#: The waiting backoff (not FIFO yet): the first retry after this many seconds, doubling
+#: per busy answer up to a tenth of the waiter's ttl, never above :data:`MAX_POLL`.
+FIRST_POLL = 0.01
+MAX_POLL = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Granted:
+    """A permit the server granted: its slot (0 .. limit-1) and the slot's new token."""
+
+    slot: int
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class Full:
+    """Every permit is held. ``retry_after``: when the first of them expires at the
+    latest (seconds), if known."""
+
+    retry_after: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OtherLimit:
+    """Permits of the name are held under another limit (``held_limit``)."""
+
+    held_limit: int
+
+
+Answer = Granted | Full | OtherLimit
+
+
+def check_limit(limit: object) -> int:
+    """A semaphore's limit: an int from 1 to :data:`MAX_LIMIT` (not a bool)."""
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(
+            f"limit must be an int from 1 to {MAX_LIMIT} (the number of permits), "
+            f"not {type(limit).__name__} {limit!r}"
+        )
+    if not 1 <= limit <= MAX_LIMIT:
+        raise ValueError(
+            f"limit must be from 1 to {MAX_LIMIT} permits, got {limit} (a semaphore of "
+            "limit 1 is a lock; more than 10000 slots is not supported)"
+        )
+    return limit
+
+
+def backoff(tries: int, ttl: float) -> float:
+    """The poll delay after ``tries`` busy answers: 10 ms doubling up to ttl/10, at most
+    0.5 s (and never below 10 ms)."""
+    cap = min(MAX_POLL, max(FIRST_POLL, ttl / 10))
+    return min(cap, FIRST_POLL * float(2 ** min(tries, 16)))
+
+
+class PermitStore:
+    """One semaphore on one server (see the module). Subclasses implement :meth:`grant`,
+    :meth:`extend` and :meth:`release_permit`; the slot of each permit granted here is
+    kept by owner until it is released (:meth:`slot_of`)."""
+
+    #: For messages; never contains a password.
+    display: str = "semaphore"
+    #: See :class:`~.keeper.Keeper`.
+    renew_chunk: int | None = 1000
+    #: The core wakes this backend's waiters of the name on every release here.
+    wakes_waiters = False
+
+    def __init__(self, name: str, limit: int) -> None:
+        self.name = name
+        self.limit = limit
+        #: owner -> slot of every permit granted here and not yet released.
+        self.slots: dict[str, int] = {}
+        self._tries: dict[str, int] = {}
+
+    # -- what a backend implements ----------------------------------------------------------
+
+    async def grant(self, owner: str, ttl: float) -> Answer:
+        """One atomic attempt: a free slot below the limit for ``owner`` for ``ttl``
+        seconds (the slot's token bumped), or why not."""
+        raise NotImplementedError
+
+    async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
+        """Renew these permits (owner- and token-checked), one result per lease."""
+        raise NotImplementedError
+
+    async def release_permit(self, owner: str, slot: int | None, token: int | None) -> bool:
+        """Owner-checked release (``slot`` None: an interrupted grant, look for ``owner``
+        in every slot). True if it freed our permit."""
+        raise NotImplementedError
+
+    # -- keeper.Grants ----------------------------------------------------------------------
+
+    async def acquire(
+        self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
+    ) -> int | Busy:
+        answer = await self.grant(owner, ttl)
+        if isinstance(answer, Granted):
+            self.slots[owner] = answer.slot
+            self._tries.pop(owner, None)
+            return answer.token
+        if isinstance(answer, OtherLimit):
+            self._tries.pop(owner, None)
+            raise SemaphoreLimitMismatch(self.name, self.limit, answer.held_limit)
+        tries = self._tries.get(owner, 0)
+        if queue:
+            self._tries[owner] = tries + 1
+        delay = backoff(tries, ttl)
+        if answer.retry_after is not None:
+            delay = min(delay, max(0.001, answer.retry_after))
+        return Busy(delay, f"all {self.limit} permits of semaphore {self.name!r} are held")
+
+    async def release(self, name: str, owner: str, token: int | None) -> bool:
+        slot = self.slots.pop(owner, None)
+        return await self.release_permit(owner, slot, token)
+
+    async def watch(self, name: str, cursor: object = None) -> bool:
+        return False  # polled (and woken by this backend's own releases): not FIFO yet
+
+    async def unwatch(self, name: str) -> None:
+        pass
+
+    async def abandon(self, name: str, owner: str) -> None:
+        self._tries.pop(owner, None)
+
+    def slot_of(self, owner: str) -> int:
+        return self.slots[owner]
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} limit={self.limit} on {self.display}>"

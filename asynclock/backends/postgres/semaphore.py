@@ -1,0 +1,156 @@
+"""Semaphores on PostgreSQL (both modes: a permit is a row with an expiry, whatever the
+mode of the locks): one row per (name, slot) in ``asynclock_permit``, apart from the lock
+tables. A row is never deleted, so its token only rises (G2 per slot); the table is
+LOGGED, so a crash does not reset it. A released row has ``owner = ''``.
+
+A grant is one transaction serialised per name by a transaction advisory lock (so two
+grants never both see the last free slot, and the limit of the live permits is checked
+against every committed grant): it counts the live rows, checks their limit and takes the
+lowest free slot, in one statement. The table is created on first use."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..._core.driver import ExtendResult, LeaseRef, Refused
+from ..._core.permit_store import Answer, Full, Granted, OtherLimit, PermitStore
+from .connection import _CONNECTION_ERRORS
+from .sql import _SCHEMA_KEY
+from .tokens import _name_bytes
+
+if TYPE_CHECKING:
+    from .connection import PostgresDriver
+
+SQL_P_SCHEMA = f"""
+SELECT pg_advisory_xact_lock({_SCHEMA_KEY});
+CREATE TABLE IF NOT EXISTS asynclock_permit (
+    name       bytea NOT NULL,
+    slot       integer NOT NULL,
+    owner      text NOT NULL,
+    token      bigint NOT NULL,
+    expires_at timestamptz NOT NULL,
+    lim        integer NOT NULL,
+    PRIMARY KEY (name, slot)
+)
+"""
+
+# Inside the grant's transaction, after pg_advisory_xact_lock(the name's key). Args: $1
+# name, $2 owner, $3 ttl_ms, $4 limit. One row: slot and token if granted; else other (the
+# limit of the live permits, if not $4) or left_s (seconds until the first one expires).
+SQL_P_GRANT = """
+WITH live AS (
+    SELECT slot, lim, expires_at FROM asynclock_permit
+    WHERE name = $1 AND owner <> '' AND expires_at > clock_timestamp()
+), other AS (
+    SELECT lim FROM live WHERE lim <> $4 LIMIT 1
+), free AS (
+    SELECT s FROM generate_series(0, $4 - 1) AS s
+    WHERE NOT EXISTS (SELECT 1 FROM other)
+      AND (SELECT count(*) FROM live) < $4
+      AND NOT EXISTS (SELECT 1 FROM live WHERE live.slot = s)
+    ORDER BY s LIMIT 1
+), ins AS (
+    INSERT INTO asynclock_permit AS p (name, slot, owner, token, expires_at, lim)
+    SELECT $1, s, $2, 1, clock_timestamp() + $3 * interval '1 millisecond', $4 FROM free
+    ON CONFLICT (name, slot) DO UPDATE SET owner = excluded.owner, token = p.token + 1,
+        expires_at = excluded.expires_at, lim = excluded.lim
+    RETURNING p.slot, p.token
+)
+SELECT (SELECT slot FROM ins) AS slot, (SELECT token FROM ins) AS token,
+       (SELECT lim FROM other) AS other,
+       (SELECT extract(epoch FROM min(expires_at) - clock_timestamp()) FROM live)::float8
+           AS left_s
+"""
+
+# G5/G7: renew our live permits. Args: $1 name, $2 owners, $3 tokens, $4 ttl_ms. Returns
+# the ordinal of each renewed one.
+SQL_P_EXTEND = """
+UPDATE asynclock_permit AS p
+SET expires_at = clock_timestamp() + x.ttl * interval '1 millisecond'
+FROM unnest($2::text[], $3::bigint[], $4::float8[]) WITH ORDINALITY AS x(owner, token, ttl, i)
+WHERE p.name = $1 AND p.owner = x.owner AND p.token = x.token
+  AND p.expires_at > clock_timestamp()
+RETURNING x.i
+"""
+
+# G5: free our live permit. Args: $1 name, $2 owner, $3 token or NULL. A row if freed.
+SQL_P_RELEASE = """
+UPDATE asynclock_permit SET owner = '', expires_at = 'epoch'
+WHERE name = $1 AND owner = $2 AND ($3::bigint IS NULL OR token = $3)
+  AND expires_at > clock_timestamp()
+RETURNING 1
+"""
+
+
+def grant_key(name: str) -> int:
+    """The transaction advisory lock key that serialises the grants of one semaphore."""
+    digest = hashlib.sha256(b"asynclock:semaphore:" + _name_bytes(name)).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+class PostgresPermits(PermitStore):
+    """A semaphore's permits in ``asynclock_permit`` (see the module)."""
+
+    def __init__(self, driver: PostgresDriver, name: str, limit: int) -> None:
+        super().__init__(name, limit)
+        self.driver = driver
+        self.display = driver.display
+        self._name = _name_bytes(name)
+        self._key = grant_key(name)
+
+    async def _schema(self) -> None:
+        driver = self.driver
+        if getattr(driver, "_permit_table", False):
+            return
+        async with driver._io:
+            conn = await driver._main()
+            try:
+                async with conn.transaction():
+                    await conn.execute(SQL_P_SCHEMA)
+            except _CONNECTION_ERRORS as exc:
+                raise driver._unavailable("creating table asynclock_permit", exc) from exc
+        driver._permit_table = True  # type: ignore[attr-defined]
+
+    async def grant(self, owner: str, ttl: float) -> Answer:
+        await self._schema()
+        driver = self.driver
+        async with driver._io:
+            conn = await driver._main()
+            try:
+                async with conn.transaction():
+                    await conn.execute("SELECT pg_advisory_xact_lock($1)", self._key)
+                    row = await conn.fetchrow(
+                        SQL_P_GRANT, self._name, owner, ttl * 1000.0, self.limit
+                    )
+            except _CONNECTION_ERRORS as exc:
+                raise driver._unavailable("semaphore grant failed", exc) from exc
+        assert row is not None
+        if row["token"] is not None:
+            return Granted(int(row["slot"]), int(row["token"]))
+        if row["other"] is not None:
+            return OtherLimit(int(row["other"]))
+        return Full(None if row["left_s"] is None else float(row["left_s"]))
+
+    async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
+        rows = await self.driver._run(
+            "semaphore renewal failed",
+            "fetch",
+            SQL_P_EXTEND,
+            self._name,
+            [r.owner for r in leases],
+            [r.token for r in leases],
+            [r.ttl * 1000.0 for r in leases],
+            first=True,
+        )
+        done = {int(r["i"]) for r in rows}
+        gone = Refused("the permit row expired or was taken over")
+        return [True if i in done else gone for i in range(1, len(leases) + 1)]
+
+    async def release_permit(self, owner: str, slot: int | None, token: int | None) -> bool:
+        await self._schema()
+        row = await self.driver._run(
+            "semaphore release failed", "fetchval", SQL_P_RELEASE, self._name, owner, token
+        )
+        return row is not None

@@ -1,0 +1,90 @@
+"""Semaphores in the SQLite file: one row per (name, slot) in ``asynclock_permit``, apart
+from the lock rows. A row is never deleted, so its token only rises (G2 per slot); a
+released row has ``owner = ''`` and ``expires_at = 0``. A grant is one write transaction:
+count the live rows, check their limit, take the lowest free slot."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..._core.driver import ExtendResult, LeaseRef, Refused
+from ..._core.permit_store import Answer, Full, Granted, OtherLimit, PermitStore
+
+if TYPE_CHECKING:
+    from . import SQLiteDriver
+
+# Live permits of a name. Args: name, boot, now.
+SQL_LIVE_PERMITS = (
+    "SELECT slot, lim, expires_at FROM asynclock_permit "
+    "WHERE name = ?1 AND owner <> '' AND boot = ?2 AND expires_at > ?3"
+)
+# Take slot :slot (its token bumped in place). Args: name, slot, owner, expires_at, boot, lim.
+SQL_TAKE_SLOT = (
+    "INSERT INTO asynclock_permit (name, slot, owner, token, expires_at, boot, lim) "
+    "VALUES (?1, ?2, ?3, 1, ?4, ?5, ?6) "
+    "ON CONFLICT (name, slot) DO UPDATE SET owner = excluded.owner, "
+    "token = asynclock_permit.token + 1, expires_at = excluded.expires_at, "
+    "boot = excluded.boot, lim = excluded.lim "
+    "RETURNING token"
+)
+# Renew our live permit. Args: expires_at, name, owner, token, boot, now.
+SQL_EXTEND_PERMIT = (
+    "UPDATE asynclock_permit SET expires_at = ?1 "
+    "WHERE name = ?2 AND owner = ?3 AND token = ?4 AND boot = ?5 AND expires_at > ?6"
+)
+# Free our live permit (owner-checked; token if known). Args: name, owner, token, boot, now.
+SQL_RELEASE_PERMIT = (
+    "UPDATE asynclock_permit SET owner = '', expires_at = 0 "
+    "WHERE name = ?1 AND owner = ?2 AND (?3 IS NULL OR token = ?3) "
+    "AND boot = ?4 AND expires_at > ?5"
+)
+
+
+class SQLitePermits(PermitStore):
+    """A semaphore's permits in the SQLite file (see the module)."""
+
+    def __init__(self, driver: SQLiteDriver, name: str, limit: int) -> None:
+        super().__init__(name, limit)
+        self.driver = driver
+        self.display = driver.display
+
+    async def grant(self, owner: str, ttl: float) -> Answer:
+        name, limit, boot = self.name, self.limit, self.driver.boot
+
+        def attempt(db: sqlite3.Connection) -> Answer:
+            now = time.monotonic()
+            live = db.execute(SQL_LIVE_PERMITS, (name, boot, now)).fetchall()
+            other = next((int(row[1]) for row in live if int(row[1]) != limit), None)
+            if other is not None:
+                return OtherLimit(other)
+            if len(live) >= limit:
+                return Full(min(float(row[2]) for row in live) - now)
+            taken = {int(row[0]) for row in live}
+            slot = next(s for s in range(limit) if s not in taken)
+            args = (name, slot, owner, now + ttl, boot, limit)
+            token = int(db.execute(SQL_TAKE_SLOT, args).fetchone()[0])
+            return Granted(slot, token)
+
+        return await self.driver._write(attempt)
+
+    async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
+        boot = self.driver.boot
+
+        def renew(db: sqlite3.Connection) -> list[ExtendResult]:
+            now = time.monotonic()
+            out: list[ExtendResult] = []
+            for ref in leases:
+                args = (now + ref.ttl, self.name, ref.owner, ref.token, boot, now)
+                cur = db.execute(SQL_EXTEND_PERMIT, args)
+                out.append(True if cur.rowcount == 1 else Refused("permit row expired or taken"))
+            return out
+
+        return await self.driver._write(renew)
+
+    async def release_permit(self, owner: str, slot: int | None, token: int | None) -> bool:
+        args = (self.name, owner, token, self.driver.boot, time.monotonic())
+        cursor = await self.driver._statement(SQL_RELEASE_PERMIT, args)
+        return cursor.rowcount == 1
