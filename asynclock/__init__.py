@@ -28,6 +28,7 @@ from ._core.holder import Holder
 from ._core.idempotency import Idempotent, IdempotentCall
 from ._core.leadership import Leader, Leadership, Term
 from ._core.lease import Lease, LossSignal
+from ._core.lock_all import HeldLocks, LockAll
 from ._core.observer import Observer
 from ._core.stats import BackendStats, HoldTimes
 from ._core.templates import NameTemplate
@@ -45,6 +46,7 @@ __all__ = (
     "BackendUnavailable",
     "Clock",
     "Driver",
+    "HeldLocks",
     "HoldTimes",
     "Holder",
     "IdempotencyKeyReused",
@@ -56,6 +58,7 @@ __all__ = (
     "Leadership",
     "LeaseLost",
     "Lock",
+    "LockAll",
     "LockHeld",
     "LossSignal",
     "MAX_TTL",

@@ -129,6 +129,14 @@ def leave_group(pusher: object) -> tuple[list[Lease], anyio.CancelScope | None]:
     return [entry[1] for entry in mine], mine[0][2]
 
 
+def watch_while_acquiring(leases: Sequence[Lease], scope: anyio.CancelScope | None) -> None:
+    """Make ``scope`` the holder scope of ``leases`` before their body begins (``lock_all``
+    sets the scope of the acquisition of the remaining names: a loss of a lease taken
+    already cancels it); None unsets it again."""
+    for lease in leases:
+        lease._scope = scope
+
+
 def pop_lease(pusher: object) -> Entry | None:
     """Take ``pusher``'s innermost entry off this context's lease stack (usually the top
     one: holds end in the order they began) and return it; None if it has none."""
