@@ -140,7 +140,7 @@ async def test_opposite_orders_never_deadlock(
                 for name in held:
                     inside[name] -= 1
 
-    with anyio.fail_after(30):
+    with anyio.fail_after(15):
         async with anyio.create_task_group() as tg:
             tg.start_soon(caller, backend, [x, y, z])
             tg.start_soon(caller, backend, [z, y, x])
@@ -154,7 +154,7 @@ async def test_a_busy_name_midway_leaves_none_held(
     backend: asynclock.Backend, other: asynclock.Backend, lock_name: str
 ) -> None:
     first, middle, last = names = names_of(lock_name, "a", "m", "z")
-    with anyio.fail_after(30):
+    with anyio.fail_after(15):
         async with held_elsewhere(other, middle):
             with pytest.raises(asynclock.LockHeld) as busy:
                 async with backend.lock_all(names, ttl=5.0, blocking=False):
