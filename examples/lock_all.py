@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 
 import asynclock
 import asynclock.testing
@@ -33,7 +34,7 @@ async def transfer(backend: asynclock.Backend, source: str, target: str) -> None
     async with backend.lock_all([source, target], ttl=10.0) as held:
         assert set(held) == {source, target}  # held[name].token: that name's fencing token
         amount = BALANCES[source]
-        await anyio.sleep(0)  # a read-modify-write with an await in the middle
+        await anyio.lowlevel.checkpoint()  # a read-modify-write with an await between
         BALANCES[source] = amount - 1
         BALANCES[target] += 1
 
@@ -46,9 +47,10 @@ async def worker(backend: asynclock.Backend, source: str, target: str) -> None:
 async def is_free(backend: asynclock.Backend, name: str) -> bool:
     try:
         async with backend.lock(name, ttl=5.0, blocking=False):
-            return True
+            pass
     except asynclock.LockHeld:
         return False
+    return True
 
 
 async def main(url: str) -> None:
