@@ -321,3 +321,27 @@ async def test_bad_options_are_refused_and_good_inputs_accepted() -> None:
         with pytest.raises(TypeError, match="async with"):
             with backend.lock_all(["a"], ttl=5.0):  # type: ignore[attr-defined]
                 pass  # pragma: no cover
+
+
+async def test_a_shared_lock_all_in_a_task_started_inside_its_body() -> None:
+    """A child task started inside the body inherits the body's lease stack; when it enters
+    the same (shared) ``lock_all`` after the parent left, it holds and ends its own hold."""
+    async with asynclock.connect("memory://") as backend:
+        both = backend.lock_all(["a", "b"], ttl=5.0)
+        parent_done = anyio.Event()
+        tokens: dict[str, int] = {}
+
+        async def child() -> None:
+            await parent_done.wait()
+            async with both as held:
+                tokens.update(held.tokens)
+                assert asynclock.current_lease() is held["b"]
+            assert backend.held() == []
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                async with both as first:
+                    tg.start_soon(child)
+                parent_done.set()
+        assert tokens == {"a": first["a"].token + 1, "b": first["b"].token + 1}
+        assert backend.held() == []
