@@ -345,3 +345,13 @@ async def test_a_shared_lock_all_in_a_task_started_inside_its_body() -> None:
                 parent_done.set()
         assert tokens == {"a": first["a"].token + 1, "b": first["b"].token + 1}
         assert backend.held() == []
+
+
+async def test_max_hold_bounds_the_whole_hold() -> None:
+    """``max_hold`` counts from each name's grant: the first name taken reaches it first."""
+    async with asynclock.connect("memory://") as backend:
+        with anyio.fail_after(10), pytest.raises(asynclock.LeaseLost) as info:
+            async with backend.lock_all(["b", "a"], ttl=5.0, max_hold=0.2):
+                await anyio.sleep_forever()
+        assert info.value.name == "a" and info.value.reason == "max_hold reached"
+        assert backend.held() == []
