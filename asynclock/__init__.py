@@ -30,6 +30,7 @@ from ._core.holder import Holder
 from ._core.idempotency import Idempotent, IdempotentCall
 from ._core.leadership import Leader, Leadership, Term
 from ._core.lease import Lease, LossSignal
+from ._core.lock_all import HeldLocks, LockAll
 from ._core.observer import Observer
 from ._core.semaphore import Permit, Semaphore
 from ._core.stats import BackendStats, HoldTimes
@@ -48,6 +49,7 @@ __all__ = (
     "BackendUnavailable",
     "Clock",
     "Driver",
+    "HeldLocks",
     "HoldTimes",
     "Holder",
     "IdempotencyKeyReused",
@@ -59,6 +61,7 @@ __all__ = (
     "Leadership",
     "LeaseLost",
     "Lock",
+    "LockAll",
     "LockHeld",
     "LossSignal",
     "MAX_TTL",

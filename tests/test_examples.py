@@ -102,6 +102,17 @@ def test_from_thread() -> None:
     ]
 
 
+def test_lock_all() -> None:
+    out = run("lock_all.py")
+    assert out.splitlines() == [
+        "20 transfers in opposite directions finished: no deadlock",
+        "balances: alice=100 bob=100 (total 200)",
+        "busy: 'acct:bob'; alice left free: True",
+        "lost 'acct:bob': renewal refused (simulated); body cancelled",
+        "both free again: True",
+    ]
+
+
 def test_efficiency_lock() -> None:
     out = run("efficiency_lock.py")
     assert out.splitlines() == [

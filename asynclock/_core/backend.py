@@ -6,7 +6,7 @@ small internal protocol, never a private member of the backend."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypeVar, cast
 
 import anyio
@@ -26,6 +26,7 @@ from .lease import Lease
 from .listing import list_holders
 from .lock import Lock as Lock
 from .lock import locked_function
+from .lock_all import LockAll
 from .misuse import AsyncContextOnly
 from .observer import Fanout, Observer
 from .semaphore import Semaphores
@@ -148,6 +149,18 @@ class Backend(Semaphores, AsyncContextOnly):
         token of that scope (G2 per scope), for a job locking a name per occurrence.
         """
         return Lock(self._acq, name, ttl, timeout, blocking, max_hold, token_scope)
+
+    def lock_all(
+        self,
+        names: Iterable[str],
+        *,
+        ttl: float,
+        timeout: float | None = None,
+        blocking: bool = True,
+        max_hold: float | None = None,
+    ) -> LockAll:
+        """All of ``names`` or none, for one body: see :class:`~asynclock.LockAll`."""
+        return LockAll(self._acq, names, ttl, timeout, blocking, max_hold)
 
     def _templated_lock(
         self,

@@ -117,16 +117,27 @@ def enter_group(
 
 def leave_group(pusher: object) -> tuple[list[Lease], anyio.CancelScope | None]:
     """End ``pusher``'s group body: its entries off the stack, each lease's holder scope
-    and task unset; returns the leases and their (not yet left) scope."""
+    and task unset; returns the leases and their (not yet left) scope. Only the innermost
+    group (the entries that share the innermost entry's scope): a child task started in a
+    body of the same pusher (a shared ``lock_all``) inherits that body's entries."""
     stack = LEASES.get()
-    mine = [entry for entry in stack if entry[0] is pusher]
+    scope = next((entry[2] for entry in reversed(stack) if entry[0] is pusher), None)
+    mine = [entry for entry in stack if entry[0] is pusher and entry[2] is scope]
     if not mine:
         raise AssertionError(f"{pusher!r}: __aexit__ without __aenter__")
-    LEASES.set(tuple(entry for entry in stack if entry[0] is not pusher))
+    LEASES.set(tuple(entry for entry in stack if not (entry[0] is pusher and entry[2] is scope)))
     for _, lease, _ in mine:
         lease._scope = None
         lease._task = None
     return [entry[1] for entry in mine], mine[0][2]
+
+
+def watch_while_acquiring(leases: Sequence[Lease], scope: anyio.CancelScope | None) -> None:
+    """Make ``scope`` the holder scope of ``leases`` before their body begins (``lock_all``
+    sets the scope of the acquisition of the remaining names: a loss of a lease taken
+    already cancels it); None unsets it again."""
+    for lease in leases:
+        lease._scope = scope
 
 
 def pop_lease(pusher: object) -> Entry | None:

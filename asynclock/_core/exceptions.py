@@ -67,7 +67,7 @@ class AlreadyHeld(LockHeld):
     would wait for itself forever.
 
     ``token`` is the outer hold's fencing token; ``outer`` says what the outer hold is:
-    ``"lock"`` or ``"leadership"``.
+    ``"lock"``, ``"lock_all"`` or ``"leadership"``.
     """
 
     _fields = ("name", "token", "outer")
@@ -78,6 +78,8 @@ class AlreadyHeld(LockHeld):
                 f"a leadership term: outer `async with backend.leadership({name!r})` or "
                 "`async with term`"
             )
+        elif outer == "lock_all":
+            where = f"outer `async with backend.lock_all([...])` that takes {name!r}"
         else:
             where = f"outer `async with backend.lock({name!r})`"
         _FieldArgs.__init__(
