@@ -8,11 +8,14 @@ renewal and release, each atomic. A semaphore ``name`` has two keys, apart from 
   slot's owner), ``t<slot>`` (the slot's last token: never deleted, so each slot's token
   only rises; a missing one is seeded from TIME in ms * 1000, so tokens keep rising after
   a restart that lost the data, as a lock's counter does). At most 2 * limit + 1 fields.
+  It expires a week after the last grant or renewal (so names used once do not pile up,
+  redisson#6302); the slots' tokens then start again from TIME, above every earlier one.
 """
 
 from __future__ import annotations
 
 _NOW = """
+local KEEP_MS = 604800000
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
@@ -46,6 +49,7 @@ if token == 1 then
   token = tonumber(seed)
 end
 redis.call('HSET', h, 'o' .. slot, ARGV[1], 'limit', lim)
+redis.call('PEXPIRE', h, KEEP_MS)
 redis.call('ZADD', set, now + tonumber(ARGV[2]), slot)
 return {slot, token}
 """
@@ -64,6 +68,7 @@ for i = 1, #ARGV / 4 do
   if score and tonumber(score) > now and redis.call('HGET', h, 'o' .. slot) == owner
       and redis.call('HGET', h, 't' .. slot) == token then
     redis.call('ZADD', set, 'XX', now + tonumber(ARGV[4 * i]), slot)
+    redis.call('PEXPIRE', h, KEEP_MS)
     out[i] = 1
   else
     out[i] = 0
