@@ -29,6 +29,7 @@ from .lock import locked_function
 from .lock_all import LockAll
 from .misuse import AsyncContextOnly
 from .observer import Fanout, Observer
+from .rwlock import RWLocks
 from .semaphore import Semaphores
 from .session import Session
 from .stats import BackendStats, StatsRecorder
@@ -42,7 +43,7 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 
-class Backend(Semaphores, AsyncContextOnly):
+class Backend(Semaphores, RWLocks, AsyncContextOnly):
     """A lock service: hand out leases on names, renew them, and stop holders that lose them.
     Create one with :func:`asynclock.connect` (or pass a driver) and use it as an async
     context manager; it owns the background renewer of every lease it grants.
@@ -318,10 +319,6 @@ class Backend(Semaphores, AsyncContextOnly):
                 "backend.collect_advice() first, then hold locks for a while"
             )
         return self._advice
-
-    async def _next_renewal_round(self) -> None:
-        """Wait for the renewer's next round (``asynclock.testing.next_renewal_round``)."""
-        await self._session.next_round()
 
     def held(self) -> list[Lease]:
         """The leases this backend currently holds (and renews)."""

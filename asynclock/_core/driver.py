@@ -18,6 +18,7 @@ from .clock import Clock, MonotonicClock
 from .holder import Holder
 from .keeper import RENEW_CHUNK, Busy, ExtendResult, Grants, Keeper, LeaseRef, Refused
 from .permit_store import PermitStore
+from .rw_store import RWStore
 
 __all__ = (
     "RENEW_CHUNK",
@@ -242,6 +243,14 @@ class Driver:
         ``_core/permit_store.py``), or NotImplementedError saying there is none yet."""
         raise NotImplementedError(
             f"semaphores are not on {self.display} yet: backend.semaphore() works on "
+            "memory://, sqlite://, redis:// (one server) and postgresql:// (both modes)"
+        )
+
+    def rwlock_store(self, name: str) -> RWStore:
+        """The server side of ``backend.rwlock(name)`` (see ``_core/rw_store.py``), or
+        NotImplementedError saying there is none yet."""
+        raise NotImplementedError(
+            f"read-write locks are not on {self.display} yet: backend.rwlock() works on "
             "memory://, sqlite://, redis:// (one server) and postgresql:// (both modes)"
         )
 

@@ -14,7 +14,9 @@ from urllib.parse import urlsplit
 from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Record, Refused, leave_queue
 from .._core.holder import Holder
 from .._core.permit_store import Answer, Full, Granted, OtherLimit, PermitStore
+from .._core.rw_store import RWStore
 from ._common.options import Options
+from .memory_rw import MemoryRW, RWState
 
 
 @dataclass(slots=True)
@@ -45,9 +47,14 @@ class MemoryDriver(Driver):
         self.permits: dict[str, dict[int, _Permit]] = {}
         #: (name, slot) -> the slot's last token (kept for ever: G2 per slot).
         self.slot_tokens: dict[tuple[str, int], int] = {}
+        #: Read-write locks: name -> its state (see .memory_rw; a namespace of its own).
+        self.rwlocks: dict[str, RWState] = {}
 
     def semaphore_store(self, name: str, limit: int) -> PermitStore:
         return MemoryPermits(self, name, limit)
+
+    def rwlock_store(self, name: str) -> RWStore:
+        return MemoryRW(self, name)
 
     def _live(self, name: str) -> _Entry | None:
         entry = self.leases.get(name)
