@@ -39,9 +39,11 @@ from ..._core.errors import map_errors
 from ..._core.exceptions import BackendUnavailable
 from ..._core.holder import Holder
 from ..._core.permit_store import PermitStore
+from ..._core.rw_store import RWStore
 from ..._core.validation import check_seconds
 from .._common.options import Options
 from .host import boot_id, wake_socket
+from .rwlock import SQLiteRW
 from .semaphore import SQLitePermits
 from .sql import (
     SCHEMA,
@@ -395,6 +397,9 @@ class SQLiteDriver(Driver):
 
     def semaphore_store(self, name: str, limit: int) -> PermitStore:
         return SQLitePermits(self, name, limit)
+
+    def rwlock_store(self, name: str) -> RWStore:
+        return SQLiteRW(self, name)
 
     # -- idempotency records: a table beside the leases ------------------------------------
 

@@ -44,6 +44,19 @@ CREATE TABLE IF NOT EXISTS asynclock_permit (
     lim        INTEGER NOT NULL,
     PRIMARY KEY (name, slot)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS asynclock_rw (
+    name       TEXT PRIMARY KEY,
+    epoch      INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS asynclock_rw_hold (
+    name       TEXT NOT NULL,
+    owner      TEXT NOT NULL,
+    mode       TEXT NOT NULL,
+    token      INTEGER NOT NULL,
+    expires_at REAL NOT NULL,
+    boot       TEXT NOT NULL,
+    PRIMARY KEY (name, owner)
+) WITHOUT ROWID;
 """
 
 # G1/G2, the uncontended path in one statement: take :name if its row is free (released,
