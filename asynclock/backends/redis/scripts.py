@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 
 from .lua import CLOCK, HANDOFF, LEASE, RENEW
+from .rw_scripts import RW_SCRIPTS
 from .sem_scripts import SEM_SCRIPTS
 
 # ACQUIRE (G1 exclusion, G2 monotonic tokens, fair queue).
@@ -366,11 +367,12 @@ SCRIPTS = {
     "cluster_extend": CLUSTER_EXTEND,
     "scope_next": SCOPE_NEXT,
     **SEM_SCRIPTS,
+    **RW_SCRIPTS,
 }
 #: Scripts not loaded at open (loaded on their first NOSCRIPT): only redis+sentinel:// and
 #: redis+cluster:// run them (a redis:// or redlock:// open loads no more than it did), and
 #: CLUSTER_EXTEND's flags need Redis >= 7.0.
-LAZY = frozenset({"adopt", "cluster_extend", "scope_next", *SEM_SCRIPTS})
+LAZY = frozenset({"adopt", "cluster_extend", "scope_next", *SEM_SCRIPTS, *RW_SCRIPTS})
 #: EVALSHA digests (the same on every server: SHA1 of the script text).
 SHAS = {key: hashlib.sha1(text.encode()).hexdigest().encode() for key, text in SCRIPTS.items()}
 

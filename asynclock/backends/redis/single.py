@@ -39,6 +39,7 @@ from typing import Any
 from ..._core.driver import Busy, ExtendResult, LeaseRef, Record, Refused
 from ..._core.holder import Holder
 from ..._core.permit_store import PermitStore
+from ..._core.rw_store import RWStore
 from .._common.asyncio_only import require_asyncio
 from .base import LOUD, NO_EXPIRY, QUIET, GraceReport, SubscribingDriver
 from .blocking import BlockingCalls
@@ -47,6 +48,7 @@ from .options import NodeURL, check_restart_grace, read_redis_url
 from .pubsub import Listener
 from .replies import extend_call, extend_result, grace_ms, holder_from_reply, token_of
 from .scripts import JOIN_QUEUE, NO_QUEUE, RESPECT_QUEUE
+from .rwlock import RedisRW
 from .semaphore import RedisPermits
 from .wire import Node, ms, pack
 
@@ -258,6 +260,11 @@ class RedisDriver(SubscribingDriver):
         if type(self) is not RedisDriver:  # a node of sentinel/cluster: not there yet
             return super().semaphore_store(name, limit)
         return RedisPermits(self, name, limit)
+
+    def rwlock_store(self, name: str) -> RWStore:
+        if type(self) is not RedisDriver:  # a node of sentinel/cluster: not there yet
+            return super().rwlock_store(name)
+        return RedisRW(self, name)
 
     async def validate(self, name: str, token: int) -> bool:
         value = await self.node.get(self.keys(name).lock)

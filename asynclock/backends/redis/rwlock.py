@@ -1,0 +1,55 @@
+"""Read-write locks on one Redis server: the three scripts of :mod:`.rw_scripts`, one
+round trip each (a grant, a renewal of every hold of one mode held here, a release)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..._core.driver import ExtendResult, LeaseRef, Refused
+from ..._core.rw_store import READERS_HOLD, WRITER_HOLDS, WRITER_WAITS, Held, RWAnswer, RWStore
+from .keys import hash_tag
+from .wire import ms
+
+if TYPE_CHECKING:
+    from .single import RedisDriver
+
+_WHY = {1: WRITER_HOLDS, 2: READERS_HOLD, 3: WRITER_WAITS}
+
+
+def rwlock_keys(name: str, prefix: str) -> tuple[bytes, bytes, bytes]:
+    """The hash, the readers' and the intents' sorted sets (see :mod:`.rw_scripts`)."""
+    base = f"{prefix}rw:{{{hash_tag(name)}}}"
+    return base.encode(), (base + ":r").encode(), (base + ":i").encode()
+
+
+class RedisRW(RWStore):
+    """A read-write lock on one Redis server."""
+
+    def __init__(self, driver: RedisDriver, name: str) -> None:
+        super().__init__(name)
+        self.node = driver.node
+        self.display = driver.display
+        self.keys = rwlock_keys(name, driver.prefix)
+
+    async def grant(self, mode: str, owner: str, ttl: float, *, intend: bool) -> RWAnswer:
+        args = (mode.encode(), owner.encode(), b"%d" % ms(ttl), b"1" if intend else b"0")
+        reply = [int(x) for x in await self.node.run("rw_grant", self.keys, args)]
+        if reply[0] == 1:
+            return reply[1]
+        return Held(_WHY[reply[1]], None if reply[2] < 0 else reply[2] / 1000)
+
+    async def extend(self, mode: str, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
+        args: list[bytes] = [mode.encode()]
+        for ref in leases:
+            args += [ref.owner.encode(), b"%d" % ref.token, b"%d" % ms(ref.ttl)]
+        reply = await self.node.run("rw_extend", self.keys, args)
+        gone = Refused("the hold expired or was freed")
+        return [True if int(code) == 1 else gone for code in reply]
+
+    async def release_hold(self, mode: str, owner: str, token: int | None) -> bool:
+        args = (mode.encode(), owner.encode(), b"" if token is None else b"%d" % token)
+        return bool(await self.node.run("rw_release", self.keys, args))
+
+    async def withdraw(self, owner: str) -> None:
+        await self.node.run("rw_release", self.keys, (b"i", owner.encode(), b""))
