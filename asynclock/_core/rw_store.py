@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from .keeper import Busy, ExtendResult, LeaseRef
 from .permit_store import backoff
@@ -65,9 +66,16 @@ class RWStore:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        #: The read mode's and the write mode's :class:`~.keeper.Grants`.
-        self.reads = ModeGrants(self, READ)
-        self.writes = ModeGrants(self, WRITE)
+
+    @cached_property
+    def reads(self) -> ModeGrants:
+        """The read mode's :class:`~.keeper.Grants`."""
+        return ModeGrants(self, READ)
+
+    @cached_property
+    def writes(self) -> ModeGrants:
+        """The write mode's :class:`~.keeper.Grants`."""
+        return ModeGrants(self, WRITE)
 
     # -- what a backend implements ----------------------------------------------------------
 
@@ -103,22 +111,14 @@ class ModeGrants:
     def __init__(self, store: RWStore, mode: str) -> None:
         self.store = store
         self.mode = mode
+        self.display = store.display
+        self.renew_chunk = store.renew_chunk
         self._tries: dict[str, int] = {}
-
-    @property
-    def display(self) -> str:
-        return self.store.display
-
-    @property
-    def renew_chunk(self) -> int | None:
-        return self.store.renew_chunk
 
     async def acquire(
         self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
     ) -> int | Busy:
-        answer = await self.store.grant(
-            self.mode, owner, ttl, intend=queue and self.mode == WRITE
-        )
+        answer = await self.store.grant(self.mode, owner, ttl, intend=queue and self.mode == WRITE)
         if not isinstance(answer, Held):
             self._tries.pop(owner, None)
             return answer

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from ..._core.driver import Busy, ExtendResult, LeaseRef, Refused
 from ..._core.holder import Holder
 from ..._core.permit_store import PermitStore
+from ..._core.rw_store import RWStore
 from .connection import _CONNECTION_ERRORS, PostgresDriver
 from .sql import (
     SQL_L_ACQUIRE,
@@ -108,6 +109,11 @@ class LeaseDriver(PostgresDriver):
         from .semaphore import PostgresPermits
 
         return PostgresPermits(self, name, limit)
+
+    def rwlock_store(self, name: str) -> RWStore:
+        from .rwlock import PostgresRW
+
+        return PostgresRW(self, name)
 
     async def record_put(
         self, name: str, owner: str, token: int, payload: str, keep: float

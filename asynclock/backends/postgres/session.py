@@ -11,6 +11,7 @@ import asyncpg  # type: ignore[import-untyped]  # no stubs; see fence/sql.py Pro
 from ..._core.driver import Busy, ExtendResult, LeaseRef, Refused
 from ..._core.holder import Holder
 from ..._core.permit_store import PermitStore
+from ..._core.rw_store import RWStore
 from .connection import _CONNECTION_ERRORS, _LOCK_TABLE_FULL, PostgresDriver, _close
 from .sql import (
     SQL_S_ACQUIRE,
@@ -320,6 +321,11 @@ class SessionDriver(PostgresDriver):
         from .semaphore import PostgresPermits
 
         return PostgresPermits(self, name, limit)
+
+    def rwlock_store(self, name: str) -> RWStore:
+        from .rwlock import PostgresRW
+
+        return PostgresRW(self, name)
 
     async def record_put(
         self, name: str, owner: str, token: int, payload: str, keep: float

@@ -47,8 +47,8 @@ from .keys import glob_escape, name_of_key, record_key, scope_fence_key
 from .options import NodeURL, check_restart_grace, read_redis_url
 from .pubsub import Listener
 from .replies import extend_call, extend_result, grace_ms, holder_from_reply, token_of
-from .scripts import JOIN_QUEUE, NO_QUEUE, RESPECT_QUEUE
 from .rwlock import RedisRW
+from .scripts import JOIN_QUEUE, NO_QUEUE, RESPECT_QUEUE
 from .semaphore import RedisPermits
 from .wire import Node, ms, pack
 

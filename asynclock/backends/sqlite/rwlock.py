@@ -34,9 +34,7 @@ if TYPE_CHECKING:
 INTENT = "i"
 
 # Drop the name's expired rows (or rows from before a reboot). Args: name, boot, now.
-SQL_RW_EXPIRE = (
-    "DELETE FROM asynclock_rw_hold WHERE name = ?1 AND (boot <> ?2 OR expires_at <= ?3)"
-)
+SQL_RW_EXPIRE = "DELETE FROM asynclock_rw_hold WHERE name = ?1 AND (boot <> ?2 OR expires_at <= ?3)"
 # The live rows of a name (after SQL_RW_EXPIRE). Args: name.
 SQL_RW_LIVE = "SELECT owner, mode, expires_at FROM asynclock_rw_hold WHERE name = ?1"
 # The name's epoch (no row: 0). Args: name.
