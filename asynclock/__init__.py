@@ -32,6 +32,7 @@ from ._core.leadership import Leader, Leadership, Term
 from ._core.lease import Lease, LossSignal
 from ._core.lock_all import HeldLocks, LockAll
 from ._core.observer import Observer
+from ._core.rwlock import RWHold, RWLock
 from ._core.semaphore import Permit, Semaphore
 from ._core.stats import BackendStats, HoldTimes
 from ._core.templates import NameTemplate
@@ -73,6 +74,8 @@ __all__ = (
     "ReplayedFailure",
     "Permit",
     "RestartGrace",
+    "RWHold",
+    "RWLock",
     "Semaphore",
     "SemaphoreLimitMismatch",
     "StaleToken",

@@ -44,6 +44,8 @@ PUBLIC = {
     "ReplayedFailure",
     "Permit",
     "RestartGrace",
+    "RWHold",
+    "RWLock",
     "Semaphore",
     "SemaphoreLimitMismatch",
     "ServerFull",

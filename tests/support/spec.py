@@ -18,15 +18,16 @@ import asynclock
 #:   a lock for its session instead);
 #: * ``claims`` — ``backend.claims()`` (PostgreSQL);
 #: * ``multiprocess`` — separate processes share its locks through the URL;
-#: * ``semaphore`` — ``backend.semaphore()`` (others raise NotImplementedError).
+#: * ``semaphore`` — ``backend.semaphore()`` (others raise NotImplementedError);
+#: * ``rwlock`` — ``backend.rwlock()`` (others raise NotImplementedError).
 CAPABILITIES: dict[str, frozenset[str]] = {
     backend_id: frozenset(caps.split())
     for backend_id, caps in {
-        "memory": "records names leader server_ttl semaphore",
-        "sqlite": "records names leader server_ttl multiprocess semaphore",
-        "postgres": "records claims multiprocess semaphore",
-        "postgres_lease": "records names leader server_ttl claims multiprocess semaphore",
-        "redis": "records names leader server_ttl multiprocess semaphore",
+        "memory": "records names leader server_ttl semaphore rwlock",
+        "sqlite": "records names leader server_ttl multiprocess semaphore rwlock",
+        "postgres": "records claims multiprocess semaphore rwlock",
+        "postgres_lease": "records names leader server_ttl claims multiprocess semaphore rwlock",
+        "redis": "records names leader server_ttl multiprocess semaphore rwlock",
         "redlock": "server_ttl multiprocess",
         "redis_sentinel": "records names leader server_ttl multiprocess",
         "redis_cluster": "records names leader server_ttl multiprocess",
