@@ -117,6 +117,27 @@ async def test_a_writer_excludes_readers_and_writers(
     assert len(epochs) == 1 + 8 and epochs == sorted(set(epochs))
 
 
+async def test_a_waiting_writer_refuses_new_readers(
+    spec: BackendSpec, backend: asynclock.Backend, lock_name: str
+) -> None:
+    needs_rwlock(spec)
+    rw = backend.rwlock(lock_name)
+    written = anyio.Event()
+    with anyio.fail_after(10):
+        async with rw.read(ttl=10) as r, anyio.create_task_group() as tg:
+
+            async def writer() -> None:
+                async with rw.write(ttl=10, timeout=8) as w:
+                    assert w.token > r.token
+                written.set()
+
+            tg.start_soon(writer)
+            await until_writer_waits(rw)  # a reader already in stays; new ones wait
+            assert not r.lost
+            await r.release()
+            await written.wait()
+
+
 async def test_a_waiting_writer_blocks_new_readers(
     spec: BackendSpec, backend: asynclock.Backend, lock_name: str
 ) -> None:
