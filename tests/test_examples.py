@@ -253,6 +253,16 @@ def test_redis_failover(deployment_factory: DeploymentFactory) -> None:
     ]
 
 
+def test_rwlock() -> None:
+    out = run("rwlock.py")
+    assert out.splitlines() == [
+        "3 readers held the catalog at once",
+        "a writer was refused while a reader held it",
+        "the writer rebuilt the catalog alone: epoch 1 > 0",
+        "a reader after the write sees epoch 1: True",
+    ]
+
+
 def test_semaphore() -> None:
     out = run("semaphore.py")
     assert out.count("on gpu slot") == 6
