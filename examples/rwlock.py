@@ -25,7 +25,7 @@ async def main(url: str) -> None:
 
         async def reader(n: int) -> None:
             nonlocal most
-            async with catalog.read(ttl=10, timeout=30) as r:
+            async with catalog.read(ttl=10, timeout=30):
                 readers.add(n)
                 most = max(most, len(readers))
                 if len(readers) == 3:

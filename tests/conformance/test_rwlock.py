@@ -145,7 +145,7 @@ async def test_a_waiting_writer_blocks_new_readers(
     bounded time (their holds end, no new one begins while it waits)."""
     needs_rwlock(spec)
     rw = backend.rwlock(lock_name)
-    stop = anyio.Event()
+    stop, overlapping = anyio.Event(), anyio.Event()
     reads_during = 0
     writing = False
 
@@ -155,14 +155,15 @@ async def test_a_waiting_writer_blocks_new_readers(
             async with rw.read(ttl=10, timeout=10):
                 assert not writing
                 reads_during += 1
+                if reads_during >= 6:  # the readers overlap continuously
+                    overlapping.set()
                 await anyio.sleep(0.05)
 
     with anyio.fail_after(15):
         async with anyio.create_task_group() as tg:
             for _ in range(3):
                 tg.start_soon(reader)
-            while reads_during < 6:  # the readers overlap continuously
-                await anyio.sleep(0.01)
+            await overlapping.wait()
             started = time.monotonic()
             async with rw.write(ttl=10, timeout=5) as w:
                 waited = time.monotonic() - started
