@@ -71,7 +71,7 @@ async def next_renewal_round(backend: Backend) -> None:
     ``ttl * heartbeat`` seconds of the backend's clock (with a :class:`ManualClock`, once
     ``advance`` has moved past that point).
     """
-    await backend._session.next_round()  # the renewer's next round
+    await backend._next_renewal_round()
 
 
 class ManualClock:

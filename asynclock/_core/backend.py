@@ -6,7 +6,7 @@ small internal protocol, never a private member of the backend."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypeVar, cast
 
 import anyio
@@ -26,7 +26,7 @@ from .lease import Lease
 from .listing import list_holders
 from .lock import Lock as Lock
 from .lock import locked_function
-from .lock_all import LockAll
+from .lock_all import LocksAll
 from .misuse import AsyncContextOnly
 from .observer import Fanout, Observer
 from .rwlock import RWLocks
@@ -43,7 +43,7 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 
-class Backend(Semaphores, RWLocks, AsyncContextOnly):
+class Backend(Semaphores, RWLocks, LocksAll, AsyncContextOnly):
     """A lock service: hand out leases on names, renew them, and stop holders that lose them.
     Create one with :func:`asynclock.connect` (or pass a driver) and use it as an async
     context manager; it owns the background renewer of every lease it grants.
@@ -150,18 +150,6 @@ class Backend(Semaphores, RWLocks, AsyncContextOnly):
         token of that scope (G2 per scope), for a job locking a name per occurrence.
         """
         return Lock(self._acq, name, ttl, timeout, blocking, max_hold, token_scope)
-
-    def lock_all(
-        self,
-        names: Iterable[str],
-        *,
-        ttl: float,
-        timeout: float | None = None,
-        blocking: bool = True,
-        max_hold: float | None = None,
-    ) -> LockAll:
-        """All of ``names`` or none, for one body: see :class:`~asynclock.LockAll`."""
-        return LockAll(self._acq, names, ttl, timeout, blocking, max_hold)
 
     def _templated_lock(
         self,
@@ -319,6 +307,10 @@ class Backend(Semaphores, RWLocks, AsyncContextOnly):
                 "backend.collect_advice() first, then hold locks for a while"
             )
         return self._advice
+
+    async def _next_renewal_round(self) -> None:
+        """Wait for the renewer's next round (``asynclock.testing.next_renewal_round``)."""
+        await self._session.next_round()
 
     def held(self) -> list[Lease]:
         """The leases this backend currently holds (and renews)."""

@@ -237,3 +237,21 @@ async def release_all(acq: Acquisition, leases: Sequence[Lease]) -> None:
     with anyio.CancelScope(shield=True):
         for lease in reversed(leases):
             await acq.release(lease, quiet=True)
+
+
+class LocksAll:
+    """``Backend.lock_all`` (a mixin of the backend: it keeps backend.py small)."""
+
+    _acq: Acquisition
+
+    def lock_all(
+        self,
+        names: Iterable[str],
+        *,
+        ttl: float,
+        timeout: float | None = None,
+        blocking: bool = True,
+        max_hold: float | None = None,
+    ) -> LockAll:
+        """All of ``names`` or none, for one body: see :class:`~asynclock.LockAll`."""
+        return LockAll(self._acq, names, ttl, timeout, blocking, max_hold)
