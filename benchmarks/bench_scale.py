@@ -143,7 +143,7 @@ async def hold_many(url: str, n: int, ttl: float, concurrency: int) -> dict[str,
                 async with backend.lock(f"scale:{i}", ttl=ttl):
                     gate.release()
                     count[0] += 1
-                    if count[0] == n:
+                    if count[0] + count[2] == n:  # every one held or failed
                         held.set()
                     await go.wait()
             except asynclock.LeaseLost:
