@@ -24,6 +24,7 @@ from .idempotency import DEFAULT_KEEP, Idempotent, idempotent_function
 from .leadership import Leader, Leadership, find_leader
 from .lease import Lease
 from .listing import list_holders
+from .owner_label import check_owner_label
 from .lock import Lock as Lock
 from .lock import locked_function
 from .lock_all import LockAll
@@ -54,6 +55,10 @@ class Backend(Semaphores, AsyncContextOnly):
         margin: seconds taken off every local deadline (default 5 ms).
         heartbeat: renew every ``ttl * heartbeat`` seconds (default 1/3).
         release_timeout: bound on a release or on the clean-up of an interrupted acquire.
+        owner_label: what this process calls itself in every lease it takes (default
+            ``host:pid``; 1 to 100 bytes of UTF-8, printable): carried in the stored owner,
+            so another process reads it as :attr:`Holder.label` (``asynclock holder``,
+            ``list``, ``watch``) and ``LockHeld`` names it where the server says who holds.
     """
 
     _usage = "asynclock.connect(url)"
@@ -67,10 +72,12 @@ class Backend(Semaphores, AsyncContextOnly):
         margin: float = 0.005,
         heartbeat: float = 1 / 3,
         release_timeout: float = 5.0,
+        owner_label: str | None = None,
     ) -> None:
         if not isinstance(driver, Driver):
             raise TypeError(f"driver must be an asynclock Driver, not {type(driver).__name__}")
         check_timing(drift, margin, heartbeat, release_timeout)
+        label = check_owner_label(owner_label)
         self.driver = driver
         self.clock: Clock = clock or MonotonicClock()
         self.drift, self.margin, self.heartbeat = drift, margin, heartbeat
@@ -79,7 +86,7 @@ class Backend(Semaphores, AsyncContextOnly):
         self._session = session = Session(
             self.clock, bounds, stats, drift, margin, heartbeat, driver.display
         )
-        self._acq = acq = Acquisition(driver, session, self.clock, bounds)
+        self._acq = acq = Acquisition(driver, session, self.clock, bounds, label)
         self._tg: anyio.abc.TaskGroup | None = None
         self._advice: AdviceCollector | None = None
         driver.bind(self.clock, acq.wake, session.lost_out_of_band, session.renew_soon)
@@ -121,6 +128,12 @@ class Backend(Semaphores, AsyncContextOnly):
             acq.unbind_loop()
             with anyio.CancelScope(shield=True):
                 await self.driver.aclose()
+
+    @property
+    def owner_label(self) -> str:
+        """This process's owner label (``connect(url, owner_label=...)``, default
+        ``host:pid``), carried in every lease's owner."""
+        return self._acq.label
 
     @property
     def release_timeout(self) -> float:
