@@ -45,7 +45,7 @@ from .fastpath import (
 )
 from .keeper import Grants
 from .lease import Lease
-from .owner_label import label_tag
+from .owner_label import label_of, label_tag
 from .release import Releasing
 from .session import Session
 from .stats import StatsRecorder
@@ -480,7 +480,7 @@ def _busy_error(name: str, busy: Busy) -> LockHeld:
     """What a busy answer raises for ``blocking=False``."""
     if busy.grace_until is not None:
         return RestartGrace(name, busy.retry_after or 0.0, busy.grace_until, busy.detail)
-    return LockHeld(name, busy.retry_after, busy.detail)
+    return LockHeld(name, busy.retry_after, busy.detail, label_of(busy.owner))
 
 
 def _timeout_detail(name: str, busy: Busy) -> str | None:
