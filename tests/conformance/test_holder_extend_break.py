@@ -57,16 +57,20 @@ async def test_holder_and_locked(
 
 
 async def test_holder_seen_from_another_backend(shared_spec: BackendSpec, lock_name: str) -> None:
-    async with shared_spec.connect() as mine, shared_spec.connect() as other:
+    label = "worker ünï:7 (a.b~c)"  # the marks of the owner string, inside a label
+    async with shared_spec.connect(owner_label=label) as mine, shared_spec.connect() as other:
+        assert mine.owner_label == label and other.owner_label != label
         async with mine.lock(lock_name, ttl=5.0) as lease:
             holder = await other.holder(lock_name)
             assert holder is not None
             assert await other.locked(lock_name)
             if shared_spec.id == "postgres":
-                # Held by another session: only its pid is on the server.
+                # Held by another session: only its pid is on the server (no label).
                 assert (holder.owner, holder.token, holder.remaining) == (None, None, None)
+                assert holder.label is None
             else:
                 assert (holder.owner, holder.token) == (lease.owner, lease.token)
+                assert holder.label == label  # which process holds it, read from its owner
                 if shared_spec.can("server_ttl"):
                     assert holder.remaining is not None and 3.0 < holder.remaining <= 5.0
                 else:  # ZooKeeper: held for the holder's session
