@@ -65,9 +65,10 @@ async def test_holder_seen_from_another_backend(shared_spec: BackendSpec, lock_n
             assert holder is not None
             assert await other.locked(lock_name)
             if shared_spec.id == "postgres":
-                # Held by another session: only its pid is on the server (no label).
-                assert (holder.owner, holder.token, holder.remaining) == (None, None, None)
-                assert holder.label is None
+                # Held by another session: its pid (in detail) and its token are on the
+                # server, never its owner nor its label (an advisory lock has no value).
+                assert (holder.owner, holder.token, holder.remaining) == (None, lease.token, None)
+                assert holder.label is None and "session pid" in (holder.detail or "")
             else:
                 assert (holder.owner, holder.token) == (lease.owner, lease.token)
                 assert holder.label == label  # which process holds it, read from its owner
