@@ -391,7 +391,8 @@ register(
     Command(
         name="list",
         help="the names held now (sqlite, redis, postgres mode=lease, etcd)",
-        description="List the held names matching PATTERN, with label, owner, token and lease left.\n"
+        description="List the held names matching PATTERN, with label, owner, token and lease "
+        "left.\n"
         "Redlock and PostgreSQL mode=session cannot enumerate their names (asked, they say "
         "why); ask `asynclock holder NAME` there.",
         epilog="examples:\n  asynclock list 'invoice:*' --url postgresql://app@db/app\n"

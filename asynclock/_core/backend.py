@@ -24,12 +24,12 @@ from .idempotency import DEFAULT_KEEP, Idempotent, idempotent_function
 from .leadership import Leader, Leadership, find_leader
 from .lease import Lease
 from .listing import list_holders
-from .owner_label import check_owner_label
 from .lock import Lock as Lock
 from .lock import locked_function
 from .lock_all import LockAll
 from .misuse import AsyncContextOnly
 from .observer import Fanout, Observer
+from .owner_label import check_owner_label
 from .semaphore import Semaphores
 from .session import Session
 from .stats import BackendStats, StatsRecorder
