@@ -27,6 +27,7 @@ from typing import Any
 
 import asynclock
 
+from .._core.owner_label import LABEL_MARK
 from .._core.validation import check_name
 from .output import Output, make_output, safe, wants_color
 from .registry import Command, register
@@ -121,7 +122,7 @@ def _owner_shown(held: asynclock.Holder) -> str | None:
     itself) where there is one; ``--json`` keeps the whole stored owner."""
     if held.owner is None or held.label is None:
         return held.owner
-    return held.owner.partition("~")[0]
+    return held.owner.partition(LABEL_MARK)[0]
 
 
 def _describe(held: asynclock.Holder | None) -> str:
