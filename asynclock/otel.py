@@ -48,6 +48,7 @@ __all__ = (
     "ATTR_ERROR_TYPE",
     "ATTR_FENCE",
     "ATTR_NAME_TEMPLATE",
+    "ATTR_OWNER_LABEL",
     "ATTR_REASON",
     "ATTR_RESULT",
     "ATTR_TOKEN",
@@ -70,6 +71,9 @@ SECONDS_BUCKETS: tuple[float, ...] = (
 
 ATTR_BACKEND = "asynclock.backend"
 ATTR_NAME_TEMPLATE = "asynclock.lock.name_template"
+#: This process's owner label (``connect(url, owner_label=...)``, default ``host:pid``):
+#: on spans only, never on metrics (one value per process would multiply every series).
+ATTR_OWNER_LABEL = "asynclock.owner_label"
 ATTR_RESULT = "asynclock.result"
 ATTR_REASON = "asynclock.lease.lost_reason"
 ATTR_TOKEN = "asynclock.lease.token"
@@ -200,8 +204,10 @@ class _OtelObserver(_seam.Observer):
         instruments: _Instruments,
         tracer: Any | None,
         name_template: NameTemplateFunction,
+        owner_label: str,
     ) -> None:
         self.backend = backend
+        self.owner_label = owner_label
         self.m = instruments
         self.tracer = tracer
         self.name_template = name_template
@@ -215,6 +221,8 @@ class _OtelObserver(_seam.Observer):
         # function returning too many values stops being cached, not remembered.
         self._attrs: dict[str, dict[str, str]] = {}
         self._points: dict[tuple[str, str, str], dict[str, str]] = {}
+        #: template -> a span's attributes: the metric ones and the owner label.
+        self._span_attrs: dict[str, dict[str, str]] = {}
 
     def acquire_started(self, name: str, template: str | None) -> object:
         if template is None:
@@ -222,8 +230,13 @@ class _OtelObserver(_seam.Observer):
         attrs = self._attributes(template)
         if self.tracer is None:  # no tracer provider configured: no span at all
             return _Acquiring(attrs, None, None)
+        span_attrs = self._span_attrs.get(template)
+        if span_attrs is None:
+            span_attrs = {**attrs, ATTR_OWNER_LABEL: self.owner_label}
+            if len(self._span_attrs) < _CACHED:
+                self._span_attrs[template] = span_attrs
         span = self.tracer.start_span(
-            f"acquire {template}", kind=_trace.SpanKind.INTERNAL, attributes=attrs
+            f"acquire {template}", kind=_trace.SpanKind.INTERNAL, attributes=span_attrs
         )
         # Current while the driver works: its redis/asyncpg CLIENT spans are children.
         token = _context.attach(_trace.set_span_in_context(span))
@@ -399,7 +412,7 @@ def instrument(
     )
     scheme = backend.driver.display.split("://", 1)[0] or "unknown"
     instruments = _instruments(meter_provider)
-    observer = _OtelObserver(scheme, instruments, tracer, name_template)
+    observer = _OtelObserver(scheme, instruments, tracer, name_template, backend.owner_label)
     instruments.observers.add(observer)
     backend.add_observer(observer)  # beside backend.collect_advice()'s, if any
     return True

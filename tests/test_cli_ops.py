@@ -15,6 +15,7 @@ import pytest
 
 import asynclock
 from asynclock import _cli
+from asynclock._core.owner_label import label_tag
 from tests.support.redis_servers import RedisFactory
 from tests.support.spec import BackendSpec
 
@@ -43,7 +44,8 @@ async def test_an_operator_sees_the_holder_lists_it_and_breaks_it(
 ) -> None:
     spec = shared_spec
     url = spec.url
-    async with spec.connect() as backend:
+    label = "billing-worker:7"
+    async with spec.connect(owner_label=label) as backend:
         with pytest.raises(asynclock.LeaseLost):
             async with backend.lock(lock_name, ttl=2.0) as lease:
                 code, out, err = await cli("holder", lock_name, "--url", url, "--json")
@@ -52,7 +54,9 @@ async def test_an_operator_sees_the_holder_lists_it_and_breaks_it(
                 assert seen["held"] is True and seen["name"] == lock_name
                 if backend.driver.tells_owner:
                     assert (seen["owner"], seen["token"]) == (lease.owner, lease.token)
+                    assert seen["label"] == label, seen  # which process, from its owner
                 elif spec.id == "postgres":  # mode=session: who holds it, and its token
+                    assert seen["label"] is None, seen  # an advisory lock stores no value
                     assert seen["token"] == lease.token, seen
                     assert "held by PostgreSQL session pid " in seen["detail"], seen
                 assert seen["ttl_left"] is None or 0 < seen["ttl_left"] <= 2.0
@@ -62,7 +66,8 @@ async def test_an_operator_sees_the_holder_lists_it_and_breaks_it(
                     assert code == 2 and "cannot list lock names" in err, (code, err)
                 else:
                     assert code == 0, err
-                    assert [h["name"] for h in json.loads(out)] == [lock_name]
+                    listed = json.loads(out)
+                    assert [(h["name"], h["label"]) for h in listed] == [(lock_name, label)]
 
                 if spec.id == "postgres":  # what the break did, in words (issue 39.4)
                     code, out, err = await cli("break", lock_name, "--yes", "--url", url)
@@ -103,6 +108,7 @@ async def test_watch_prints_each_change_of_holder(spec: BackendSpec, lock_name: 
             freed = await anext(lines)
             assert await proc.wait() == 0
     assert (granted["held"], granted["token"], granted["owner"]) == (True, lease.token, lease.owner)
+    assert granted["label"] == backend.owner_label  # default host:pid
     assert freed["held"] is False
 
 
@@ -214,6 +220,9 @@ async def test_human_output_escapes_every_control_character_of_a_name(
     every control character visible as an escape, never acted on by the terminal."""
     name = f"{lock_name[-8:]}:{HOSTILE}"  # short enough to be shown whole
     async with spec.connect() as backend:
+        # A stored label with control characters (connect() refuses them, but a server's
+        # value can be written by anything): the owner as another client would store it.
+        backend._acq.label_tag = label_tag("lbl\x1b]0;pwned\x07")
         with pytest.raises(asynclock.LeaseLost):
             async with backend.lock(name, ttl=2.0):
                 for args in (("holder", name), ("list", f"{lock_name[-8:]}*"), ("watch", name)):
@@ -222,6 +231,9 @@ async def test_human_output_escapes_every_control_character_of_a_name(
                     assert code == 0, (args, err)
                     _clean(out + err)
                     assert "\\x1b[2J" in out, out  # shown, escaped
+                    # The label too (whole, but in a table squeezed by the long name).
+                    shown = "lbl\\x1" if args[0] == "list" else "lbl\\x1b]0;pwned\\x07"
+                    assert shown in out, out
                 code, out, err = await cli("break", name, "--yes", "--url", spec.url)
                 assert code == 0, err
                 _clean(out + err)

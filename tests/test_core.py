@@ -116,7 +116,10 @@ async def test_owner_is_random_per_acquisition() -> None:
         owners = set()
         for _ in range(20):
             async with backend.lock("o", ttl=5.0) as lease:
-                assert len(lease.owner) == 32 and int(lease.owner, 16) >= 0
+                # A 32-hex id, then this process's owner label (``~`` + its UTF-8 hex).
+                owner_id, mark, label = lease.owner.partition("~")
+                assert len(owner_id) == 32 and int(owner_id, 16) >= 0 and mark
+                assert bytes.fromhex(label).decode() == backend.owner_label
                 owners.add(lease.owner)
         assert len(owners) == 20
 

@@ -14,7 +14,7 @@ import asynclock.backends
 
 SAMPLES: dict[str, asynclock.AsynclockError] = {
     "AsynclockError": asynclock.AsynclockError("something went wrong"),
-    "LockHeld": asynclock.LockHeld("report:7", 1.25),
+    "LockHeld": asynclock.LockHeld("report:7", 1.25, None, "web-1:4242"),
     "AlreadyHeld": asynclock.AlreadyHeld("report:7", 42),
     "RestartGrace": asynclock.RestartGrace(
         "report:7", 2.5, 1_790_000_000.25, "redis://h/0 lost its data"
@@ -29,6 +29,7 @@ SAMPLES: dict[str, asynclock.AsynclockError] = {
     "InProgress": asynclock.InProgress("order:7", 2.5),
     "IdempotencyKeyReused": asynclock.IdempotencyKeyReused("order:7"),
     "ReplayedFailure": asynclock.ReplayedFailure("order:7", "app.CardDeclined", "declined"),
+    "SemaphoreLimitMismatch": asynclock.SemaphoreLimitMismatch("pool", 3, 5),
 }
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import asynclock
 
+from .._core.owner_label import LABEL_MARK
 from .._core.validation import check_name
 from .output import Output, make_output, safe, wants_color
 from .registry import Command, register
@@ -108,11 +109,20 @@ def _as_json(held: asynclock.Holder | None, name: str, display: str) -> dict[str
         "name": name,
         "held": held is not None and held.grace_until is None,
         "owner": held.owner if held else None,
+        "label": held.label if held else None,
         "token": held.token if held else None,
         "ttl_left": None if held is None or held.remaining is None else round(held.remaining, 3),
         "grace_until": held.grace_until if held else None,
         "detail": held.detail if held else None,
     }
+
+
+def _owner_shown(held: asynclock.Holder) -> str | None:
+    """The owner id a person reads: without the hex of the label (shown as the label
+    itself) where there is one; ``--json`` keeps the whole stored owner."""
+    if held.owner is None or held.label is None:
+        return held.owner
+    return held.owner.partition(LABEL_MARK)[0]
 
 
 def _describe(held: asynclock.Holder | None) -> str:
@@ -122,7 +132,9 @@ def _describe(held: asynclock.Holder | None) -> str:
     if held.grace_until is not None:
         end = datetime.fromtimestamp(held.grace_until, UTC).strftime("%H:%M:%S UTC")
         return f"not granted before {end}: the server is in its restart grace"
-    owner = held.owner or "unknown (the server keeps no owner)"
+    owner = _owner_shown(held) or "unknown (the server keeps no owner)"
+    if held.label is not None:
+        owner = f"{owner} ({held.label})"
     token = "unknown" if held.token is None else str(held.token)
     if held.remaining is None:
         left = "no expiry (held for the holder's session)"
@@ -183,13 +195,16 @@ def run_list(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         rows = [
             [
                 h.name,
-                h.owner or "?",
+                h.label or "?",
+                _owner_shown(h) or "?",
                 "?" if h.token is None else str(h.token),
                 "-" if h.remaining is None else f"{h.remaining:.1f}s",
             ]
             for h in found
         ]
-        columns = [("name", "<"), ("owner", "<"), ("token", ">"), ("lease left", ">")]
+        columns = [
+            ("name", "<"), ("label", "<"), ("owner", "<"), ("token", ">"), ("lease left", ">")
+        ]  # fmt: skip
         out.table(f"{len(found)} held on {display}", columns, rows)
         if len(found) == args.limit:
             out.line([(f"(stopped at --limit {args.limit})", "dim")])
@@ -364,7 +379,7 @@ def _exits(one: str | None = None) -> str:
 register(
     Command(
         name="holder",
-        help="who holds a lock now: owner, token, lease time left",
+        help="who holds a lock now: owner and its label, token, lease time left",
         description="Ask the lock server who holds NAME now (a snapshot, not a permission).",
         epilog="examples:\n  asynclock holder invoice:42 --url redis://localhost:6379/0\n"
         "  ASYNCLOCK_URL=sqlite:///locks.db asynclock holder invoice:42 --json"
@@ -377,7 +392,8 @@ register(
     Command(
         name="list",
         help="the names held now (sqlite, redis, postgres mode=lease, etcd)",
-        description="List the held names matching PATTERN, with owner, token and lease left.\n"
+        description="List the held names matching PATTERN, with label, owner, token and lease "
+        "left.\n"
         "Redlock and PostgreSQL mode=session cannot enumerate their names (asked, they say "
         "why); ask `asynclock holder NAME` there.",
         epilog="examples:\n  asynclock list 'invoice:*' --url postgresql://app@db/app\n"

@@ -45,6 +45,7 @@ from .fastpath import (
 )
 from .keeper import Grants
 from .lease import Lease
+from .owner_label import label_of, label_tag
 from .release import Releasing
 from .session import Session
 from .stats import StatsRecorder
@@ -64,7 +65,9 @@ DEFAULT_POLL = 0.05
 class Acquisition(Releasing, ThreadGrants):
     """Acquire, wait, grant and release the leases of one backend (one event loop)."""
 
-    def __init__(self, driver: Driver, session: Session, clock: Clock, bounds: CallBounds) -> None:
+    def __init__(
+        self, driver: Driver, session: Session, clock: Clock, bounds: CallBounds, label: str
+    ) -> None:
         self.driver = driver
         self.session = session
         self.clock = clock
@@ -73,6 +76,10 @@ class Acquisition(Releasing, ThreadGrants):
         # Owners: 96 random bits per backend above a counter, as 32 hex digits (unique per
         # acquisition; one int formatted per acquisition, no syscall for fresh randomness).
         self._owner_seq = itertools.count((int.from_bytes(os.urandom(12), "big") << 32) + 1)
+        #: This process's owner label (``connect(owner_label=...)``), and the tag after the
+        #: owner id that carries it to the server in every owner string (see owner_label).
+        self.label = label
+        self.label_tag = label_tag(label)
         #: Each waiter's wake-up: name -> owner -> the event a release of the name (or a
         #: hand-off to that owner) sets (see :meth:`wake`).
         self._release_events: dict[str, dict[str, anyio.Event]] = {}
@@ -242,8 +249,9 @@ class Acquisition(Releasing, ThreadGrants):
         session = self.session
         if ttl <= session.min_ttl:
             raise session.ttl_error(ttl)
-        # Unique per acquisition (see __init__; %-formatting one int is the cheapest way).
-        owner = "%032x" % next(self._owner_seq)  # noqa: UP031
+        # Unique per acquisition (see __init__; %-formatting one int is the cheapest way),
+        # then this process's label.
+        owner = "%032x%s" % (next(self._owner_seq), self.label_tag)  # noqa: UP031
         if owner_tag:
             owner += owner_tag
         self._pending += 1
@@ -472,7 +480,7 @@ def _busy_error(name: str, busy: Busy) -> LockHeld:
     """What a busy answer raises for ``blocking=False``."""
     if busy.grace_until is not None:
         return RestartGrace(name, busy.retry_after or 0.0, busy.grace_until, busy.detail)
-    return LockHeld(name, busy.retry_after, busy.detail)
+    return LockHeld(name, busy.retry_after, busy.detail, label_of(busy.owner))
 
 
 def _timeout_detail(name: str, busy: Busy) -> str | None:

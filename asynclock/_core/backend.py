@@ -29,6 +29,7 @@ from .lock import locked_function
 from .lock_all import LocksAll
 from .misuse import AsyncContextOnly
 from .observer import Fanout, Observer
+from .owner_label import check_owner_label
 from .rwlock import RWLocks
 from .semaphore import Semaphores
 from .session import Session
@@ -55,6 +56,9 @@ class Backend(Semaphores, RWLocks, LocksAll, AsyncContextOnly):
         margin: seconds taken off every local deadline (default 5 ms).
         heartbeat: renew every ``ttl * heartbeat`` seconds (default 1/3).
         release_timeout: bound on a release or on the clean-up of an interrupted acquire.
+        owner_label: what this process calls itself in every lease it takes (default
+            ``host:pid``; 1 to 100 bytes of printable UTF-8); other processes read it as
+            :attr:`Holder.label` (``asynclock holder``, ``list``, ``watch``).
     """
 
     _usage = "asynclock.connect(url)"
@@ -68,10 +72,12 @@ class Backend(Semaphores, RWLocks, LocksAll, AsyncContextOnly):
         margin: float = 0.005,
         heartbeat: float = 1 / 3,
         release_timeout: float = 5.0,
+        owner_label: str | None = None,
     ) -> None:
         if not isinstance(driver, Driver):
             raise TypeError(f"driver must be an asynclock Driver, not {type(driver).__name__}")
         check_timing(drift, margin, heartbeat, release_timeout)
+        label = check_owner_label(owner_label)
         self.driver = driver
         self.clock: Clock = clock or MonotonicClock()
         self.drift, self.margin, self.heartbeat = drift, margin, heartbeat
@@ -80,7 +86,7 @@ class Backend(Semaphores, RWLocks, LocksAll, AsyncContextOnly):
         self._session = session = Session(
             self.clock, bounds, stats, drift, margin, heartbeat, driver.display
         )
-        self._acq = acq = Acquisition(driver, session, self.clock, bounds)
+        self._acq = acq = Acquisition(driver, session, self.clock, bounds, label)
         self._tg: anyio.abc.TaskGroup | None = None
         self._advice: AdviceCollector | None = None
         driver.bind(self.clock, acq.wake, session.lost_out_of_band, session.renew_soon)
@@ -122,6 +128,11 @@ class Backend(Semaphores, RWLocks, LocksAll, AsyncContextOnly):
             acq.unbind_loop()
             with anyio.CancelScope(shield=True):
                 await self.driver.aclose()
+
+    @property
+    def owner_label(self) -> str:
+        """This process's owner label (default ``host:pid``), carried in lease owners."""
+        return self._acq.label
 
     @property
     def release_timeout(self) -> float:

@@ -9,6 +9,7 @@ from typing import Any
 
 from .backend import Backend
 from .clock import Clock
+from .owner_label import check_owner_label
 
 #: scheme -> (module, extra that provides its driver, or None for the core)
 SCHEMES: dict[str, tuple[str, str | None]] = {
@@ -66,6 +67,7 @@ def connect(
     margin: float = 0.005,
     heartbeat: float = 1 / 3,
     release_timeout: float = 5.0,
+    owner_label: str | None = None,
     **options: Any,
 ) -> Backend:
     """Create a backend for ``url``; use it as ``async with connect(url) as backend:``.
@@ -75,6 +77,15 @@ def connect(
     ``redis+cluster://n1,n2,n3``, ``postgresql://``, ``etcd://h1:2379,h2:2379``,
     ``zookeeper://h1:2181,h2:2181/chroot``.
     Extra keyword ``options`` go to the backend's driver (see its docs).
+
+    ``owner_label`` (default ``host:pid``, like kazoo's lock identifier) is what this
+    process calls itself: 1 to 100 bytes of UTF-8, printable (no control characters), else
+    ``ValueError``. It travels in the owner every lease stores at the server, so another
+    process reads it back as :attr:`Holder.label` (``asynclock holder``, ``list`` and
+    ``watch`` show it), spans carry it as ``asynclock.owner_label`` and ``LockHeld`` names
+    it where the busy answer says who holds (memory, SQLite, PostgreSQL ``mode=lease``).
+    PostgreSQL ``mode=session`` cannot show another session's label (an advisory lock
+    stores no value): ``Holder.label`` is None there, as ``Holder.owner`` is.
     """
     if not isinstance(url, str):
         raise TypeError(f"url must be a str like 'sqlite:///locks.db', not {type(url).__name__}")
@@ -94,6 +105,7 @@ def connect(
                 name=exc.name,
             ) from exc
         raise
+    label = check_owner_label(owner_label)  # before the driver opens anything
     driver = module.driver_from_url(url, **options)
     return Backend(
         driver,
@@ -102,4 +114,5 @@ def connect(
         margin=margin,
         heartbeat=heartbeat,
         release_timeout=release_timeout,
+        owner_label=label,
     )

@@ -38,12 +38,21 @@ class _FieldArgs(AsynclockError):
 
 
 class LockHeld(_FieldArgs):
-    """``blocking=False`` and someone else holds the lock right now."""
+    """``blocking=False`` and someone else holds the lock right now.
 
-    _fields: tuple[str, ...] = ("name", "retry_after", "detail")
+    ``label`` is the holder's owner label (``connect(url, owner_label=...)``, default
+    ``host:pid``) where the backend's busy answer says who holds (memory, SQLite), else
+    None (ask ``backend.holder(name)``).
+    """
+
+    _fields: tuple[str, ...] = ("name", "retry_after", "detail", "label")
 
     def __init__(
-        self, name: str, retry_after: float | None = None, detail: str | None = None
+        self,
+        name: str,
+        retry_after: float | None = None,
+        detail: str | None = None,
+        label: str | None = None,
     ) -> None:
         # What is known: the current lease's time left, which a live holder keeps renewing.
         hint = (
@@ -53,8 +62,10 @@ class LockHeld(_FieldArgs):
         )
         if detail:
             hint = f"; {detail}"
-        super().__init__(f"lock {name!r} is held by another owner{hint}", name, retry_after, detail)
+        who = "another owner" if label is None else f"another owner ({label!r})"
+        super().__init__(f"lock {name!r} is held by {who}{hint}", name, retry_after, detail, label)
         self.detail = detail
+        self.label = label
         self.name = name
         self.retry_after = retry_after
 
@@ -92,6 +103,7 @@ class AlreadyHeld(LockHeld):
             outer,
         )
         self.detail = None
+        self.label = None
         self.name = name
         self.outer = outer
         self.retry_after = None
@@ -130,6 +142,7 @@ class RestartGrace(LockHeld):
         self.retry_after = retry_after
         self.until = until
         self.detail = detail
+        self.label = None
 
 
 class AcquireTimeout(AsynclockError, TimeoutError):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .owner_label import label_of
+
 
 @dataclass(frozen=True, slots=True)
 class Holder:
@@ -30,6 +32,11 @@ class Holder:
             and ``remaining`` is the time left of the grace.
         detail: what else the server says of this holder, for operators (a claimed row:
             its table, who claimed it and whether its claim is stuck), or ``None``.
+        label: the holder process's owner label (``connect(url, owner_label=...)``,
+            default ``host:pid``), read out of ``owner``; ``None`` where ``owner`` is
+            ``None`` or carries no label (another client's owner, an asynclock before
+            labels). Not escaped: it may hold any printable character, and a server's
+            value can be written by anything; escape it before printing it to a terminal.
     """
 
     name: str
@@ -38,3 +45,8 @@ class Holder:
     remaining: float | None
     grace_until: float | None = None
     detail: str | None = None
+    label: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.label is None and self.owner is not None:
+            object.__setattr__(self, "label", label_of(self.owner))

@@ -22,12 +22,15 @@ class Busy:
     restart grace after data loss), not that someone holds the name: ``retry_after`` is
     then the time left and ``detail`` says why; the core raises
     :class:`~asynclock.RestartGrace` instead of :class:`~asynclock.LockHeld`.
+    ``owner``, if given, is the holder's stored owner, where the attempt read it anyway:
+    :class:`~asynclock.LockHeld` then names the holder's owner label.
     """
 
     retry_after: float | None = None
     detail: str | None = None
     cursor: object = None
     grace_until: float | None = None
+    owner: str | None = None
 
 
 class LeaseRef(NamedTuple):

@@ -39,6 +39,7 @@ class ThreadGrants:
     open: bool
     _thread: int | None
     _owner_seq: Iterator[int]
+    label_tag: str
     _spawned: set[Any]
 
     async def release(self, lease: Lease, quiet: bool = False) -> bool:
@@ -57,7 +58,7 @@ class ThreadGrants:
         calls = self.driver.thread_calls()
         if calls is None or not self.open or ttl <= self.session.min_ttl:
             return None
-        owner = "%032x" % next(self._owner_seq)  # noqa: UP031 (as acquire)
+        owner = "%032x%s" % (next(self._owner_seq), self.label_tag)  # noqa: UP031 (as acquire)
         t_send = self.clock.now()
         try:
             token = calls.acquire(name, owner, ttl)

@@ -86,8 +86,9 @@ class MemoryDriver(Driver):
             waiting = self.queues.setdefault(name, deque())
             if owner not in waiting:
                 waiting.append(owner)
-        retry = None if entry is None else entry.expires_at - now
-        return Busy(retry_after=retry)
+        if entry is None:
+            return Busy()
+        return Busy(retry_after=entry.expires_at - now, owner=entry.owner)
 
     async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
         now = self.clock.now()

@@ -57,16 +57,21 @@ async def test_holder_and_locked(
 
 
 async def test_holder_seen_from_another_backend(shared_spec: BackendSpec, lock_name: str) -> None:
-    async with shared_spec.connect() as mine, shared_spec.connect() as other:
+    label = "worker ünï:7 (a.b~c)"  # the marks of the owner string, inside a label
+    async with shared_spec.connect(owner_label=label) as mine, shared_spec.connect() as other:
+        assert mine.owner_label == label and other.owner_label != label
         async with mine.lock(lock_name, ttl=5.0) as lease:
             holder = await other.holder(lock_name)
             assert holder is not None
             assert await other.locked(lock_name)
             if shared_spec.id == "postgres":
-                # Held by another session: only its pid is on the server.
-                assert (holder.owner, holder.token, holder.remaining) == (None, None, None)
+                # Held by another session: its pid (in detail) and its token are on the
+                # server, never its owner nor its label (an advisory lock has no value).
+                assert (holder.owner, holder.token, holder.remaining) == (None, lease.token, None)
+                assert holder.label is None and "session pid" in (holder.detail or "")
             else:
                 assert (holder.owner, holder.token) == (lease.owner, lease.token)
+                assert holder.label == label  # which process holds it, read from its owner
                 if shared_spec.can("server_ttl"):
                     assert holder.remaining is not None and 3.0 < holder.remaining <= 5.0
                 else:  # ZooKeeper: held for the holder's session

@@ -90,6 +90,7 @@ async def test_counts_match_what_happened(
         asynclock.otel.instrument(
             backend, meter_provider=telemetry.meters, tracer_provider=telemetry.tracers
         )
+        label = backend.owner_label
         tokens = []
         with anyio.fail_after(10):
             for _ in range(3):  # acquired, held, released
@@ -151,6 +152,9 @@ async def test_counts_match_what_happened(
     ]
     assert len(granted) == 6 and set(tokens) <= set(granted)
     assert not any(name in str(s.attributes) for s in spans)
+    # Which process: the owner label on every span, never on a metric (one per process).
+    assert {a["asynclock.owner_label"] for a in attributes} == {label}
+    assert t.points() and not any("asynclock.owner_label" in dict(a) for _, a in t.points())
 
 
 async def test_renewal_refused_is_a_loss_and_a_failed_renewal(

@@ -300,7 +300,9 @@ class SQLiteDriver(Driver):
                 return int(row[0])
             if not queue:
                 live = self.db.execute(SQL_LIVE, (name, boot, time.monotonic())).fetchone()
-                return Busy(MAX_POLL if live is None else float(live[2]) - time.monotonic())
+                if live is None:
+                    return Busy(MAX_POLL)
+                return Busy(float(live[2]) - time.monotonic(), owner=str(live[0]))
         seen = self._seen.get(key)
         if (
             seen is not None
@@ -357,7 +359,7 @@ class SQLiteDriver(Driver):
         boot, now = self.boot, time.monotonic()
         live = db.execute(SQL_LIVE, (name, boot, now)).fetchone()
         if live is not None:
-            return Busy(float(live[2]) - now)
+            return Busy(float(live[2]) - now, owner=str(live[0]))
         if db.execute(SQL_HEAD, (name, boot, now)).fetchone() is not None:
             return Busy(MAX_POLL)
         token: int = db.execute(SQL_GRANT, (name, owner, now + ttl, boot)).fetchone()[0]
