@@ -43,7 +43,7 @@ from .fastpath import (
     _describe_loop,
     _level_cache,
 )
-from .keeper import Grants
+from .keeper import SENT_AT, Grants
 from .lease import Lease
 from .owner_label import label_of, label_tag
 from .release import Releasing
@@ -269,6 +269,8 @@ class Acquisition(Releasing, ThreadGrants):
             except BaseException as exc:
                 await self._undo_acquire(name, owner, exc, grants)
                 raise  # _undo_acquire raised the wrapped error for plain exceptions
+            if grants.queues_locally:  # measured from when the request went out
+                t_send = max(t_send, SENT_AT.get())
             if isinstance(result, Busy):
                 lease = await self._wait(
                     name, owner, ttl, t_send, timeout, blocking, max_hold, result, token_scope,
@@ -406,6 +408,8 @@ class Acquisition(Releasing, ThreadGrants):
                     except BaseException as exc:
                         await self._undo_acquire(name, owner, exc, driver)
                         raise
+                    if driver.queues_locally:
+                        t_send = max(t_send, SENT_AT.get())
                     if not isinstance(attempt, Busy):
                         if self.open:
                             return self.session.grant(

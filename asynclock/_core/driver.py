@@ -16,12 +16,13 @@ from typing import Protocol
 from .claim_store import ClaimStore
 from .clock import Clock, MonotonicClock
 from .holder import Holder
-from .keeper import RENEW_CHUNK, Busy, ExtendResult, Grants, Keeper, LeaseRef, Refused
+from .keeper import RENEW_CHUNK, SENT_AT, Busy, ExtendResult, Grants, Keeper, LeaseRef, Refused
 from .permit_store import PermitStore
 from .rw_store import RWStore
 
 __all__ = (
     "RENEW_CHUNK",
+    "SENT_AT",
     "Busy",
     "Driver",
     "ExtendResult",
@@ -77,6 +78,8 @@ class Driver:
     #: The most leases one :meth:`extend` call carries (see :class:`Keeper`). The session
     #: sends a larger batch as several calls, most urgent first, a few at a time.
     renew_chunk: int | None = RENEW_CHUNK
+    #: True if acquire() may wait in a local queue and sets ``SENT_AT`` (see keeper.py).
+    queues_locally: bool = False
     #: True if every release this driver makes wakes this backend's waiters of the name
     #: through ``wake`` itself (see :class:`Keeper`); False: the core wakes them all.
     wakes_waiters: bool = False

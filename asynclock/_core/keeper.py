@@ -5,6 +5,7 @@ releases leases (a driver for its locks; a feature's store for its own)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -69,6 +70,9 @@ class Keeper(Protocol):
     #: The most leases one :meth:`extend` call may carry (None: any number, for a keeper
     #: whose one round trip renews every lease, e.g. a server session).
     renew_chunk: int | None
+    #: True if :meth:`acquire` may wait in a queue of this process before its request goes
+    #: out, and sets :data:`SENT_AT` when it does go out.
+    queues_locally: bool
     #: True if the keeper's own release path wakes the local waiters itself (with
     #: ``wake(name, owner)`` for a queue's head): the session then does not wake every
     #: local waiter of the name on each release (no herd of many waiters).
@@ -86,6 +90,14 @@ class Keeper(Protocol):
 
 #: How many leases one renewal call carries unless the driver says otherwise.
 RENEW_CHUNK = 1000
+
+#: When an acquire's request actually left this process, for a keeper that queues its
+#: requests locally (``queues_locally``): it sets this (clock time) just before the request
+#: goes out, in the acquiring task, and the core measures the lease's deadline from it
+#: instead of from before the call. A lease that waited in our own queue (2,000
+#: acquisitions at once behind ZooKeeper's 64 requests in flight) is then not born past
+#: its deadline. Still safe (G3): the server receives the request after it was sent.
+SENT_AT: ContextVar[float] = ContextVar("asynclock_sent_at", default=0.0)
 
 
 class Grants(Keeper, Protocol):

@@ -85,6 +85,8 @@ class PermitStore:
     renew_chunk: int | None = 1000
     #: The core wakes this backend's waiters of the name on every release here.
     wakes_waiters = False
+    #: Requests go out at once (see :data:`~.keeper.SENT_AT`).
+    queues_locally = False
 
     def __init__(self, name: str, limit: int) -> None:
         self.name = name

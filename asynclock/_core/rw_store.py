@@ -107,6 +107,8 @@ class ModeGrants:
     bounded backoff (and woken by this backend's own releases of the name)."""
 
     wakes_waiters = False
+    #: Requests go out at once (see :data:`~.keeper.SENT_AT`).
+    queues_locally = False
 
     def __init__(self, store: RWStore, mode: str) -> None:
         self.store = store

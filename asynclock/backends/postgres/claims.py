@@ -221,6 +221,8 @@ class PostgresClaimStore:
         self.renew_chunk: int | None = 5000
         #: Nobody waits for a claimed row (take() never waits).
         self.wakes_waiters = True
+        #: Claims are not acquired through the core's acquire (see Holds.adopt).
+        self.queues_locally = False
 
     def __repr__(self) -> str:
         return f"<PostgresClaimStore {self.table!r}>"

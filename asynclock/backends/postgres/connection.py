@@ -54,6 +54,9 @@ class PostgresDriver(Driver):
     and :class:`~asynclock.backends.postgres.LeaseDriver` (``mode="lease"``) are the
     drivers (``asynclock.connect`` picks one from ``?mode=``); this base is not one."""
 
+    #: Statements wait for the pinned connection (io_lock); acquire sets SENT_AT.
+    queues_locally = True
+
     remote = True  # every acquire and release is a server round trip
 
     #: What the pinned connection carries (in the connection-slot error).

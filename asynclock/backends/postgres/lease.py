@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..._core.driver import Busy, ExtendResult, LeaseRef, Refused
+from ..._core.driver import SENT_AT, Busy, ExtendResult, LeaseRef, Refused
 from ..._core.holder import Holder
 from ..._core.permit_store import PermitStore
 from ..._core.rw_store import RWStore
@@ -43,6 +43,7 @@ class LeaseDriver(PostgresDriver):
             conn = await self._main()
             try:
                 for _ in range(_EPOCH_TRIES):
+                    SENT_AT.set(self.clock.now())  # after the wait for the connection
                     rows = await conn.fetch(SQL_L_ACQUIRE, _name_bytes(name), owner, ttl * 1000.0)
                     if any(r["token"] is None and r["left_s"] is None for r in rows):
                         await _new_epoch(conn)  # the token range is missing or used up

@@ -8,7 +8,7 @@ from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]  # no stubs; see fence/sql.py Protocols
 
-from ..._core.driver import Busy, ExtendResult, LeaseRef, Refused
+from ..._core.driver import SENT_AT, Busy, ExtendResult, LeaseRef, Refused
 from ..._core.holder import Holder
 from ..._core.permit_store import PermitStore
 from ..._core.rw_store import RWStore
@@ -131,6 +131,7 @@ class SessionDriver(PostgresDriver):
                 return Busy(min(self.poll, left))
             await self._unlock_unrenewed(conn, [name])
         t_send = self.clock.now()
+        SENT_AT.set(t_send)  # after the wait for the connection
         # Reserve before asking: if we are interrupted the server may have granted the
         # lock, and release(name, owner, None) must know to unlock it (G6).
         self._holders[name] = owner

@@ -30,7 +30,7 @@ from typing import TypeVar
 
 import anyio
 
-from ..._core.driver import Busy, ExtendResult, LeaseRef, Refused
+from ..._core.driver import SENT_AT, Busy, ExtendResult, LeaseRef, Refused
 from ..._core.errors import ErrorMapper, map_errors
 from ..._core.exceptions import BackendUnavailable
 from ..._core.holder import Holder
@@ -50,6 +50,7 @@ class ZooKeeperDriver(Watches):
     """Locks in a ZooKeeper ensemble. See the module docstring and docs/backends/zookeeper.md."""
 
     remote = True
+    queues_locally = True  # at most IN_FLIGHT requests out; acquire sets SENT_AT
     renew_chunk = None  # one round trip renews every lease (the session)
 
     def __init__(
@@ -111,6 +112,7 @@ class ZooKeeperDriver(Watches):
             with anyio.fail_after(self.timeout):
                 for attempt in (1, 2):
                     t_send = self.clock.now()
+                    SENT_AT.set(t_send)
                     try:
                         result = await call()
                     except SessionExpiredError:
@@ -275,7 +277,6 @@ class ZooKeeperDriver(Watches):
         # scope: a czxid is above every earlier czxid of the ensemble, so above every
         # token of any name or scope (G2 for both).
         lock = self.lock_path(name)
-        t_send = self.clock.now()
         session = self.zk.session_id  # the nodes made below live as long as this session
         waiting = self.waiting.get(owner)
         if waiting is not None:  # a queued waiter: is its node first now?
@@ -287,6 +288,8 @@ class ZooKeeperDriver(Watches):
                 return await self.acquire(name, owner, ttl, queue=queue, scope=scope)
         else:
             path, token, children = await self._create(name, lock, owner, ttl)
+        # When the request went out, after any wait for one of our slots (see SENT_AT).
+        t_send = SENT_AT.get()
         self._contact(t_send)
         mine = path.rpartition("/")[2]
         order = _paths.contenders(children)
@@ -333,6 +336,7 @@ class ZooKeeperDriver(Watches):
         with self.errors(f"acquire of {name!r} failed"):
             with anyio.fail_after(self.timeout):
                 for attempt in (1, 2, 3):
+                    SENT_AT.set(self.clock.now())
                     created, listed = await self.zk.create_and_list(node, data, lock)
                     try:
                         if isinstance(created, BaseException):
