@@ -137,15 +137,35 @@ def check(model: Model, flag: str | None) -> Result:
     )
 
 
-def trail(model: Model, flag: str, limit: int = 60) -> str:
-    """The shortest counterexample of a weaker variant, as ``spin -t -p`` steps."""
+#: Trail statements that say nothing about the protocol (control flow inside a step).
+_NOISE = {"IF", "DO", ".(goto)", "sub-sequence", "(1)", "break", "else"}
+
+
+def trail(model: Model, flag: str) -> str:
+    """The shortest counterexample of a weaker variant: one line per step of ``spin -t -p``.
+
+    Each line is the step number, the process (in lease.pml pid 0 ``:init:`` is the clock and
+    the server's restart, pids 1 and 2 are clients 0 and 1) and the statements of that step.
+    """
     with tempfile.TemporaryDirectory(prefix="asynclock-models-") as tmp:
         work = Path(tmp)
         _compile(model, flag, work, extra=("-DBFS",))
         _run(["./pan", *PAN_ARGS], work)
         out = _run(["spin", f"-D{flag}", "-t", "-p", "-k", f"{model.file}.trail", model.file], work)
-    steps = [" ".join(line.split()) for line in out.splitlines() if re.match(r"\s*\d+:\s+proc", line)]
-    return "\n".join(steps[:limit])
+    steps: dict[tuple[str, str], list[str]] = {}
+    step_line = re.compile(r"\s*(\d+):\s+proc\s+(\d+) \((.*?)\) \S+ \(state \d+\)\s*\[(.*)\]\s*$")
+    for line in out.splitlines():
+        found = step_line.match(line)
+        if found is None:
+            continue
+        number, pid, name, statement = found.groups()
+        if statement not in _NOISE:
+            steps.setdefault((number, f"pid {pid} {name}"), []).append(statement)
+    lines = [f"{number:>3} {who}: {'; '.join(stmts)}" for (number, who), stmts in steps.items()]
+    violated = re.search(r"(assertion violated.*)", out)
+    if violated:
+        lines.append(violated.group(1))
+    return "\n".join(lines)
 
 
 def check_all() -> list[Result]:
