@@ -62,6 +62,15 @@ MODELS = (
             ("NO_FENCE", "no check at the resource"),
         ),
     ),
+    Model(
+        "idempotency.pml",
+        "idempotency keys: one stored result, no run after it, no body after a lost hold",
+        (
+            ("UNFENCED_SAVE", "the save does not check the lease"),
+            ("NO_ENTRY_CHECK", "the body starts without checking the hold"),
+            ("NO_RECORD_CHECK", "a call ignores the stored result"),
+        ),
+    ),
 )
 
 
