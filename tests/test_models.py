@@ -1,4 +1,4 @@
-"""The Promela models (tests/models/*.pml, docs/proved.md): each design holds, each weaker variant fails.
+"""The Spin models (tests/models/*.pml, docs/proved.md): designs hold, weaker variants fail.
 
 A weaker variant that passes means the model checks nothing (its property holds vacuously), so
 it fails the test as surely as a violated design does. Without ``spin`` and ``gcc`` the tests

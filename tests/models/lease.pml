@@ -23,7 +23,9 @@
  *     of that tick, then refuses grants for GRACE ticks (the longest ttl ever granted); a
  *     missing counter is seeded from the clock: now * SEED, SEED > grants per tick (Redis
  *     seeds from TIME in ms * 1000: fewer than 1,000 grants per ms);
- *   - at most MAXG grants in a run; the clock `now` stops at HORIZON.
+ *   - at most MAXG grants in a run. The absolute clock `now` (only the seed reads it) stops
+ *     counting at HORIZON while ticks go on, and the restart happens before HORIZON, so every
+ *     order of first seed, restart and reseed is covered and the state space stays finite.
  *
  * Weaker variants (the checker must find each one's violation):
  *   -DNO_LOCAL_DEADLINE   the holder runs until it is told it lost (an extend refused)
@@ -60,7 +62,7 @@
 #define BUSY   5
 #define REFUSED 6
 
-byte now = 0;           /* absolute, only for the counter's seed and the horizon */
+byte now = 0;           /* absolute, read only by the counter's seed; stops at HORIZON */
 
 /* server */
 byte owner = 0;         /* client id + 1; 0 = free */
