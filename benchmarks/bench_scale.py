@@ -283,7 +283,7 @@ def main() -> None:
     loops.add_option(parser)
     args = parser.parse_args()
     ns = [int(x) for x in args.n.split(",") if x]
-    ws = [int(x) for x in args.waiters.split(",") if x]
+    ws = [int(x) for x in args.waiters.split(",") if x and int(x) > 0]  # 0: none
     resource.setrlimit(resource.RLIMIT_NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE))
     for loop in loops.chosen(args):
         loops.heading(loop)
