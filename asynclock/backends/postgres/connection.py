@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -21,6 +20,8 @@ from ..._core.holder import Holder
 from ..._core.validation import check_seconds
 from .._common.asyncio_only import require_asyncio
 from .io_lock import IOLock
+from .refusals import _LOCK_TABLE_FULL as _LOCK_TABLE_FULL
+from .refusals import no_slot, table_full
 from .sql import SQL_RECORD_DELETE, SQL_RECORD_EXISTS, SQL_RECORD_GET, SQL_RECORD_SCHEMA
 from .tokens import _name_bytes, ensure_schema, notify_channel, waiter_key
 
@@ -38,10 +39,6 @@ _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.PostgresConnectionError,
     asyncpg.exceptions.AdminShutdownError,
 )
-
-
-#: A statement refused because the server's shared lock table has no room (SQLSTATE 53200).
-_LOCK_TABLE_FULL = asyncpg.exceptions.OutOfMemoryError
 
 
 class PoolerDetected(BackendUnavailable):
@@ -152,34 +149,8 @@ class PostgresDriver(Driver):
         return conn
 
     def _no_slot(self, exc: BaseException) -> BackendUnavailable:
-        """The server has no connection slot for us (SQLSTATE 53300): say that a backend
-        needs two, and which limit was reached."""
-        carries = self._carries
-        text = self._errors.scrub(str(exc))
-        named = re.search(r'for (role|database) "(.*)"', text)
-        if named and named[1] == "role":
-            role = _ident(named[2])
-            fix = (
-                f"role's CONNECTION LIMIT is reached: raise it to its other connections "
-                f"+ 2 (ALTER ROLE {role} CONNECTION LIMIT n) or close some of them"
-            )
-        elif named:
-            db = _ident(named[2])
-            fix = (
-                f"database's CONNECTION LIMIT is reached: raise it by 2 "
-                f"(ALTER DATABASE {db} CONNECTION LIMIT n) or close other connections"
-            )
-        else:
-            fix = (
-                "server's max_connections is reached (the last "
-                "superuser_reserved_connections slots are kept for superusers): raise "
-                "max_connections (postgresql.conf, then restart) or close other connections"
-            )
-        return BackendUnavailable(
-            f"{self.display}: no free connection slot ({text}). This backend needs two "
-            f"connections to PostgreSQL: one pinned that carries {carries} and one for "
-            f"LISTEN (release notifications). The {fix}."
-        )
+        """The server has no connection slot for us (SQLSTATE 53300)."""
+        return no_slot(self.display, self._carries, self._errors.scrub(str(exc)))
 
     # -- local turns -------------------------------------------------------------------------
     # A token scope (``acquire(..., scope=)``) needs nothing in either mode: one sequence
@@ -305,16 +276,7 @@ class PostgresDriver(Driver):
         await self._close_listener()
 
     def _table_full(self, what: str, exc: BaseException) -> ServerFull:
-        """The error for a statement refused by a full shared lock table (SQLSTATE 53200)."""
-        said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return ServerFull(
-            f"{self.display}: {what}: PostgreSQL's shared lock table is full ({said}). "
-            "Every lock of every session on the server shares it, mode=session's advisory "
-            "locks too: room for max_locks_per_transaction x (max_connections + "
-            "max_prepared_transactions) locks (about 6,400 holds with the defaults). "
-            "Nothing held was lost. Raise max_locks_per_transaction (needs a restart), hold "
-            "fewer names at once, or use mode=lease (a table row per lock, no such ceiling)"
-        )
+        return table_full(self.display, what, exc)
 
     async def _run(self, what: str, fetch: str, sql: str, *args: Any, first: bool = False) -> Any:
         """``conn.<fetch>(sql, *args)`` on the pinned connection, a lost connection as
@@ -499,13 +461,6 @@ class PostgresDriver(Driver):
         else:
             store.recheck()  # a new claims object checks the table's columns again
         return store
-
-
-def _ident(name: str) -> str:
-    """``name`` as an SQL identifier in a hint (quoted unless plain lower case)."""
-    if name.isidentifier() and name.isascii() and name == name.lower():
-        return name
-    return '"' + name.replace('"', '""') + '"'
 
 
 async def _close(conn: asyncpg.Connection) -> None:

@@ -22,6 +22,7 @@ from .sql import (
     SQL_S_CHECK_PLAIN,
     SQL_S_DROP_TOKEN_LOCKS,
     SQL_S_HOLDER,
+    SQL_S_HOLDER_SESSION,
     SQL_S_HOLDER_WHO,
     SQL_S_RECORD_PUT,
     SQL_S_RELEASE,
@@ -359,9 +360,11 @@ class SessionDriver(PostgresDriver):
         if owner is not None:
             return Holder(name, owner, self._tokens.get(name), None)
         # Another session (or one of our transactions): who it is, and its token.
-        who = await self._run(
-            "holder failed", "fetchrow", SQL_S_HOLDER_WHO, key, pid, _TOKEN_SEARCH
-        )
+        try:
+            args = (key, pid, _TOKEN_SEARCH)
+            who = await self._run("holder failed", "fetchrow", SQL_S_HOLDER_WHO, *args)
+        except asyncpg.exceptions.InsufficientPrivilegeError:  # a role that may only look
+            who = await self._run("holder failed", "fetchrow", SQL_S_HOLDER_SESSION, pid)
         assert who is not None
         return Holder(name, None, who["token"], None, detail=_session_detail(pid, who))
 

@@ -267,6 +267,28 @@ SELECT d.live FROM c, d
 LEFT JOIN LATERAL (SELECT pg_notify($4, '') WHERE NOT pg_try_advisory_xact_lock($5, $6)) AS n
     ON true
 """
+# SQL_L_RELEASE for many leases in one statement (many blocks exiting at once). Args:
+# arrays $1 names, $2 owners, $3 tokens (NULL: any), $4 channels, $5 and $6 waiter keys.
+# Returns (i, live) for each released lease, i its 1-based place in the arrays; a lease not
+# released has no row. One row per name (names in one batch are distinct: one hold each).
+SQL_L_RELEASE_MANY = """
+WITH c AS (SELECT set_config('synchronous_commit', 'off', true)),
+r AS (
+    SELECT * FROM unnest($1::bytea[], $2::text[], $3::bigint[], $4::text[], $5::int[],
+                         $6::int[]) WITH ORDINALITY AS r(name, owner, token, channel, k1, k2, i)
+),
+d AS (
+    UPDATE asynclock_lease AS l SET expires_at = 'epoch'
+    FROM (SELECT r.*, a.expires_at AS was FROM r JOIN asynclock_lease AS a ON a.name = r.name)
+         AS w
+    WHERE l.name = w.name AND l.owner = w.owner AND (w.token IS NULL OR l.token = w.token)
+      AND l.expires_at > 'epoch'
+    RETURNING w.i, w.was > clock_timestamp() AS live, w.channel, w.k1, w.k2
+)
+SELECT d.i, d.live FROM c, d
+LEFT JOIN LATERAL (SELECT pg_notify(d.channel, '') WHERE NOT pg_try_advisory_xact_lock(d.k1, d.k2))
+    AS n ON true
+"""
 # G9: args $1 name, $2 token.
 SQL_L_VALIDATE = """
 SELECT EXISTS (SELECT 1 FROM asynclock_lease
@@ -285,9 +307,14 @@ _S_HOLDER_PID = """(SELECT l.pid FROM pg_locks AS l
        AND (l.classid::bigint << 32) | l.objid::bigint = $1
      LIMIT 1)"""
 SQL_S_HOLDER = f"SELECT {_S_HOLDER_PID} AS pid, pg_backend_pid() AS me"
-# Operators' view of another session's hold of key $1 held by pid $2: who it is (from
-# pg_stat_activity) and its token, found among the last $3 tokens handed out as the one
-# whose token lock (hashint8extended(token, key)) that pid holds; NULL if not among them.
+# Operators' view of another session's hold, held by pid $1: who it is (pg_stat_activity).
+SQL_S_HOLDER_SESSION = """
+SELECT a.application_name, host(a.client_addr) AS client, a.backend_start, NULL AS token
+FROM (SELECT 1) AS one LEFT JOIN pg_stat_activity AS a ON a.pid = $1
+"""
+# The same for key $1 held by pid $2, with its token: found among the last $3 tokens handed
+# out as the one whose token lock (hashint8extended(token, key)) that pid holds; NULL if
+# not among them. Needs the right to read asynclock's token tables.
 SQL_S_HOLDER_WHO = """
 SELECT a.application_name, host(a.client_addr) AS client, a.backend_start,
        (SELECT t.token

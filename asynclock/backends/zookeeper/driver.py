@@ -281,15 +281,13 @@ class ZooKeeperDriver(Watches):
         waiting = self.waiting.get(owner)
         if waiting is not None:  # a queued waiter: is its node first now?
             _, path, token = waiting
-            what = f"acquire of {name!r} failed"
-            children = await self._call(what, partial(self.zk.children, lock))
+            children = await self._call(f"acquire of {name!r}", partial(self.zk.children, lock))
             if path.rpartition("/")[2] not in children:  # deleted (broken): queue again
                 self.waiting.pop(owner, None)
                 return await self.acquire(name, owner, ttl, queue=queue, scope=scope)
         else:
             path, token, children = await self._create(name, lock, owner, ttl)
-        # When the request went out, after any wait for one of our slots (see SENT_AT).
-        t_send = SENT_AT.get()
+        t_send = SENT_AT.get()  # when the request went out, after any wait for a slot
         self._contact(t_send)
         mine = path.rpartition("/")[2]
         order = _paths.contenders(children)
