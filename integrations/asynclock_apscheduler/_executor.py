@@ -361,9 +361,12 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
             try:
                 self._inner.submit_job(unit, [run_time])
             except MaxInstancesReachedError:
-                if claim.waited and not lease.lost and time.monotonic() < claim.deadline:
+                waits = claim.waited or claim.permit is not None
+                if waits and not lease.lost and time.monotonic() < claim.deadline:
                     # A takeover arrives late, often while this node runs a later
-                    # occurrence: hold the claim (renewed) until a slot is free.
+                    # occurrence: hold the claim (renewed) until a slot is free. With a
+                    # fleet permit, a local run has ended (its permit is back) and is
+                    # only not yet counted out by APScheduler: a moment's wait.
                     self._later(_SLOT_POLL, submit)
                     return
                 self._logger.warning(
