@@ -31,6 +31,7 @@ from asynclock import (
 
 from ._common import F, _retry_after, grace_unavailable
 from ._plumbing import _typed_signature
+from ._route import ROUTE_ATTR
 
 if TYPE_CHECKING:
     from ._locks import Locks
@@ -140,6 +141,9 @@ def make_limit(
                 ) from None
 
         limited.__signature__ = signature  # type: ignore[attr-defined]
+        # Over a @locks.guard: its guard holds through the dependency, never around the
+        # route (which would call the endpoint beside this wrapper, past the limit).
+        limited.__dict__.pop(ROUTE_ATTR, None)
         return limited  # type: ignore[return-value]
 
     return decorate

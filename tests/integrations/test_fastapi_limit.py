@@ -148,3 +148,29 @@ def test_limit_refuses_bad_options_where_declared(tmp_path: Path) -> None:
 
     with pytest.raises(TypeError, match="async def"):
         locks.limit("x", 2, ttl=5)(sync_endpoint)  # type: ignore[type-var]
+
+
+async def test_limit_over_a_guard_keeps_both(tmp_path: Path) -> None:
+    """@locks.limit above @locks.guard: the lifespan does not hold the guard around the
+    route (which would call the endpoint past the limit); both still apply."""
+    from fastapi import FastAPI
+
+    from asynclock_fastapi import Locks, current_permit
+    from tests.support.asgi_servers import serving
+
+    locks = Locks(f"sqlite:///{tmp_path / 'l.db'}")
+    app = FastAPI(lifespan=locks.lifespan)
+
+    @app.post("/both/{key}")
+    @locks.limit("both", 1, ttl=5)
+    @locks.guard("both:{key}", ttl=5)
+    async def both(key: str) -> dict[str, Any]:
+        import asynclock
+
+        return {"slot": current_permit().slot, "lease": asynclock.current_lease().name}
+
+    with serving(app) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            answer = await client.post("/both/k")
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["slot"] == 0
