@@ -54,6 +54,7 @@ from apscheduler.executors.pool import ProcessPoolExecutor, ThreadPoolExecutor
 import asynclock
 
 from ._claiming import Missed, Skipped, get_claim, monotonic_deadline, record_done
+from ._instances import InstancePermit
 from ._jobs import (
     Occurrence,
     check_job,
@@ -115,6 +116,15 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
         tracer_provider: OpenTelemetry's (default: the global one; nothing without the
             ``otel`` extra): each run is a span ``run {job id}`` (INTERNAL) with the claim's
             token (``asynclock.lease.token``) and the run time, current while the job runs.
+        fleet_max_instances: each job's ``max_instances`` holds across the fleet, not per
+            scheduler: a run also holds one of ``max_instances`` permits of the semaphore
+            ``backend.semaphore(job.id, job.max_instances)`` (ttl ``claim_ttl``, renewed
+            with the claim; :attr:`Occurrence.permit`). A run that finds every permit held
+            is skipped as APScheduler skips at ``max_instances`` (same warning,
+            ``EVENT_JOB_MAX_INSTANCES``) and marked done, so no node runs it; a takeover
+            waits for a permit until its takeover window ends. A killed node's permit is
+            free within ``claim_ttl``. Needs a backend with semaphores (memory, SQLite,
+            Redis on one server, PostgreSQL).
 
     During a restart grace of the lock server (it lost its data: a new database, or a
     restart without persistence) an occurrence waits for the grace's end only if it can
@@ -132,6 +142,7 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
         clock_skew: float = 1.0,
         takeover_window: float | None = None,
         tracer_provider: Any | None = None,
+        fleet_max_instances: bool = False,
     ) -> None:
         super().__init__()
         target = check_target(url_or_backend)
@@ -148,6 +159,11 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
                 "inner must run jobs in this process (a thread pool or AsyncIOExecutor): the "
                 "claim is held and renewed here, and a process pool could not stop its run"
             )
+        if not isinstance(fleet_max_instances, bool):
+            raise TypeError(
+                f"fleet_max_instances must be True or False, not {fleet_max_instances!r}"
+            )
+        self.fleet_max_instances = fleet_max_instances
         self.claim_ttl = float(claim_ttl)
         self.clock_skew = float(clock_skew)
         self._tracer = run_tracer(tracer_provider)
@@ -259,7 +275,52 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
             self.skipped += 1
             logger.debug("skipping occurrence %s of %s: %s", run_time, job, outcome.why)
             return None
-        return _Claim(outcome.lease, done, done_ttl, outcome.waited, monotonic_deadline(window_end))
+        permit: InstancePermit | None = None
+        if self.fleet_max_instances:
+            permit = await self._instance(
+                job, run_time, outcome.lease, done, done_ttl, window_end, outcome.waited
+            )
+            if permit is None:
+                return None
+        return _Claim(
+            outcome.lease, done, done_ttl, outcome.waited, monotonic_deadline(window_end), permit
+        )
+
+    async def _instance(
+        self,
+        job: Any,
+        run_time: datetime,
+        lease: asynclock.Lease,
+        done: str,
+        done_ttl: float,
+        window_end: datetime,
+        waited: bool,
+    ) -> InstancePermit | None:
+        """One of the job's fleet-wide instance permits, or None: every one is held, the
+        occurrence is skipped (as at max_instances) and marked done for the fleet."""
+        backend = self._loop_thread.require()[1]
+        # A takeover waits (a dead claimant's permit frees with its claim); else at once.
+        timeout = max(0.0, (window_end - datetime.now(UTC)).total_seconds()) if waited else None
+        try:
+            return await InstancePermit.take(
+                backend, job.id, job.max_instances, ttl=self.claim_ttl, timeout=timeout
+            )
+        except (asynclock.LockHeld, asynclock.AcquireTimeout):
+            pass
+        except BaseException:
+            await lease.release()
+            raise
+        self._logger.warning(
+            'Execution of job "%s" skipped: maximum number of running instances reached (%d)',
+            job,
+            job.max_instances,
+        )
+        self._dispatch(
+            JobSubmissionEvent(EVENT_JOB_MAX_INSTANCES, job.id, job._jobstore_alias, [run_time])
+        )
+        self.skipped += 1
+        await record_done(backend, lease, done, done_ttl)
+        return None
 
     def _missed(self, job: Any, run_time: datetime, why: str) -> None:
         self._dispatch(JobExecutionEvent(EVENT_JOB_MISSED, job.id, job._jobstore_alias, run_time))
@@ -287,7 +348,8 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
         if claim.waited:
             self.taken_over += 1
             logger.info("taking over occurrence %s of %s (token %d)", run_time, job, lease.token)
-        occurrence = Occurrence(job.id, run_time, lease)
+        permit = claim.permit.permit if claim.permit is not None else None
+        occurrence = Occurrence(job.id, run_time, lease, permit)
         if asyncio.iscoroutinefunction(job.func):
             func: Callable[..., Any] = self._async_runner(job.func, occurrence, claim)
         else:
@@ -299,9 +361,12 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
             try:
                 self._inner.submit_job(unit, [run_time])
             except MaxInstancesReachedError:
-                if claim.waited and not lease.lost and time.monotonic() < claim.deadline:
+                waits = claim.waited or claim.permit is not None
+                if waits and not lease.lost and time.monotonic() < claim.deadline:
                     # A takeover arrives late, often while this node runs a later
-                    # occurrence: hold the claim (renewed) until a slot is free.
+                    # occurrence: hold the claim (renewed) until a slot is free. With a
+                    # fleet permit, a local run has ended (its permit is back) and is
+                    # only not yet counted out by APScheduler: a moment's wait.
                     self._later(_SLOT_POLL, submit)
                     return
                 self._logger.warning(
@@ -315,12 +380,12 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
                         EVENT_JOB_MAX_INSTANCES, job.id, job._jobstore_alias, [run_time]
                     )
                 )
-                self._give_up(lease)
+                self._give_up(claim)
             except BaseException:
                 self._logger.exception(
                     "handing occurrence %s of %s to the executor failed", run_time, job
                 )
-                self._give_up(lease)
+                self._give_up(claim)
 
         if self._scheduler_loop is not None:
             self._scheduler_loop.call_soon_threadsafe(submit)
@@ -340,11 +405,13 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
             timer.daemon = True
             timer.start()
 
-    def _give_up(self, lease: asynclock.Lease) -> None:
+    def _give_up(self, claim: _Claim) -> None:
         """The occurrence will not run here: release the claim so another node may."""
+        if claim.permit is not None:
+            claim.permit.end()
         thread = self._loop_thread.thread
         if thread is not None:  # from any thread, the loop's own too
-            thread.submit(lease.release())
+            thread.submit(claim.lease.release())
 
     def _dispatch(self, event: Any) -> None:
         if self._scheduler is not None:
@@ -355,6 +422,8 @@ class ClaimingExecutor(BaseExecutor):  # type: ignore[misc]
     def _finish(self, claim: _Claim) -> concurrent.futures.Future[Any] | None:
         """After the run: record the done marker and release the claim; a lost claim is
         left to expire (a waiter then takes the occurrence over)."""
+        if claim.permit is not None:
+            claim.permit.end()
         thread, backend = self._loop_thread.thread, self._loop_thread.backend
         if thread is None or backend is None or claim.lease.lost:
             return None
@@ -385,3 +454,4 @@ class _Claim:
     done_ttl: float
     waited: bool  # got only after waiting: a takeover
     deadline: float  # time.monotonic() when the takeover window ends
+    permit: InstancePermit | None = None  # fleet_max_instances: the run's instance permit

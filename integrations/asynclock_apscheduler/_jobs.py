@@ -14,11 +14,14 @@ import asynclock
 
 @dataclass(frozen=True, slots=True)
 class Occurrence:
-    """The occurrence a job runs for: its job id, scheduled run time and claim."""
+    """The occurrence a job runs for: its job id, scheduled run time and claim (and, with
+    ``fleet_max_instances=True``, the run's instance permit: ``permit.slot``,
+    ``permit.token``)."""
 
     job_id: str
     run_time: datetime
     lease: asynclock.Lease
+    permit: asynclock.Permit | None = None
 
     @property
     def token(self) -> int:

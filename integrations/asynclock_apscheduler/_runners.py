@@ -43,6 +43,14 @@ def _run_span(tracer: Any | None, occurrence: Occurrence) -> contextlib.Abstract
     return span
 
 
+def _permit_guard(occurrence: Occurrence, thread: from_thread.LoopThread) -> Any:
+    """The run's instance permit (``fleet_max_instances``) stops it when lost, as its
+    claim does; nothing without one."""
+    if occurrence.permit is None:
+        return contextlib.nullcontext()
+    return from_thread.guard(occurrence.permit.lease, thread.loop)
+
+
 def sync_runner(
     thread: from_thread.LoopThread,
     func: Callable[..., Any],
@@ -56,7 +64,11 @@ def sync_runner(
         lease = occurrence.lease
         token = _OCCURRENCE.set(occurrence)
         try:
-            with _run_span(tracer, occurrence), from_thread.guard(lease, thread.loop):
+            with (
+                _run_span(tracer, occurrence),
+                _permit_guard(occurrence, thread),
+                from_thread.guard(lease, thread.loop),  # inner: current_lease() is the claim
+            ):
                 return func(*args, **kwargs)
         finally:
             _OCCURRENCE.reset(token)
@@ -81,7 +93,10 @@ def async_runner(
         token = _OCCURRENCE.set(occurrence)
         try:
             with _run_span(tracer, occurrence):
-                async with from_thread.guard(lease, thread.loop):
+                async with (
+                    _permit_guard(occurrence, thread),
+                    from_thread.guard(lease, thread.loop),
+                ):
                     return await func(*args, **kwargs)
         finally:
             _OCCURRENCE.reset(token)

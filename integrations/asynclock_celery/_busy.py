@@ -6,15 +6,27 @@ from __future__ import annotations
 
 import logging
 import random
-from typing import Any, NoReturn
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, NoReturn, TypeVar
 
+from celery import Celery, current_app
 from celery.exceptions import Reject, Retry
 
 import asynclock
 
 from ._policy import Policy
+from ._runtime import backend_url
+
+try:  # the otel extra: the run's span (Celery's instrumentation's) carries the token
+    from asynclock.otel import annotate_current_span
+except ImportError:  # pragma: no cover - depends on the environment
+    annotate_current_span = None  # type: ignore[assignment]
+
 
 logger = logging.getLogger("asynclock.celery")
+H = TypeVar("H")
 
 
 def who(task: Any) -> str:
@@ -124,3 +136,58 @@ def _defer(task: Any, grace: BaseException, countdown: float) -> NoReturn:
     except Exception as exc:
         raise Reject(exc, requeue=False) from exc
     raise Retry(exc=grace, when=countdown, sig=again)
+
+
+# -- the guarded run -----------------------------------------------------------------------
+
+
+def held(
+    task: Any,
+    what: str,
+    policy: Policy,
+    hold: Callable[[str], AbstractContextManager[H]],
+    run: Callable[[H], Any],
+) -> Any:
+    """``run(value)`` inside ``with hold(url) as value`` (``from_thread.hold`` or
+    ``from_thread.idempotent``); a hold that cannot be entered goes through the ``on_busy``
+    policy (None: skipped)."""
+    app: Celery = task.app if task is not None else current_app
+    # A run a worker took from the queue can be sent again later; an eager or direct call
+    # cannot (Celery's eager retry runs again at once, whatever the countdown).
+    request = task.request if task is not None else None  # a lookup in Celery's stack
+    queued = request is not None and not request.is_eager and not request.called_directly
+    while True:
+        entered = False
+        try:
+            with hold(backend_url(app)) as value:
+                entered = True
+                state.unavailable = False
+                return run(value)
+        except asynclock.InProgress as exc:
+            if entered:
+                raise  # the body's own
+            in_progress(task, exc, policy)  # raises, unless on_busy="skip"
+            return None
+        except (asynclock.LockHeld, asynclock.AcquireTimeout, asynclock.BackendUnavailable) as exc:
+            if entered:
+                raise
+            again = not_acquired(task, what, exc, policy, queued)
+            if again is None:
+                return None  # skipped
+            time.sleep(again)  # an eager or direct run in a restart grace: wait it out here
+
+
+def annotate(
+    task: Any,
+    lease: asynclock.Lease,
+    template: asynclock.NameTemplate | None,
+    default: str | None = None,
+) -> None:
+    """The lease on the run's request, and its token and name template on the run's span
+    if one records (OpenTelemetry)."""
+    if task is not None:
+        request = task.request
+        request.asynclock_lease = lease
+        request.fencing_token = lease.token
+    if annotate_current_span is not None:
+        annotate_current_span(lease, template.template if template is not None else default)

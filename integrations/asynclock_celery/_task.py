@@ -11,69 +11,29 @@ import functools
 import inspect
 import logging
 import math
-import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import Any, ClassVar, TypeVar, cast
 
-from celery import Celery, Task, current_app
+from celery import Task
 from celery._state import get_current_task
 
 import asynclock
 from asynclock import from_thread
 from asynclock.idempotency import DEFAULT_KEEP, KeyedCalls
 
-from ._busy import in_progress, not_acquired, state, who
+from ._busy import annotate as _annotate
+from ._busy import held as _held
+from ._busy import who
 from ._idempotent import arguments_of, check_idempotency
+from ._permit import check_limit, run_limited
 from ._policy import RETRY_BACKOFF, RETRY_BACKOFF_MAX, Namer, Policy, _namer, _policy
-from ._runtime import backend_url, get_runtime, run_body
-
-try:  # the otel extra: the run's span (Celery's instrumentation's) carries the token
-    from asynclock.otel import annotate_current_span
-except ImportError:  # pragma: no cover - depends on the environment
-    annotate_current_span = None  # type: ignore[assignment]
+from ._runtime import get_runtime, run_body
 
 logger = logging.getLogger("asynclock.celery")
 F = TypeVar("F", bound=Callable[..., Any])
 H = TypeVar("H")
 
 # -- the guarded run ----------------------------------------------------------------------
-
-
-def _held(
-    task: Any,
-    what: str,
-    policy: Policy,
-    hold: Callable[[str], AbstractContextManager[H]],
-    run: Callable[[H], Any],
-) -> Any:
-    """``run(value)`` inside ``with hold(url) as value`` (``from_thread.hold`` or
-    ``from_thread.idempotent``); a hold that cannot be entered goes through the ``on_busy``
-    policy (None: skipped)."""
-    app: Celery = task.app if task is not None else current_app
-    # A run a worker took from the queue can be sent again later; an eager or direct call
-    # cannot (Celery's eager retry runs again at once, whatever the countdown).
-    request = task.request if task is not None else None  # a lookup in Celery's stack
-    queued = request is not None and not request.is_eager and not request.called_directly
-    while True:
-        entered = False
-        try:
-            with hold(backend_url(app)) as value:
-                entered = True
-                state.unavailable = False
-                return run(value)
-        except asynclock.InProgress as exc:
-            if entered:
-                raise  # the body's own
-            in_progress(task, exc, policy)  # raises, unless on_busy="skip"
-            return None
-        except (asynclock.LockHeld, asynclock.AcquireTimeout, asynclock.BackendUnavailable) as exc:
-            if entered:
-                raise
-            again = not_acquired(task, what, exc, policy, queued)
-            if again is None:
-                return None  # skipped
-            time.sleep(again)  # an eager or direct run in a restart grace: wait it out here
 
 
 def run_guarded(
@@ -151,22 +111,6 @@ def run_idempotent(
     )
 
 
-def _annotate(
-    task: Any,
-    lease: asynclock.Lease,
-    template: asynclock.NameTemplate | None,
-    default: str | None = None,
-) -> None:
-    """The lease on the run's request, and its token and name template on the run's span
-    if one records (OpenTelemetry)."""
-    if task is not None:
-        request = task.request
-        request.asynclock_lease = lease
-        request.fencing_token = lease.token
-    if annotate_current_span is not None:
-        annotate_current_span(lease, template.template if template is not None else default)
-
-
 # -- the public API -----------------------------------------------------------------------
 
 
@@ -198,6 +142,11 @@ class LockedTask(Task):  # type: ignore[misc]  # Celery ships no type informatio
     makes a queued run retry with backoff, counted against ``max_retries``.
     ``LockHeld`` and ``AcquireTimeout`` are added to the task's ``throws``: Celery logs a
     run that ends with them at INFO, without a traceback.
+
+    * ``lock_limit``: ``None`` (default: a lock, one run at a time), or N (1 .. 10 000): at
+      most N runs of the name at once across the fleet, each holding one of N permits of
+      the semaphore ``backend.semaphore(name, N)``; a run that finds all N held follows
+      ``on_busy``. ``self.permit`` (``.slot``, ``.token``) in the body.
 
     In the body: ``self.lease`` (bound tasks), ``self.request.fencing_token`` and
     ``asynclock.current_lease()``. If the lease is lost, the body is interrupted with
@@ -231,6 +180,7 @@ class LockedTask(Task):  # type: ignore[misc]  # Celery ships no type informatio
     lock_timeout: ClassVar[float | None] = None
     lock_retry_backoff: ClassVar[float] = RETRY_BACKOFF
     lock_retry_backoff_max: ClassVar[float] = RETRY_BACKOFF_MAX
+    lock_limit: ClassVar[int | None] = None
     idempotent: ClassVar[bool] = False
     idempotency_key: ClassVar[str | None] = None
     idempotency_fingerprint: ClassVar[tuple[str, ...] | None] = None
@@ -253,6 +203,12 @@ class LockedTask(Task):  # type: ignore[misc]  # Celery ships no type informatio
         expected = (asynclock.LockHeld, asynclock.AcquireTimeout, asynclock.InProgress)
         throws = tuple(cls.throws or ())
         cls.throws = throws + tuple(e for e in expected if e not in throws)
+        check_limit(cls.lock_limit)
+        if cls.lock_limit is not None and cls.idempotent:
+            raise ValueError(
+                "lock_limit and idempotent=True do not combine: an idempotency key runs "
+                "once at a time by definition; drop one of them"
+            )
         run = cls.__dict__.get("run")
         func = getattr(run, "__func__", run)
         if cls.lock is not None:
@@ -282,6 +238,14 @@ class LockedTask(Task):  # type: ignore[misc]  # Celery ships no type informatio
         if lease is None:
             raise LookupError(f"task {self.name} holds no asynclock lease outside a run")
         return cast(asynclock.Lease, lease)
+
+    @property
+    def permit(self) -> asynclock.Permit:
+        """The semaphore permit this run holds (``lock_limit``): ``.slot``, ``.token``."""
+        permit = getattr(self.request, "asynclock_permit", None)
+        if permit is None:
+            raise LookupError(f"task {self.name} holds no asynclock permit (lock_limit) here")
+        return cast(asynclock.Permit, permit)
 
     def _plan(self) -> tuple[Namer | None, bool]:
         """(the lock-name function, whether the body is async), made once per ``run``."""
@@ -315,8 +279,19 @@ class LockedTask(Task):  # type: ignore[misc]  # Celery ships no type informatio
                 )
         else:
             name = namer(args, kwargs) if namer is not None else self.name
+            limit = self.lock_limit
 
             def guarded() -> Any:
+                if limit is not None:
+                    return run_limited(
+                        self,
+                        lambda: self.run(*args, **kwargs),
+                        name=name,
+                        limit=limit,
+                        policy=self._lock_policy,
+                        is_async=is_async,
+                        template=self._lock_template,
+                    )
                 return run_guarded(
                     self,
                     lambda: self.run(*args, **kwargs),
@@ -361,6 +336,7 @@ def locked(
     fingerprint: tuple[str, ...] | None = None,
     keep: float = DEFAULT_KEEP,
     store_errors: tuple[type[Exception], ...] = (),
+    limit: int | None = None,
 ) -> Callable[[F], F]:
     """Hold a lock named from the call's arguments for each run of a task function.
 
@@ -378,7 +354,8 @@ def locked(
     ``idempotent=True``: ``template`` is the idempotency key instead (a run whose key
     completed before returns the stored result without running); ``fingerprint``,
     ``keep`` and ``store_errors`` are :class:`LockedTask`'s ``idempotency_fingerprint``,
-    ``idempotency_keep`` and ``idempotency_store_errors``.
+    ``idempotency_keep`` and ``idempotency_store_errors``. ``limit`` is
+    :class:`LockedTask`'s ``lock_limit`` (at most ``limit`` runs of the name at once).
     """
     name_template = asynclock.NameTemplate(template)
     policy = _policy(
@@ -391,6 +368,8 @@ def locked(
             "fingerprint, keep and store_errors are options of idempotent tasks: "
             "pass idempotent=True too"
         )
+    if check_limit(limit, "limit") is not None and idempotent:
+        raise ValueError("limit and idempotent=True do not combine: drop one of them")
     names = ("template", "fingerprint", "keep", "store_errors")
     calls = check_idempotency(template, fingerprint, keep, store_errors, None, names)
 
@@ -418,6 +397,16 @@ def locked(
                     is_async=is_async,
                 )
             name = namer(args, kwargs)
+            if limit is not None:
+                return run_limited(
+                    get_current_task(),
+                    lambda: func(*args, **kwargs),
+                    name=name,
+                    limit=limit,
+                    policy=policy,
+                    is_async=is_async,
+                    template=name_template,
+                )
             return run_guarded(
                 get_current_task(),
                 lambda: func(*args, **kwargs),

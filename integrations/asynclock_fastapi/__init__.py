@@ -11,6 +11,9 @@ Holder side::
     @locks.guard("account:{account_id}", ttl=10)
     async def rebuild(account_id: str, lease: Lease = Depends(guard_lease)): ...
 
+Fleet-wide limits: ``@locks.limit("export", 4, ttl=10)`` under ``@app.post(...)``: at most
+4 requests in the endpoint at once across every worker, the rest 429 with ``Retry-After``.
+
 Retried requests: ``@locks.idempotent(ttl=10)`` under ``@app.post(...)`` answers a request
 that repeats an ``Idempotency-Key`` with the first answer (IETF draft; needs ``install``).
 
@@ -35,6 +38,7 @@ from ._fence import (
 )
 from ._handlers import ResponsePhase, install
 from ._idempotency_key import IdempotencyInfo, idempotency_info
+from ._limit import current_permit
 from ._locks import Locks
 from ._plumbing import guard_info, guard_lease
 
@@ -53,6 +57,7 @@ __all__ = (
     "Locks",
     "LostDuringResponse",
     "ResponsePhase",
+    "current_permit",
     "guard_lease",
     "fence_responses",
     "fenced_write",

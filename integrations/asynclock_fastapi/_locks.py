@@ -327,6 +327,52 @@ class Locks:
 
         return decorate
 
+    def limit(
+        self,
+        template: str,
+        limit: int,
+        *,
+        ttl: float,
+        timeout: float | None = None,
+        busy_status: int = 429,
+        retry_after: float = 1.0,
+    ) -> Callable[[F], F]:
+        """At most ``limit`` requests of the name ``template`` (formatted from the
+        endpoint's parameters; a plain string limits the whole route) in their endpoint at
+        once, across every worker and server that shares the lock server: each holds one
+        of ``limit`` permits of ``backend.semaphore(name, limit)`` while its endpoint runs.
+
+        Put it under the route decorator (``@app.get(...)`` then ``@locks.limit(...)``).
+        In the endpoint, :func:`asynclock_fastapi.current_permit` (``.slot``, ``.token``)
+        and ``asynclock.current_lease()`` (the permit's lease).
+
+        Args:
+            template: the semaphore's name, with fields naming endpoint parameters.
+            limit: the number of permits (1 .. 10 000).
+            ttl: the permit's ttl; renewed while the endpoint runs.
+            timeout: ``None`` (default): full answers ``busy_status`` at once. A number:
+                wait up to that many seconds for a permit first.
+            busy_status: the status when every permit is held (default 429).
+            retry_after: the ``Retry-After`` seconds (an integer >= 1, rounded up) of that
+                answer and of a 503 when the lock server cannot be reached.
+
+        A lost permit cancels the endpoint and answers 503 with ``Retry-After`` (the ttl).
+        The permit is released when the endpoint returns, before the response is sent (a
+        streaming body runs without it). Semaphores exist on memory, SQLite, Redis (one
+        server) and PostgreSQL; elsewhere the first request fails with NotImplementedError.
+        """
+        from ._limit import make_limit
+
+        return make_limit(
+            self,
+            template,
+            limit,
+            ttl=self._check_lease_ttl(ttl),
+            timeout=timeout,
+            busy_status=busy_status,
+            retry_after=retry_after,
+        )
+
     def idempotent(
         self,
         *,

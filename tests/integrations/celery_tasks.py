@@ -396,3 +396,32 @@ def _postrun(task_id: str = "", task: Any = None, state: str = "", **_: Any) -> 
     if EVENTS and task is not None and task.name.endswith(("slow_plain", "slow_idempotent")):
         replayed = getattr(task.request, "idempotency_replayed", None)
         emit(event="postrun", task_id=task_id, state=state, replayed=replayed)
+
+
+# Issue 42 item 5: at most LIMITED_LIMIT runs of one key at once across every worker.
+LIMITED_LIMIT = 2
+
+
+@app.task(bind=True, base=LockedTask, lock="limited:{key}", lock_limit=LIMITED_LIMIT, lock_ttl=6)
+def limited(self: LockedTask, key: str, n: int) -> list[int]:
+    """Hold one of LIMITED_LIMIT permits 0.5 s; ``inside:<key>`` counts the runs in their
+    body at once (and the most ever seen, ``most:<key>``)."""
+    permit = self.permit
+    assert asynclock.current_lease() is permit.lease
+    assert self.request.fencing_token == permit.token
+    client = redis.Redis.from_url(EVENTS)
+    inside = int(client.incr(f"inside:{key}"))
+    client.rpush(f"most:{key}", inside)
+    try:
+        time.sleep(0.5)
+    finally:
+        client.decr(f"inside:{key}")
+    emit(event="limited", key=key, n=n, inside=inside, slot=permit.slot, token=permit.token)
+    return [inside, permit.slot, permit.token]
+
+
+@app.task(base=LockedTask, lock="limited-skip:{key}", lock_limit=1, on_busy="skip", lock_ttl=6)
+def limited_skip(key: str) -> str:
+    emit(event="limited_skip_started", key=key)
+    wait_for_go(key)
+    return "ran"

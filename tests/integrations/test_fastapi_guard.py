@@ -745,6 +745,7 @@ def test_the_integration_uses_only_the_public_asynclock_api() -> None:
         "Locks",
         "LostDuringResponse",
         "ResponsePhase",
+        "current_permit",
         "guard_lease",
         "fence_responses",
         "fenced_write",

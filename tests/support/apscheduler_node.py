@@ -20,7 +20,8 @@ grace, skew, work (seconds the body runs; -1: until its claim is lost), ledger (
 file written through SQLFence, fence key = job id, or the occurrence's claim name with
 "fence": "occurrence"); optional: late (seconds this node submits each occurrence late,
 as a scheduler whose clock is behind), max_instances (default 1), takeover_window,
-stop_wait (a background node's "stop" shuts down with wait=True).
+stop_wait (a background node's "stop" shuts down with wait=True), fleet_max_instances
+(the executor's option; a skip at max_instances is told as "max_instances").
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MISSED
+from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.cron import CronTrigger
@@ -61,7 +62,7 @@ def occurrence() -> tuple[str, int]:
 
 
 def began(run_time: str, token: int) -> None:
-    emit(event="job_started", run_time=run_time, token=token, pid=os.getpid())
+    emit(event="job_started", run_time=run_time, token=token, pid=os.getpid(), at=time.time())
 
 
 def write(run_time: str, token: int, late: bool = False) -> None:
@@ -69,7 +70,13 @@ def write(run_time: str, token: int, late: bool = False) -> None:
     if CFG.get("fence") == "occurrence":
         key = f"{key}@{run_time}"
     result = fenced_write(CFG["ledger"], key, token, run_time)
-    emit(event="late_write" if late else "ran", run_time=run_time, token=token, result=result)
+    emit(
+        event="late_write" if late else "ran",
+        run_time=run_time,
+        token=token,
+        result=result,
+        at=time.time(),
+    )
 
 
 #: How many job bodies have ended in this node; notified on that and whenever a claim
@@ -143,6 +150,10 @@ def on_missed(event: Any) -> None:
     emit(event="missed", run_time=event.scheduled_run_time.isoformat())
 
 
+def on_max_instances(event: Any) -> None:
+    emit(event="max_instances", run_times=[t.isoformat() for t in event.scheduled_run_times])
+
+
 def build(scheduler: Any, executor: ClaimingExecutor) -> None:
     scheduler.add_executor(executor, "default")
     if CFG["trigger"] == "cron":
@@ -151,6 +162,7 @@ def build(scheduler: Any, executor: ClaimingExecutor) -> None:
         add_job(scheduler, DateTrigger(run_date=datetime.fromisoformat(CFG["run_date"])))
     scheduler.add_listener(on_error, EVENT_JOB_ERROR)
     scheduler.add_listener(on_missed, EVENT_JOB_MISSED)
+    scheduler.add_listener(on_max_instances, EVENT_JOB_MAX_INSTANCES)
 
 
 def add_job(scheduler: Any, trigger: Any) -> None:
@@ -215,6 +227,7 @@ def make_executor() -> ClaimingExecutor:
         claim_ttl=CFG["claim_ttl"],
         clock_skew=CFG["skew"],
         takeover_window=CFG.get("takeover_window"),
+        fleet_max_instances=CFG.get("fleet_max_instances", False),
     )
 
 
