@@ -93,6 +93,11 @@ class Events:
         return self.counts[kind]
 
 
+def event_of(kind: str, i: int) -> Callable[[dict[str, Any]], bool]:
+    """Matches worker ``w<i>``'s events of ``kind``."""
+    return lambda e: bool(e["event"] == kind and e["worker"] == f"w{i}")
+
+
 @asynccontextmanager
 async def holders(
     spec: BackendSpec, probe: str, name: str, n: int, limit: int, tmp_path: Path
@@ -120,9 +125,7 @@ async def holders(
             workers.append(worker)
             tg.start_soon(events.read, worker, f"w{i}")
         for i in range(n):
-            await events.wait_for(
-                "ready", lambda e, i=i: e["event"] == "ready" and e["worker"] == f"w{i}"
-            )
+            await events.wait_for("ready", event_of("ready", i))
         yield workers, events
         tg.cancel_scope.cancel()
 
@@ -177,7 +180,7 @@ async def test_stress_with_stops_and_a_kill(
             await alive[i].send("freeze")
             me = await events.wait_for(
                 "freeze_me",
-                lambda e, i=i: e["event"] == "freeze_me" and e["worker"] == f"w{i}",
+                event_of("freeze_me", i),
                 since,
             )
             alive[i].pause()
@@ -186,7 +189,7 @@ async def test_stress_with_stops_and_a_kill(
             alive[i].resume()
             late = await events.wait_for(
                 "late write",
-                lambda e, i=i: e["event"] == "late_write" and e["worker"] == f"w{i}",
+                event_of("late_write", i),
                 since,
             )
             frozen_results.append(late)
@@ -205,9 +208,7 @@ async def test_stress_with_stops_and_a_kill(
         i = rng.choice(list(alive))
         since = len(events.all)
         await alive[i].send("park")
-        parked = await events.wait_for(
-            "parked", lambda e, i=i: e["event"] == "parked" and e["worker"] == f"w{i}", since
-        )
+        parked = await events.wait_for("parked", event_of("parked", i), since)
         alive.pop(i).kill()
         killed_at = time.monotonic()
         again = await granted_again(events, parked["slot"], parked["token"], since)
@@ -224,9 +225,7 @@ async def test_stress_with_stops_and_a_kill(
         for worker in alive.values():
             await worker.send("stop")
         for i in alive:
-            await events.wait_for(
-                "done", lambda e, i=i: e["event"] == "done" and e["worker"] == f"w{i}"
-            )
+            await events.wait_for("done", event_of("done", i))
         log = await probe.log()
     await probe.aclose()
     elapsed = time.monotonic() - began
