@@ -225,7 +225,12 @@ async def test_human_output_escapes_every_control_character_of_a_name(
         backend._acq.label_tag = label_tag("lbl\x1b]0;pwned\x07")
         with pytest.raises(asynclock.LeaseLost):
             async with backend.lock(name, ttl=2.0):
-                for args in (("holder", name), ("list", f"{lock_name[-8:]}*"), ("watch", name)):
+                commands: list[tuple[str, str]] = [
+                    ("holder", name),
+                    ("list", f"{lock_name[-8:]}*"),
+                    ("watch", name),
+                ]
+                for args in commands:
                     extra = ("--count", "1") if args[0] == "watch" else ()
                     code, out, err = await cli(*args, *extra, "--url", spec.url)
                     assert code == 0, (args, err)

@@ -13,14 +13,27 @@ import pytest
 import asynclock
 import asynclock.testing
 from asynclock._core.rw_store import READ, WRITE, WRITER_WAITS, Held
-from tests.support.spec import BackendSpec
+from tests.conftest import BACKENDS
+from tests.support.spec import BackendSpec, backends_with
 
 pytestmark = pytest.mark.anyio
 
 
-def needs_rwlock(spec: BackendSpec) -> None:
-    if not spec.can("rwlock"):
-        pytest.skip(f"{spec.id} has no rwlocks yet (test_not_on_this_backend checks that)")
+# The backends with rwlocks, and the others (each test runs where it applies: nothing skipped).
+HAVE = backends_with("rwlock")
+HAVE_NOT = [b for b in BACKENDS if b not in HAVE]
+
+
+@pytest.fixture(params=HAVE)
+def spec(request: pytest.FixtureRequest) -> BackendSpec:
+    result: BackendSpec = request.getfixturevalue(f"spec_{request.param}")
+    return result
+
+
+@pytest.fixture(params=HAVE_NOT)
+def other_spec(request: pytest.FixtureRequest) -> BackendSpec:
+    result: BackendSpec = request.getfixturevalue(f"spec_{request.param}")
+    return result
 
 
 async def other_backend(spec: BackendSpec, backend: asynclock.Backend) -> tuple[Any, Any]:
@@ -49,7 +62,6 @@ async def until_writer_waits(rw: asynclock.RWLock) -> None:
 async def test_readers_share_one_epoch_and_see_each_write(
     spec: BackendSpec, backend: asynclock.Backend, lock_name: str
 ) -> None:
-    needs_rwlock(spec)
     rw = backend.rwlock(lock_name)
     readers = 4
     tokens: list[int] = []
@@ -81,7 +93,6 @@ async def test_a_writer_excludes_readers_and_writers(
 ) -> None:
     """A probe: never a reader and a writer at once, never two writers; writer epochs
     strictly increase in grant order; every reader holds the last writer's epoch."""
-    needs_rwlock(spec)
     rw = backend.rwlock(lock_name)
     async with rw.write(ttl=10) as first:
         epochs = [first.token]
@@ -120,7 +131,6 @@ async def test_a_writer_excludes_readers_and_writers(
 async def test_a_waiting_writer_refuses_new_readers(
     spec: BackendSpec, backend: asynclock.Backend, lock_name: str
 ) -> None:
-    needs_rwlock(spec)
     rw = backend.rwlock(lock_name)
     written = anyio.Event()
     with anyio.fail_after(10):
@@ -143,7 +153,6 @@ async def test_a_waiting_writer_blocks_new_readers(
 ) -> None:
     """Writer preference: readers overlap without a gap, yet a writer gets in within a
     bounded time (their holds end, no new one begins while it waits)."""
-    needs_rwlock(spec)
     rw = backend.rwlock(lock_name)
     stop, overlapping = anyio.Event(), anyio.Event()
     reads_during = 0
@@ -179,7 +188,6 @@ async def test_a_waiting_writer_blocks_new_readers(
 async def test_busy_timeout_and_release_owner_checked(
     spec: BackendSpec, backend: asynclock.Backend, lock_name: str
 ) -> None:
-    needs_rwlock(spec)
     rw = backend.rwlock(lock_name)
     with anyio.fail_after(20):
         async with rw.read(ttl=10):
@@ -227,7 +235,6 @@ async def test_busy_timeout_and_release_owner_checked(
 async def test_force_loss_cancels_the_body(
     spec: BackendSpec, backend: asynclock.Backend, lock_name: str, mode: str
 ) -> None:
-    needs_rwlock(spec)
     rw = backend.rwlock(lock_name)
     entered = anyio.Event()
     reached_end = False
@@ -259,7 +266,6 @@ async def test_a_hold_lost_before_its_body_never_runs(
 ) -> None:
     """Past its local deadline before the body begins (a frozen process): LeaseLost at
     the ``async with``, and the body never starts; the hold is given back."""
-    needs_rwlock(spec)
     clock = asynclock.testing.ManualClock(1000.0)
     async with spec.connect(clock=clock) as backend:
         rw = backend.rwlock(lock_name)
@@ -270,7 +276,7 @@ async def test_a_hold_lost_before_its_body_never_runs(
             clock.advance(ttl + 1)  # the process "froze" between the grant and the body
             return answer
 
-        rw._store.grant = freeze_after_grant  # type: ignore[method-assign]
+        rw._store.grant = freeze_after_grant  # type: ignore[method-assign,assignment]
         with anyio.fail_after(10), pytest.raises(asynclock.LeaseLost):
             async with getattr(rw, mode)(ttl=5):
                 pytest.fail("the body of a lost hold ran")
@@ -286,7 +292,6 @@ async def test_a_dead_holder_is_freed_after_its_ttl(
 ) -> None:
     """A hold granted and then never renewed (its process died): a writer of another
     backend gets in once its ttl has run out, with a larger epoch."""
-    needs_rwlock(spec)
     ghost = await backend.rwlock(lock_name)._store.grant(mode, "ghost-owner", 0.5, intend=False)
     assert isinstance(ghost, int)
     cm, other = await other_backend(spec, backend)
@@ -311,7 +316,6 @@ async def test_a_dead_waiting_writers_intent_expires(
 ) -> None:
     """A writer that recorded its intent and died (stopped renewing it by waiting) keeps
     new readers out only until its intent's ttl has run out."""
-    needs_rwlock(spec)
     rw = backend.rwlock(lock_name)
     with anyio.fail_after(10):
         async with rw.read(ttl=10):
@@ -353,7 +357,7 @@ async def test_bad_names_and_arguments() -> None:
         with pytest.raises(ValueError):
             rw.read(ttl=5, timeout=-1)
         with pytest.raises(TypeError):
-            rw.read(5)  # type: ignore[misc]
+            rw.read(5)  # type: ignore[call-arg]
         hold = rw.read(ttl=5)
         async with hold:
             pass
@@ -365,7 +369,6 @@ async def test_bad_names_and_arguments() -> None:
 async def test_the_namespace_is_apart_from_locks_and_semaphores(
     spec: BackendSpec, backend: asynclock.Backend, lock_name: str
 ) -> None:
-    needs_rwlock(spec)
     with anyio.fail_after(10):
         async with backend.rwlock(lock_name).write(ttl=10) as w:
             assert w.lease.name == "rwlock:" + lock_name
@@ -376,10 +379,8 @@ async def test_the_namespace_is_apart_from_locks_and_semaphores(
                     pass
 
 
-async def test_not_on_this_backend(spec: BackendSpec) -> None:
-    if spec.can("rwlock"):
-        pytest.skip("this backend has rwlocks")
-    backend = spec.connect()  # no I/O: the check is made when the rwlock is made
+async def test_not_on_this_backend(other_spec: BackendSpec) -> None:
+    backend = other_spec.connect()  # no I/O: the check is made when the rwlock is made
     with pytest.raises(NotImplementedError, match=r"read-write locks are not on .* yet.*sqlite://"):
         backend.rwlock("jobs")
 

@@ -67,7 +67,8 @@ from .sql import (
     SQL_SET_TOKEN,
     SQL_TRY,
 )
-from .waiting import MAX_POLL, WAITER_TTL, _is_busy, _Waiting
+from .waiting import MAX_POLL, _is_busy, _Waiting
+from .waiting import WAITER_TTL as WAITER_TTL
 
 T = TypeVar("T")
 
