@@ -49,8 +49,10 @@ class LeaseDriver(PostgresDriver):
         async with self._io:
             conn = await self._main()
             try:
+                # After the wait for the connection, before the first statement: a lease a
+                # statement below grants expires at the server after this (G3).
+                SENT_AT.set(self.clock.now())
                 for _ in range(_EPOCH_TRIES):
-                    SENT_AT.set(self.clock.now())  # after the wait for the connection
                     rows = await conn.fetch(SQL_L_ACQUIRE, _name_bytes(name), owner, ttl * 1000.0)
                     if any(r["token"] is None and r["left_s"] is None for r in rows):
                         await _new_epoch(conn)  # the token range is missing or used up
@@ -120,8 +122,19 @@ class LeaseDriver(PostgresDriver):
         """Send the queued releases (call with ``_io`` held): one statement for a batch.
         Each release's answer or error is left on it; only a cancellation of this task
         propagates from here (the others in the batch then get BackendUnavailable)."""
-        batch = self._releases[:_RELEASE_BATCH]
-        del self._releases[:_RELEASE_BATCH]
+        # One release per name in a statement (the same name twice, e.g. an interrupted
+        # acquire's clean-up beside a release, would match one row for both: which of them
+        # RETURNING names is arbitrary); the others wait for the next statement.
+        batch: list[_Release] = []
+        names: set[object] = set()
+        for release in self._releases:
+            if release.args[0] not in names:
+                names.add(release.args[0])
+                batch.append(release)
+                if len(batch) == _RELEASE_BATCH:
+                    break
+        sent = set(map(id, batch))
+        self._releases = [r for r in self._releases if id(r) not in sent]
         try:
             conn = await self._main()
             if len(batch) == 1:

@@ -57,9 +57,13 @@ class Fanout:
         packed: bytes,
         timeout: float,
         nodes: Sequence[int] | None = None,
+        *,
+        queue_deadline: bool = True,
     ) -> dict[int, Any]:
         """Send one command to every node at once; each node's reply, or its exception
         (:class:`BackendUnavailable`) when it failed or gave no answer within ``timeout``.
+        ``queue_deadline`` False: a command that waits behind this process's own calls to a
+        node (past MAX_CALLS on the wire) is not timed out while it waits (releases).
 
         Returns only when every node has answered or timed out. The command is written to
         each node's idle connection in turn (a write does not wait), then the replies are
@@ -78,7 +82,7 @@ class Fanout:
             for i in indexes:
                 wire = self.nodes[i].send(packed)
                 if wire is None:
-                    one = self._one(i, None, script, packed, deadline, timeout)
+                    one = self._one(i, None, script, packed, deadline, timeout, queue_deadline)
                     spawned.start(i, one)
                 else:
                     sent.append((i, wire))
@@ -126,6 +130,7 @@ class Fanout:
         packed: bytes,
         deadline: float | None,
         timeout: float,
+        queue_deadline: bool = True,
     ) -> Any:
         """One node's reply (``deadline`` None: the caller's timer bounds the wait)."""
         node = self.nodes[i]
@@ -135,7 +140,7 @@ class Fanout:
                     # Not sent yet (no idle connection): through the node's call, so a
                     # burst of fan-outs queues for its pipeline instead of connecting once
                     # per call (hundreds of connects at once time every fan-out out).
-                    return await node.call(packed, deadline, queue_deadline=True)
+                    return await node.call(packed, deadline, queue_deadline=queue_deadline)
                 return await node.receive(wire, packed, deadline)
             except redis.exceptions.NoScriptError:
                 text = SCRIPTS[script].encode()

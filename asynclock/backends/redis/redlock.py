@@ -290,10 +290,13 @@ class RedlockDriver(SubscribingDriver):
         k = self.keys(name)
         args = (owner.encode(), b"" if token is None else b"%d" % token, k.channel)
         packed = pack_script("redlock_release", (k.lock,), args)
-        # Not bounded by node_timeout: that bounds what an acquire may spend of the ttl; a
-        # release is past the hold (the core bounds it by its release_timeout), and
-        # thousands of blocks exiting at once on a loaded machine outlast 0.25 s per node.
-        results = await self.fan.send("redlock_release", packed, max(self.node_timeout, 5.0))
+        # A release waiting behind this process's own calls to a node (thousands of blocks
+        # exiting at once) is not timed out there: node_timeout bounds what an acquire may
+        # spend of the ttl, and counts for a release from when it is sent; the core bounds
+        # the whole release by its release_timeout.
+        results = await self.fan.send(
+            "redlock_release", packed, self.node_timeout, queue_deadline=False
+        )
         answered, removed = tally(results)
         if removed >= self.quorum:
             return True
