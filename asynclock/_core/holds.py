@@ -42,7 +42,7 @@ from .context import (
 )
 from .exceptions import BackendUnavailable
 from .keeper import Keeper
-from .lease import Lease, deadline_reason
+from .lease import Lease, LossSignal, deadline_reason
 
 if TYPE_CHECKING:
     from .acquisition import Acquisition
@@ -226,3 +226,29 @@ class Holds:
 
     async def extend(self, lease: Lease, ttl: object) -> None:
         await self._session.extend(lease, ttl)
+
+
+class LeaseHeld:
+    """What a hold made of one lease (a permit, a read-write hold) shows of that lease:
+    :attr:`lost`, :attr:`released`, :meth:`remaining`, :meth:`check`. Subclasses set
+    ``lease``."""
+
+    __slots__ = ()
+    lease: Lease
+
+    @property
+    def lost(self) -> LossSignal:
+        """Set (with a reason) once the hold is lost; ``await hold.lost`` waits for it."""
+        return self.lease.lost
+
+    @property
+    def released(self) -> bool:
+        return self.lease.released
+
+    def remaining(self) -> float:
+        """Seconds until the local deadline (0 once lost or released)."""
+        return self.lease.remaining()
+
+    def check(self) -> None:
+        """Raise :class:`~asynclock.LeaseLost` if the hold is lost or past its deadline."""
+        self.lease.check()

@@ -25,8 +25,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .context import ExcInfo
-from .holds import Holds
-from .lease import Lease, LossSignal
+from .holds import Holds, LeaseHeld
+from .lease import Lease
 from .misuse import AsyncContextOnly
 from .rw_store import READ, WRITE, RWStore
 from .validation import check_lock_args, check_name, check_not_reserved
@@ -168,7 +168,7 @@ class RWAcquire(AsyncContextOnly):
             await holds.release(hold.lease, quiet=True)
 
 
-class RWHold:
+class RWHold(LeaseHeld):
     """One read or write hold of a read-write lock: :attr:`mode` (``"read"`` or
     ``"write"``), :attr:`token` (the writer epoch), :attr:`name`, :attr:`lost`,
     :attr:`lease` (the hold's lease: ``force_loss`` takes the hold)."""
@@ -192,23 +192,6 @@ class RWHold:
     @property
     def name(self) -> str:
         return self._rw.name
-
-    @property
-    def lost(self) -> LossSignal:
-        """Set (with a reason) once the hold is lost; ``await hold.lost`` waits for it."""
-        return self.lease.lost
-
-    @property
-    def released(self) -> bool:
-        return self.lease.released
-
-    def remaining(self) -> float:
-        """Seconds until the local deadline (0 once lost or released)."""
-        return self.lease.remaining()
-
-    def check(self) -> None:
-        """Raise :class:`~asynclock.LeaseLost` if the hold is lost or past its deadline."""
-        self.lease.check()
 
     async def release(self) -> bool:
         """Give the hold back now (owner-checked): True if it was ours and freed; False if

@@ -24,8 +24,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .context import ExcInfo
-from .holds import Holds
-from .lease import Lease, LossSignal
+from .holds import Holds, LeaseHeld
+from .lease import Lease
 from .misuse import AsyncContextOnly
 from .permit_store import MAX_LIMIT, PermitStore, check_limit
 from .validation import check_lock_args, check_name, check_not_reserved
@@ -142,7 +142,7 @@ class PermitHold(AsyncContextOnly):
             await holds.release(permit.lease, quiet=True)
 
 
-class Permit:
+class Permit(LeaseHeld):
     """One permit of a semaphore: :attr:`slot`, :attr:`token`, :attr:`name`,
     :attr:`lost`, :attr:`lease` (the permit's lease: ``force_loss`` takes the permit)."""
 
@@ -168,23 +168,6 @@ class Permit:
     @property
     def limit(self) -> int:
         return self._sem.limit
-
-    @property
-    def lost(self) -> LossSignal:
-        """Set (with a reason) once the permit is lost; ``await permit.lost`` waits for it."""
-        return self.lease.lost
-
-    @property
-    def released(self) -> bool:
-        return self.lease.released
-
-    def remaining(self) -> float:
-        """Seconds until the local deadline (0 once lost or released)."""
-        return self.lease.remaining()
-
-    def check(self) -> None:
-        """Raise :class:`~asynclock.LeaseLost` if the permit is lost or past its deadline."""
-        self.lease.check()
 
     async def release(self) -> bool:
         """Give the permit back now (owner-checked): True if it was ours and freed; False
