@@ -70,9 +70,13 @@ class Keeper(Protocol):
     #: The most leases one :meth:`extend` call may carry (None: any number, for a keeper
     #: whose one round trip renews every lease, e.g. a server session).
     renew_chunk: int | None
-    #: True if :meth:`acquire` may wait in a queue of this process before its request goes
-    #: out, and sets :data:`SENT_AT` when it does go out.
-    queues_locally: bool
+
+    @property
+    def queues_locally(self) -> bool:
+        """True if :meth:`acquire` may wait in a queue of this process before its request
+        goes out, and sets :data:`SENT_AT` when it does go out."""
+        ...
+
     #: True if the keeper's own release path wakes the local waiters itself (with
     #: ``wake(name, owner)`` for a queue's head): the session then does not wake every
     #: local waiter of the name on each release (no herd of many waiters).

@@ -59,6 +59,10 @@ class RWStore:
     """One read-write lock on one server (see the module). Subclasses implement
     :meth:`grant`, :meth:`extend`, :meth:`release_hold` and :meth:`withdraw`."""
 
+    #: True if grant() may wait in this process before its statement goes out, and
+    #: then sets SENT_AT (see :data:`~.keeper.SENT_AT`).
+    queues_locally = False
+
     #: For messages; never contains a password.
     display: str = "rwlock"
     #: See :class:`~.keeper.Keeper`.
@@ -107,8 +111,11 @@ class ModeGrants:
     bounded backoff (and woken by this backend's own releases of the name)."""
 
     wakes_waiters = False
-    #: Requests go out at once (see :data:`~.keeper.SENT_AT`).
-    queues_locally = False
+
+    @property
+    def queues_locally(self) -> bool:
+        """As the store (see :data:`~.keeper.SENT_AT`)."""
+        return self.store.queues_locally
 
     def __init__(self, store: RWStore, mode: str) -> None:
         self.store = store

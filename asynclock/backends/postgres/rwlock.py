@@ -19,7 +19,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..._core.driver import ExtendResult, LeaseRef, Refused
+from ..._core.driver import SENT_AT, ExtendResult, LeaseRef, Refused
 from ..._core.rw_store import (
     READ,
     READERS_HOLD,
@@ -107,6 +107,9 @@ def grant_key(name: str) -> int:
 class PostgresRW(RWStore):
     """A read-write lock in ``asynclock_rw`` and ``asynclock_rw_hold`` (see the module)."""
 
+    #: Grants wait for the pinned connection; each sets SENT_AT when it has it.
+    queues_locally = True
+
     def __init__(self, driver: PostgresDriver, name: str) -> None:
         super().__init__(name)
         self.driver = driver
@@ -131,6 +134,7 @@ class PostgresRW(RWStore):
         await self._schema()
         driver, name, ttl_ms = self.driver, self._name, ttl * 1000.0
         async with driver._io:
+            SENT_AT.set(driver.clock.now())  # a grant below expires after this
             conn = await driver._main()
             try:
                 async with conn.transaction():

@@ -14,7 +14,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..._core.driver import ExtendResult, LeaseRef, Refused
+from ..._core.driver import SENT_AT, ExtendResult, LeaseRef, Refused
 from ..._core.permit_store import Answer, Full, Granted, OtherLimit, PermitStore
 from .connection import _CONNECTION_ERRORS
 from .sql import _SCHEMA_KEY
@@ -93,6 +93,9 @@ def grant_key(name: str) -> int:
 class PostgresPermits(PermitStore):
     """A semaphore's permits in ``asynclock_permit`` (see the module)."""
 
+    #: Grants wait for the pinned connection; each sets SENT_AT when it has it.
+    queues_locally = True
+
     def __init__(self, driver: PostgresDriver, name: str, limit: int) -> None:
         super().__init__(name, limit)
         self.driver = driver
@@ -117,6 +120,7 @@ class PostgresPermits(PermitStore):
         await self._schema()
         driver = self.driver
         async with driver._io:
+            SENT_AT.set(driver.clock.now())  # a grant below expires after this
             conn = await driver._main()
             try:
                 async with conn.transaction():
