@@ -847,3 +847,34 @@ async def test_many_blocks_exiting_at_once_release_in_few_statements(
         assert stats.losses == 0 and stats.held == 0, stats
         assert statements[0] <= 10, statements[0]
         assert not await backend.locked(f"{name}:0")
+
+
+async def test_session_mode_renews_every_hold_in_one_check(pg_server: PgServer, name: str) -> None:
+    """mode=session: the renewal check reads pg_locks once for every hold (in chunks of
+    1,000 it read the whole of pg_locks again per chunk: the renewer fell behind under
+    load with 2,000 held)."""
+    n = 1500
+    async with asynclock.connect(pg_server.url()) as backend:
+        go, all_held = anyio.Event(), anyio.Event()
+        held = [0]
+
+        async def hold(i: int) -> None:
+            async with backend.lock(f"{name}:{i}", ttl=3.0):
+                held[0] += 1
+                if held[0] == n:
+                    all_held.set()
+                await go.wait()
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for i in range(n):
+                    tg.start_soon(hold, i)
+                await all_held.wait()
+                before = backend.stats()
+                await asynclock.testing.next_renewal_round(backend)
+                await asynclock.testing.next_renewal_round(backend)
+                after = backend.stats()
+                go.set()
+        assert after.losses == 0
+        assert after.renewals - before.renewals >= n
+        assert after.renewal_round_trips - before.renewal_round_trips <= 3
