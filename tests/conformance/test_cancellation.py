@@ -79,10 +79,7 @@ async def run_scenario(backend: asynclock.Backend, injector: Injector, name: str
     async def guarded_b() -> None:
         with anyio.CancelScope() as scope:
             injector.scope = scope
-            # ttl 0.6: held over a renewal (every 0.2 s). At 0.3 s, a CI machine's event
-            # loop stalled past the lease's end between its last renewal and its release
-            # (PostgreSQL answered "already ended": reported as lost, rightly).
-            async with backend.lock(name, ttl=0.6, timeout=10) as lease:
+            async with backend.lock(name, ttl=0.3, timeout=10) as lease:
                 await asynclock.testing.next_renewal_round(backend)
                 assert not lease.lost
 

@@ -106,7 +106,7 @@ class LeaseDriver(PostgresDriver):
         self._releases.append(mine)
         try:
             async with self._io:
-                if not mine.done:
+                while not mine.done:  # a batch takes one release per name, 2,000 at most
                     await self._release_queued()
         except BaseException:
             if not mine.done and mine in self._releases:
