@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from ..._core.driver import SENT_AT, Busy, ExtendResult, LeaseRef, Refused
 from ..._core.holder import Holder
@@ -17,7 +16,6 @@ from .sql import (
     SQL_L_HOLDER,
     SQL_L_RECORD_PUT,
     SQL_L_RELEASE,
-    SQL_L_RELEASE_MANY,
     SQL_L_TTL,
     SQL_L_VALIDATE,
 )
@@ -30,11 +28,6 @@ class LeaseDriver(PostgresDriver):
     mode = "lease"
     _carries = "its lease statements"
     _pooler_ok = True
-
-    def __init__(self, dsn: str, **options: Any) -> None:
-        super().__init__(dsn, **options)
-        #: Releases waiting for the pinned connection (see :meth:`release`).
-        self._releases: list[_Release] = []
 
     async def acquire(
         self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
@@ -49,10 +42,8 @@ class LeaseDriver(PostgresDriver):
         async with self._io:
             conn = await self._main()
             try:
-                # After the wait for the connection, before the first statement: a lease a
-                # statement below grants expires at the server after this (G3).
-                SENT_AT.set(self.clock.now())
                 for _ in range(_EPOCH_TRIES):
+                    SENT_AT.set(self.clock.now())  # after the wait for the connection
                     rows = await conn.fetch(SQL_L_ACQUIRE, _name_bytes(name), owner, ttl * 1000.0)
                     if any(r["token"] is None and r["left_s"] is None for r in rows):
                         await _new_epoch(conn)  # the token range is missing or used up
@@ -98,67 +89,22 @@ class LeaseDriver(PostgresDriver):
         ]
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
-        # Releases queue for the pinned connection; whoever gets it first sends every
-        # release queued by then (up to _RELEASE_BATCH) in one statement: 50,000 blocks
-        # exiting at once took 10 s one statement each, the leases waiting at the end
-        # expired at the server meanwhile (their renewal stops when their release begins).
-        mine = _Release((_name_bytes(name), owner, token, notify_channel(name), *waiter_key(name)))
-        self._releases.append(mine)
-        try:
-            async with self._io:
-                while not mine.done:  # a batch takes one release per name, 2,000 at most
-                    await self._release_queued()
-        except BaseException:
-            if not mine.done and mine in self._releases:
-                self._releases.remove(mine)  # not sent: the caller's release did not happen
-            raise
-        if mine.error is not None:
-            raise mine.error
-        if mine.live is not None:
-            self._wake(name)
-        return bool(mine.live)
-
-    async def _release_queued(self) -> None:
-        """Send the queued releases (call with ``_io`` held): one statement for a batch.
-        Each release's answer or error is left on it; only a cancellation of this task
-        propagates from here (the others in the batch then get BackendUnavailable)."""
-        # One release per name in a statement (the same name twice, e.g. an interrupted
-        # acquire's clean-up beside a release, would match one row for both: which of them
-        # RETURNING names is arbitrary); the others wait for the next statement.
-        batch: list[_Release] = []
-        names: set[object] = set()
-        for release in self._releases:
-            if release.args[0] not in names:
-                names.add(release.args[0])
-                batch.append(release)
-                if len(batch) == _RELEASE_BATCH:
-                    break
-        sent = set(map(id, batch))
-        self._releases = [r for r in self._releases if id(r) not in sent]
-        try:
+        async with self._io:
             conn = await self._main()
-            if len(batch) == 1:
-                rows = [(1, await conn.fetchval(SQL_L_RELEASE, *batch[0].args))]
-            else:
-                columns = [list(column) for column in zip(*(r.args for r in batch), strict=True)]
-                rows = await conn.fetch(SQL_L_RELEASE_MANY, *columns)
-        except Exception as exc:
-            error: BaseException = (
-                self._unavailable("release failed", exc)
-                if isinstance(exc, _CONNECTION_ERRORS)
-                else exc
-            )
-            for release in batch:
-                release.done, release.error = True, error
-            return
-        except BaseException as exc:  # cancelled: unknown whether the statement ran
-            for release in batch:
-                release.done, release.error = True, self._unavailable("release interrupted", exc)
-            raise
-        for release in batch:
-            release.done = True
-        for i, live in rows:
-            batch[i - 1].live = live
+            try:
+                live = await conn.fetchval(
+                    SQL_L_RELEASE,
+                    _name_bytes(name),
+                    owner,
+                    token,
+                    notify_channel(name),
+                    *waiter_key(name),
+                )
+            except _CONNECTION_ERRORS as exc:
+                raise self._unavailable("release failed", exc) from exc
+        if live is not None:
+            self._wake(name)
+        return bool(live)
 
     def semaphore_store(self, name: str, limit: int) -> PermitStore:
         from .semaphore import PostgresPermits
@@ -210,20 +156,3 @@ class LeaseDriver(PostgresDriver):
         if token is not None:
             self._wake(name)
         return token is not None
-
-
-#: The most releases one statement carries (renewals wait for the connection meanwhile).
-_RELEASE_BATCH = 2000
-
-
-class _Release:
-    """One release waiting for the pinned connection, and its answer once sent."""
-
-    __slots__ = ("args", "done", "error", "live")
-
-    def __init__(self, args: tuple[object, ...]) -> None:
-        self.args = args
-        self.done = False
-        self.error: BaseException | None = None
-        #: The statement's answer: None (not ours: nothing released), or whether it was live.
-        self.live: bool | None = None
