@@ -25,7 +25,7 @@ def tools() -> None:
     missing = models.tools_missing()
     if not missing:
         return
-    message = f"{', '.join(missing)} not found: apt-get install spin gcc (Debian, Ubuntu)"
+    message = f"{', '.join(missing)} not found: Debian's spin and gcc (.ci/run installs them)"
     if os.environ.get("CI"):
         pytest.fail(message)
     pytest.skip(message)
