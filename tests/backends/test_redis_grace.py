@@ -268,3 +268,56 @@ def _listeners(backend: asynclock.Backend) -> list[Listener]:
         return list(driver.listeners)
     assert isinstance(driver, RedisDriver)
     return [driver.listener]
+
+
+async def test_a_restart_without_persistence_grants_no_permit_before_the_old_ones_end(
+    redis_factory: RedisFactory,
+) -> None:
+    """Semaphores, as a new user meets them: documented defaults, a server started just
+    now, a restart without persistence while a permit is held. The permit's row is gone
+    with the data; its holder is cancelled at its next renewal, and no other permit is
+    granted before that holder's lease has ended (the restart grace, as for locks: granted
+    at once, limit 1 had two holders)."""
+    server = redis_factory()
+    async with asynclock.connect(server.url) as first, asynclock.connect(server.url) as other:
+        events: list[str] = []
+        with anyio.fail_after(30):
+            with pytest.raises(asynclock.LeaseLost):
+                async with first.semaphore("gpu", 1).acquire(ttl=2.0) as permit:
+                    server.restart(keep_data=False)
+                    with pytest.raises(asynclock.LockHeld):  # in the grace: nothing granted
+                        async with other.semaphore("gpu", 1).acquire(ttl=2.0, blocking=False):
+                            pytest.fail("a second permit of a limit of 1")
+                    try:
+                        await permit.lost
+                    finally:
+                        events.append("first cancelled")
+            async with other.semaphore("gpu", 1).acquire(ttl=2.0, timeout=20) as second:
+                events.append("second granted")
+                assert second.token > permit.token
+        assert events == ["first cancelled", "second granted"]
+
+
+async def test_a_restart_without_persistence_grants_no_rwlock_hold_before_the_old_ones_end(
+    redis_factory: RedisFactory,
+) -> None:
+    """As for permits: a writer held across a restart that lost the data is cancelled at
+    its next renewal, and no other hold is granted before then (the restart grace)."""
+    server = redis_factory()
+    async with asynclock.connect(server.url) as first, asynclock.connect(server.url) as other:
+        events: list[str] = []
+        with anyio.fail_after(30):
+            with pytest.raises(asynclock.LeaseLost):
+                async with first.rwlock("table").write(ttl=2.0) as writer:
+                    server.restart(keep_data=False)
+                    with pytest.raises(asynclock.LockHeld, match="restart grace"):
+                        async with other.rwlock("table").read(ttl=2.0, blocking=False):
+                            pytest.fail("a reader beside a writer")
+                    try:
+                        await writer.lost
+                    finally:
+                        events.append("writer cancelled")
+            async with other.rwlock("table").write(ttl=2.0, timeout=20) as second:
+                events.append("second writer granted")
+                assert second.token > writer.token
+        assert events == ["writer cancelled", "second writer granted"]

@@ -15,6 +15,8 @@ semaphore's (all under the hash tag of the name):
 
 from __future__ import annotations
 
+from .lua import CLOCK, LEASE
+
 _NOW = """
 local KEEP_MS = 604800000
 local t = redis.call('TIME')
@@ -27,12 +29,15 @@ local function writer_live()
 end
 """
 
-# RW_GRANT. KEYS: hash, readers, intents. ARGV: mode ('r' or 'w'), owner, ttl_ms, intend
-# ('1': a waiting writer records or renews its intent when busy). Returns {1, token} when
-# granted, else {-1, why, ms until what blocks expires or -1}: why 1 = a writer holds it,
-# 2 = readers hold it, 3 = a writer is waiting.
+# RW_GRANT. KEYS: hash, readers, intents, the database's epoch key. ARGV: mode ('r' or
+# 'w'), owner, ttl_ms, intend ('1': a waiting writer records or renews its intent when
+# busy), grace_ms. Returns {1, token} when granted, else {-1, why, ms until what blocks
+# expires or -1}: why 1 = a writer holds it, 2 = readers hold it, 3 = a writer is waiting,
+# 4 = the restart grace (after data loss a hold granted before may still be in use).
 RW_GRANT = (
-    _NOW
+    CLOCK
+    + LEASE
+    + _NOW
     + """
 local mode, owner, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 redis.call('ZREMRANGEBYSCORE', r, '-inf', now)
@@ -54,6 +59,8 @@ if why > 0 then
   end
   return {-1, why, left}
 end
+local grace = grace_left(KEYS[4], ARGV[5])
+if grace > 0 then return {-1, 4, grace} end
 local e = redis.call('HGET', h, 'e')
 if not e then
   -- (a string: Lua would print so large a number in exponent notation)

@@ -9,12 +9,18 @@ from typing import TYPE_CHECKING
 from ..._core.driver import ExtendResult, LeaseRef, Refused
 from ..._core.rw_store import READERS_HOLD, WRITER_HOLDS, WRITER_WAITS, Held, RWAnswer, RWStore
 from .keys import hash_tag
+from .replies import grace_ms
 from .wire import ms
 
 if TYPE_CHECKING:
     from .single import RedisDriver
 
-_WHY = {1: WRITER_HOLDS, 2: READERS_HOLD, 3: WRITER_WAITS}
+_WHY = {
+    1: WRITER_HOLDS,
+    2: READERS_HOLD,
+    3: WRITER_WAITS,
+    4: "the Redis server lost its data and is in its restart grace",
+}
 
 
 def rwlock_keys(name: str, prefix: str) -> tuple[bytes, bytes, bytes]:
@@ -31,10 +37,21 @@ class RedisRW(RWStore):
         self.node = driver.node
         self.display = driver.display
         self.keys = rwlock_keys(name, driver.prefix)
+        self._epoch = driver.keys.epoch
+        self._grace = driver.restart_grace
 
     async def grant(self, mode: str, owner: str, ttl: float, *, intend: bool) -> RWAnswer:
-        args = (mode.encode(), owner.encode(), b"%d" % ms(ttl), b"1" if intend else b"0")
-        reply = [int(x) for x in await self.node.run("rw_grant", self.keys, args)]
+        ttl_ms = ms(ttl)
+        intent = b"1" if intend else b"0"
+        args = (
+            mode.encode(),
+            owner.encode(),
+            b"%d" % ttl_ms,
+            intent,
+            grace_ms(self._grace, ttl_ms),
+        )
+        keys = (*self.keys, self._epoch)
+        reply = [int(x) for x in await self.node.run("rw_grant", keys, args)]
         if reply[0] == 1:
             return reply[1]
         return Held(_WHY[reply[1]], None if reply[2] < 0 else reply[2] / 1000)

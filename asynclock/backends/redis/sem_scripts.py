@@ -14,17 +14,23 @@ renewal and release, each atomic. A semaphore ``name`` has two keys, apart from 
 
 from __future__ import annotations
 
+from .lua import CLOCK, LEASE
+
 _NOW = """
 local KEEP_MS = 604800000
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-# SEM_GRANT. KEYS: set, hash. ARGV: owner, ttl_ms, limit.
-# Returns {slot, token} when granted, {-1, ms until the first permit expires} when every
-# permit is held, {-2, the limit of the live permits} when that is not ARGV[3].
+# SEM_GRANT. KEYS: set, hash, the database's epoch key. ARGV: owner, ttl_ms, limit,
+# grace_ms. Returns {slot, token} when granted, {-1, ms until the first permit expires}
+# when every permit is held or the server is in its restart grace (as lock grants: after
+# data loss a permit granted before may still be in use), {-2, the limit of the live
+# permits} when that is not ARGV[3].
 SEM_GRANT = (
-    _NOW
+    CLOCK
+    + LEASE
+    + _NOW
     + """
 local set, h = KEYS[1], KEYS[2]
 local lim = tonumber(ARGV[3])
@@ -38,6 +44,8 @@ if n >= lim then
   local first = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
   return {-1, tonumber(first[2]) - now}
 end
+local grace = grace_left(KEYS[3], ARGV[4])
+if grace > 0 then return {-1, grace} end
 -- At most n slots are live, so one of 0 .. n is free.
 local slot = 0
 while redis.call('ZSCORE', set, slot) do slot = slot + 1 end

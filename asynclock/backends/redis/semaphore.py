@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from ..._core.driver import ExtendResult, LeaseRef, Refused
 from ..._core.permit_store import Answer, Full, Granted, OtherLimit, PermitStore
 from .keys import hash_tag
+from .replies import grace_ms
 from .wire import ms
 
 if TYPE_CHECKING:
@@ -29,10 +30,14 @@ class RedisPermits(PermitStore):
         self.node = driver.node
         self.display = driver.display
         self.keys = semaphore_keys(name, driver.prefix)
+        self._epoch = driver.keys.epoch
+        self._grace = driver.restart_grace
 
     async def grant(self, owner: str, ttl: float) -> Answer:
-        args = (owner.encode(), b"%d" % ms(ttl), b"%d" % self.limit)
-        first, second = (int(x) for x in await self.node.run("sem_grant", self.keys, args))
+        ttl_ms = ms(ttl)
+        args = (owner.encode(), b"%d" % ttl_ms, b"%d" % self.limit, grace_ms(self._grace, ttl_ms))
+        keys = (*self.keys, self._epoch)
+        first, second = (int(x) for x in await self.node.run("sem_grant", keys, args))
         if first == -2:
             return OtherLimit(second)
         if first == -1:
