@@ -13,27 +13,13 @@ import pytest
 import asynclock
 import asynclock.testing
 from asynclock._core.rw_store import READ, WRITE, WRITER_WAITS, Held
-from tests.conftest import BACKENDS
-from tests.support.spec import BackendSpec, backends_with
+from tests.support.spec import BackendSpec, specs_split_by
 
 pytestmark = pytest.mark.anyio
 
 
-# The backends with rwlocks, and the others (each test runs where it applies: nothing skipped).
-HAVE = backends_with("rwlock")
-HAVE_NOT = [b for b in BACKENDS if b not in HAVE]
-
-
-@pytest.fixture(params=HAVE)
-def spec(request: pytest.FixtureRequest) -> BackendSpec:
-    result: BackendSpec = request.getfixturevalue(f"spec_{request.param}")
-    return result
-
-
-@pytest.fixture(params=HAVE_NOT)
-def other_spec(request: pytest.FixtureRequest) -> BackendSpec:
-    result: BackendSpec = request.getfixturevalue(f"spec_{request.param}")
-    return result
+# The backends with rwlocks (spec) and the others (other_spec).
+spec, other_spec = specs_split_by("rwlock")
 
 
 async def other_backend(spec: BackendSpec, backend: asynclock.Backend) -> tuple[Any, Any]:

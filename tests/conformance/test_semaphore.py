@@ -17,27 +17,13 @@ import asynclock
 import asynclock.testing
 from asynclock._core.permit_store import MAX_LIMIT, Granted
 from asynclock.backends.memory import MemoryDriver
-from tests.conftest import BACKENDS
-from tests.support.spec import BackendSpec, backends_with
+from tests.support.spec import BackendSpec, specs_split_by
 
 pytestmark = pytest.mark.anyio
 
 
-# The backends with semaphores, and the others (each test runs where it applies: nothing skipped).
-HAVE = backends_with("semaphore")
-HAVE_NOT = [b for b in BACKENDS if b not in HAVE]
-
-
-@pytest.fixture(params=HAVE)
-def spec(request: pytest.FixtureRequest) -> BackendSpec:
-    result: BackendSpec = request.getfixturevalue(f"spec_{request.param}")
-    return result
-
-
-@pytest.fixture(params=HAVE_NOT)
-def other_spec(request: pytest.FixtureRequest) -> BackendSpec:
-    result: BackendSpec = request.getfixturevalue(f"spec_{request.param}")
-    return result
+# The backends with semaphores (spec) and the others (other_spec).
+spec, other_spec = specs_split_by("semaphore")
 
 
 async def expire_permits(spec: BackendSpec, backend: asynclock.Backend, name: str) -> None:

@@ -65,3 +65,24 @@ class BackendSpec:
 
     def connect(self, **extra: Any) -> asynclock.Backend:
         return asynclock.connect(self.url, **{**self.options, **extra})
+
+
+def specs_split_by(capability: str) -> tuple[Any, Any]:
+    """Two fixtures for a module testing ``capability``: ``spec`` over the backends that
+    have it and ``other_spec`` over the others (each test runs where it applies: nothing
+    is skipped). In the module: ``spec, other_spec = specs_split_by("semaphore")``."""
+    import pytest
+
+    have = backends_with(capability)
+
+    @pytest.fixture(params=have)
+    def spec(request: pytest.FixtureRequest) -> BackendSpec:
+        result: BackendSpec = request.getfixturevalue(f"spec_{request.param}")
+        return result
+
+    @pytest.fixture(params=[b for b in CAPABILITIES if b not in have])
+    def other_spec(request: pytest.FixtureRequest) -> BackendSpec:
+        result: BackendSpec = request.getfixturevalue(f"spec_{request.param}")
+        return result
+
+    return spec, other_spec
