@@ -70,3 +70,47 @@ def test_the_check_sees_a_stray_write(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
     sample.write_text("def f(lease):\n    lease._released = True\n    self_x = 1\n")
     assert ("lease", "_released", 2) in writes(sample)
+
+
+def private_reads(path: Path) -> list[tuple[str, str, int]]:
+    """(receiver, field, line) of every read of a private attribute of something named
+    like a backend (``backend._acq``, ``self.backend._session``) in ``path``."""
+    found: list[tuple[str, str, int]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_"):
+            receiver = ast.unparse(node.value)
+            last = receiver.rsplit(".", 1)[-1]
+            if "backend" in last.lower() and not node.attr.startswith("__"):
+                found.append((receiver, node.attr, node.lineno))
+    return found
+
+
+#: The Backend's private methods that are doors for asynclock's own packages (testing's
+#: force_loss waits a renewal round; the stats endpoint checks the backend is open and
+#: starts its server in the backend's task group).
+DOORS = {"_next_renewal_round", "_ready", "_start_background"}
+
+
+def test_nothing_outside_the_core_reaches_into_a_backend() -> None:
+    """The Backend's session and acquisition are the core's: the thread bridge, the stats
+    endpoint, OTel, testing and the integrations go through its methods (or, for the
+    thread bridge, ``_core.backend.thread_grants``), never its private members."""
+    stray: list[str] = []
+    files = [
+        *ROOT.joinpath("asynclock").rglob("*.py"),
+        *ROOT.joinpath("integrations").rglob("*.py"),
+    ]
+    for path in files:
+        module = str(path.relative_to(ROOT))
+        if module.startswith("asynclock/_core/"):
+            continue
+        for receiver, field, line in private_reads(path):
+            if field not in DOORS:
+                stray.append(f"{module}:{line}: {receiver}.{field}")
+    assert not stray, "a backend's private members read outside the core:\n" + "\n".join(stray)
+
+
+def test_the_reach_in_check_sees_one(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text("def f(backend, x):\n    return backend._acq, x._acq, x.backend._session\n")
+    assert private_reads(sample) == [("backend", "_acq", 2), ("x.backend", "_session", 2)]

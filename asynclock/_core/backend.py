@@ -56,9 +56,8 @@ class Backend(Semaphores, RWLocks, LocksAll, AsyncContextOnly):
         margin: seconds taken off every local deadline (default 5 ms).
         heartbeat: renew every ``ttl * heartbeat`` seconds (default 1/3).
         release_timeout: bound on a release or on the clean-up of an interrupted acquire.
-        owner_label: what this process calls itself in every lease it takes (default
-            ``host:pid``; 1 to 100 bytes of printable UTF-8); other processes read it as
-            :attr:`Holder.label` (``asynclock holder``, ``list``, ``watch``).
+        owner_label: what this process calls itself in its leases (default ``host:pid``;
+            1 to 100 bytes of printable UTF-8), read by others as :attr:`Holder.label`.
     """
 
     _usage = "asynclock.connect(url)"
@@ -185,11 +184,9 @@ class Backend(Semaphores, RWLocks, LocksAll, AsyncContextOnly):
         max_hold: float | None = None,
         token_scope: str | None = None,
     ) -> Lease:
-        """Acquire without a context manager. You must ``await lease.release()``.
-
-        No cancel scope guards your work: watch ``lease.lost`` or call ``lease.check()``
-        before side effects, and fence writes with ``lease.token``. Otherwise as :meth:`lock`.
-        """
+        """Acquire without a context manager. You must ``await lease.release()``. No cancel
+        scope guards your work: watch ``lease.lost`` or call ``lease.check()`` before side
+        effects, and fence writes with ``lease.token``. Otherwise as :meth:`lock`."""
         return await self._acq.acquire_checked(name, ttl, timeout, blocking, max_hold, token_scope)
 
     async def validate(self, name: str, token: int) -> bool:
@@ -478,11 +475,9 @@ class Backend(Semaphores, RWLocks, LocksAll, AsyncContextOnly):
         identity: str | None = None,
     ) -> Claims:
         """Claim rows of your own ``table`` as work items (PostgreSQL only): ``async with
-        backend.claims("jobs", ttl=30).take(limit=10) as batch:``. Each claimed row has a
-        claim token from the backend's token source and a lease this backend renews;
-        completion is fenced by the token. ``where``/``order_by`` are trusted SQL over the
-        table's columns. See docs/claims.md (columns, semantics, errors).
-        """
+        backend.claims("jobs", ttl=30).take(limit=10) as batch:``; each row's completion is
+        fenced by its claim token. ``where``/``order_by`` are trusted SQL over the table's
+        columns. See docs/claims.md (columns, semantics, errors)."""
         from .claims import ClaimOptions, Claims
 
         options = ClaimOptions.checked(ttl, max_attempts, identity)
@@ -498,3 +493,8 @@ class Backend(Semaphores, RWLocks, LocksAll, AsyncContextOnly):
         NotImplementedError where the server keeps no owner (redlock, postgres session)."""
         self._acq.require_open()
         return await find_leader(self.driver, check_name(name))
+
+
+def thread_grants(backend: Backend) -> Acquisition:
+    """The door ``asynclock.from_thread`` takes to grant and release on a body's thread."""
+    return backend._acq

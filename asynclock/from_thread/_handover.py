@@ -11,7 +11,7 @@ from typing import Any, Protocol, TypeVar
 import anyio
 
 from .._core.acquisition import Acquisition
-from .._core.backend import Backend
+from .._core.backend import Backend, thread_grants
 from .._core.lease import Lease
 from ._body import ExcInfo, GuardedBody
 from ._guard import BodyGuard
@@ -139,7 +139,7 @@ class Handover(Exchange):
         (without waiting) to renew and watch the lease. Otherwise, or if that attempt did
         not get the name, post the acquisition to the loop and wait for its outcome.
         """
-        acq = backend._acq
+        acq = thread_grants(backend)
         post = self._loop.call_soon_threadsafe
         lease = acq.thread_acquire(name, ttl, post, self._on_lost)
         if lease is not None:
