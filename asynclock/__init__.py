@@ -5,7 +5,7 @@ lost; resource-side fences reject stale writers. Start with :func:`connect`.
 """
 
 from ._core.advice import Advice
-from ._core.backend import Backend, Lock
+from ._core.backend import Backend
 from ._core.clock import Clock, MonotonicClock
 from ._core.connect import connect
 from ._core.context import current_lease, use_lease
@@ -30,8 +30,10 @@ from ._core.holder import Holder
 from ._core.idempotency import Idempotent, IdempotentCall
 from ._core.leadership import Leader, Leadership, Term
 from ._core.lease import Lease, LossSignal
+from ._core.lock import Lock
 from ._core.lock_all import HeldLocks, LockAll
 from ._core.observer import Observer
+from ._core.partitions import Partition, PartitionMember, PartitionOwner, Partitions
 from ._core.rwlock import RWHold, RWLock
 from ._core.semaphore import Permit, Semaphore
 from ._core.stats import BackendStats, HoldTimes
@@ -72,6 +74,10 @@ __all__ = (
     "QuorumNotReached",
     "ServerFull",
     "ReplayedFailure",
+    "Partition",
+    "PartitionMember",
+    "PartitionOwner",
+    "Partitions",
     "Permit",
     "RestartGrace",
     "RWHold",

@@ -127,6 +127,16 @@ def test_efficiency_lock() -> None:
     ]
 
 
+def test_partitioned_outbox() -> None:
+    out = run("partitioned_outbox.py")
+    assert out.splitlines() == [
+        "worker-a left the group midway",
+        "applied 200 events of 40 entities, each in order once: True",
+        "worker-a's partitions taken over by the others: True",
+        "a write with worker-a's old partition token is refused: StaleToken",
+    ]
+
+
 def test_decide_page_points_to_examples_that_exist_and_run() -> None:
     """docs/decide.md gives each branch of the rule an example; each one is a file here
     and is run by a test (test_every_example_has_a_test covers the second part)."""
@@ -140,6 +150,7 @@ def test_decide_page_points_to_examples_that_exist_and_run() -> None:
         "idempotency.py",
         "claims_queue.py",
         "leadership.py",
+        "partitioned_outbox.py",
     } <= named
     for name in named:
         assert (EXAMPLES / name).is_file(), name

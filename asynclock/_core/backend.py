@@ -24,12 +24,12 @@ from .idempotency import DEFAULT_KEEP, Idempotent, idempotent_function
 from .leadership import Leader, Leadership, find_leader
 from .lease import Lease
 from .listing import list_holders
-from .lock import Lock as Lock
-from .lock import locked_function
+from .lock import Lock, locked_function
 from .lock_all import LocksAll
 from .misuse import AsyncContextOnly
 from .observer import Fanout, Observer
 from .owner_label import check_owner_label
+from .partitions import PartitionsMixin
 from .rwlock import RWLocks
 from .semaphore import Semaphores
 from .session import Session
@@ -44,7 +44,7 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 
-class Backend(Semaphores, RWLocks, LocksAll, AsyncContextOnly):
+class Backend(Semaphores, RWLocks, LocksAll, PartitionsMixin, AsyncContextOnly):
     """A lock service: hand out leases on names, renew them, and stop holders that lose them.
     Create one with :func:`asynclock.connect` (or pass a driver) and use it as an async
     context manager; it owns the background renewer of every lease it grants.
