@@ -360,3 +360,10 @@ async def test_documented_defaults_on_a_freshly_started_redis(redis_factory: Any
                 with pytest.raises(asynclock.LockHeld):
                     async with sem.acquire(ttl=5, blocking=False):
                         pytest.fail("granted past the limit")
+
+
+async def test_redlock_says_why_it_has_none() -> None:
+    backend = asynclock.connect("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
+    with pytest.raises(NotImplementedError, match="need not agree on one slot") as info:
+        backend.semaphore("jobs", 2)
+    assert "one Redlock per slot" in str(info.value) and "etcd://" in str(info.value)
