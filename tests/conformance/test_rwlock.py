@@ -377,7 +377,6 @@ async def test_not_on_this_backend(other_spec: BackendSpec) -> None:
         "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
         "redis+sentinel://127.0.0.1:1/mymaster",
         "redis+cluster://127.0.0.1:1",
-        "etcd://127.0.0.1:1",
         "zookeeper://127.0.0.1:1",
     ],
 )
@@ -413,3 +412,10 @@ async def test_documented_defaults_on_a_freshly_started_redis(redis_factory: Any
     async with asynclock.connect(server.url) as backend:
         read, write = await _defaults(backend)
         assert read > 0 and write == read + 1  # seeded from the server's TIME
+
+
+async def test_redlock_says_why_it_has_none() -> None:
+    backend = asynclock.connect("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
+    with pytest.raises(NotImplementedError, match="needs a grant on a majority") as info:
+        backend.rwlock("jobs")
+    assert "backend.rwlock() works on" in str(info.value) and "etcd://" in str(info.value)

@@ -37,6 +37,11 @@ async def expire_permits(spec: BackendSpec, backend: asynclock.Backend, name: st
             conn.execute("UPDATE asynclock_permit SET expires_at = 0 WHERE name = ?", (name,))
         finally:
             conn.close()
+    elif spec.id.startswith("etcd"):
+        from asynclock.backends.etcd._sem import permits_prefix
+        from tests.support.etcd_servers import delete_prefix
+
+        await anyio.to_thread.run_sync(delete_prefix, spec.url, permits_prefix("", name))
     elif spec.id == "redis":
         import redis.asyncio
 
@@ -322,7 +327,6 @@ async def test_not_on_this_backend(other_spec: BackendSpec) -> None:
         "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
         "redis+sentinel://127.0.0.1:1/mymaster",
         "redis+cluster://127.0.0.1:1",
-        "etcd://127.0.0.1:1",
         "zookeeper://127.0.0.1:1",
     ],
 )
@@ -356,3 +360,10 @@ async def test_documented_defaults_on_a_freshly_started_redis(redis_factory: Any
                 with pytest.raises(asynclock.LockHeld):
                     async with sem.acquire(ttl=5, blocking=False):
                         pytest.fail("granted past the limit")
+
+
+async def test_redlock_says_why_it_has_none() -> None:
+    backend = asynclock.connect("redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
+    with pytest.raises(NotImplementedError, match="need not agree on one slot") as info:
+        backend.semaphore("jobs", 2)
+    assert "one Redlock per slot" in str(info.value) and "etcd://" in str(info.value)

@@ -419,3 +419,18 @@ def spec_etcd(etcd_cluster: EtcdCluster) -> BackendSpec:
 @pytest.fixture(scope="session")
 def spec_etcd3(etcd_cluster3: EtcdCluster) -> BackendSpec:
     return _spec("etcd3", etcd_cluster3)
+
+
+def delete_prefix(url: str, prefix: bytes) -> None:
+    """Sabotage: delete every key starting with ``prefix`` through etcd's HTTP gateway (not
+    asynclock; etcdctl cannot take the NUL byte of asynclock's reserved keys)."""
+    import base64
+
+    from asynclock.backends.etcd.client import prefix_end
+
+    def b64(raw: bytes) -> str:
+        return base64.b64encode(raw).decode()
+
+    body = json.dumps({"key": b64(prefix), "range_end": b64(prefix_end(prefix))}).encode()
+    address = url.removeprefix("etcd://").split(",")[0]
+    _get(f"http://{address}/v3/kv/deleterange", data=body, timeout=5)

@@ -31,8 +31,8 @@ CAPABILITIES: dict[str, frozenset[str]] = {
         "redlock": "server_ttl multiprocess",
         "redis_sentinel": "records names leader server_ttl multiprocess",
         "redis_cluster": "records names leader server_ttl multiprocess",
-        "etcd": "records names leader server_ttl multiprocess",
-        "etcd3": "records names leader server_ttl multiprocess",
+        "etcd": "records names leader server_ttl multiprocess semaphore rwlock",
+        "etcd3": "records names leader server_ttl multiprocess semaphore rwlock",
         "zookeeper": "names leader multiprocess",
         "zookeeper3": "names leader multiprocess",
     }.items()

@@ -35,10 +35,16 @@ import anyio
 
 from ..._core.driver import Driver, ExtendResult, LeaseRef, Record, Refused, leave_queue
 from ..._core.holder import Holder
+from ..._core.permit_store import PermitStore
+from ..._core.rw_store import RWStore
+from ..._core.validation import RESERVED_PREFIX
 from .._common.asyncio_only import require_asyncio
 from . import _proto as pb
 from ._acquire import Acquiring
 from ._kv import created_at, delete_key, first_key
+from ._leased import LeasedKeys
+from ._rw import EtcdRW
+from ._sem import EtcdPermits
 from ._session import Session, Sessions, _Slot
 from ._watch import Watching
 from .client import EtcdClient, prefix_end
@@ -74,6 +80,15 @@ class EtcdDriver(Acquiring, Watching, Driver):
         self._poke = anyio.Event()
         self._granted_ttls: dict[str, int] = {}
         client.on_watch_reset = self._watches_reset
+        #: Semaphore permits and read-write holds (their keys share the sessions).
+        self.leased = LeasedKeys(
+            client,
+            self.sessions,
+            now=lambda: self.clock.now(),
+            poke=lambda: self._poke.set(),
+            notify_lost=lambda name, owner, why: self._notify_lost(name, owner, why),
+            orphans=self._orphans,
+        )
 
     # -- keys ------------------------------------------------------------------------------
 
@@ -111,6 +126,7 @@ class EtcdDriver(Acquiring, Watching, Driver):
     def _session_lost(self, session: Session, why: str) -> None:
         """``session`` is gone at the server: its holders lose their locks at once (G4),
         its waiters queue again."""
+        self.leased.session_lost(session, why)
         for name, slot in list(self.slots.items()):
             if slot.session is not session:
                 continue
@@ -243,6 +259,12 @@ class EtcdDriver(Acquiring, Watching, Driver):
         if slot is not None and slot.owner == owner and not slot.held:
             await self._drop(slot)
 
+    def semaphore_store(self, name: str, limit: int) -> PermitStore:
+        return EtcdPermits(self, name, limit)
+
+    def rwlock_store(self, name: str) -> RWStore:
+        return EtcdRW(self, name)
+
     async def validate(self, name: str, token: int) -> bool:
         kv = await first_key(self.client, self.lock_prefix(name), keys_only=True)
         return kv is not None and kv.create_revision == token
@@ -258,6 +280,8 @@ class EtcdDriver(Acquiring, Watching, Driver):
             name, slash, lease = kv.key[len(start) :].rpartition(b"/")
             if slash and lease and all(c in _HEX for c in lease):
                 found[name.decode("utf-8", "surrogatepass")] = None
+        for name in [n for n in found if n.startswith(RESERVED_PREFIX)]:
+            del found[name]  # records, permits, read-write holds: not locks
         return list(found)
 
     async def holder(self, name: str) -> Holder | None:
@@ -392,6 +416,7 @@ class EtcdDriver(Acquiring, Watching, Driver):
                     self._free(name, slot)
                 elif slot.held:
                     due = min(due, slot.expires_at)
+            due = min(due, self.leased.expire(now))
             for key, (rev, owner) in list(self._orphans.items()):
                 try:
                     await delete_key(self.client, key, rev, owner)

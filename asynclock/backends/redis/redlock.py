@@ -35,6 +35,8 @@ import anyio
 from ..._core.driver import Busy, ExtendResult, LeaseRef, Record, Refused
 from ..._core.exceptions import QuorumNotReached
 from ..._core.holder import Holder
+from ..._core.permit_store import PermitStore
+from ..._core.rw_store import RWStore
 from .._common.asyncio_only import require_asyncio
 from .base import LOUD, NO_EXPIRY, QUIET, GraceReport, SubscribingDriver
 from .fanout import Fanout, tally
@@ -57,6 +59,12 @@ NO_RECORDS = (
     "and then the operation runs twice; use one Redis server (redis://), PostgreSQL, "
     "etcd or SQLite for idempotency keys, and Redlock for locks"
 )
+
+SEMAPHORES_ELSEWHERE = (
+    "backend.semaphore() works on redis:// (one server), postgresql://, etcd://, "
+    "sqlite:// and memory://"
+)
+RWLOCKS_ELSEWHERE = SEMAPHORES_ELSEWHERE.replace("semaphore", "rwlock")
 
 
 class RedlockDriver(SubscribingDriver):
@@ -421,6 +429,25 @@ class RedlockDriver(SubscribingDriver):
 
     async def record_delete(self, name: str, token: int) -> bool:
         raise NotImplementedError(NO_RECORDS)
+
+    def semaphore_store(self, name: str, limit: int) -> PermitStore:
+        raise NotImplementedError(
+            f"semaphores are not on {self.display} yet, and cannot be run as on one server: "
+            "each node picks its own free slot, so a majority of 'granted' answers need not "
+            "agree on one slot, and a permit counted per node is not a permit across nodes. "
+            "A quorum-safe grant is one Redlock per slot, tried slot by slot (up to `limit` "
+            "rounds to every node per grant), with a majority-maximum token per slot; it is "
+            f"not built. {SEMAPHORES_ELSEWHERE}"
+        )
+
+    def rwlock_store(self, name: str) -> RWStore:
+        raise NotImplementedError(
+            f"read-write locks are not on {self.display} yet: each node keeps its own "
+            "readers, writer and waiting writers, so a read or write hold needs a grant "
+            "on a majority (whose refusals must meet the other mode's majority), an epoch "
+            "raised to the majority's maximum (as Redlock's fencing tokens) and intents "
+            f"kept on a majority; that is not built. {RWLOCKS_ELSEWHERE}"
+        )
 
 
 def driver_from_url(url: str, **options: Any) -> RedlockDriver:

@@ -1,0 +1,173 @@
+"""Counting semaphores in etcd (``backend.semaphore(name, limit)``; the rules are
+:mod:`asynclock._core.permit_store`'s). A semaphore ``name`` is, under
+``<prefix>\\x00asynclock.sem/<name>/`` (asynclock's reserved prefix, so no lock's keys,
+``<prefix><lock name>/<lease>``, ever mix with them):
+
+* ``p/<slot>`` — one key per live permit (slot 0 .. limit-1, in decimal; the value is the
+  owner), put on the driver's session of its ttl (:mod:`._leased`: a crashed process's
+  permits go with its session, a permit the core stops renewing is deleted locally);
+* ``limit`` — the limit of the live permits (no lease, kept: one small key per name).
+
+* **Grant**: one txn ``create_revision(p/<slot>) == 0 and value(limit) == limit`` → put
+  the permit; else read the limit and the live slots (keys only), and try again at once on
+  a slot the reply shows free. The create-if-absent on one key per slot keeps at most
+  ``limit`` permits live.
+* **Limit**: the first grant, or one that finds no live permit, sets ``limit`` in the same
+  txn as its permit (``no key under p/`` as its compare); while permits of another limit
+  are live, a grant answers ``OtherLimit`` (atomic: no race between two limits).
+* **Token**: the permit key's create revision, etcd's cluster-wide revision at the grant:
+  strictly above every token granted before, for this slot and every other (G2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..._core.driver import ExtendResult, LeaseRef
+from ..._core.permit_store import Answer, Full, Granted, OtherLimit, PermitStore
+from ..._core.semaphore import LEASE_PREFIX
+from . import _proto as pb
+from ._kv import created_at
+from ._leased import Leased, Renewal
+from .client import prefix_end
+
+if TYPE_CHECKING:
+    from .driver import EtcdDriver
+
+#: A grant's attempts in one call before it answers Full (the core backs off and retries).
+ATTEMPTS = 4
+
+
+def semaphore_prefix(prefix: str, name: str) -> bytes:
+    """Where the keys of semaphore ``name`` are (see the module)."""
+    return f"{prefix}\x00asynclock.sem/{name}/".encode("utf-8", "surrogatepass")
+
+
+def permits_prefix(prefix: str, name: str) -> bytes:
+    """Where the permits of semaphore ``name`` are (see the module)."""
+    return semaphore_prefix(prefix, name) + b"p/"
+
+
+class EtcdPermits(PermitStore):
+    """A semaphore's permits in an etcd cluster (see the module)."""
+
+    renew_chunk = None  # one keep-alive and one key listing per session, whatever the count
+
+    def __init__(self, driver: EtcdDriver, name: str, limit: int) -> None:
+        super().__init__(name, limit)
+        self.client = driver.client
+        self.leased = driver.leased
+        self.display = driver.display
+        self.base = permits_prefix(driver.prefix, name)
+        self.limit_key = semaphore_prefix(driver.prefix, name) + b"limit"
+        self._lease_name = LEASE_PREFIX + name
+        #: Slots a grant of this store is trying now.
+        self._trying: set[int] = set()
+
+    def _key(self, slot: int) -> bytes:
+        return self.base + b"%d" % slot
+
+    def _slots(self, kvs: Iterable[Any]) -> set[int]:
+        found = (kv.key[len(self.base) :] for kv in kvs)
+        return {int(s) for s in found if s.isdigit()}
+
+    async def grant(self, owner: str, ttl: float) -> Answer:
+        trying: list[int] = []
+        try:
+            return await self._grant(owner, ttl, trying)
+        finally:
+            self._trying.difference_update(trying)  # a granted slot is in self.slots by now
+
+    def _guess(self, live: Iterable[int], trying: list[int]) -> int | None:
+        """A slot neither live (as last seen) nor held or tried by a task here (tasks of
+        one process never collide), lowest first; None if there is none."""
+        taken = set(live) | set(self.slots.values()) | self._trying
+        slot = next((s for s in range(self.limit) if s not in taken), None)
+        if slot is not None:
+            self._trying.add(slot)
+            trying.append(slot)
+        return slot
+
+    async def _grant(self, owner: str, ttl: float, trying: list[int]) -> Answer:
+        value, limit = owner.encode(), b"%d" % self.limit
+        same_limit = pb.Compare(
+            result=pb.CMP_EQUAL, target=pb.CMP_TARGET_VALUE, key=self.limit_key, value=limit
+        )
+        none_live = pb.Compare(
+            result=pb.CMP_EQUAL,
+            target=pb.CMP_TARGET_CREATE,
+            key=self.base,
+            range_end=prefix_end(self.base),
+            create_revision=0,
+        )
+        look = [
+            pb.RequestOp(request_range=pb.RangeRequest(key=self.limit_key)),
+            pb.RequestOp(
+                request_range=pb.RangeRequest(
+                    key=self.base, range_end=prefix_end(self.base), keys_only=True
+                )
+            ),
+        ]
+        set_limit = False  # (the limit key is seen wrong and no permit live: set it)
+        slot = self._guess((), trying)
+        for _ in range(ATTEMPTS):
+            if slot is None:
+                return Full()
+            session = await self.leased.session(ttl)
+            key = self._key(slot)
+            put = pb.RequestOp(
+                request_put=pb.PutRequest(key=key, value=value, lease=session.lease_id)
+            )
+            if set_limit:
+                limit_put = pb.PutRequest(key=self.limit_key, value=limit)
+                compare, success = [none_live], [put, pb.RequestOp(request_put=limit_put)]
+            else:
+                compare, success = [created_at(key, 0), same_limit], [put]
+            request = pb.TxnRequest(compare=compare, success=success, failure=look)
+            reply: Any = await self.leased.txn(session, request)
+            if reply is None:
+                continue  # the session's lease expired: again on a new one
+            if reply.succeeded:
+                rev = reply.header.revision
+                expires_at = self.leased.now() + ttl
+                self.leased.add(
+                    Leased(key, value, owner, rev, rev, session, ttl, expires_at, self._lease_name)
+                )
+                return Granted(slot, rev)
+            limits = reply.responses[0].response_range.kvs
+            held = bytes(limits[0].value) if limits else b""
+            live = self._slots(reply.responses[1].response_range.kvs)
+            if held != limit:
+                if live and held.isdigit():
+                    return OtherLimit(int(held))
+                set_limit = not live
+                continue
+            set_limit = False
+            slot = self._guess(live, trying)
+        return Full()
+
+    async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
+        refs = []
+        for ref in leases:
+            slot = self.slots.get(ref.owner)
+            key = b"" if slot is None else self._key(slot)
+            refs.append(Renewal(key, ref.owner, ref.token, ref.ttl))
+        return await self.leased.renew(refs)
+
+    async def release_permit(self, owner: str, slot: int | None, token: int | None) -> bool:
+        if slot is not None:
+            key = self._key(slot)
+            entry = self.leased.entries.get(key)
+            if entry is not None and entry.owner == owner and token in (None, entry.rev):
+                return await self.leased.delete(key, entry.rev, owner)
+            if token is not None:
+                return await self.leased.delete(key, token, owner)
+        # An interrupted grant (its reply may be lost): look for our key among them all.
+        reply = await self.client.range(
+            pb.RangeRequest(key=self.base, range_end=prefix_end(self.base))
+        )
+        for kv in reply.kvs:
+            if bytes(kv.value) == owner.encode() and token in (None, kv.create_revision):
+                return await self.leased.delete(kv.key, kv.create_revision, owner)
+        return False
