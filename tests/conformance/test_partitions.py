@@ -259,6 +259,19 @@ def test_partition_of_is_stable() -> None:
         partition_of(17, 64)  # type: ignore[arg-type]
 
 
+def test_public_partition_of_routes_without_a_group() -> None:
+    """A producer routes with ``asynclock.partition_of(key, count)``: the member's answer."""
+    from asynclock._core.partition_rules import partition_of
+
+    assert [asynclock.partition_of(f"k{i}", 64) for i in range(200)] == [
+        partition_of(f"k{i}", 64) for i in range(200)
+    ]
+    assert asynclock.partition_of("anything", 1) == 0
+    for count, error in [(0, ValueError), (-3, ValueError), (True, TypeError), (2.0, TypeError)]:
+        with pytest.raises(error):
+            asynclock.partition_of("k", count)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error"),
     [
