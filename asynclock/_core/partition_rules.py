@@ -55,6 +55,11 @@ def glob_escape(text: str) -> str:
     return "".join(f"[{c}]" if c in "*?[" else c for c in text)
 
 
+def is_member_id(text: str) -> bool:
+    """Whether ``text`` is a member id: uuid4 hex, as ``PartitionMember.id`` makes them."""
+    return len(text) == MEMBER_ID_LENGTH and all(c in "0123456789abcdef" for c in text)
+
+
 def member_name(group: str, member: str) -> str:
     return f"{group}{MEMBER_PART}{member}"
 
