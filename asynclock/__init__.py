@@ -33,6 +33,7 @@ from ._core.lease import Lease, LossSignal
 from ._core.lock import Lock
 from ._core.lock_all import HeldLocks, LockAll
 from ._core.observer import Observer
+from ._core.partition_rules import partition_of
 from ._core.partitions import Partition, PartitionMember, PartitionOwner, Partitions
 from ._core.rwlock import RWHold, RWLock
 from ._core.semaphore import Permit, Semaphore
@@ -90,6 +91,7 @@ __all__ = (
     "check_seconds",
     "connect",
     "current_lease",
+    "partition_of",
     "serve_stats",
     "use_lease",
 )

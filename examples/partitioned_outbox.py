@@ -2,7 +2,8 @@
 
 An outbox table holds events of 40 entities (5 each, numbered 1..5 per entity). Three
 workers join the group "outbox" of 8 partitions (``backend.partitions``); each entity's
-events live in the partition of its id, and each partition is consumed by one worker at a
+events live in the partition of its id (the producer routes with
+``asynclock.partition_of(entity, 8)``), and each partition is consumed by one worker at a
 time, so each entity's events are applied in order. Every write is fenced by the
 partition token (``SQLFence``, key ``outbox:<partition>``): the first thing a new owner
 does is raise the fence, so a former owner that wakes up late cannot write. Midway one
@@ -30,7 +31,7 @@ def connect(db: Path) -> sqlite3.Connection:
     return conn
 
 
-def setup(db: Path, fence: SQLFence, member: asynclock.PartitionMember) -> None:
+def setup(db: Path, fence: SQLFence) -> None:
     with connect(db) as conn:
         fence.create_sqlite(conn)
         conn.execute(
@@ -43,7 +44,7 @@ def setup(db: Path, fence: SQLFence, member: asynclock.PartitionMember) -> None:
                 entity = f"customer:{n}"
                 conn.execute(
                     "INSERT INTO outbox (entity, seq, part) VALUES (?, ?, ?)",
-                    (entity, seq, member.partition_of(entity)),  # the producer routes
+                    (entity, seq, asynclock.partition_of(entity, COUNT)),  # the producer routes
                 )
         conn.execute("COMMIT")
 
@@ -117,9 +118,7 @@ async def until_applied(db: Path, events: int) -> None:
 
 async def main(tmp: Path) -> None:
     db, locks, fence = tmp / "app.db", f"sqlite:///{tmp / 'locks.db'}", SQLFence()
-    async with asynclock.connect(locks) as backend:
-        async with backend.partitions("outbox-producer", count=COUNT, ttl=1.0) as router:
-            setup(db, fence, router)
+    setup(db, fence)  # the producer routes each entity itself: no group, no connection
     stops = {name: anyio.Event() for name in ("worker-a", "worker-b", "worker-c")}
     seen: dict[str, int] = {}
     with anyio.fail_after(30):

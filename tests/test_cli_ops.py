@@ -263,3 +263,29 @@ async def test_an_unreachable_zookeeper_says_so_once_without_kazoos_own_lines() 
     code, _, err = await cli("holder", "x", "--url", f"zookeeper://127.0.0.1:{free_port()}")
     assert code == 3, err
     assert err.splitlines() == [err.strip()] and err.startswith("asynclock holder: "), err
+
+
+@pytest.mark.parametrize("spec", ["sqlite"], indirect=True)
+async def test_list_shows_partitions_with_their_member(spec: BackendSpec, lock_name: str) -> None:
+    """``asynclock list 'GROUP/*'`` shows a group's member and partition locks, each with
+    the member id it belongs to (the identity in its owner tag), in text and in JSON."""
+    group = f"group-{lock_name[-8:]}"  # short: the table fits 120 columns
+    async with (
+        spec.connect() as backend,
+        backend.partitions(group, count=2, ttl=5.0) as member,
+    ):
+        pattern = f"{group}/*"
+        code, out, err = await cli("list", pattern, "--url", spec.url)
+        assert code == 0, err
+        rows = [line for line in out.splitlines() if f"{group}/" in line]
+        # (a narrow table cuts long cells short: the id's start; --json has all of it)
+        assert len(rows) == 3 and all(member.id[:16] in row for row in rows), out
+        assert "identity / member" in out  # the column says what the id is
+        code, out, err = await cli("list", pattern, "--url", spec.url, "--json")
+        assert code == 0, err
+        listed = json.loads(out)
+        assert [(h["name"], h["identity"]) for h in listed] == [
+            (f"{group}/member/{member.id}", member.id),
+            (f"{group}/partition/0", member.id),
+            (f"{group}/partition/1", member.id),
+        ]

@@ -59,6 +59,7 @@ PUBLIC = {
     "check_seconds",
     "connect",
     "current_lease",
+    "partition_of",
     "serve_stats",
     "use_lease",
 }

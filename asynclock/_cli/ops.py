@@ -27,6 +27,7 @@ from typing import Any
 
 import asynclock
 
+from .._core.leadership import identity_of
 from .._core.owner_label import LABEL_MARK
 from .._core.validation import check_name
 from .output import Output, make_output, safe, wants_color
@@ -110,11 +111,19 @@ def _as_json(held: asynclock.Holder | None, name: str, display: str) -> dict[str
         "held": held is not None and held.grace_until is None,
         "owner": held.owner if held else None,
         "label": held.label if held else None,
+        "identity": _identity(held),
         "token": held.token if held else None,
         "ttl_left": None if held is None or held.remaining is None else round(held.remaining, 3),
         "grace_until": held.grace_until if held else None,
         "detail": held.detail if held else None,
     }
+
+
+def _identity(held: asynclock.Holder | None) -> str | None:
+    """The identity in the owner's tag: a leadership term's identity, or the member id of
+    a partition group's member and partition locks (``<group>/member/<id>``,
+    ``<group>/partition/<i>``); None for a plain lock."""
+    return None if held is None or held.owner is None else identity_of(held.owner)
 
 
 def _owner_shown(held: asynclock.Holder) -> str | None:
@@ -205,6 +214,11 @@ def run_list(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         columns = [
             ("name", "<"), ("label", "<"), ("owner", "<"), ("token", ">"), ("lease left", ">")
         ]  # fmt: skip
+        identities = [_identity(h) for h in found]
+        if any(identities):  # terms and partition groups: who, by identity / member id
+            columns.insert(3, ("identity / member", "<"))
+            for row, identity in zip(rows, identities, strict=True):
+                row.insert(3, identity or "-")
         out.table(f"{len(found)} held on {display}", columns, rows)
         if len(found) == args.limit:
             out.line([(f"(stopped at --limit {args.limit})", "dim")])

@@ -19,10 +19,19 @@ MEMBER_ID_LENGTH = 32
 
 
 def partition_of(key: str | bytes, count: int) -> int:
-    """The partition of ``key`` among ``count``: the first 8 bytes of the BLAKE2b digest
-    (``digest_size=8``) of the key's UTF-8 bytes, as a big-endian unsigned int, modulo
-    ``count``. The same in every process, platform and Python version (not ``hash()``,
-    which is salted per process), so a producer can route without joining the group."""
+    """The partition of ``key`` among ``count`` (``0 .. count-1``): the first 8 bytes of
+    the BLAKE2b digest (``digest_size=8``) of the key's UTF-8 bytes, as a big-endian
+    unsigned int, modulo ``count``. The same in every process, platform and Python version
+    (not ``hash()``, which is salted per process), so a producer routes a key without
+    joining the group: ``asynclock.partition_of(key, count)`` is what the group's members
+    compute (``member.partition_of(key)``) for the same ``count``.
+
+    ``count`` is a positive int (not a bool): TypeError / ValueError otherwise; ``key`` a
+    ``str`` or ``bytes``: TypeError otherwise."""
+    if type(count) is not int:
+        raise TypeError(f"count must be a positive int, got {type(count).__name__} {count!r}")
+    if count < 1:
+        raise ValueError(f"count must be a positive int, got {count!r}")
     if isinstance(key, str):
         data = key.encode("utf-8")
     elif isinstance(key, bytes | bytearray | memoryview):
@@ -44,6 +53,11 @@ def quota(count: int, members: list[str], me: str) -> int:
 def glob_escape(text: str) -> str:
     """``text`` as a glob matching only itself (``backend.holders`` patterns)."""
     return "".join(f"[{c}]" if c in "*?[" else c for c in text)
+
+
+def is_member_id(text: str) -> bool:
+    """Whether ``text`` is a member id: uuid4 hex, as ``PartitionMember.id`` makes them."""
+    return len(text) == MEMBER_ID_LENGTH and all(c in "0123456789abcdef" for c in text)
 
 
 def member_name(group: str, member: str) -> str:

@@ -42,6 +42,7 @@ from .partition_rules import (
     PARTITION_PART,
     check_partition_args,
     glob_escape,
+    is_member_id,
     member_name,
     partition_name,
     partition_of,
@@ -199,9 +200,16 @@ class PartitionMember:
             raise failure[0]
 
     async def members(self) -> list[str]:
-        """The ids of the group's live members, as the server lists them."""
-        found = await list_holders(self._acq, glob_escape(self.group + MEMBER_PART) + "*", 100_000)
-        return sorted(h.name.rpartition("/")[2] for h in found)
+        """The ids of the group's live members, as the server lists them: the holders of
+        ``<group>/member/<id>`` whose owner tag is that member id. Another lock in that
+        namespace (a plain lock, a nested group's) is no member: it must not skew quotas."""
+        prefix = self.group + MEMBER_PART
+        found = await list_holders(self._acq, glob_escape(prefix) + "*", 100_000)
+        ids = (
+            (h.name[len(prefix) :], identity_of(h.owner) if h.owner is not None else None)
+            for h in found
+        )
+        return sorted(member for member, tagged in ids if is_member_id(member) and tagged == member)
 
     async def holders(self) -> list[PartitionOwner]:
         """Every owned partition of the group, as the server sees it, by partition."""
@@ -209,9 +217,10 @@ class PartitionMember:
             self._acq, glob_escape(self.group + PARTITION_PART) + "*", MAX_PARTITIONS
         )
         owners = []
-        for holder in found:
-            number = holder.name.rpartition("/")[2]
-            if number.isdecimal() and int(number) < self.count:
+        for holder in found:  # exactly <group>/partition/<i>: not a nested group's locks
+            number = holder.name[len(self.group + PARTITION_PART) :]
+            exact = number.isascii() and number.isdecimal() and int(number) < self.count
+            if exact and holder.name == partition_name(self.group, int(number)):
                 owners.append(_owner(int(number), holder))
         return sorted(owners, key=lambda o: o.partition)
 

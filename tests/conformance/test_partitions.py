@@ -234,6 +234,44 @@ async def test_consume_raising_propagates_and_leaves(spec: BackendSpec, lock_nam
             assert await backend.holders(f"{lock_name}*") == []
 
 
+async def test_other_locks_near_the_group(spec: BackendSpec, lock_name: str) -> None:
+    """A plain lock on the group's name is independent of the group; a stray lock in its
+    member namespace is no member (quotas unskewed); a nested group's locks are not the
+    group's partitions; a partition's lock held by hand keeps that partition from the
+    members (reported with no member) until released."""
+    group = lock_name
+    async with AsyncExitStack() as stack:
+        backend = await stack.enter_async_context(spec.connect(heartbeat=HEARTBEAT))
+        other = backend
+        if spec.id != "memory":
+            other = await stack.enter_async_context(spec.connect(heartbeat=HEARTBEAT))
+        plain = await other.acquire(group, ttl=10)
+        stray = await other.acquire(f"{group}/member/{'0' * 32}", ttl=10)
+        junk = await other.acquire(f"{group}/member/not-a-member", ttl=10)
+        paused = await other.acquire(f"{group}/partition/2", ttl=10)
+        async with (
+            backend.partitions(group, count=4, ttl=TTL) as member,
+            other.partitions(f"{group}/partition/3", count=2, ttl=TTL) as nested,
+        ):
+            assert await member.members() == [member.id]
+            assert await nested.members() == [nested.id]
+            assert {p.id for p in member.owned()} == {0, 1, 3}
+            assert {p.id for p in nested.owned()} == {0, 1}
+            owners = await member.holders()
+            assert [(o.partition, o.member) for o in owners] == [
+                (0, member.id),
+                (1, member.id),
+                (2, None),
+                (3, member.id),
+            ]
+            assert not plain.lost and not stray.lost and not junk.lost
+            await paused.release()
+            changes = member.changes()
+            with anyio.fail_after(10):  # taken at the next balance round
+                while await changes.__anext__() != frozenset(range(4)):
+                    pass
+
+
 async def test_needs_names(other_spec: BackendSpec, lock_name: str) -> None:
     async with other_spec.connect() as backend:
         with pytest.raises(NotImplementedError):
@@ -257,6 +295,19 @@ def test_partition_of_is_stable() -> None:
     )
     with pytest.raises(TypeError):
         partition_of(17, 64)  # type: ignore[arg-type]
+
+
+def test_public_partition_of_routes_without_a_group() -> None:
+    """A producer routes with ``asynclock.partition_of(key, count)``: the member's answer."""
+    from asynclock._core.partition_rules import partition_of
+
+    assert [asynclock.partition_of(f"k{i}", 64) for i in range(200)] == [
+        partition_of(f"k{i}", 64) for i in range(200)
+    ]
+    assert asynclock.partition_of("anything", 1) == 0
+    for count, error in [(0, ValueError), (-3, ValueError), (True, TypeError), (2.0, TypeError)]:
+        with pytest.raises(error):
+            asynclock.partition_of("k", count)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
