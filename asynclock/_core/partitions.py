@@ -20,6 +20,7 @@ One protocol over the lock primitives every backend has (docs/partitions.md):
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import uuid
@@ -55,6 +56,9 @@ if TYPE_CHECKING:
     from .lease import Lease
 
 logger = logging.getLogger("asynclock.partitions")
+
+#: The most partitions one member tries to take at once in a balance round.
+TAKE_AT_ONCE = 64
 
 
 class Partition:
@@ -298,14 +302,30 @@ class PartitionMember:
             return
         if excess == 0:
             return
+        # The partitions free as the server lists them, from an offset of this member's
+        # own (members below quota start apart), tried at once, as many at a time as
+        # are missing: the balance takes about one round trip, not one per partition.
         ranked = sorted(set(members) | {self.id})
         start = ranked.index(self.id) * self.count // len(ranked)
-        for step in range(self.count):
-            number = (start + step) % self.count
-            if number in self._owned:
-                continue
-            if await self._take(number) and len(self._owned) >= mine:
+        held = {owner.partition for owner in await self.holders()}
+        order = ((start + step) % self.count for step in range(self.count))
+        free = iter([n for n in order if n not in self._owned and n not in held])
+        while (missing := mine - len(self._owned)) > 0:
+            batch = list(itertools.islice(free, min(missing, TAKE_AT_ONCE)))
+            if not batch:
                 return
+            errors: list[Exception] = []
+            async with anyio.create_task_group() as tg:
+                for number in batch:
+                    tg.start_soon(self._try_take, number, errors)
+            if errors:
+                raise errors[0]
+
+    async def _try_take(self, number: int, errors: list[Exception]) -> None:
+        try:
+            await self._take(number)
+        except Exception as exc:  # the round's first error ends it (balance_loop logs)
+            errors.append(exc)
 
     async def _take(self, number: int) -> bool:
         name = partition_name(self.group, number)

@@ -136,7 +136,7 @@ class Fleet:
     async def until_balanced(self, since: float) -> float:
         """Seconds from ``since`` until every partition has one owner and balance holds."""
         bound = TTL + TTL * HEARTBEAT
-        with anyio.fail_after(bound + 3):  # slack for 64 sequential round trips
+        with anyio.fail_after(bound + 3):  # slack for the listing and the acquires' round
             while not self.balanced():
                 await self.next_change()
         took = time.monotonic() - since
