@@ -242,6 +242,10 @@ class ClusterDriver(Routed):
         self._refresh_due.set()  # unreachable? the layout may show a failover
         return primary.retired
 
+    def migrating(self, exc: BaseException) -> bool:
+        moved = redirection(cause(exc))
+        return moved is not None and moved[0] == "ASK"
+
     async def ask(self, exc: BaseException, call: Any) -> Any:
         """``call(primary)`` on the target of an ``ASK`` in ``exc`` (with ``ASKING``)."""
         moved = redirection(cause(exc))
