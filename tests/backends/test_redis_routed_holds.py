@@ -15,6 +15,8 @@ import pytest
 import redis
 
 import asynclock
+from asynclock._harness.redis_deploy import SentinelDeployment
+from asynclock.backends.redis import NotReplicated
 from asynclock.backends.redis.rwlock import rwlock_keys
 from asynclock.backends.redis.semaphore import semaphore_keys
 from asynclock.backends.redis.topology import key_slot
@@ -191,3 +193,33 @@ async def test_a_slot_moved_under_a_held_permit(deployment_factory: DeploymentFa
                     assert not first.lost and not second.lost
         assert backend.stats().losses == 0
     assert dep.owner(slot) is target
+
+
+async def test_wait_confirms_permits_and_holds(
+    redis_sentinel_deployment: SentinelDeployment,
+) -> None:
+    """``wait_replicas``: a permit's and a hold's grant and renewals are confirmed by the
+    replica; above the replicas there are, the grant does not count (NotReplicated, saying
+    what to change) and is given back (the permit is free again)."""
+    url = redis_sentinel_deployment.url
+    async with asynclock.connect(url, wait_replicas=1, wait_timeout=0.5) as backend:
+        with anyio.fail_after(20):
+            async with backend.semaphore("waited", 1).acquire(ttl=0.6) as permit:
+                async with backend.rwlock("waited").write(ttl=0.6) as hold:
+                    for _ in range(4):  # past the ttl: renewed, confirmed
+                        await next_renewal_round(backend)
+                    assert not permit.lost and not hold.lost
+    async with asynclock.connect(url, wait_replicas=2, wait_timeout=0.1) as backend:
+        for acquire in (
+            lambda: backend.semaphore("unconfirmed", 1).acquire(ttl=1.0, blocking=False),
+            lambda: backend.rwlock("unconfirmed").write(ttl=1.0, blocking=False),
+        ):
+            with pytest.raises(NotReplicated, match="reached 1 of the 2 replica"):
+                async with acquire():
+                    pytest.fail("an unconfirmed grant counted")
+    async with asynclock.connect(url) as backend:
+        with anyio.fail_after(10):
+            async with backend.semaphore("unconfirmed", 1).acquire(ttl=1.0, blocking=False):
+                pass  # given back
+            async with backend.rwlock("unconfirmed").write(ttl=1.0, blocking=False):
+                pass
