@@ -105,7 +105,7 @@ async def _fail_over_and_grab(
             await anyio.to_thread.run_sync(fault)
             with anyio.fail_after(60):
                 async with anyio.create_task_group() as grabs:
-                    stop, held = anyio.Event(), []
+                    stop, held = anyio.Event(), list[int]()
                     for _ in range(LIMIT):
                         grabs.start_soon(grab_permit, stop, held)
                     grabs.start_soon(grab_writer)
