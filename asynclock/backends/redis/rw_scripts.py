@@ -5,7 +5,8 @@ semaphore's (all under the hash tag of the name):
 
 * ``<prefix>rw:{name}`` — a hash: ``e`` (the epoch: the last write hold's token, never
   deleted while the hash lives; a missing one is seeded from TIME in ms * 1000, so epochs
-  keep rising after a restart that lost the data, as a lock's counter does), ``w`` and
+  keep rising after a restart that lost the data, as a lock's counter does; after a
+  failover it jumps above the floor ADOPT set, as a lock's token does), ``w`` and
   ``wx`` (the writer's owner and expiry in the server's Unix ms). It expires a week after
   the last grant or renewal (redisson#6302); the epoch then starts again from TIME, above
   every earlier one;
