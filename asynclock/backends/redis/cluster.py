@@ -17,6 +17,9 @@ While a primary is unreachable the layout is read again every 0.25 s, else every
 seconds (a manual ``CLUSTER FAILOVER`` or a migration shows there). ``WAIT`` (the option
 ``wait_replicas``) goes to the slot owner's connection, after its script.
 
+Semaphores and read-write locks (:mod:`.routed_holds`) keep all their keys and the slot's
+epoch key in the name's slot; a grant follows MOVED (it did not run), and ASK is busy.
+
 A token scope's counter lives in its own slot: a scoped acquire takes the name (its own
 counter's token), draws the scope's next token above it on the scope's slot, and raises the
 lease and the name's counter to that: three round trips instead of one.
@@ -241,6 +244,10 @@ class ClusterDriver(Routed):
             return True
         self._refresh_due.set()  # unreachable? the layout may show a failover
         return primary.retired
+
+    def migrating(self, exc: BaseException) -> bool:
+        moved = redirection(cause(exc))
+        return moved is not None and moved[0] == "ASK"
 
     async def ask(self, exc: BaseException, call: Any) -> Any:
         """``call(primary)`` on the target of an ``ASK`` in ``exc`` (with ``ASKING``)."""

@@ -61,8 +61,8 @@ NO_RECORDS = (
 )
 
 SEMAPHORES_ELSEWHERE = (
-    "backend.semaphore() works on redis:// (one server), postgresql://, etcd://, "
-    "sqlite:// and memory://"
+    "backend.semaphore() works on redis:// (one server, Sentinel or Cluster), "
+    "postgresql://, etcd://, sqlite:// and memory://"
 )
 RWLOCKS_ELSEWHERE = SEMAPHORES_ELSEWHERE.replace("semaphore", "rwlock")
 

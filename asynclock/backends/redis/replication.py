@@ -87,7 +87,17 @@ _CONFIRMED = {
     "record_put": (lambda r: r == 1, "the record"),
     "extend": (_always, "the renewal"),
     "cluster_extend": (_always, "the renewal"),
+    # Semaphores and read-write locks (:mod:`.routed_holds`): an unconfirmed grant or
+    # renewal fails with NotReplicated (the core gives a grant back, retries a renewal).
+    "sem_grant": (lambda r: int(r[0]) >= 0, "the permit's grant"),
+    "sem_extend": (_always, "the permits' renewal"),
+    "rw_grant": (lambda r: int(r[0]) == 1, "the read-write hold's grant"),
+    "rw_extend": (_always, "the read-write holds' renewal"),
 }
+
+#: Scripts that fail (NotReplicated) when the replicas do not confirm them in ``run``
+#: (the lock renewals read the count themselves: :meth:`~.routed.Routed.confirmed`).
+_STRICT = frozenset(_CONFIRMED) - {"extend", "cluster_extend"}
 
 #: Set (in the calling task's context) to send ``ASKING`` before the next command: Redis
 #: Cluster's answer to ``ASK`` (a slot half migrated to this node).
@@ -148,7 +158,7 @@ class ReplicatedNode(Node):
         if (
             wait is not None
             and confirm is not None
-            and script in ("acquire", "record_put")
+            and script in _STRICT
             and acked is not None
             and acked < wait.replicas
         ):

@@ -1,5 +1,5 @@
 """The replies (and arguments) of the scripts both Redis drivers run: the restart grace
-argument, the batched extend, the holder query."""
+argument, the batched extend, the holder query; and ``INFO``'s."""
 
 from __future__ import annotations
 
@@ -62,3 +62,14 @@ def token_of(value: bytes) -> int | None:
         return int(tail)
     except ValueError:
         return None
+
+
+def info_fields(info: object) -> dict[str, str]:
+    """An ``INFO`` reply as ``{field: value}``."""
+    text = info.decode(errors="replace") if isinstance(info, bytes) else str(info)
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and not line.startswith("#"):
+            out[key.strip()] = value.strip()
+    return out

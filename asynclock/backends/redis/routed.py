@@ -8,13 +8,15 @@ each call to the primary of its name, keeps which primary granted each lease, an
 primary that was replaced: every lease it granted is lost at once, *before* its successor
 grants anything (the switch and the losses happen with no await between them), and the
 waiters watching there move to the successor. A grant that arrives from a primary retired
-while it was asked for is given back and asked for again.
+while it was asked for is given back and asked for again. Semaphore permits and read-write
+holds are routed the same way, and lost the same way (:mod:`.routed_holds`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any
 
 import anyio
@@ -24,10 +26,13 @@ import redis.exceptions
 from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Record, Refused
 from ..._core.exceptions import BackendUnavailable
 from ..._core.holder import Holder
+from ..._core.permit_store import PermitStore
+from ..._core.rw_store import RWStore
 from .keys import KeyCache
 from .options import NodeURL
 from .replication import ReplicatedNode, Restarted, Wait
-from .replies import extend_call, extend_result, holder_from_reply
+from .replies import extend_call, extend_result, holder_from_reply, info_fields
+from .routed_holds import RoutedPermits, RoutedRW
 from .single import RedisDriver
 from .wire import pack
 
@@ -36,17 +41,6 @@ logger = logging.getLogger("asynclock.redis")
 #: Attempts at one call when the primary changes under it (MOVED, a failover, READONLY, a
 #: slot being migrated: TRYAGAIN).
 ATTEMPTS = 8
-
-
-def info_fields(info: object) -> dict[str, str]:
-    """An ``INFO`` reply as ``{field: value}``."""
-    text = info.decode(errors="replace") if isinstance(info, bytes) else str(info)
-    out = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and not line.startswith("#"):
-            out[key.strip()] = value.strip()
-    return out
 
 
 class PrimaryDriver(RedisDriver):
@@ -178,6 +172,8 @@ class Routed(Driver):
     """A driver that routes each name to the primary that serves it (see the module)."""
 
     remote = True
+    #: Attempts at one call (see :data:`ATTEMPTS`).
+    attempts = ATTEMPTS
 
     def __init__(self, display: str, options: dict[str, Any]) -> None:
         super().__init__()
@@ -191,6 +187,8 @@ class Routed(Driver):
         self.wakes_waiters = bool(options.get("fair", True))
         #: owner -> (name, token, the primary that holds it).
         self._held: dict[str, tuple[str, int, PrimaryDriver]] = {}
+        #: owner -> (lease name, the primary that granted it): permits, read-write holds.
+        self.holds: dict[str, tuple[str, PrimaryDriver]] = {}
         #: name -> the primaries each running wait watches it on.
         self._watches: dict[str, list[PrimaryDriver]] = {}
         #: owner -> the primary its queued attempt joined.
@@ -212,6 +210,10 @@ class Routed(Driver):
     async def redirected(self, exc: BaseException, primary: PrimaryDriver) -> bool:
         """``exc`` came from ``primary``: True if the call should go again (the deployment
         moved the name: MOVED, a failover seen, READONLY), after updating the routes."""
+        return False
+
+    def migrating(self, exc: BaseException) -> bool:
+        """``exc`` says the name's slot is being migrated (a cluster's ``ASK``)."""
         return False
 
     async def again(self, exc: BaseException, primary: PrimaryDriver) -> bool:
@@ -281,10 +283,16 @@ class Routed(Driver):
                 del self._held[owner]
                 p.forget(owner)
                 self._notify_lost(name, owner, why)
+        for owner, (name, q) in list(self.holds.items()):
+            if q is p:
+                del self.holds[owner]
+                p.forget(owner)
+                self._notify_lost(name, owner, why)
 
     def _lost_on(self, name: str, owner: str, why: str) -> None:
         """A primary's own loss report (it restarted): forget the lease here too."""
         self._held.pop(owner, None)
+        self.holds.pop(owner, None)
         self._notify_lost(name, owner, why)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -331,8 +339,8 @@ class Routed(Driver):
             if p.retired:
                 # Replaced while we asked: what it granted is lost with it. Give it back
                 # there (best effort: it may still be a writable primary) and ask again.
-                if not isinstance(result, Busy) and self._tg is not None:
-                    self._tg.start_soon(self._give_back, p, name, owner)
+                if not isinstance(result, Busy):
+                    self.give_back(p, partial(p.release, name, owner, None))
                 continue
             if isinstance(result, Busy):
                 if queue:
@@ -346,13 +354,19 @@ class Routed(Driver):
     async def before_grant(self, p: PrimaryDriver, name: str) -> None:
         """What must happen on ``p`` before it may grant ``name`` (ADOPT)."""
 
+    def give_back(self, p: PrimaryDriver, call: Callable[[], Awaitable[object]]) -> None:
+        """A grant from ``p``, retired while it was asked for: ``call()`` gives it back
+        there, in the background (best effort: it may still be a writable primary)."""
+        if self._tg is not None:
+            self._tg.start_soon(self._give_back, p, call)
+
     @staticmethod
-    async def _give_back(p: PrimaryDriver, name: str, owner: str) -> None:
+    async def _give_back(p: PrimaryDriver, call: Callable[[], Awaitable[object]]) -> None:
         with anyio.move_on_after(p.node.socket_timeout):
             try:
-                await p.release(name, owner, None)
+                await call()
             except Exception as exc:
-                logger.debug("give-back of %r on retired %s failed: %r", name, p.display, exc)
+                logger.debug("a give-back on retired %s failed: %r", p.display, exc)
 
     async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
         if not leases:
@@ -426,6 +440,12 @@ class Routed(Driver):
         if held is not None and held[2].retired:
             return False  # lost with the primary that granted it
         return bool(await self._call(name, "release", lambda p: p.release(name, owner, token)))
+
+    def semaphore_store(self, name: str, limit: int) -> PermitStore:
+        return RoutedPermits(self, name, limit)
+
+    def rwlock_store(self, name: str) -> RWStore:
+        return RoutedRW(self, name)
 
     async def validate(self, name: str, token: int) -> bool:
         return bool(await self._call(name, "validate", lambda p: p.validate(name, token)))

@@ -5,7 +5,8 @@ semaphore's (all under the hash tag of the name):
 
 * ``<prefix>rw:{name}`` — a hash: ``e`` (the epoch: the last write hold's token, never
   deleted while the hash lives; a missing one is seeded from TIME in ms * 1000, so epochs
-  keep rising after a restart that lost the data, as a lock's counter does), ``w`` and
+  keep rising after a restart that lost the data, as a lock's counter does; after a
+  failover it jumps above the floor ADOPT set, as a lock's token does), ``w`` and
   ``wx`` (the writer's owner and expiry in the server's Unix ms). It expires a week after
   the last grant or renewal (redisson#6302); the epoch then starts again from TIME, above
   every earlier one;
@@ -59,12 +60,18 @@ if why > 0 then
   end
   return {-1, why, left}
 end
-local grace = grace_left(KEYS[4], ARGV[5])
+local grace, _, floor = grace_left(KEYS[4], ARGV[5])
 if grace > 0 then return {-1, 4, grace} end
 local e = redis.call('HGET', h, 'e')
 if not e then
   -- (a string: Lua would print so large a number in exponent notation)
   e = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000)) .. '000'
+  redis.call('HSET', h, 'e', e)
+end
+if tonumber(e) <= floor then
+  -- After a failover (ADOPT's floor): the epoch jumps above every one the old primary
+  -- handed out, so a resource fenced by an old writer refuses none of the new holds.
+  e = string.format('%d', floor + 1)
   redis.call('HSET', h, 'e', e)
 end
 local token

@@ -1,5 +1,9 @@
 """Read-write locks on one Redis server: the three scripts of :mod:`.rw_scripts`, one
-round trip each (a grant, a renewal of every hold of one mode held here, a release)."""
+round trip each (a grant, a renewal of every hold of one mode held here, a release).
+
+As for semaphores, the calls are written once against a node and its epoch key
+(:class:`RWCalls`), for the one-server store (:class:`RedisRW`) and the routed one
+(:mod:`.routed_holds`)."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from ..._core.driver import ExtendResult, LeaseRef, Refused
 from ..._core.rw_store import READERS_HOLD, WRITER_HOLDS, WRITER_WAITS, Held, RWAnswer, RWStore
 from .keys import hash_tag
 from .replies import grace_ms
-from .wire import ms
+from .wire import Node, ms
 
 if TYPE_CHECKING:
     from .single import RedisDriver
@@ -24,9 +28,50 @@ _WHY = {
 
 
 def rwlock_keys(name: str, prefix: str) -> tuple[bytes, bytes, bytes]:
-    """The hash, the readers' and the intents' sorted sets (see :mod:`.rw_scripts`)."""
+    """The hash, the readers' and the intents' sorted sets (see :mod:`.rw_scripts`), all
+    under the name's hash tag (one Redis Cluster slot, with that slot's epoch key)."""
     base = f"{prefix}rw:{{{hash_tag(name)}}}"
     return base.encode(), (base + ":r").encode(), (base + ":i").encode()
+
+
+class RWCalls:
+    """The scripts of one read-write lock (its keys), on any node."""
+
+    def __init__(self, name: str, prefix: str) -> None:
+        self.keys = rwlock_keys(name, prefix)
+
+    async def grant(
+        self,
+        node: Node,
+        epoch: bytes,
+        grace: float | None,
+        mode: str,
+        owner: str,
+        ttl: float,
+        *,
+        intend: bool,
+    ) -> RWAnswer:
+        """RW_GRANT on ``node``, whose epoch key for the name is ``epoch``; ``grace``: its
+        driver's ``restart_grace``."""
+        ttl_ms = ms(ttl)
+        intent = b"1" if intend else b"0"
+        args = (mode.encode(), owner.encode(), b"%d" % ttl_ms, intent, grace_ms(grace, ttl_ms))
+        reply = [int(x) for x in await node.run("rw_grant", (*self.keys, epoch), args)]
+        if reply[0] == 1:
+            return reply[1]
+        return Held(_WHY[reply[1]], None if reply[2] < 0 else reply[2] / 1000)
+
+    async def extend(self, node: Node, mode: str, leases: Sequence[LeaseRef]) -> list[ExtendResult]:
+        args: list[bytes] = [mode.encode()]
+        for ref in leases:
+            args += [ref.owner.encode(), b"%d" % ref.token, b"%d" % ms(ref.ttl)]
+        reply = await node.run("rw_extend", self.keys, args)
+        gone = Refused("the hold expired or was freed")
+        return [True if int(code) == 1 else gone for code in reply]
+
+    async def release(self, node: Node, mode: str, owner: str, token: int | None) -> bool:
+        args = (mode.encode(), owner.encode(), b"" if token is None else b"%d" % token)
+        return bool(await node.run("rw_release", self.keys, args))
 
 
 class RedisRW(RWStore):
@@ -36,37 +81,22 @@ class RedisRW(RWStore):
         super().__init__(name)
         self.node = driver.node
         self.display = driver.display
-        self.keys = rwlock_keys(name, driver.prefix)
+        self.calls = RWCalls(name, driver.prefix)
+        self.keys = self.calls.keys
         self._epoch = driver.keys.epoch
         self._grace = driver.restart_grace
 
     async def grant(self, mode: str, owner: str, ttl: float, *, intend: bool) -> RWAnswer:
-        ttl_ms = ms(ttl)
-        intent = b"1" if intend else b"0"
-        args = (
-            mode.encode(),
-            owner.encode(),
-            b"%d" % ttl_ms,
-            intent,
-            grace_ms(self._grace, ttl_ms),
+        calls = self.calls
+        return await calls.grant(
+            self.node, self._epoch, self._grace, mode, owner, ttl, intend=intend
         )
-        keys = (*self.keys, self._epoch)
-        reply = [int(x) for x in await self.node.run("rw_grant", keys, args)]
-        if reply[0] == 1:
-            return reply[1]
-        return Held(_WHY[reply[1]], None if reply[2] < 0 else reply[2] / 1000)
 
     async def extend(self, mode: str, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
-        args: list[bytes] = [mode.encode()]
-        for ref in leases:
-            args += [ref.owner.encode(), b"%d" % ref.token, b"%d" % ms(ref.ttl)]
-        reply = await self.node.run("rw_extend", self.keys, args)
-        gone = Refused("the hold expired or was freed")
-        return [True if int(code) == 1 else gone for code in reply]
+        return await self.calls.extend(self.node, mode, leases)
 
     async def release_hold(self, mode: str, owner: str, token: int | None) -> bool:
-        args = (mode.encode(), owner.encode(), b"" if token is None else b"%d" % token)
-        return bool(await self.node.run("rw_release", self.keys, args))
+        return await self.calls.release(self.node, mode, owner, token)
 
     async def withdraw(self, owner: str) -> None:
-        await self.node.run("rw_release", self.keys, (b"i", owner.encode(), b""))
+        await self.calls.release(self.node, "i", owner, None)

@@ -7,7 +7,8 @@ renewal and release, each atomic. A semaphore ``name`` has two keys, apart from 
 * ``<prefix>sem:{name}:h`` — a hash: ``limit`` (of the live permits), ``o<slot>`` (the
   slot's owner), ``t<slot>`` (the slot's last token: never deleted, so each slot's token
   only rises; a missing one is seeded from TIME in ms * 1000, so tokens keep rising after
-  a restart that lost the data, as a lock's counter does). At most 2 * limit + 1 fields.
+  a restart that lost the data, as a lock's counter does; after a failover a slot's next
+  token is above the floor ADOPT set, as a lock's is). At most 2 * limit + 1 fields.
   It expires a week after the last grant or renewal (so names used once do not pile up,
   redisson#6302); the slots' tokens then start again from TIME, above every earlier one.
 """
@@ -44,7 +45,7 @@ if n >= lim then
   local first = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
   return {-1, tonumber(first[2]) - now}
 end
-local grace = grace_left(KEYS[3], ARGV[4])
+local grace, _, floor = grace_left(KEYS[3], ARGV[4])
 if grace > 0 then return {-1, grace} end
 -- At most n slots are live, so one of 0 .. n is free.
 local slot = 0
@@ -55,6 +56,11 @@ if token == 1 then
   local seed = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000)) .. '001'
   redis.call('HSET', h, 't' .. slot, seed)
   token = tonumber(seed)
+end
+if token <= floor then
+  -- After a failover (ADOPT's floor): above every token the old primary handed out.
+  token = floor + 1
+  redis.call('HSET', h, 't' .. slot, string.format('%d', token))
 end
 redis.call('HSET', h, 'o' .. slot, ARGV[1], 'limit', lim)
 redis.call('PEXPIRE', h, KEEP_MS)

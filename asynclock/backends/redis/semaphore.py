@@ -1,5 +1,10 @@
 """Semaphores on one Redis server: the three scripts of :mod:`.sem_scripts`, one round
-trip each (a grant, a renewal of every permit of the semaphore held here, a release)."""
+trip each (a grant, a renewal of every permit of the semaphore held here, a release).
+
+The calls are written once, against a node and its epoch key (:class:`SemCalls`): the
+one-server store (:class:`RedisPermits`) makes them on its server, the store of
+``redis+sentinel://`` and ``redis+cluster://`` (:mod:`.routed_holds`) on the primary that
+serves the name."""
 
 from __future__ import annotations
 
@@ -10,16 +15,63 @@ from ..._core.driver import ExtendResult, LeaseRef, Refused
 from ..._core.permit_store import Answer, Full, Granted, OtherLimit, PermitStore
 from .keys import hash_tag
 from .replies import grace_ms
-from .wire import ms
+from .wire import Node, ms
 
 if TYPE_CHECKING:
     from .single import RedisDriver
 
 
 def semaphore_keys(name: str, prefix: str) -> tuple[bytes, bytes]:
-    """The sorted set of live permits and the hash of slots (see :mod:`.sem_scripts`)."""
+    """The sorted set of live permits and the hash of slots (see :mod:`.sem_scripts`).
+    Both carry the name's hash tag, as its lock key does: one Redis Cluster slot, the
+    slot whose epoch key the grant takes."""
     base = f"{prefix}sem:{{{hash_tag(name)}}}"
     return base.encode(), (base + ":h").encode()
+
+
+class SemCalls:
+    """The scripts of one semaphore (its keys and limit), on any node."""
+
+    def __init__(self, name: str, limit: int, prefix: str) -> None:
+        self.keys = semaphore_keys(name, prefix)
+        self.limit = limit
+
+    async def grant(
+        self, node: Node, epoch: bytes, grace: float | None, owner: str, ttl: float
+    ) -> Answer:
+        """SEM_GRANT on ``node``, whose epoch key for the name is ``epoch``; ``grace``: its
+        driver's ``restart_grace``."""
+        ttl_ms = ms(ttl)
+        args = (owner.encode(), b"%d" % ttl_ms, b"%d" % self.limit, grace_ms(grace, ttl_ms))
+        first, second = (int(x) for x in await node.run("sem_grant", (*self.keys, epoch), args))
+        if first == -2:
+            return OtherLimit(second)
+        if first == -1:
+            return Full(second / 1000)
+        return Granted(first, second)
+
+    async def extend(
+        self, node: Node, slots: dict[str, int], leases: Sequence[LeaseRef]
+    ) -> list[ExtendResult]:
+        args: list[bytes] = []
+        known: list[bool] = []
+        for ref in leases:
+            slot = slots.get(ref.owner)
+            known.append(slot is not None)
+            if slot is not None:
+                args += [b"%d" % slot, ref.owner.encode(), b"%d" % ref.token, b"%d" % ms(ref.ttl)]
+        reply = await node.run("sem_extend", self.keys, args) if args else []
+        codes = iter(reply)
+        gone = Refused("the permit expired or was taken over")
+        return [True if ok and int(next(codes)) == 1 else gone for ok in known]
+
+    async def release(self, node: Node, owner: str, slot: int | None, token: int | None) -> bool:
+        args = (
+            b"" if slot is None else b"%d" % slot,
+            owner.encode(),
+            b"" if token is None else b"%d" % token,
+        )
+        return bool(await node.run("sem_release", self.keys, args))
 
 
 class RedisPermits(PermitStore):
@@ -29,38 +81,16 @@ class RedisPermits(PermitStore):
         super().__init__(name, limit)
         self.node = driver.node
         self.display = driver.display
-        self.keys = semaphore_keys(name, driver.prefix)
+        self.calls = SemCalls(name, limit, driver.prefix)
+        self.keys = self.calls.keys
         self._epoch = driver.keys.epoch
         self._grace = driver.restart_grace
 
     async def grant(self, owner: str, ttl: float) -> Answer:
-        ttl_ms = ms(ttl)
-        args = (owner.encode(), b"%d" % ttl_ms, b"%d" % self.limit, grace_ms(self._grace, ttl_ms))
-        keys = (*self.keys, self._epoch)
-        first, second = (int(x) for x in await self.node.run("sem_grant", keys, args))
-        if first == -2:
-            return OtherLimit(second)
-        if first == -1:
-            return Full(second / 1000)
-        return Granted(first, second)
+        return await self.calls.grant(self.node, self._epoch, self._grace, owner, ttl)
 
     async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
-        args: list[bytes] = []
-        known: list[bool] = []
-        for ref in leases:
-            slot = self.slots.get(ref.owner)
-            known.append(slot is not None)
-            if slot is not None:
-                args += [b"%d" % slot, ref.owner.encode(), b"%d" % ref.token, b"%d" % ms(ref.ttl)]
-        reply = await self.node.run("sem_extend", self.keys, args) if args else []
-        codes = iter(reply)
-        gone = Refused("the permit expired or was taken over")
-        return [True if ok and int(next(codes)) == 1 else gone for ok in known]
+        return await self.calls.extend(self.node, self.slots, leases)
 
     async def release_permit(self, owner: str, slot: int | None, token: int | None) -> bool:
-        args = (
-            b"" if slot is None else b"%d" % slot,
-            owner.encode(),
-            b"" if token is None else b"%d" % token,
-        )
-        return bool(await self.node.run("sem_release", self.keys, args))
+        return await self.calls.release(self.node, owner, slot, token)

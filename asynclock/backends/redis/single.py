@@ -257,12 +257,12 @@ class RedisDriver(SubscribingDriver):
         return bool(reply)
 
     def semaphore_store(self, name: str, limit: int) -> PermitStore:
-        if type(self) is not RedisDriver:  # a node of sentinel/cluster: not there yet
+        if type(self) is not RedisDriver:  # a primary of sentinel/cluster: see routed_holds
             return super().semaphore_store(name, limit)
         return RedisPermits(self, name, limit)
 
     def rwlock_store(self, name: str) -> RWStore:
-        if type(self) is not RedisDriver:  # a node of sentinel/cluster: not there yet
+        if type(self) is not RedisDriver:  # a primary of sentinel/cluster: see routed_holds
             return super().rwlock_store(name)
         return RedisRW(self, name)
 
