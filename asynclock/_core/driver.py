@@ -246,8 +246,8 @@ class Driver:
         ``_core/permit_store.py``), or NotImplementedError saying there is none yet."""
         raise NotImplementedError(
             f"semaphores are not on {self.display} yet: backend.semaphore() works on "
-            "memory://, sqlite://, redis:// (one server), postgresql:// (both modes) and "
-            "etcd://"
+            "memory://, sqlite://, redis:// (one server), postgresql:// (both modes), "
+            "etcd:// and zookeeper://"
         )
 
     def rwlock_store(self, name: str) -> RWStore:
@@ -255,8 +255,8 @@ class Driver:
         NotImplementedError saying there is none yet."""
         raise NotImplementedError(
             f"read-write locks are not on {self.display} yet: backend.rwlock() works on "
-            "memory://, sqlite://, redis:// (one server), postgresql:// (both modes) and "
-            "etcd://"
+            "memory://, sqlite://, redis:// (one server), postgresql:// (both modes), "
+            "etcd:// and zookeeper://"
         )
 
     async def claim_holder(self, name: str) -> Holder | None:
