@@ -50,6 +50,7 @@ class ZkRW(RWStore):
     """A read-write lock in a ZooKeeper ensemble (see the module)."""
 
     renew_chunk = None  # one sync renews them all, whatever the count
+    queues_locally = True  # behind the driver's IN_FLIGHT requests; the grant sets SENT_AT
 
     def __init__(self, driver: ZooKeeperDriver, name: str) -> None:
         super().__init__(name)

@@ -46,6 +46,7 @@ class ZkPermits(PermitStore):
     """A semaphore's permits in a ZooKeeper ensemble (see the module)."""
 
     renew_chunk = None  # one sync renews them all, whatever the count
+    queues_locally = True  # behind the driver's IN_FLIGHT requests; the grant sets SENT_AT
 
     def __init__(self, driver: ZooKeeperDriver, name: str, limit: int) -> None:
         super().__init__(name, limit)
