@@ -3,35 +3,24 @@ current, and breaking it (an operator's delete of the holder's node)."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import TypeVar
 
-from ..._core.driver import Driver
 from ..._core.exceptions import BackendUnavailable
 from ..._core.holder import Holder
 from . import _paths
-from ._kazoo import NoNodeError, Zk
-from ._nodes import Node, decode_data
+from ._kazoo import NoNodeError
+from ._nodes import decode_data
+from ._watches import Watches
 
-T = TypeVar("T")
 
+class Inspect(Watches):
+    """The holder half of :class:`~asynclock.backends.zookeeper.driver.ZooKeeperDriver`
+    (its watches and deletes are :class:`~._watches.Watches`')."""
 
-class Inspect(Driver):
-    """The holder half of :class:`~asynclock.backends.zookeeper.driver.ZooKeeperDriver`."""
-
-    zk: Zk
     display: str
-    held: dict[str, Node]
-
-    async def _call(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
-        raise NotImplementedError  # pragma: no cover - the driver's
 
     def lock_path(self, name: str) -> str:
         raise NotImplementedError  # pragma: no cover - the driver's
-
-    async def _delete(self, path: str) -> bool:
-        raise NotImplementedError  # pragma: no cover - the watches'
 
     async def _first(self, name: str) -> str | None:
         """The path of the holder's node of ``name`` (the lowest contender), or None."""

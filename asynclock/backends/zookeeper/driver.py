@@ -43,7 +43,6 @@ from ._kazoo import NodeExistsError, NoNodeError, SessionExpiredError, Zk
 from ._nodes import DRIFT, MARGIN, Node, encode_data, explain
 from ._rw import ZkRW
 from ._sem import ZkPermits
-from ._watches import Watches
 
 logger = logging.getLogger("asynclock.zookeeper")
 #: See ``ZooKeeperDriver._slots``.
@@ -51,7 +50,7 @@ IN_FLIGHT = 64
 T = TypeVar("T")
 
 
-class ZooKeeperDriver(Inspect, Watches):
+class ZooKeeperDriver(Inspect):
     """Locks in a ZooKeeper ensemble. See the module docstring and docs/backends/zookeeper.md."""
 
     remote = True
