@@ -247,7 +247,7 @@ class Driver:
         raise NotImplementedError(
             f"semaphores are not on {self.display} yet: backend.semaphore() works on "
             "memory://, sqlite://, redis://, redis+sentinel://, redis+cluster://, "
-            "postgresql:// (both modes) and etcd://"
+            "postgresql:// (both modes), etcd:// and zookeeper://"
         )
 
     def rwlock_store(self, name: str) -> RWStore:
@@ -256,7 +256,7 @@ class Driver:
         raise NotImplementedError(
             f"read-write locks are not on {self.display} yet: backend.rwlock() works on "
             "memory://, sqlite://, redis://, redis+sentinel://, redis+cluster://, "
-            "postgresql:// (both modes) and etcd://"
+            "postgresql:// (both modes), etcd:// and zookeeper://"
         )
 
     async def claim_holder(self, name: str) -> Holder | None:

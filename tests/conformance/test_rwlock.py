@@ -375,7 +375,6 @@ async def test_not_on_this_backend(other_spec: BackendSpec) -> None:
     "url",
     [
         "redlock://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
-        "zookeeper://127.0.0.1:1",
     ],
 )
 async def test_not_implemented_without_a_server(url: str) -> None:

@@ -33,8 +33,8 @@ CAPABILITIES: dict[str, frozenset[str]] = {
         "redis_cluster": "records names leader server_ttl multiprocess semaphore rwlock",
         "etcd": "records names leader server_ttl multiprocess semaphore rwlock",
         "etcd3": "records names leader server_ttl multiprocess semaphore rwlock",
-        "zookeeper": "names leader multiprocess",
-        "zookeeper3": "names leader multiprocess",
+        "zookeeper": "names leader multiprocess semaphore rwlock",
+        "zookeeper3": "names leader multiprocess semaphore rwlock",
     }.items()
 }
 

@@ -63,6 +63,19 @@ def delete_lock_nodes(hosts: str, name: str) -> None:
         client.close()
 
 
+def delete_children(hosts: str, path: str) -> None:
+    """Delete every child of ``path`` with kazoo directly (not asynclock)."""
+    from kazoo.client import KazooClient
+
+    client: KazooClient = raw_client(hosts)
+    try:
+        for child in client.get_children(path) if client.exists(path) else []:
+            client.delete(f"{path}/{child}")
+    finally:
+        client.stop()
+        client.close()
+
+
 class ZkFactory:
     """Starts ensembles for one test and stops them afterwards."""
 

@@ -62,7 +62,7 @@ NO_RECORDS = (
 
 SEMAPHORES_ELSEWHERE = (
     "backend.semaphore() works on redis:// (one server, Sentinel or Cluster), "
-    "postgresql://, etcd://, sqlite:// and memory://"
+    "postgresql://, etcd://, zookeeper://, sqlite:// and memory://"
 )
 RWLOCKS_ELSEWHERE = SEMAPHORES_ELSEWHERE.replace("semaphore", "rwlock")
 

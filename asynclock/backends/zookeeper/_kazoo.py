@@ -22,13 +22,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import (
     AuthFailedError,
+    BadVersionError,
     NoAuthError,
     NodeExistsError,
     NoNodeError,
@@ -39,10 +40,13 @@ from kazoo.protocol.states import Callback, KazooState
 
 __all__ = (
     "AuthFailedError",
+    "BadVersionError",
+    "Multi",
     "NoAuthError",
     "NoNodeError",
     "NodeExistsError",
     "NotEmptyError",
+    "Op",
     "SessionExpiredError",
     "Stat",
     "Zk",
@@ -57,10 +61,41 @@ class Stat:
     mtime: int  # ms since the epoch, the server's clock at the last write
     version: int
     ephemeral: bool = True  # False: a persistent node (no lock protocol makes one)
+    mzxid: int = 0  # the transaction id of the last write
 
 
 def _stat(raw: Any) -> Stat:
-    return Stat(int(raw.czxid), int(raw.mtime), int(raw.version), bool(raw.ephemeralOwner))
+    return Stat(
+        int(raw.czxid),
+        int(raw.mtime),
+        int(raw.version),
+        bool(raw.ephemeralOwner),
+        int(raw.mzxid),
+    )
+
+
+class Op(NamedTuple):
+    """One operation of a :meth:`Zk.multi` transaction: ``create`` (``data``,
+    ``ephemeral``), ``delete`` and ``set`` (``data``) if the node's data version is
+    ``version`` (-1: any), ``check`` that it is."""
+
+    kind: str
+    path: str
+    data: bytes = b""
+    version: int = -1
+    ephemeral: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Multi:
+    """A transaction's answer: applied (``results``, one per op: the created path, True,
+    or a set's :class:`Stat`), or not (``failed_at``: the op that failed, with ``error``);
+    ``read``: the stat of the node read behind it (None: absent or not asked)."""
+
+    results: list[Any]
+    failed_at: int | None
+    error: BaseException | None
+    read: Stat | None
 
 
 class _Capture(logging.LoggerAdapter):  # type: ignore[type-arg]
@@ -289,5 +324,61 @@ class Zk:
     async def set_data(self, path: str, data: bytes) -> Stat:
         return _stat(await self._wait(self.client.set_async(path, data)))
 
-    async def delete(self, path: str) -> None:
-        await self._wait(self.client.delete_async(path))
+    async def delete(self, path: str, version: int = -1) -> None:
+        await self._wait(self.client.delete_async(path, version))
+
+    async def multi(self, ops: Sequence[Op], read: str | None = None) -> Multi:
+        """One ZooKeeper ``multi``: every op applied in one transaction (one zxid) or none.
+        ``read``: ``exists`` of that path pipelined behind it (answered after it, so it
+        sees its writes): one round trip."""
+        tx = self.client.transaction()
+        for op in ops:
+            if op.kind == "create":
+                tx.create(op.path, op.data, ephemeral=op.ephemeral)
+            elif op.kind == "delete":
+                tx.delete(op.path, op.version)
+            elif op.kind == "set":
+                tx.set_data(op.path, op.data, op.version)
+            else:
+                tx.check(op.path, op.version)
+        committed = tx.commit_async()
+        looked = None if read is None else self.client.exists_async(read)
+        with contextlib.suppress(Exception):  # read from the results below
+            if looked is None:
+                await self._wait(committed)
+            else:
+                await self._wait(looked, settled_too=committed)
+        if not committed.successful():
+            raise committed.exception
+        results = [_stat(r) if hasattr(r, "czxid") else r for r in committed.value]
+        stat = None
+        if looked is not None:
+            if not looked.successful():
+                raise looked.exception
+            stat = None if looked.value is None else _stat(looked.value)
+        for at, result in enumerate(results):
+            # The failed op's own error; RolledBack before it, RuntimeInconsistency after.
+            if isinstance(result, (NodeExistsError, NoNodeError, NotEmptyError, BadVersionError)):
+                return Multi(results, at, result, stat)
+        failed = next((r for r in results if isinstance(r, BaseException)), None)
+        if failed is not None:
+            return Multi(results, len(results) - 1, failed, stat)
+        return Multi(results, None, None, stat)
+
+    async def get_and_children(
+        self, path: str, parent: str
+    ) -> tuple[tuple[bytes, Stat] | BaseException, list[str] | BaseException]:
+        """``get`` of ``path`` and the children of ``parent``, pipelined (one round trip);
+        each the value or the exception it raised."""
+        got = self.client.get_async(path)
+        listed = self.client.get_children_async(parent)
+        with contextlib.suppress(Exception):
+            await self._wait(listed, settled_too=got)
+        first: tuple[bytes, Stat] | BaseException
+        if got.successful():
+            data, raw = got.value
+            first = (bytes(data), _stat(raw))
+        else:
+            first = got.exception
+        second = [str(c) for c in listed.value] if listed.successful() else listed.exception
+        return first, second

@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote
 
+from ..._core.validation import RESERVED_PREFIX
+
 #: Our node names: ``<owner id, 32 hex>__lock__<10-digit sequence>``, kazoo's own layout.
 MARK = "__lock__"
 #: A contender is any child whose name ends in a ZooKeeper sequence number: kazoo's Lock
@@ -66,3 +68,20 @@ def contenders(children: list[str]) -> list[str]:
     found = [(seq, c) for c in children if (seq := sequence(c)) is not None]
     found.sort()
     return [c for _, c in found]
+
+
+#: asynclock's own nodes (semaphores, read-write locks) are under
+#: ``<prefix>/%00asynclock.<kind>/<name>``: no lock's path is there (a lock name may not
+#: start with the reserved prefix), and the listing of lock names does not walk it.
+RESERVED = _quote(RESERVED_PREFIX)
+
+
+def reserved_path(prefix: str, kind: str, name: str) -> str:
+    """Where asynclock keeps the ``kind`` nodes of ``name`` (the whole name one segment:
+    ``a/b`` and ``a`` never nest)."""
+    return f"{prefix}/{RESERVED}{kind}/{_quote(name)}"
+
+
+def node_name(owner: str) -> str:
+    """A node name for an owner (its unique first 32 characters, as lock nodes)."""
+    return _quote(owner[:32])

@@ -128,8 +128,11 @@ class Watches(Driver):
                 stat = await self._call("listing", partial(self.zk.exists, f"{path}/{order[0]}"))
                 if stat is not None and stat.ephemeral:
                     found.append(_paths.name_of(self.prefix, path))
+            top = path == (self.prefix or "/")
             for child in children:
-                if _paths.sequence(child) is None and not (base == "" and child == "zookeeper"):
+                if _paths.sequence(child) is not None or (base == "" and child == "zookeeper"):
+                    continue
+                if not (top and child.startswith(_paths.RESERVED)):  # permits, rw holds
                     pending.append(f"{base}/{child}")
         return sorted(found)
 

@@ -33,12 +33,16 @@ import anyio
 from ..._core.driver import SENT_AT, Busy, ExtendResult, LeaseRef, Refused
 from ..._core.errors import ErrorMapper, map_errors
 from ..._core.exceptions import BackendUnavailable
-from ..._core.holder import Holder
+from ..._core.permit_store import PermitStore
+from ..._core.rw_store import RWStore
 from .._common.asyncio_only import require_asyncio
 from . import _paths
+from ._held import HeldNodes
+from ._inspect import Inspect
 from ._kazoo import NodeExistsError, NoNodeError, SessionExpiredError, Zk
-from ._nodes import DRIFT, MARGIN, Node, decode_data, encode_data, explain
-from ._watches import Watches
+from ._nodes import DRIFT, MARGIN, Node, encode_data, explain
+from ._rw import ZkRW
+from ._sem import ZkPermits
 
 logger = logging.getLogger("asynclock.zookeeper")
 #: See ``ZooKeeperDriver._slots``.
@@ -46,7 +50,7 @@ IN_FLIGHT = 64
 T = TypeVar("T")
 
 
-class ZooKeeperDriver(Watches):
+class ZooKeeperDriver(Inspect):
     """Locks in a ZooKeeper ensemble. See the module docstring and docs/backends/zookeeper.md."""
 
     remote = True
@@ -75,6 +79,8 @@ class ZooKeeperDriver(Watches):
         self.waiting: dict[str, tuple[str, str, int]] = {}
         #: Nodes to delete once the server answers: node path, or (lock path, owner).
         self._orphans: set[str | tuple[str, str]] = set()
+        #: Semaphore permits, read-write holds and intents (nodes of the same session).
+        self.nodes = HeldNodes(self)
         #: Requests in flight at once on the one connection: thousands sent together
         #: would each wait behind the others past their deadline (kazoo answers a few
         #: thousand a second); the rest wait here, for a slot, within their own timeout.
@@ -186,12 +192,14 @@ class ZooKeeperDriver(Watches):
             for owner, node in list(self._unwatched.items()):
                 del self._unwatched[owner]
                 self._watch_held(owner, node)
+            self.nodes.rewatch()
             self._poke.set()
         elif state == "lost":
             self._suspended = False
             if self._deadline_scope is not None:
                 self._deadline_scope.cancel()
             self._lose_all("the ZooKeeper session expired")
+            self.nodes.lose_all("the ZooKeeper session expired", keep=False)
             for owner, (name, _, _) in list(self.waiting.items()):
                 del self.waiting[owner]  # its node went with the session
                 self._wake(name)
@@ -225,10 +233,12 @@ class ZooKeeperDriver(Watches):
                 if self._suspended:
                     for node in self.held.values():
                         self._orphans.add(node.path)  # the session may yet come back
-                    self._lose_all(
+                    why = (
                         "connection to ZooKeeper lost: the session may expire at the "
                         f"server {self.session_timeout:g}s after the last contact"
                     )
+                    self._lose_all(why)
+                    self.nodes.lose_all(why, keep=True)
             self._deadline_scope = None
 
     async def _housekeeping(self) -> None:
@@ -245,15 +255,19 @@ class ZooKeeperDriver(Watches):
                         self._wake(node.name)
                     else:
                         due = min(due, node.expires_at)
+                due = min(due, self.nodes.expire(now))
                 last = self.last_contact if self.last_contact is not None else now
                 ping_at = last + self.session_timeout / 3
-                if self.held and now >= ping_at:
+                holding = bool(self.held or self.nodes.entries)
+                if holding and now >= ping_at:
                     try:
                         await self._call("ping", partial(self.zk.exists, "/"))
                     except Exception as exc:
                         logger.debug("ping failed: %r", exc)
-                elif self.held:
+                elif holding:
                     due = min(due, ping_at)
+                if not await self.nodes.clean():
+                    due = min(due, self.clock.now() + 0.2)
                 for owner, node in list(self._unwatched.items()):
                     del self._unwatched[owner]
                     self._watch_held(owner, node)
@@ -419,6 +433,12 @@ class ZooKeeperDriver(Watches):
             raise
         return False
 
+    def semaphore_store(self, name: str, limit: int) -> PermitStore:
+        return ZkPermits(self, name, limit)
+
+    def rwlock_store(self, name: str) -> RWStore:
+        return ZkRW(self, name)
+
     async def _drop(self, owner: str, path: str) -> bool:
         self.waiting.pop(owner, None)
         try:
@@ -433,67 +453,6 @@ class ZooKeeperDriver(Watches):
         if waiting is not None:
             await self._drop(owner, waiting[1])
             self._wake(name)
-
-    async def _first(self, name: str) -> str | None:
-        """The path of the holder's node of ``name`` (the lowest contender), or None."""
-        lock = self.lock_path(name)
-        try:
-            children = await self._call("listing", partial(self.zk.children, lock))
-        except BackendUnavailable as exc:
-            if isinstance(exc.__cause__, NoNodeError):
-                return None
-            raise
-        order = _paths.contenders(children)
-        return f"{lock}/{order[0]}" if order else None
-
-    async def validate(self, name: str, token: int) -> bool:
-        for _ in range(3):
-            first = await self._first(name)
-            if first is None:
-                return False
-            stat = await self._call("validate", partial(self.zk.exists, first))
-            if stat is not None:
-                return stat.ephemeral and stat.czxid == token
-        return False
-
-    async def holder(self, name: str) -> Holder | None:
-        for _ in range(3):
-            first = await self._first(name)
-            if first is None:
-                return None
-            try:
-                data, stat = await self._call("holder", partial(self.zk.get, first))
-            except BackendUnavailable as exc:
-                if isinstance(exc.__cause__, NoNodeError):
-                    continue  # released just now: look again
-                raise
-            if not stat.ephemeral:  # another application's node (not a lock): not held
-                return None
-            owner, _ = decode_data(data)
-            # No expiry at the server: a node lasts as long as its holder's session, and
-            # the holder's ttl is its own local deadline (renewed without a write).
-            return Holder(name, owner, stat.czxid, None)
-        return None
-
-    async def break_lock(self, name: str) -> bool:
-        first = await self._first(name)
-        if first is None:
-            return False
-        stat = await self._call("break", partial(self.zk.exists, first))
-        if stat is not None and not stat.ephemeral:
-            raise BackendUnavailable(
-                f"{self.display}: {first} is a persistent node, not a lock's: every lock "
-                "protocol's contender is an ephemeral sequential node, so this one belongs "
-                "to another application (its data, not a holder); not deleted"
-            )
-        # G2: whoever comes next creates a node with a larger czxid; the broken holder's
-        # next renewal finds its node gone (refused).
-        broken = await self._delete(first)
-        for owner, node in list(self.held.items()):
-            if node.path == first:
-                del self.held[owner]
-        self._wake(name)
-        return broken
 
 
 __all__ = ("ZooKeeperDriver",)

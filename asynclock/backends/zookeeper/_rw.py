@@ -1,0 +1,186 @@
+"""Read-write locks in ZooKeeper (``backend.rwlock(name)``; the rules are
+:mod:`asynclock._core.rw_store`'s). A read-write lock ``name`` is, under
+``<prefix>/%00asynclock.rw/<name>`` (asynclock's reserved area: apart from every lock's
+nodes, see :func:`._paths.reserved_path`):
+
+* ``w`` — the writer: an EPHEMERAL node (data: its owner and ttl); its czxid is the
+  writer epoch, the ensemble's transaction id, so it only rises (G2);
+* ``e`` — the epoch: a persistent node written in the same ``multi`` as ``w`` (one
+  transaction, one zxid), so its mzxid is the last writer's epoch, the token every
+  reader gets (0 before the first write: ``e`` not written yet);
+* ``r/<owner>`` — one ephemeral node per reader; ``i/<owner>`` — one per waiting
+  writer's intent; all on the driver's one session (:mod:`._held` deletes locally what the
+  core stops renewing, or an intent its writer stopped refreshing).
+
+Each grant is one ``multi``. "No node" is asserted with ZooKeeper's own errors: a read
+``create(w)`` + ``delete(w)`` (NodeExists while a writer holds) and ``delete(i)`` +
+``create(i)`` (NotEmpty while a writer waits), then creates ``r/<owner>``; a write
+``create(w)`` and ``delete(r)`` + ``create(r)`` (NotEmpty while a reader holds), writes
+``e``, and deletes its own intent. A refused writer that waits then records its intent
+(readers that came in between are only a delay: from then on no new reader is granted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import partial
+from typing import TYPE_CHECKING
+
+from ..._core.driver import SENT_AT, ExtendResult, LeaseRef
+from ..._core.rw_store import (
+    READ,
+    READERS_HOLD,
+    WRITER_HOLDS,
+    WRITER_WAITS,
+    Held,
+    RWAnswer,
+    RWStore,
+)
+from ..._core.rwlock import LEASE_PREFIX
+from ._held import HeldNode
+from ._kazoo import NoNodeError, Op, Stat
+from ._nodes import encode_data
+from ._paths import node_name, reserved_path
+
+if TYPE_CHECKING:
+    from .driver import ZooKeeperDriver
+
+
+class ZkRW(RWStore):
+    """A read-write lock in a ZooKeeper ensemble (see the module)."""
+
+    renew_chunk = None  # one sync renews them all, whatever the count
+    queues_locally = True  # behind the driver's IN_FLIGHT requests; the grant sets SENT_AT
+
+    def __init__(self, driver: ZooKeeperDriver, name: str) -> None:
+        super().__init__(name)
+        self.driver = driver
+        self.nodes = driver.nodes
+        self.display = driver.display
+        base = reserved_path(driver.prefix, "rw", name)
+        self.writer, self.epoch = base + "/w", base + "/e"
+        self.readers, self.intents = base + "/r", base + "/i"
+        self._lease_name = LEASE_PREFIX + name
+        #: Owners whose intent may be at the server (withdraw looks only for those).
+        self._intending: set[str] = set()
+
+    def _path(self, mode: str, owner: str) -> str:
+        return f"{self.readers}/{node_name(owner)}" if mode == READ else self.writer
+
+    def _intent(self, owner: str) -> str:
+        return f"{self.intents}/{node_name(owner)}"
+
+    async def grant(self, mode: str, owner: str, ttl: float, *, intend: bool) -> RWAnswer:
+        data = encode_data(owner, ttl)
+        path, intent = self._path(mode, owner), self._intent(owner)
+        call, zk = self.driver._call, self.driver.zk
+        what = f"acquire of rwlock {self.name!r}"
+        for _ in range(3):
+            take = Op("create", path, data, ephemeral=True)
+            read = None
+            if mode == READ:
+                ops = [
+                    Op("create", self.writer),  # no writer
+                    Op("delete", self.writer),
+                    Op("delete", self.intents),  # no waiting writer
+                    Op("create", self.intents),
+                    take,
+                    Op("set", path, data, 0),  # its stat: our node's czxid
+                ]
+                read = self.epoch
+            else:
+                ops = [
+                    take,  # no writer
+                    Op("delete", self.readers),  # no reader
+                    Op("create", self.readers),
+                    Op("set", self.epoch),  # its stat: the new epoch (the writer's czxid)
+                ]
+                mine = self.nodes.entries.get(intent)
+                if mine is not None and mine.owner == owner:
+                    ops.append(Op("delete", intent))
+            session = zk.session_id  # the node lives as long as this session
+            done = await call(what, partial(zk.multi, ops, read))
+            if done.failed_at is None:
+                stat = done.results[-1] if mode == READ else done.results[3]
+                assert isinstance(stat, Stat)
+                if mode == READ:
+                    epoch = done.read
+                    czxid = stat.czxid
+                    token = epoch.mzxid if epoch is not None and epoch.version > 0 else 0
+                else:
+                    czxid = token = stat.mzxid
+                    if len(ops) == 5:
+                        self.nodes.drop(intent)
+                    self._intending.discard(owner)
+                self.nodes.add(
+                    HeldNode(
+                        path,
+                        owner,
+                        czxid,
+                        token,
+                        session,
+                        ttl,
+                        SENT_AT.get() + ttl,
+                        self._lease_name,
+                    )
+                )
+                return token
+            if isinstance(done.error, NoNodeError):
+                if done.failed_at == 4 and mode != READ:  # our intent vanished
+                    self.nodes.drop(intent)
+                else:
+                    await self._setup()
+                continue
+            if mode == READ:
+                return Held(WRITER_HOLDS if done.failed_at == 0 else WRITER_WAITS)
+            if intend:
+                await self._intend(owner, intent, data, ttl)
+            return Held(WRITER_HOLDS if done.failed_at == 0 else READERS_HOLD)
+        return Held("the read-write lock's nodes keep vanishing")
+
+    async def _setup(self) -> None:
+        for path in (self.readers, self.intents, self.epoch):
+            await self.driver._call("rwlock setup", partial(self.driver.zk.ensure_path, path))
+
+    async def _intend(self, owner: str, intent: str, data: bytes, ttl: float) -> None:
+        """Record (or keep) a waiting writer's intent for ``ttl`` more seconds."""
+        now = self.driver.clock.now()
+        mine = self.nodes.entries.get(intent)
+        if mine is not None and mine.owner == owner:
+            mine.expires_at = now + ttl
+            return
+        zk = self.driver.zk
+        self._intending.add(owner)
+        for _ in range(2):
+            session = zk.session_id
+            create = [Op("create", intent, data, ephemeral=True)]
+            done = await self.driver._call("writer intent", partial(zk.multi, create))
+            if isinstance(done.error, NoNodeError):
+                await self._setup()
+                continue
+            # Created, or there already (its path is this owner's alone): ours.
+            self.nodes.add(HeldNode(intent, owner, None, 0, session, ttl, now + ttl, None))
+            return
+
+    async def extend(self, mode: str, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
+        return await self.nodes.renew([(self._path(mode, r.owner), r) for r in leases])
+
+    async def release_hold(self, mode: str, owner: str, token: int | None) -> bool:
+        path = self._path(mode, owner)
+        entry = self.nodes.entries.get(path)
+        if entry is not None and entry.owner == owner:
+            if token is not None and token != entry.token:
+                return False
+            return await self.nodes.delete(path, entry.czxid, owner)
+        if token is not None and mode != READ:
+            return await self.nodes.delete(path, token, owner)  # the writer's czxid
+        # A reader's node is its owner's alone: guarded by the owner in its data.
+        return await self.nodes.delete(path, None, owner)
+
+    async def withdraw(self, owner: str) -> None:
+        if owner in self._intending:
+            self._intending.discard(owner)
+            await self.nodes.delete(self._intent(owner), None, owner)
+
+
+__all__ = ("ZkRW",)
