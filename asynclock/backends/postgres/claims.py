@@ -168,15 +168,19 @@ RETURNING t.status"""
         self.current = f"SELECT claim_token FROM {t} WHERE {i} = $1"
         self.table, self.id_col = t, i
         self._complete: dict[tuple[str, ...], str] = {}
+        #: Sets of result columns already checked against this table (``check_results``).
+        self.checked: set[tuple[str, ...]] = set()
 
     def complete(self, columns: tuple[str, ...]) -> str:
         """Complete (G8): args $1 id, $2 token, $3.. the result columns' values. One
         conditional UPDATE: only while the row carries $2 and is claimed, set status
         'done' and the results. Returns the status ('done'), or no row: refused. (Made once
-        per set of result columns.)"""
+        per set of result columns, named as the caller passed them: quoted here.)"""
         sql = self._complete.get(columns)
         if sql is None:
-            sets = "".join(f", {col} = ${n}" for n, col in enumerate(columns, start=3))
+            sets = "".join(
+                f", {quote(col, 'column')} = ${n}" for n, col in enumerate(columns, start=3)
+            )
             t, i = self.table, self.id_col
             sql = self._complete[columns] = f"""
 UPDATE {t} AS t SET status = 'done', claim_expires = NULL{sets}
@@ -413,7 +417,9 @@ class PostgresClaimStore:
     # -- finishing -----------------------------------------------------------------------------
 
     async def check_results(self, results: Mapping[str, Any]) -> None:
-        await self._resolve()
+        if self._sql is not None and tuple(results) in self._sql.checked:
+            return  # these columns were checked against the table as resolved
+        sql = await self._resolve()
         for col in results:
             if col in CLAIM_COLUMNS or col == self.id_column:
                 raise ValueError(
@@ -425,17 +431,17 @@ class PostgresClaimStore:
                     f"complete(): table {self.table!r} has no column {col!r}; its columns: "
                     f"{', '.join(sorted(self._columns))}"
                 )
+        sql.checked.add(tuple(results))
 
     async def complete(self, row_id: Any, token: int, results: Mapping[str, Any]) -> Finish:
-        sql = await self._resolve()
-        cols = tuple(quote(col, "column") for col in results)
-        statement = sql.complete(cols)
+        sql = self._sql or await self._resolve()
+        statement = sql.complete(tuple(results))
         return await self._finish(sql, statement, "complete", row_id, token, *results.values())
 
     async def fail(
         self, row_id: Any, token: int, error: str, retry_in: float | None, max_attempts: int
     ) -> Finish:
-        sql = await self._resolve()
+        sql = self._sql or await self._resolve()
         return await self._finish(
             sql, sql.fail, "fail", row_id, token, error, retry_in, max_attempts
         )
