@@ -30,6 +30,7 @@ import asynclock
 from .._core.leadership import identity_of
 from .._core.owner_label import LABEL_MARK
 from .._core.validation import check_name
+from .holds import hold_json, holds_of, show_holds
 from .output import Output, make_output, safe, wants_color
 from .registry import Command, register
 
@@ -108,6 +109,7 @@ def _as_json(held: asynclock.Holder | None, name: str, display: str) -> dict[str
     return {
         "backend": display,
         "name": name,
+        "kind": "lock",
         "held": held is not None and held.grace_until is None,
         "owner": held.owner if held else None,
         "label": held.label if held else None,
@@ -162,12 +164,26 @@ def run_holder(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
     async def ask(backend: asynclock.Backend, out: Output) -> int:
         held = await backend.holder(name)
+        # The name's semaphore permits and read-write holds (namespaces of their own).
+        holds, note = await holds_of(backend, name)
+        lock_held = held is not None and held.grace_until is None
         if args.json:
-            print(json.dumps(_as_json(held, name, backend.driver.display)))
+            seen = _as_json(held, name, backend.driver.display)
+            seen["held"] = lock_held or bool(holds)
+            seen["holds"] = None if note and not holds else [hold_json(h) for h in holds]
+            seen["holds_note"] = note or None
+            print(json.dumps(seen))
         else:
             out.line([(name, "h"), (f" on {backend.driver.display}", "dim")])
-            out.paragraph([(_describe(held), "")], "  ", "  ")
-        return DONE if held is not None and held.grace_until is None else NO
+            if held is not None or not holds:
+                lock = "" if not holds else "lock: "
+                out.paragraph([(lock + _describe(held), "")], "  ", "  ")
+            show_holds(out, holds)
+            if note:
+                out.paragraph(
+                    [(f"(permits and read-write holds not shown: {note})", "dim")], "  ", "  "
+                )
+        return DONE if lock_held or holds else NO
 
     return _run(args, parser, ask)
 

@@ -37,6 +37,14 @@ class Holder:
             ``None`` or carries no label (another client's owner, an asynclock before
             labels). Not escaped: it may hold any printable character, and a server's
             value can be written by anything; escape it before printing it to a terminal.
+        kind: what is held: ``"lock"`` (:meth:`asynclock.Backend.holder`), ``"permit"``
+            (a semaphore's permit: :meth:`asynclock.Semaphore.holders`), or a read-write
+            lock's ``"write"`` (the writer; ``token`` is its writer epoch), ``"read"`` (a
+            reader; ``token`` is the epoch it reads) or ``"intent"`` (a writer waiting for
+            it: new readers wait behind it; ``token`` is ``None``) from
+            :meth:`asynclock.RWLock.holders`.
+        slot: a permit's slot (0 .. limit-1; its ``token`` is that slot's), else ``None``.
+        limit: a permit's semaphore limit as the server stores it, else ``None``.
     """
 
     name: str
@@ -46,6 +54,9 @@ class Holder:
     grace_until: float | None = None
     detail: str | None = None
     label: str | None = None
+    kind: str = "lock"
+    slot: int | None = None
+    limit: int | None = None
 
     def __post_init__(self) -> None:
         if self.label is None and self.owner is not None:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .exceptions import SemaphoreLimitMismatch
+from .holder import Holder
 from .keeper import Busy, ExtendResult, LeaseRef
 
 #: The largest ``limit`` a semaphore may have: each permit is a slot the server keeps
@@ -74,6 +75,14 @@ def backoff(tries: int, ttl: float) -> float:
     return min(cap, FIRST_POLL * float(2 ** min(tries, 16)))
 
 
+def permit_holder(
+    name: str, slot: int, owner: str, token: int, remaining: float | None, limit: int | None
+) -> Holder:
+    """One live permit as :meth:`PermitStore.holders` lists it."""
+    left = None if remaining is None else max(0.0, remaining)
+    return Holder(name, owner, token, left, kind="permit", slot=slot, limit=limit)
+
+
 class PermitStore:
     """One semaphore on one server (see the module). Subclasses implement :meth:`grant`,
     :meth:`extend` and :meth:`release_permit`; the slot of each permit granted here is
@@ -110,6 +119,12 @@ class PermitStore:
         """Owner-checked release (``slot`` None: an interrupted grant, look for ``owner``
         in every slot). True if it freed our permit."""
         raise NotImplementedError
+
+    async def holders(self) -> list[Holder]:
+        """Every live permit of the name as the server sees it, whatever its limit (this
+        store's is not checked), by slot: :func:`permit_holder` each. For operators
+        (``sem.holders()``, ``asynclock holder``); NotImplementedError where not built."""
+        raise NotImplementedError(f"{self.display} does not list a semaphore's permits")
 
     # -- keeper.Grants ----------------------------------------------------------------------
 

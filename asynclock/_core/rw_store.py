@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
+from .holder import Holder
 from .keeper import Busy, ExtendResult, LeaseRef
 from .permit_store import backoff
 
@@ -101,8 +102,36 @@ class RWStore:
         """Remove ``owner``'s intent to write (it stopped waiting), if any."""
         raise NotImplementedError
 
+    async def holders(self) -> list[Holder]:
+        """The live writer, readers and waiting writers' intents as the server sees them
+        (:func:`rw_holders`). For operators (``rw.holders()``, ``asynclock holder``);
+        NotImplementedError where not built."""
+        raise NotImplementedError(f"{self.display} does not list a read-write lock's holds")
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} on {self.display}>"
+
+
+#: (owner, seconds left or None) of one live hold or intent.
+Live = tuple[str, float | None]
+
+
+def rw_holders(
+    name: str, epoch: int, writer: Live | None, readers: Sequence[Live], intents: Sequence[Live]
+) -> list[Holder]:
+    """What :meth:`RWStore.holders` answers: the writer (kind ``write``, token the epoch),
+    then the readers (``read``, the epoch: no writer is granted while a reader lives, so
+    every live reader reads the current one), then the intents (``intent``, no token),
+    each group by owner."""
+
+    def one(live: Live, kind: str, token: int | None) -> Holder:
+        left = None if live[1] is None else max(0.0, live[1])
+        return Holder(name, live[0], token, left, kind=kind)
+
+    found = [] if writer is None else [one(writer, "write", epoch)]
+    found += [one(r, "read", epoch) for r in sorted(readers)]
+    found += [one(i, "intent", None) for i in sorted(intents)]
+    return found
 
 
 class ModeGrants:

@@ -22,9 +22,10 @@ outside ``acquire`` (:class:`~.holds.Holds`); the server's part is an
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from .context import ExcInfo
+from .holder import Holder
 from .holds import Holds, LeaseHeld
 from .lease import Lease
 from .misuse import AsyncContextOnly
@@ -67,6 +68,7 @@ class RWLock:
     ``backend.rwlock(name)``; cheap, no I/O, reusable and safe to share between tasks."""
 
     def __init__(self, acq: Acquisition, store: RWStore) -> None:
+        self._acq = acq
         self._store = store
         self._holds = {
             READ: Holds(acq, store.reads, "read hold"),
@@ -78,6 +80,18 @@ class RWLock:
 
     def __repr__(self) -> str:
         return f"<asynclock RWLock {self.name!r}>"
+
+    async def holders(self) -> list[Holder]:
+        """Who holds :attr:`name` now as the server sees it: the writer
+        (``kind="write"``, ``token`` its writer epoch), the readers (``"read"``, ``token``
+        the epoch they read) and the writers waiting (``"intent"``: they keep new readers
+        out; no token), each an :class:`~asynclock.Holder` with ``owner``, ``label`` and
+        ``remaining``. A snapshot for operators, as ``backend.holder()``: what
+        ``asynclock holder NAME`` shows. NotImplementedError where the backend cannot
+        list them."""
+        acq = self._acq.ready()
+        found = await acq.call("holders", self._store.holders(), (NotImplementedError,))
+        return cast("list[Holder]", found)
 
     def read(
         self,

@@ -21,9 +21,10 @@ permit:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from .context import ExcInfo
+from .holder import Holder
 from .holds import Holds, LeaseHeld
 from .lease import Lease
 from .misuse import AsyncContextOnly
@@ -78,6 +79,17 @@ class Semaphore:
 
     def __repr__(self) -> str:
         return f"<asynclock Semaphore {self.name!r} limit={self.limit}>"
+
+    async def holders(self) -> list[Holder]:
+        """Every live permit of :attr:`name` as the server sees it, by slot, whatever limit
+        it was granted under (this semaphore's is not checked): an
+        :class:`~asynclock.Holder` each, with ``kind="permit"``, ``slot``, ``limit`` (the
+        server's), ``owner``, ``label``, ``token`` (the slot's) and ``remaining``. A
+        snapshot for operators, as ``backend.holder()``: what ``asynclock holder NAME``
+        shows. NotImplementedError where the backend cannot list them."""
+        acq = self._holds._acq.ready()
+        found = await acq.call("holders", self._store.holders(), (NotImplementedError,))
+        return cast("list[Holder]", found)
 
     def acquire(
         self,

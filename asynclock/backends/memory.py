@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Record, Refused, leave_queue
 from .._core.holder import Holder
-from .._core.permit_store import Answer, Full, Granted, OtherLimit, PermitStore
+from .._core.permit_store import Answer, Full, Granted, OtherLimit, PermitStore, permit_holder
 from .._core.rw_store import RWStore
 from ._common.options import Options
 from .memory_rw import MemoryRW, RWState
@@ -210,6 +210,13 @@ class MemoryPermits(PermitStore):
         token = self.driver.slot_tokens[key] = self.driver.slot_tokens.get(key, 0) + 1
         slots[slot] = _Permit(owner, token, self.driver.clock.now() + ttl, self.limit)
         return Granted(slot, token)
+
+    async def holders(self) -> list[Holder]:
+        now = self.driver.clock.now()
+        return [
+            permit_holder(self.name, s, p.owner, p.token, p.expires_at - now, p.limit)
+            for s, p in sorted(self._live().items())
+        ]
 
     def _find(self, owner: str, token: int | None) -> int | None:
         for slot, permit in self._live().items():

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .._core.driver import ExtendResult, LeaseRef, Refused
+from .._core.holder import Holder
 from .._core.rw_store import (
     READ,
     READERS_HOLD,
@@ -16,6 +17,7 @@ from .._core.rw_store import (
     Held,
     RWAnswer,
     RWStore,
+    rw_holders,
 )
 
 if TYPE_CHECKING:
@@ -109,3 +111,14 @@ class MemoryRW(RWStore):
     async def withdraw(self, owner: str) -> None:
         state, _ = self._live()
         state.intents.pop(owner, None)
+
+    async def holders(self) -> list[Holder]:
+        state, now = self._live()
+        w = state.writer
+        return rw_holders(
+            self.name,
+            state.epoch,
+            None if w is None else (w[0], w[1] - now),
+            [(o, t - now) for o, t in state.readers.items()],
+            [(o, t - now) for o, t in state.intents.items()],
+        )

@@ -19,20 +19,24 @@ import asynclock
 #: * ``claims`` — ``backend.claims()`` (PostgreSQL);
 #: * ``multiprocess`` — separate processes share its locks through the URL;
 #: * ``semaphore`` — ``backend.semaphore()`` (others raise NotImplementedError);
-#: * ``rwlock`` — ``backend.rwlock()`` (others raise NotImplementedError).
+#: * ``rwlock`` — ``backend.rwlock()`` (others raise NotImplementedError);
+#: * ``holds`` — ``sem.holders()`` and ``rw.holders()`` list the live permits and
+#:   read-write holds (``asynclock holder``; others raise NotImplementedError).
 CAPABILITIES: dict[str, frozenset[str]] = {
     backend_id: frozenset(caps.split())
     for backend_id, caps in {
-        "memory": "records names leader server_ttl semaphore rwlock",
-        "sqlite": "records names leader server_ttl multiprocess semaphore rwlock",
-        "postgres": "records claims multiprocess semaphore rwlock",
-        "postgres_lease": "records names leader server_ttl claims multiprocess semaphore rwlock",
-        "redis": "records names leader server_ttl multiprocess semaphore rwlock",
+        "memory": "records names leader server_ttl semaphore rwlock holds",
+        "sqlite": "records names leader server_ttl multiprocess semaphore rwlock holds",
+        "postgres": "records claims multiprocess semaphore rwlock holds",
+        "postgres_lease": (
+            "records names leader server_ttl claims multiprocess semaphore rwlock holds"
+        ),
+        "redis": "records names leader server_ttl multiprocess semaphore rwlock holds",
         "redlock": "server_ttl multiprocess",
-        "redis_sentinel": "records names leader server_ttl multiprocess semaphore rwlock",
-        "redis_cluster": "records names leader server_ttl multiprocess semaphore rwlock",
-        "etcd": "records names leader server_ttl multiprocess semaphore rwlock",
-        "etcd3": "records names leader server_ttl multiprocess semaphore rwlock",
+        "redis_sentinel": "records names leader server_ttl multiprocess semaphore rwlock holds",
+        "redis_cluster": "records names leader server_ttl multiprocess semaphore rwlock holds",
+        "etcd": "records names leader server_ttl multiprocess semaphore rwlock holds",
+        "etcd3": "records names leader server_ttl multiprocess semaphore rwlock holds",
         "zookeeper": "names leader multiprocess semaphore rwlock",
         "zookeeper3": "names leader multiprocess semaphore rwlock",
     }.items()

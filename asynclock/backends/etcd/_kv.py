@@ -62,3 +62,21 @@ async def delete_key(client: EtcdClient, key: bytes, rev: int | None, owner: byt
     delete = pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=key))
     reply = await client.txn(pb.TxnRequest(compare=[guard], success=[delete]))
     return bool(reply.succeeded)
+
+
+async def lease_left(client: EtcdClient, kvs: Any) -> dict[int, float]:
+    """Seconds (whole, rounded down) each lease of ``kvs`` has left at the server; a lease
+    that has just expired (its keys being deleted) is left out."""
+    left: dict[int, float] = {}
+    for lease in {kv.lease for kv in kvs if kv.lease}:
+        reply = await client.time_to_live(lease, keys=False)
+        if reply.TTL >= 0:
+            left[lease] = float(reply.TTL)
+    return left
+
+
+def live_left(kv: Any, left: dict[int, float]) -> tuple[bool, float | None]:
+    """Whether ``kv`` is live (no lease, or one not expired) and its seconds left."""
+    if not kv.lease:
+        return True, None
+    return kv.lease in left, left.get(kv.lease)

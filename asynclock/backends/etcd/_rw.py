@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..._core.driver import ExtendResult, LeaseRef
+from ..._core.holder import Holder
 from ..._core.rw_store import (
     READ,
     READERS_HOLD,
@@ -31,10 +32,11 @@ from ..._core.rw_store import (
     Held,
     RWAnswer,
     RWStore,
+    rw_holders,
 )
 from ..._core.rwlock import LEASE_PREFIX
 from . import _proto as pb
-from ._kv import created_at
+from ._kv import created_at, lease_left, live_left
 from ._leased import Leased, Renewal
 from .client import prefix_end
 
@@ -159,3 +161,30 @@ class EtcdRW(RWStore):
 
     async def withdraw(self, owner: str) -> None:
         await self.leased.delete(self.intents + owner.encode(), None, owner)
+
+    async def holders(self) -> list[Holder]:
+        def get(key: bytes, prefix: bool = False) -> Any:
+            end = prefix_end(key) if prefix else b""
+            return pb.RequestOp(request_range=pb.RangeRequest(key=key, range_end=end))
+
+        ops = [get(self.epoch), get(self.writer), get(self.readers, True), get(self.intents, True)]
+        reply: Any = await self.client.txn(pb.TxnRequest(success=ops))  # one revision
+        epoch_kv, writer_kv, reader_kvs, intent_kvs = (
+            list(r.response_range.kvs) for r in reply.responses
+        )
+        left = await lease_left(self.client, writer_kv + reader_kvs + intent_kvs)
+
+        def live(kvs: list[Any], base: bytes) -> list[tuple[str, float | None]]:
+            found = []
+            for kv in kvs:
+                owner = bytes(kv.value)
+                alive, remaining = live_left(kv, left)
+                # (a key of another rwlock whose name extends this one's is not ours)
+                if alive and (not base or kv.key == base + owner):
+                    found.append((owner.decode("utf-8", "replace"), remaining))
+            return found
+
+        writer = live(writer_kv, b"")
+        epoch = epoch_kv[0].mod_revision if epoch_kv else 0
+        readers, intents = live(reader_kvs, self.readers), live(intent_kvs, self.intents)
+        return rw_holders(self.name, epoch, writer[0] if writer else None, readers, intents)

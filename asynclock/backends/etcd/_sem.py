@@ -25,10 +25,11 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..._core.driver import ExtendResult, LeaseRef
-from ..._core.permit_store import Answer, Full, Granted, OtherLimit, PermitStore
+from ..._core.holder import Holder
+from ..._core.permit_store import Answer, Full, Granted, OtherLimit, PermitStore, permit_holder
 from ..._core.semaphore import LEASE_PREFIX
 from . import _proto as pb
-from ._kv import created_at
+from ._kv import created_at, lease_left, live_left
 from ._leased import Leased, Renewal
 from .client import prefix_end
 
@@ -171,3 +172,30 @@ class EtcdPermits(PermitStore):
             if bytes(kv.value) == owner.encode() and token in (None, kv.create_revision):
                 return await self.leased.delete(kv.key, kv.create_revision, owner)
         return False
+
+    async def holders(self) -> list[Holder]:
+        get = pb.RangeRequest
+        request = pb.TxnRequest(
+            success=[
+                pb.RequestOp(request_range=get(key=self.limit_key)),
+                pb.RequestOp(request_range=get(key=self.base, range_end=prefix_end(self.base))),
+            ]
+        )
+        reply: Any = await self.client.txn(request)  # one revision: the limit and the permits
+        limits = reply.responses[0].response_range.kvs
+        held = bytes(limits[0].value) if limits else b""
+        limit = int(held) if held.isdigit() else None
+        kvs = [
+            kv for kv in reply.responses[1].response_range.kvs if kv.key[len(self.base) :].isdigit()
+        ]
+        left = await lease_left(self.client, kvs)
+        found = []
+        for kv in kvs:
+            live, remaining = live_left(kv, left)
+            if live:
+                owner = bytes(kv.value).decode("utf-8", "replace")
+                slot = int(kv.key[len(self.base) :])
+                found.append(
+                    permit_holder(self.name, slot, owner, kv.create_revision, remaining, limit)
+                )
+        return sorted(found, key=lambda h: h.slot or 0)

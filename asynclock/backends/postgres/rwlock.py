@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..._core.driver import SENT_AT, ExtendResult, LeaseRef, Refused
+from ..._core.holder import Holder
 from ..._core.rw_store import (
     READ,
     READERS_HOLD,
@@ -29,6 +30,7 @@ from ..._core.rw_store import (
     Held,
     RWAnswer,
     RWStore,
+    rw_holders,
 )
 from .connection import _CONNECTION_ERRORS
 from .sql import _SCHEMA_KEY
@@ -95,6 +97,13 @@ DELETE FROM asynclock_rw_hold
 WHERE name = $1 AND owner = $2 AND mode = $3 AND ($4::bigint IS NULL OR token = $4)
   AND expires_at > clock_timestamp()
 RETURNING 1
+"""
+
+# Who holds it, with the epoch. Args: $1 name.
+SQL_RW_HOLDERS = """
+SELECT owner, mode, extract(epoch FROM expires_at - clock_timestamp())::float8 AS left_s,
+       (SELECT epoch FROM asynclock_rw WHERE name = $1) AS epoch
+FROM asynclock_rw_hold WHERE name = $1 AND expires_at > clock_timestamp()
 """
 
 
@@ -187,3 +196,12 @@ class PostgresRW(RWStore):
 
     async def withdraw(self, owner: str) -> None:
         await self.release_hold(INTENT, owner, None)
+
+    async def holders(self) -> list[Holder]:
+        await self._schema()
+        rows = await self.driver._run("listing holds failed", "fetch", SQL_RW_HOLDERS, self._name)
+        if not rows:
+            return []
+        live = {m: [(r["owner"], r["left_s"]) for r in rows if r["mode"] == m] for m in "rwi"}
+        writer = live[WRITE][0] if live[WRITE] else None
+        return rw_holders(self.name, int(rows[0]["epoch"] or 0), writer, live[READ], live[INTENT])

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..._core.driver import SENT_AT, ExtendResult, LeaseRef, Refused
-from ..._core.permit_store import Answer, Full, Granted, OtherLimit, PermitStore
+from ..._core.holder import Holder
+from ..._core.permit_store import Answer, Full, Granted, OtherLimit, PermitStore, permit_holder
 from .connection import _CONNECTION_ERRORS
 from .sql import _SCHEMA_KEY
 from .tokens import _name_bytes
@@ -81,6 +82,14 @@ UPDATE asynclock_permit SET owner = '', expires_at = 'epoch'
 WHERE name = $1 AND owner = $2 AND ($3::bigint IS NULL OR token = $3)
   AND expires_at > clock_timestamp()
 RETURNING 1
+"""
+
+# Who holds the live permits of a name, by slot. Args: $1 name.
+SQL_P_HOLDERS = """
+SELECT slot, owner, token, lim,
+       extract(epoch FROM expires_at - clock_timestamp())::float8 AS left_s
+FROM asynclock_permit
+WHERE name = $1 AND owner <> '' AND expires_at > clock_timestamp() ORDER BY slot
 """
 
 
@@ -158,3 +167,11 @@ class PostgresPermits(PermitStore):
             "semaphore release failed", "fetchval", SQL_P_RELEASE, self._name, owner, token
         )
         return row is not None
+
+    async def holders(self) -> list[Holder]:
+        await self._schema()
+        rows = await self.driver._run("listing permits failed", "fetch", SQL_P_HOLDERS, self._name)
+        return [
+            permit_holder(self.name, r["slot"], r["owner"], r["token"], r["left_s"], r["lim"])
+            for r in rows
+        ]

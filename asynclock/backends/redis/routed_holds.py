@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from ..._core.driver import Busy, ExtendResult, LeaseRef, Refused
 from ..._core.exceptions import BackendUnavailable
+from ..._core.holder import Holder
 from ..._core.permit_store import Answer, Full, Granted, PermitStore
 from ..._core.rw_store import READ, WRITE, Held, ModeGrants, RWAnswer, RWStore
 from ..._core.rwlock import LEASE_PREFIX as RW_PREFIX
@@ -205,6 +206,10 @@ class RoutedPermits(PermitStore):
 
         return await self.routing.extend(leases, on)
 
+    async def holders(self) -> list[Holder]:
+        calls, name = self.calls, self.name
+        return await self.routing.call("holders", lambda p: calls.holders(p.node, name))
+
     async def release_permit(self, owner: str, slot: int | None, token: int | None) -> bool:
         if self.routing.lost_with_primary(owner):
             return False  # lost with the primary that granted it
@@ -276,6 +281,10 @@ class RoutedRW(RWStore):
         return await self.routing.call(
             "release", lambda p: calls.release(p.node, mode, owner, token)
         )
+
+    async def holders(self) -> list[Holder]:
+        calls, name = self.calls, self.name
+        return await self.routing.call("holders", lambda p: calls.holders(p.node, name))
 
     async def withdraw(self, owner: str) -> None:
         calls = self.calls

@@ -139,4 +139,30 @@ return 0
 """
 )
 
-RW_SCRIPTS = {"rw_grant": RW_GRANT, "rw_extend": RW_EXTEND, "rw_release": RW_RELEASE}
+# RW_HOLDERS (read-only). KEYS: hash, readers, intents. Returns {epoch or '0', {writer,
+# ms left} or {}, {reader, ms left, ...}, {intent's owner, ms left, ...}}.
+RW_HOLDERS = (
+    _NOW
+    + """
+local function live(key)
+  local out = {}
+  local found = redis.call('ZRANGEBYSCORE', key, '(' .. now, '+inf', 'WITHSCORES')
+  for k = 1, #found, 2 do
+    out[#out + 1] = found[k]
+    out[#out + 1] = tonumber(found[k + 1]) - now
+  end
+  return out
+end
+local w = {}
+local wx = writer_live()
+if wx then w = {redis.call('HGET', h, 'w'), wx - now} end
+return {redis.call('HGET', h, 'e') or '0', w, live(r), live(i)}
+"""
+)
+
+RW_SCRIPTS = {
+    "rw_grant": RW_GRANT,
+    "rw_extend": RW_EXTEND,
+    "rw_release": RW_RELEASE,
+    "rw_holders": RW_HOLDERS,
+}

@@ -11,7 +11,17 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..._core.driver import ExtendResult, LeaseRef, Refused
-from ..._core.rw_store import READERS_HOLD, WRITER_HOLDS, WRITER_WAITS, Held, RWAnswer, RWStore
+from ..._core.holder import Holder
+from ..._core.rw_store import (
+    READERS_HOLD,
+    WRITER_HOLDS,
+    WRITER_WAITS,
+    Held,
+    Live,
+    RWAnswer,
+    RWStore,
+    rw_holders,
+)
 from .keys import hash_tag
 from .replies import grace_ms
 from .wire import Node, ms
@@ -73,6 +83,19 @@ class RWCalls:
         args = (mode.encode(), owner.encode(), b"" if token is None else b"%d" % token)
         return bool(await node.run("rw_release", self.keys, args))
 
+    async def holders(self, node: Node, name: str) -> list[Holder]:
+        """RW_HOLDERS on ``node``: the live writer, readers and intents of ``name``."""
+        epoch, writer, readers, intents = await node.run("rw_holders", self.keys, ())
+
+        def pairs(flat: list[bytes]) -> list[Live]:
+            return [
+                (flat[k].decode(errors="replace"), int(flat[k + 1]) / 1000)
+                for k in range(0, len(flat), 2)
+            ]
+
+        w = pairs(writer)
+        return rw_holders(name, int(epoch), w[0] if w else None, pairs(readers), pairs(intents))
+
 
 class RedisRW(RWStore):
     """A read-write lock on one Redis server."""
@@ -100,3 +123,6 @@ class RedisRW(RWStore):
 
     async def withdraw(self, owner: str) -> None:
         await self.calls.release(self.node, "i", owner, None)
+
+    async def holders(self) -> list[Holder]:
+        return await self.calls.holders(self.node, self.name)

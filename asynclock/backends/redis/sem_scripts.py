@@ -118,4 +118,30 @@ return 0
 """
 )
 
-SEM_SCRIPTS = {"sem_grant": SEM_GRANT, "sem_extend": SEM_EXTEND, "sem_release": SEM_RELEASE}
+# SEM_HOLDERS (read-only). KEYS: set, hash. Returns {limit or '', then per live permit by
+# slot: slot, owner, token, ms left}.
+SEM_HOLDERS = (
+    _NOW
+    + """
+local set, h = KEYS[1], KEYS[2]
+local out = {redis.call('HGET', h, 'limit') or ''}
+for _, slot in ipairs(redis.call('ZRANGEBYSCORE', set, '(' .. now, '+inf')) do
+  local owner = redis.call('HGET', h, 'o' .. slot)
+  if owner then
+    local left = tonumber(redis.call('ZSCORE', set, slot)) - now
+    out[#out + 1] = slot
+    out[#out + 1] = owner
+    out[#out + 1] = redis.call('HGET', h, 't' .. slot) or '0'
+    out[#out + 1] = left
+  end
+end
+return out
+"""
+)
+
+SEM_SCRIPTS = {
+    "sem_grant": SEM_GRANT,
+    "sem_extend": SEM_EXTEND,
+    "sem_release": SEM_RELEASE,
+    "sem_holders": SEM_HOLDERS,
+}

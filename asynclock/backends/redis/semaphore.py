@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..._core.driver import ExtendResult, LeaseRef, Refused
-from ..._core.permit_store import Answer, Full, Granted, OtherLimit, PermitStore
+from ..._core.holder import Holder
+from ..._core.permit_store import Answer, Full, Granted, OtherLimit, PermitStore, permit_holder
 from .keys import hash_tag
 from .replies import grace_ms
 from .wire import Node, ms
@@ -73,6 +74,17 @@ class SemCalls:
         )
         return bool(await node.run("sem_release", self.keys, args))
 
+    async def holders(self, node: Node, name: str) -> list[Holder]:
+        """SEM_HOLDERS on ``node``: the live permits of ``name``, by slot."""
+        reply = await node.run("sem_holders", self.keys, ())
+        limit = int(reply[0]) if reply[0] else None
+        rows = [reply[k : k + 4] for k in range(1, len(reply), 4)]
+        found = [
+            permit_holder(name, int(s), o.decode(errors="replace"), int(t), int(x) / 1000, limit)
+            for s, o, t, x in rows
+        ]
+        return sorted(found, key=lambda h: h.slot or 0)
+
 
 class RedisPermits(PermitStore):
     """A semaphore's permits on one Redis server."""
@@ -94,3 +106,6 @@ class RedisPermits(PermitStore):
 
     async def release_permit(self, owner: str, slot: int | None, token: int | None) -> bool:
         return await self.calls.release(self.node, owner, slot, token)
+
+    async def holders(self) -> list[Holder]:
+        return await self.calls.holders(self.node, self.name)

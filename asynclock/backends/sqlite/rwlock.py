@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..._core.driver import ExtendResult, LeaseRef, Refused
+from ..._core.holder import Holder
 from ..._core.rw_store import (
     READ,
     READERS_HOLD,
@@ -26,6 +27,7 @@ from ..._core.rw_store import (
     Held,
     RWAnswer,
     RWStore,
+    rw_holders,
 )
 
 if TYPE_CHECKING:
@@ -37,6 +39,12 @@ INTENT = "i"
 SQL_RW_EXPIRE = "DELETE FROM asynclock_rw_hold WHERE name = ?1 AND (boot <> ?2 OR expires_at <= ?3)"
 # The live rows of a name (after SQL_RW_EXPIRE). Args: name.
 SQL_RW_LIVE = "SELECT owner, mode, expires_at FROM asynclock_rw_hold WHERE name = ?1"
+# Who holds it, read-only (the live rows, not those of an earlier boot). Args: name, boot,
+# now.
+SQL_RW_HOLDERS = (
+    "SELECT owner, mode, expires_at FROM asynclock_rw_hold "
+    "WHERE name = ?1 AND boot = ?2 AND expires_at > ?3"
+)
 # The name's epoch (no row: 0). Args: name.
 SQL_RW_EPOCH = "SELECT epoch FROM asynclock_rw WHERE name = ?1"
 # The next epoch. Args: name. Returns it.
@@ -124,3 +132,15 @@ class SQLiteRW(RWStore):
     async def withdraw(self, owner: str) -> None:
         args = (self.name, owner, INTENT, None, self.driver.boot, time.monotonic())
         await self.driver._statement(SQL_RW_RELEASE, args)
+
+    async def holders(self) -> list[Holder]:
+        def read(db: sqlite3.Connection) -> tuple[list[tuple[str, str, float]], int, float]:
+            now = time.monotonic()
+            rows = db.execute(SQL_RW_HOLDERS, (self.name, self.driver.boot, now)).fetchall()
+            epoch = db.execute(SQL_RW_EPOCH, (self.name,)).fetchone()
+            return rows, 0 if epoch is None else int(epoch[0]), now
+
+        rows, epoch, now = await self.driver._write(read)  # one snapshot of both tables
+        live = {m: [(str(o), float(x) - now) for o, mm, x in rows if mm == m] for m in "rwi"}
+        writer = live[WRITE][0] if live[WRITE] else None
+        return rw_holders(self.name, epoch, writer, live[READ], live[INTENT])

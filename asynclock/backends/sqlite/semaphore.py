@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..._core.driver import ExtendResult, LeaseRef, Refused
-from ..._core.permit_store import Answer, Full, Granted, OtherLimit, PermitStore
+from ..._core.holder import Holder
+from ..._core.permit_store import Answer, Full, Granted, OtherLimit, PermitStore, permit_holder
 
 if TYPE_CHECKING:
     from . import SQLiteDriver
@@ -20,6 +21,11 @@ if TYPE_CHECKING:
 SQL_LIVE_PERMITS = (
     "SELECT slot, lim, expires_at FROM asynclock_permit "
     "WHERE name = ?1 AND owner <> '' AND boot = ?2 AND expires_at > ?3"
+)
+# Who holds the live permits of a name, by slot. Args: name, boot, now.
+SQL_PERMIT_HOLDERS = (
+    "SELECT slot, owner, token, expires_at, lim FROM asynclock_permit "
+    "WHERE name = ?1 AND owner <> '' AND boot = ?2 AND expires_at > ?3 ORDER BY slot"
 )
 # Take slot :slot (its token bumped in place). Args: name, slot, owner, expires_at, boot, lim.
 SQL_TAKE_SLOT = (
@@ -88,3 +94,15 @@ class SQLitePermits(PermitStore):
         args = (self.name, owner, token, self.driver.boot, time.monotonic())
         cursor = await self.driver._statement(SQL_RELEASE_PERMIT, args)
         return cursor.rowcount == 1
+
+    async def holders(self) -> list[Holder]:
+        now = time.monotonic()  # system-wide on Linux: the clock every process's rows use
+        args = (self.name, self.driver.boot, now)
+        db = self.driver.db
+        rows = await self.driver._retry_busy(
+            lambda: db.execute(SQL_PERMIT_HOLDERS, args).fetchall(), "listing permits"
+        )
+        return [
+            permit_holder(self.name, int(s), str(o), int(t), float(x) - now, int(lim))
+            for s, o, t, x, lim in rows
+        ]
