@@ -163,3 +163,19 @@ async def test_many_permits_renew_in_one_call(etcd: asynclock.Backend, lock_name
             done.set()
     print(f"\netcd: {n} permits held, {rounds_calls} extend calls over 3 renewal rounds")
     assert rounds_calls <= 3 * 2  # one per round (a round may straddle the count)
+
+
+async def test_names_nested_by_slash_are_separate(etcd: asynclock.Backend, lock_name: str) -> None:
+    """A read-write lock ``x/r`` (whose epoch key is kept for ever) and a semaphore ``x/p``
+    live beside ``x``'s ranges, not inside them: before the name was escaped, once ``x/r``
+    had had a writer, every write on ``x`` was refused as if readers held it."""
+    with anyio.fail_after(10):
+        async with etcd.rwlock(lock_name + "/r").write(ttl=5):
+            pass
+        async with etcd.rwlock(lock_name + "/i").read(ttl=5):
+            async with etcd.rwlock(lock_name).write(ttl=5, blocking=False) as w:
+                assert w.token > 0
+        async with etcd.semaphore(lock_name + "/p", 1).acquire(ttl=5):
+            async with etcd.semaphore(lock_name, 1).acquire(ttl=5, blocking=False) as permit:
+                assert permit.slot == 0
+            assert [h.slot for h in await etcd.semaphore(lock_name, 1).holders()] == []

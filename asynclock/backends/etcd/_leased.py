@@ -32,6 +32,12 @@ if TYPE_CHECKING:
     from .client import EtcdClient
 
 
+def name_segment(name: str) -> str:
+    """``name`` as one key segment: ``%`` and ``/`` escaped, so the keys of ``x/r`` are
+    never inside the range of ``x``'s (a read-write lock ``x`` lists ``.../x/r/``)."""
+    return name.replace("%", "%25").replace("/", "%2F")
+
+
 @dataclass(eq=False)
 class Leased:
     """One key of ours on a session: a permit, a read or write hold, or a writer's intent."""

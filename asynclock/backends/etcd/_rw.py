@@ -15,6 +15,9 @@ Each grant is one txn: a read needs no ``w`` and no key under ``i/``; a write ne
 ``w`` and no key under ``r/`` (a compare over a range with ``create_revision == 0`` holds
 exactly when the range is empty); a busy writer that waits puts its intent in the txn's
 failure branch, so the intent and the refusal are one atomic step.
+
+``/`` and ``%`` in ``<name>`` are escaped (``%2F``, ``%25``): one segment, so the keys of
+``x/r`` never fall in the ranges ``x`` lists.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from ..._core.rw_store import (
 from ..._core.rwlock import LEASE_PREFIX
 from . import _proto as pb
 from ._kv import created_at, lease_left, live_left
-from ._leased import Leased, Renewal
+from ._leased import Leased, Renewal, name_segment
 from .client import prefix_end
 
 if TYPE_CHECKING:
@@ -46,7 +49,7 @@ if TYPE_CHECKING:
 
 def rwlock_prefix(prefix: str, name: str) -> bytes:
     """Where the keys of read-write lock ``name`` are (see the module)."""
-    return f"{prefix}\x00asynclock.rw/{name}/".encode("utf-8", "surrogatepass")
+    return f"{prefix}\x00asynclock.rw/{name_segment(name)}/".encode("utf-8", "surrogatepass")
 
 
 def _empty(prefix: bytes) -> Any:

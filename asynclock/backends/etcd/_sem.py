@@ -17,6 +17,9 @@
   are live, a grant answers ``OtherLimit`` (atomic: no race between two limits).
 * **Token**: the permit key's create revision, etcd's cluster-wide revision at the grant:
   strictly above every token granted before, for this slot and every other (G2).
+
+``/`` and ``%`` in ``<name>`` are escaped (``%2F``, ``%25``): one segment, so the keys of
+``x/r`` never fall in the ranges ``x`` lists.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from ..._core.permit_store import Answer, Full, Granted, OtherLimit, PermitStore
 from ..._core.semaphore import LEASE_PREFIX
 from . import _proto as pb
 from ._kv import created_at, lease_left, live_left
-from ._leased import Leased, Renewal
+from ._leased import Leased, Renewal, name_segment
 from .client import prefix_end
 
 if TYPE_CHECKING:
@@ -42,7 +45,7 @@ ATTEMPTS = 4
 
 def semaphore_prefix(prefix: str, name: str) -> bytes:
     """Where the keys of semaphore ``name`` are (see the module)."""
-    return f"{prefix}\x00asynclock.sem/{name}/".encode("utf-8", "surrogatepass")
+    return f"{prefix}\x00asynclock.sem/{name_segment(name)}/".encode("utf-8", "surrogatepass")
 
 
 def permits_prefix(prefix: str, name: str) -> bytes:
