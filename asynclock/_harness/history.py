@@ -31,50 +31,69 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Hold:
-    """``worker`` believed it held ``name`` from ``start`` to ``end`` (token if known)."""
+    """``worker`` believed it held ``name`` from ``start`` to ``end`` (token if known).
+
+    For the trace check (:mod:`.trace_check`): ``sent``, when the attempt that got the hold
+    was sent (its grant came after), and ``ended``, how the hold ended: ``"released"`` (the
+    lease was never lost), ``"lost"``, ``"error"`` (a backend error), or ``""`` (unknown).
+    """
 
     worker: str
     start: float
     end: float
     token: int | None = None
     name: str = ""
+    sent: float | None = None
+    ended: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": "hold", **asdict(self)}
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Hold:
-        token = raw.get("token")
+        token, sent = raw.get("token"), raw.get("sent")
         return cls(
             str(raw["worker"]),
             float(raw["start"]),
             float(raw["end"]),
             None if token is None else int(token),
             str(raw.get("name", "")),
+            None if sent is None else float(sent),
+            str(raw.get("ended", "")),
         )
 
 
 @dataclass(frozen=True)
 class Write:
-    """``worker`` sent a write with ``token`` at ``at``; the fenced resource ``accepted`` it."""
+    """``worker`` sent a write with ``token`` at ``at``; the fenced resource ``accepted`` it.
+
+    For the trace check: ``value``, the value it carried (the drill's register counts, so
+    accepted values give the store's own order of its writes), and ``late``: sent after its
+    lease was lost (the paused holder's write on its way).
+    """
 
     worker: str
     at: float
     token: int
     accepted: bool
     key: str = ""
+    value: int | None = None
+    late: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": "write", **asdict(self)}
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Write:
+        value = raw.get("value")
         return cls(
             str(raw["worker"]),
             float(raw["at"]),
             int(raw["token"]),
             bool(raw["accepted"]),
             str(raw.get("key", "")),
+            None if value is None else int(value),
+            bool(raw.get("late", False)),
         )
 
 

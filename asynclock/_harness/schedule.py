@@ -47,10 +47,10 @@ class Recorder:
         self.events: list[tuple[str, dict[str, Any]]] = []
         self._changed = anyio.Event()
 
-    def close_hold(self, label: str, t: float) -> None:
+    def close_hold(self, label: str, t: float, ended: str = "") -> None:
         if label in self.open:
             token, start, sent = self.open.pop(label)
-            self.report.holds.append(Hold(label, start, t, token, self.name))
+            self.report.holds.append(Hold(label, start, t, token, self.name, sent, ended))
             self.report.sent.append(sent)
 
     def feed(self, label: str, event: dict[str, Any]) -> None:
@@ -59,20 +59,20 @@ class Recorder:
             self.close_hold(label, t)
             self.open[label] = (int(event["token"]), t, float(event.get("sent", t)))
         elif kind in ("released", "lost"):
-            self.close_hold(label, float(event.get("held_until") or t))
+            self.close_hold(label, float(event.get("held_until") or t), kind)
             self.report.lost_leases += kind == "lost"
         elif kind == "read_rejected":
             self.report.read_rejections += 1
         elif kind in ("wrote", "late_write"):
-            self.report.writes.append(
-                Write(label, t, int(event["token"]), bool(event["accepted"]), "register")
-            )
-            self.report.values.append(int(event["value"]))
-            self.report.late.append(kind == "late_write")
+            token, accepted = int(event["token"]), bool(event["accepted"])
+            value, late = int(event["value"]), kind == "late_write"
+            self.report.writes.append(Write(label, t, token, accepted, "register", value, late))
+            self.report.values.append(value)
+            self.report.late.append(late)
         elif kind == "backend_error":
             self.report.backend_errors += 1
             if event.get("token") is not None:
-                self.close_hold(label, float(event.get("held_until") or t))
+                self.close_hold(label, float(event.get("held_until") or t), "error")
         self.events.append((label, event))
         self._changed.set()
         self._changed = anyio.Event()

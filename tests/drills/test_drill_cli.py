@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from asynclock._harness import worker_env
+from asynclock._harness.trace_check import check_file
 
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -46,6 +47,8 @@ def report_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_cli_drill_writes_history_and_report(report_dir: Path) -> None:
     assert {p.name for p in report_dir.iterdir()} >= {"history.jsonl", "report.json", "report.html"}
+    # The history replays clean against the models' invariants (G1 at the ttl, G2, G3).
+    assert check_file(report_dir / "history.jsonl", ttl=0.3) == []
 
 
 def test_cli_no_fence_exits_nonzero_and_says_what_was_lost() -> None:

@@ -137,13 +137,16 @@ def test_scaled_clock_maps_its_readings_back_to_real_time() -> None:
     assert abs(clock.real(first) - first) < 1e-9  # before any change it is real time
 
 
-def test_no_fence_shows_the_lost_update() -> None:
+def test_no_fence_shows_the_lost_update(drill_replays: list[tuple[Any, list[str]]]) -> None:
     options = {**SHORT, "fence": False}
     report = asynclock.drill.run(spawn="sqlite", faults=("pause",), **options)
     assert not report.ok
     assert report.rejected == 0
     assert report.lost_updates >= 1
     assert any("were lost" in p for p in report.problems)
+    # The replay against the models' invariants names the cause: a stale write landed (G3).
+    [(_, problems)] = drill_replays
+    assert any(p.startswith("G3:") and "(late)" in p for p in problems), problems
 
 
 def test_bad_options_raise_before_anything_starts() -> None:
