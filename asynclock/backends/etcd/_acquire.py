@@ -42,6 +42,8 @@ class Acquiring:
 
         def _unwatch_slot(self, slot: _Slot) -> None: ...
 
+        def _guard(self, slot: _Slot, start: int | None = None) -> None: ...
+
         async def _drop(self, slot: _Slot) -> bool: ...
 
     def _key(self, name: str, session: Session) -> bytes:
@@ -100,6 +102,7 @@ class Acquiring:
                 slot.held = True
                 slot.expires_at = self.clock.now() + ttl
                 self._unwatch_slot(slot)
+                self._guard(slot)
                 self._granted_ttls[owner] = session.granted
                 return result
             if not queue:
@@ -180,7 +183,7 @@ class Acquiring:
                 await delete_key(self.client, key, stale, None)
                 self._orphans.pop(key, None)
                 return None
-            slot.rev = reply.header.revision
+            slot.rev = slot.seen_at = reply.header.revision
             holder = reply.responses[1].response_range.kvs
             newest_kvs = reply.responses[2].response_range.kvs
             if not holder or holder[0].create_revision == slot.rev:
@@ -195,6 +198,7 @@ class Acquiring:
             slot.rev = None
             self._unwatch_slot(slot)
             return None
+        slot.seen_at = reply.header.revision
         holder = reply.responses[0].response_range.kvs
         earlier = reply.responses[1].response_range.kvs
         if not earlier or (holder and holder[0].create_revision == slot.rev):

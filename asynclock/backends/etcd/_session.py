@@ -42,6 +42,9 @@ class Session:
     users: int = 0
     idle_since: float | None = None
     dead: bool = False
+    #: List the keys attached to the lease at the next renewal (once): a watch on a held
+    #: key of it was started again where a deletion may have gone unseen.
+    recheck: bool = False
 
     @property
     def headroom(self) -> float:
@@ -214,3 +217,6 @@ class _Slot:
     expires_at: float = math.inf  # held: when the core's lease would have ended
     watch: tuple[bytes, int, int] | None = None  # (watched key, start revision, watch id)
     holder_lease: int = 0  # the etcd lease of the holder seen by the last attempt
+    seen_at: int = 0  # a revision at which our key was seen to exist
+    guard: int | None = None  # held: the id of the watch for our key's deletion
+    gone: bool = False  # held: that watch saw our key deleted

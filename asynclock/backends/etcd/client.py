@@ -87,6 +87,7 @@ class EtcdClient:
         )
         self._watch_ids = itertools.count(1)
         self._watches: dict[int, Callable[[str, int], None]] = {}
+        self._catching_up: list[_CaughtUp] = []
         self.on_watch_reset: Callable[[], None] = lambda: None
         #: Every call (unary or stream) not yet done: closing cancels them and waits for
         #: each to end, since grpc delivers a completion to the loop the call came from,
@@ -315,6 +316,12 @@ class EtcdClient:
     async def run_keepalive_stream(self) -> None:
         await self._keepalives.stream.run()
 
+    @property
+    def acked_revision(self) -> int:
+        """The highest store revision a keep-alive ack carried: read after a keep-alive's
+        ack, the server's revision when it answered, or later."""
+        return self._keepalives.revision
+
     # -- watch stream ----------------------------------------------------------------------
 
     def watch(self, key: bytes, start_revision: int, callback: Callable[[str, int], None]) -> int:
@@ -337,7 +344,36 @@ class EtcdClient:
     async def run_watch_stream(self) -> None:
         await self._watch_stream.run()
 
+    async def watches_caught_up(self, revision: int, within: float) -> bool:
+        """Has the watch stream delivered every event of its watches up to ``revision``?
+
+        One progress request, whatever the number of watches: True once a progress
+        notification at ``revision`` or later arrives within ``within`` seconds; False if
+        none does (the stream broke, or the server holds it back while a watch is still
+        catching up on history). etcd before 3.5.8 (3.4.24) answers at once, even ahead
+        of events it is still sending (etcd-io/etcd#15220): there an event of a watch is
+        seen when it arrives, normally within milliseconds of the answer.
+        """
+        waiter = _CaughtUp(revision)
+        self._catching_up.append(waiter)
+        self._watch_stream.send(pb.WatchRequest(progress_request=pb.WatchProgressRequest()))
+        try:
+            with anyio.move_on_after(within):
+                await waiter.event.wait()
+        finally:
+            if waiter in self._catching_up:
+                self._catching_up.remove(waiter)
+        return waiter.ok
+
     def _on_watch(self, reply: Any) -> None:
+        if reply.watch_id == -1 and not (reply.created or reply.canceled or reply.events):
+            # A progress notification: every event up to its revision has been sent.
+            revision = reply.header.revision
+            for waiter in [w for w in self._catching_up if w.revision <= revision]:
+                self._catching_up.remove(waiter)
+                waiter.ok = True
+                waiter.event.set()
+            return
         callback = self._watches.get(reply.watch_id)
         if callback is None:
             return
@@ -352,6 +388,9 @@ class EtcdClient:
         # The server forgets every watch of a broken stream: the owners start again from
         # a fresh look at the keys (the driver retries its attempts).
         self._watches.clear()
+        waiting, self._catching_up = self._catching_up, []
+        for waiter in waiting:
+            waiter.event.set()  # not caught up: the events it waited for may be lost
         self.on_watch_reset()
 
     # -- the streams' calls (see _stream.py) ----------------------------------------------
@@ -389,6 +428,17 @@ class EtcdClient:
             self.errors.scrub(f"{self.errors.display}: {path} stream broke: {cause!r}"),
             "UNAVAILABLE",
         )
+
+
+class _CaughtUp:
+    """One wait for the watch stream's progress to reach ``revision``."""
+
+    __slots__ = ("event", "ok", "revision")
+
+    def __init__(self, revision: int) -> None:
+        self.revision = revision
+        self.event = anyio.Event()
+        self.ok = False
 
 
 def _explain(exc: BaseException) -> str | None:

@@ -44,6 +44,9 @@ from ._watch import Watching
 from .client import EtcdClient, prefix_end
 
 _HEX = frozenset(b"0123456789abcdef")
+#: How long a renewal waits for the watch stream's progress, as a fraction of the shortest
+#: ttl renewed, before it lists the sessions' keys instead.
+CATCH_UP = 0.25
 logger = logging.getLogger("asynclock.etcd")
 
 
@@ -51,8 +54,8 @@ class EtcdDriver(Acquiring, Watching, Driver):
     """Locks in an etcd cluster. See the module docstring and docs/backends/etcd.md."""
 
     remote = True  # every acquire and release is a server round trip
-    #: One call renews every lease: a keep-alive and one key listing per session, whatever
-    #: the number of leases (in chunks, each call listed every key of the session again).
+    #: One call renews every lease: a keep-alive per session and one progress request on
+    #: the watch stream, whatever the number of leases (see :meth:`extend`).
     renew_chunk = None
 
     def __init__(self, client: EtcdClient, *, prefix: str = "", display: str) -> None:
@@ -141,21 +144,12 @@ class EtcdDriver(Acquiring, Watching, Driver):
                     results.append(exc)
                 continue
             sessions[slot.session.lease_id] = slot.session
+            if slot.guard is None:  # no watch sees this key deleted: look at the list
+                slot.session.recheck = True
             results.append(None)
         if not sessions:
             return [r for r in results if r is not None]
-        attached: dict[int, set[bytes]] = {}
-
-        async def keys_of(session: Session) -> None:
-            reply = await self.client.time_to_live(session.lease_id, keys=True)
-            # TTL is whole seconds left, rounded down (0 is alive); -1: the lease is gone.
-            attached[session.lease_id] = set(reply.keys) if reply.TTL >= 0 else set()
-
-        # One keep-alive per session on the stream, and one look at the keys each carries.
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self.sessions.keep_alive, list(sessions.values()))
-            for session in sessions.values():
-                tg.start_soon(keys_of, session)
+        attached = await self._renew_sessions(list(sessions.values()))
         out: list[ExtendResult] = []
         for ref, result in zip(leases, results, strict=True):
             if result is not None:
@@ -167,14 +161,42 @@ class EtcdDriver(Acquiring, Watching, Driver):
                 continue
             held_on = slot.session
             assert held_on is not None
+            keys = attached.get(held_on.lease_id)
             if held_on.dead:
                 out.append(Refused(f"etcd lease {held_on.lease_id:x} expired"))
-            elif slot.key not in attached.get(held_on.lease_id, set()):
+            elif slot.gone or (keys is not None and slot.key not in keys):
                 out.append(Refused("lock key deleted at the server"))
             else:
                 slot.expires_at = max(slot.expires_at, t_send + ref.ttl)
                 out.append(True)
         return out
+
+    async def _renew_sessions(self, sessions: list[Session]) -> dict[int, set[bytes]]:
+        """A keep-alive for each session, then one progress request on the watch stream:
+        once it answers at a revision the keep-alives' acks had reached, every deletion of
+        a held key before this round was sent has reached its guard (see ``_watch.py``).
+        Returns the keys attached to each session that had to be listed instead: the
+        progress did not come (a guard still catching up, or the stream broke), or a guard
+        may have missed a deletion (``Session.recheck``)."""
+        await self.sessions.keep_alive(sessions)
+        live = [s for s in sessions if not s.dead]
+        caught_up = True
+        if any(not s.recheck for s in live):
+            within = min(self.client.timeout, min(s.ttl for s in live) * CATCH_UP)
+            caught_up = await self.client.watches_caught_up(self.client.acked_revision, within)
+        attached: dict[int, set[bytes]] = {}
+        for session in live:
+            if caught_up and not session.recheck:
+                continue
+            session.recheck = False  # a guard dropped from now on asks again
+            try:
+                reply = await self.client.time_to_live(session.lease_id, keys=True)
+            except BaseException:
+                session.recheck = True
+                raise
+            # TTL is whole seconds left, rounded down (0 is alive); -1: the lease is gone.
+            attached[session.lease_id] = set(reply.keys) if reply.TTL >= 0 else set()
+        return attached
 
     async def _move(self, slot: _Slot, ref: LeaseRef, t_send: float) -> ExtendResult:
         """Attach a held key to the session of a new ttl (``lease.extend(ttl)``): a put on
@@ -217,8 +239,16 @@ class EtcdDriver(Acquiring, Watching, Driver):
             return False
         if token is not None:
             # Local state changes only once the server confirmed (G6): a failed release
-            # keeps the slot, so it can be retried (or expires with its ttl).
-            removed = await self._delete_own(slot)
+            # keeps the slot, so it can be retried (or expires with its ttl). Our own
+            # delete is no loss: its guard goes first, and comes back if the delete fails
+            # (replaying it, if it did happen).
+            self._unguard(slot)
+            try:
+                removed = await self._delete_own(slot)
+            except BaseException:
+                if self.slots.get(name) is slot and slot.held:
+                    self._guard(slot)
+                raise
             self._free(name, slot)
             return removed
         return await self._drop(slot)
@@ -369,6 +399,7 @@ class EtcdDriver(Acquiring, Watching, Driver):
         del self.slots[name]
         self._granted_ttls.pop(slot.owner, None)
         self._unwatch_slot(slot)
+        self._unguard(slot)
         session = slot.session
         if session is not None:
             session.users -= 1
