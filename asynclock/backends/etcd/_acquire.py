@@ -11,6 +11,7 @@ from ..._core.clock import Clock
 from ..._core.driver import Busy
 from ..._core.exceptions import BackendUnavailable
 from . import _proto as pb
+from ._deletions import Deletions
 from ._kv import by_creation, created_at, delete_key
 from ._session import Predecessor, Session, Sessions, _Slot
 from .client import EtcdClient, EtcdError, prefix_end
@@ -35,14 +36,13 @@ class Acquiring:
     _queues: dict[str, deque[str]]
     _orphans: dict[bytes, tuple[int | None, bytes]]
     _granted_ttls: dict[str, int]
+    deletions: Deletions
 
     if TYPE_CHECKING:
 
         def lock_prefix(self, name: str) -> bytes: ...
 
         def _unwatch_slot(self, slot: _Slot) -> None: ...
-
-        def _guard(self, slot: _Slot, start: int | None = None) -> None: ...
 
         async def _drop(self, slot: _Slot) -> bool: ...
 
@@ -102,7 +102,8 @@ class Acquiring:
                 slot.held = True
                 slot.expires_at = self.clock.now() + ttl
                 self._unwatch_slot(slot)
-                self._guard(slot)
+                if not self.deletions.covers(slot.seen_at):
+                    session.recheck = True  # a deletion since may have gone unseen
                 self._granted_ttls[owner] = session.granted
                 return result
             if not queue:

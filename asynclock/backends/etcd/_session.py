@@ -42,8 +42,8 @@ class Session:
     users: int = 0
     idle_since: float | None = None
     dead: bool = False
-    #: List the keys attached to the lease at the next renewal (once): a watch on a held
-    #: key of it was started again where a deletion may have gone unseen.
+    #: List the keys attached to the lease at the next renewal (once): a deletion of one
+    #: of them may have happened where the deletions watch did not see it.
     recheck: bool = False
 
     @property
@@ -218,5 +218,5 @@ class _Slot:
     watch: tuple[bytes, int, int] | None = None  # (watched key, start revision, watch id)
     holder_lease: int = 0  # the etcd lease of the holder seen by the last attempt
     seen_at: int = 0  # a revision at which our key was seen to exist
-    guard: int | None = None  # held: the id of the watch for our key's deletion
-    gone: bool = False  # held: that watch saw our key deleted
+    gone: bool = False  # held: the deletions watch saw our key deleted after seen_at
+    releasing: bool = False  # our own delete of the key is in flight

@@ -1,22 +1,13 @@
-"""The etcd driver's watches, all on the client's one watch stream.
+"""An etcd waiter watches only its predecessor's key (FIFO, no thundering herd).
 
-* **A waiter watches only its predecessor's key** (FIFO, no thundering herd). What to watch
-  travels in the failed attempt's ``Busy.cursor`` (a :class:`Predecessor`): the core passes
-  it to :meth:`Watching.watch`, and again whenever a later attempt finds a different
-  predecessor. The one watch a name has lives on its slot, so it ends with the slot's wait
-  (granted, dropped or freed), whichever task's ``unwatch`` comes first.
-* **A holder watches its own key for deletion** (its *guard*), from a revision at which
-  the key was seen: a key deleted behind our back (``asynclock break``, ``etcdctl del``) is
-  seen when its event arrives, and the renewal round that follows refuses it. A renewal
-  then costs a keep-alive and one progress request whatever the number held, instead of a
-  listing of every key of the session (issue 45). Where a guard may have missed an event
-  (its watch started again after compacted history, or could not be made), the session's
-  keys are listed instead, once or for as long as a guard is missing.
+What to watch travels in the failed attempt's ``Busy.cursor`` (a :class:`Predecessor`):
+the core passes it to :meth:`Watching.watch`, and again whenever a later attempt finds a
+different predecessor. The one watch a name has lives on its slot, so it ends with the
+slot's wait (granted, dropped or freed), whichever task's ``unwatch`` comes first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ._session import Predecessor
@@ -32,7 +23,6 @@ class Watching:
 
     client: EtcdClient
     slots: dict[str, _Slot]
-    _renew_now: Callable[[], None]
 
     if TYPE_CHECKING:
 
@@ -59,7 +49,9 @@ class Watching:
                 return
             self._unwatch_slot(slot)
 
-        def on_event(kind: str, revision: int) -> None:
+        def on_event(kind: str, revision: int, key: bytes) -> None:
+            if kind == "created":
+                return
             if kind == "canceled" and slot.watch is not None and slot.watch[2] == watch_id:
                 slot.watch = None  # compacted history: the next attempt's cursor is newer
             self._wake(name)
@@ -72,48 +64,11 @@ class Watching:
             self.client.cancel_watch(slot.watch[2])
             slot.watch = None
 
-    def _guard(self, slot: _Slot, start: int | None = None) -> None:
-        """Watch our held key for its deletion from ``start`` (default: just after the
-        revision it was last seen at, so nothing in between is missed)."""
-        self._unguard(slot)
-
-        def on_event(kind: str, revision: int) -> None:
-            if self.slots.get(slot.name) is not slot or slot.guard != watch_id:
-                return
-            if kind == "deleted":
-                # The next round refuses it, or finds the session's lease gone if that is
-                # why (an expired or revoked lease deletes its keys too): the loss says why.
-                slot.gone = True
-                self._renew_now()
-                return
-            slot.guard = None  # the server dropped the watch
-            if slot.session is not None:
-                slot.session.recheck = True  # events before ``revision`` may be gone
-            if revision > 0:  # compacted history: watch on from the oldest revision kept
-                self._guard(slot, revision)
-
-        watch_id = self.client.watch(
-            slot.key, slot.seen_at + 1 if start is None else start, on_event
-        )
-        slot.guard = watch_id
-
-    def _unguard(self, slot: _Slot) -> None:
-        if slot.guard is not None:
-            self.client.cancel_watch(slot.guard)
-            slot.guard = None
-
-    def _watches_reset(self) -> None:
+    def _waits_reset(self) -> None:
         """The watch stream broke and the server forgot its watches: start each again
-        from where it started (etcd replays what happened since; compacted: cancelled).
-        The sessions of held keys are also listed once: the outage is checked at once,
-        not when the replayed history has caught up."""
+        from where it started (etcd replays what happened since; compacted: cancelled)."""
         for name, slot in self.slots.items():
             if slot.watch is not None:
                 key, start, _ = slot.watch
                 slot.watch = None
                 self._watch_key(name, slot, key, start)
-            if slot.guard is not None:
-                slot.guard = None
-                self._guard(slot)
-                if slot.session is not None:
-                    slot.session.recheck = True

@@ -86,7 +86,7 @@ class EtcdClient:
             self, "/etcdserverpb.Watch/Watch", pb.WatchResponse, self._on_watch, self._fail_watches
         )
         self._watch_ids = itertools.count(1)
-        self._watches: dict[int, Callable[[str, int], None]] = {}
+        self._watches: dict[int, Callable[[str, int, bytes], None]] = {}
         self._catching_up: list[_CaughtUp] = []
         self.on_watch_reset: Callable[[], None] = lambda: None
         #: Every call (unary or stream) not yet done: closing cancels them and waits for
@@ -324,14 +324,27 @@ class EtcdClient:
 
     # -- watch stream ----------------------------------------------------------------------
 
-    def watch(self, key: bytes, start_revision: int, callback: Callable[[str, int], None]) -> int:
-        """Watch ``key`` for deletion from ``start_revision``: ``callback("deleted", rev)``,
-        ``callback("canceled", compact_revision)`` when the server drops the watch (e.g.
-        compacted history). Returns the watch id for :meth:`cancel_watch`."""
+    def watch(
+        self,
+        key: bytes,
+        start_revision: int,
+        callback: Callable[[str, int, bytes], None],
+        *,
+        range_end: bytes = b"",
+    ) -> int:
+        """Watch ``key`` (every key up to ``range_end``, if given) for deletions from
+        ``start_revision`` on: ``callback("created", revision, b"")`` once the server has
+        it, ``callback("deleted", revision, key)`` for each deletion,
+        ``callback("canceled", compact_revision, b"")`` when the server drops the watch
+        (compacted history; 0: refused). Returns the watch id for :meth:`cancel_watch`."""
         watch_id = next(self._watch_ids)
         self._watches[watch_id] = callback
         create = pb.WatchCreateRequest(
-            key=key, start_revision=start_revision, watch_id=watch_id, filters=[0]
+            key=key,
+            range_end=range_end,
+            start_revision=start_revision,
+            watch_id=watch_id,
+            filters=[0],  # NOPUT: deletions only
         )
         self._watch_stream.send(pb.WatchRequest(create_request=create))
         return watch_id
@@ -377,12 +390,14 @@ class EtcdClient:
         callback = self._watches.get(reply.watch_id)
         if callback is None:
             return
+        if reply.created and not reply.canceled:
+            callback("created", reply.header.revision, b"")
         for event in reply.events:
             if event.type == pb.EVENT_DELETE:
-                callback("deleted", event.kv.mod_revision)
+                callback("deleted", event.kv.mod_revision, event.kv.key)
         if reply.canceled:
             self._watches.pop(reply.watch_id, None)
-            callback("canceled", reply.compact_revision)
+            callback("canceled", reply.compact_revision, b"")
 
     def _fail_watches(self, error: BaseException) -> None:
         # The server forgets every watch of a broken stream: the owners start again from

@@ -38,6 +38,7 @@ from ..._core.holder import Holder
 from .._common.asyncio_only import require_asyncio
 from . import _proto as pb
 from ._acquire import Acquiring
+from ._deletions import Deletions
 from ._kv import created_at, delete_key, first_key
 from ._session import Session, Sessions, _Slot
 from ._watch import Watching
@@ -46,7 +47,7 @@ from .client import EtcdClient, prefix_end
 _HEX = frozenset(b"0123456789abcdef")
 #: How long a renewal waits for the watch stream's progress, as a fraction of the shortest
 #: ttl renewed, before it lists the sessions' keys instead.
-CATCH_UP = 0.25
+CATCH_UP = 0.1
 logger = logging.getLogger("asynclock.etcd")
 
 
@@ -76,6 +77,8 @@ class EtcdDriver(Acquiring, Watching, Driver):
         self._orphans: dict[bytes, tuple[int | None, bytes]] = {}
         self._poke = anyio.Event()
         self._granted_ttls: dict[str, int] = {}
+        self._prefix = prefix.encode("utf-8", "surrogatepass")
+        self.deletions = Deletions(client, self._prefix, self._key_deleted)
         client.on_watch_reset = self._watches_reset
 
     # -- keys ------------------------------------------------------------------------------
@@ -125,6 +128,21 @@ class EtcdDriver(Acquiring, Watching, Driver):
                 slot.session, slot.key, slot.rev = None, b"", None
                 self._wake(name)
 
+    def _key_deleted(self, key: bytes, revision: int) -> None:
+        """The deletions watch saw ``key`` deleted at ``revision``: if it is a key we hold
+        (and was seen before that), the next renewal refuses it; ask for that round now."""
+        name, slash, _ = key[len(self._prefix) :].rpartition(b"/")
+        slot = self.slots.get(name.decode("utf-8", "surrogatepass")) if slash else None
+        if slot is None or not slot.held or slot.key != key or revision <= slot.seen_at:
+            return
+        slot.gone = True
+        if not slot.releasing:
+            self._renew_now()
+
+    def _watches_reset(self) -> None:
+        self._waits_reset()
+        self.deletions.reset()
+
     # -- renew, release, validate ----------------------------------------------------------
 
     async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
@@ -144,8 +162,6 @@ class EtcdDriver(Acquiring, Watching, Driver):
                     results.append(exc)
                 continue
             sessions[slot.session.lease_id] = slot.session
-            if slot.guard is None:  # no watch sees this key deleted: look at the list
-                slot.session.recheck = True
             results.append(None)
         if not sessions:
             return [r for r in results if r is not None]
@@ -172,23 +188,28 @@ class EtcdDriver(Acquiring, Watching, Driver):
         return out
 
     async def _renew_sessions(self, sessions: list[Session]) -> dict[int, set[bytes]]:
-        """A keep-alive for each session, then one progress request on the watch stream:
-        once it answers at a revision the keep-alives' acks had reached, every deletion of
-        a held key before this round was sent has reached its guard (see ``_watch.py``).
-        Returns the keys attached to each session that had to be listed instead: the
-        progress did not come (a guard still catching up, or the stream broke), or a guard
-        may have missed a deletion (``Session.recheck``)."""
+        """A keep-alive for each session; then, with the deletions watch live, one progress
+        request on the watch stream: once it answers at a revision the keep-alives' acks
+        had reached, every deletion of a held key before this round was sent has been seen
+        (see ``_deletions.py``). Returns the keys attached to each session that had to be
+        listed instead: no live watch (few names held), the progress did not come in time,
+        or a deletion may have gone unseen (``Session.recheck``)."""
+        confirmed = self.deletions.confirmed
         await self.sessions.keep_alive(sessions)
+        if self.deletions.went_live(confirmed, self.client.acked_revision):
+            for session in self.sessions.values():
+                session.recheck = True  # its keys were seen before the watch's start
+        self.deletions.fit(len(self.slots))
         live = [s for s in sessions if not s.dead]
-        caught_up = True
-        if any(not s.recheck for s in live):
+        caught_up = False
+        if self.deletions.since and any(not s.recheck for s in live):
             within = min(self.client.timeout, min(s.ttl for s in live) * CATCH_UP)
             caught_up = await self.client.watches_caught_up(self.client.acked_revision, within)
         attached: dict[int, set[bytes]] = {}
         for session in live:
             if caught_up and not session.recheck:
                 continue
-            session.recheck = False  # a guard dropped from now on asks again
+            session.recheck = False  # a gap found from now on asks again
             try:
                 reply = await self.client.time_to_live(session.lease_id, keys=True)
             except BaseException:
@@ -240,15 +261,13 @@ class EtcdDriver(Acquiring, Watching, Driver):
         if token is not None:
             # Local state changes only once the server confirmed (G6): a failed release
             # keeps the slot, so it can be retried (or expires with its ttl). Our own
-            # delete is no loss: its guard goes first, and comes back if the delete fails
-            # (replaying it, if it did happen).
-            self._unguard(slot)
+            # delete is no loss (``releasing``), but if it fails after all, the key is
+            # gone if the deletions watch saw it go.
+            slot.releasing = True
             try:
                 removed = await self._delete_own(slot)
-            except BaseException:
-                if self.slots.get(name) is slot and slot.held:
-                    self._guard(slot)
-                raise
+            finally:
+                slot.releasing = False
             self._free(name, slot)
             return removed
         return await self._drop(slot)
@@ -399,7 +418,6 @@ class EtcdDriver(Acquiring, Watching, Driver):
         del self.slots[name]
         self._granted_ttls.pop(slot.owner, None)
         self._unwatch_slot(slot)
-        self._unguard(slot)
         session = slot.session
         if session is not None:
             session.users -= 1
