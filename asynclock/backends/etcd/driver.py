@@ -55,8 +55,9 @@ class EtcdDriver(Acquiring, Watching, Driver):
     """Locks in an etcd cluster. See the module docstring and docs/backends/etcd.md."""
 
     remote = True  # every acquire and release is a server round trip
-    #: One call renews every lease: a keep-alive per session and one progress request on
-    #: the watch stream, whatever the number of leases (see :meth:`extend`).
+    #: One call renews every lease: a keep-alive per session, then a listing of each
+    #: session's keys (few names in use) or one progress request on the watch stream
+    #: (many: see ``_deletions.py``), whatever the number of leases.
     renew_chunk = None
 
     def __init__(self, client: EtcdClient, *, prefix: str = "", display: str) -> None:
