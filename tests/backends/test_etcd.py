@@ -24,7 +24,13 @@ import pytest
 
 import asynclock
 import asynclock.testing
-from asynclock.backends.etcd import EtcdDriver, driver_from_url, granted_ttl, requested_ttl
+from asynclock.backends.etcd import (
+    EtcdDriver,
+    _deletions,
+    driver_from_url,
+    granted_ttl,
+    requested_ttl,
+)
 from asynclock.backends.etcd import _gen as gen
 from tests.support.etcd_servers import (
     EtcdCluster,
@@ -261,6 +267,142 @@ async def test_many_names_on_one_session_renew_in_one_call(
         done.set()
     assert etcd.stats().held == 0
     print(f"{n:,} names acquired in {acquired_in:.2f}s")
+
+
+async def _hold_many(
+    etcd: asynclock.Backend, names: list[str], ttl: float, tg: anyio.abc.TaskGroup
+) -> tuple[dict[str, asynclock.Lease], set[str], anyio.Event]:
+    """Hold every name in ``names`` (each in a task of ``tg``) until the returned event;
+    the set collects the names whose block raised LeaseLost."""
+    leases: dict[str, asynclock.Lease] = {}
+    raised: set[str] = set()
+    all_held = anyio.Event()
+    done = anyio.Event()
+
+    async def hold(name: str) -> None:
+        try:
+            async with etcd.lock(name, ttl=ttl) as lease:
+                leases[name] = lease
+                if len(leases) == len(names):
+                    all_held.set()
+                await done.wait()
+        except asynclock.LeaseLost:
+            raised.add(name)
+
+    for name in names:
+        tg.start_soon(hold, name)
+    with anyio.fail_after(60):
+        await all_held.wait()
+    return leases, raised, done
+
+
+async def test_a_renewal_round_costs_the_same_whatever_the_number_held(
+    etcd: asynclock.Backend, lock_name: str
+) -> None:
+    """Issue 45: with 2,000 held, a renewal round sends no request whose size or cost grows
+    with the number held. It listed every key of the session (LeaseTimeToLive with keys) to
+    find keys deleted behind our back, a reply as large as the number held; now one watch
+    for deletions sees them, and a round is a keep-alive and one progress request (the
+    listing comes back only once, when that watch starts, or after it broke)."""
+    n = 2000
+    driver = etcd_driver(etcd)
+    client = driver.client
+    listings = 0
+    time_to_live = client.time_to_live
+
+    async def counted(lease_id: int, *, keys: bool) -> Any:
+        nonlocal listings
+        listings += keys
+        return await time_to_live(lease_id, keys=keys)
+
+    client.time_to_live = counted  # type: ignore[method-assign]
+    async with anyio.create_task_group() as tg:
+        _, _, done = await _hold_many(etcd, [f"{lock_name}:{i}" for i in range(n)], 3.0, tg)
+        with anyio.fail_after(10):  # the rounds that started the watch (and listed once)
+            await asynclock.testing.next_renewal_round(etcd)
+            await asynclock.testing.next_renewal_round(etcd)
+        assert driver.deletions.since > 0
+        before = etcd.stats()
+        listings = 0
+        with anyio.fail_after(10):
+            await asynclock.testing.next_renewal_round(etcd)
+            await asynclock.testing.next_renewal_round(etcd)
+        after = etcd.stats()
+        assert after.renewals - before.renewals >= n
+        assert after.losses == 0
+        assert after.renewal_round_trips - before.renewal_round_trips <= 3
+        assert listings == 0
+        done.set()
+
+
+@pytest.mark.parametrize("watched", [True, False], ids=["watched", "listed"])
+async def test_a_key_deleted_behind_our_back_loses_only_its_holder_within_an_interval(
+    etcd_cluster: EtcdCluster,
+    etcd: asynclock.Backend,
+    lock_name: str,
+    watched: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A held key deleted by another client (an operator's etcdctl del): its holder is
+    cancelled with LeaseLost within about one renewal interval; the others stay held.
+    Seen by the deletions watch (many held), or by the listing of the session (few)."""
+    monkeypatch.setattr(_deletions, "WATCH_AT", 1 if watched else 10**9)
+    n, ttl = 200, 6.0
+    names = [f"{lock_name}:{i}" for i in range(n)]
+    driver = etcd_driver(etcd)
+    async with anyio.create_task_group() as tg:
+        leases, raised, done = await _hold_many(etcd, names, ttl, tg)
+        if watched:
+            with anyio.fail_after(10):  # the watch starts in a round, and is live by the next
+                await asynclock.testing.next_renewal_round(etcd)
+                await asynclock.testing.next_renewal_round(etcd)
+            assert driver.deletions.since > 0
+        victim = names[n // 2]
+        await etcdctl(etcd_cluster, "del", driver.slots[victim].key.decode())
+        deleted_at = time.monotonic()
+        with anyio.fail_after(ttl):
+            await leases[victim].lost
+        noticed_in = time.monotonic() - deleted_at
+        assert "deleted" in str(leases[victim].lost.reason)
+        with anyio.fail_after(10):
+            await asynclock.testing.next_renewal_round(etcd)
+        assert [name for name in names if leases[name].lost] == [victim]
+        assert etcd.stats().losses == 1
+        done.set()
+    assert raised == {victim}
+    # The watch: at once (its event asks for a round); the listing: at the next round.
+    assert noticed_in < (1.0 if watched else ttl * etcd.heartbeat + 0.5)
+
+
+async def test_the_deletions_watch_comes_back_after_the_stream_breaks(
+    etcd_factory: EtcdFactory, lock_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """etcd restarts while many are held (the deletions watch is on): the watch starts
+    again on the new stream, the sessions are listed once for what happened in between,
+    and a key deleted afterwards still loses its holder at once."""
+    monkeypatch.setattr(_deletions, "WATCH_AT", 1)
+    cluster = etcd_factory(1)
+    names = [f"{lock_name}:{i}" for i in range(20)]
+    async with asynclock.connect(cluster.url) as etcd:
+        driver = etcd_driver(etcd)
+        async with anyio.create_task_group() as tg:
+            leases, raised, done = await _hold_many(etcd, names, 10.0, tg)
+            with anyio.fail_after(20):
+                await wait_until(lambda: driver.deletions.since > 0, 20)
+            opened = driver.client.streams_opened["Watch"]
+            await anyio.to_thread.run_sync(cluster.restart, cluster.nodes[0])
+            with anyio.fail_after(20):
+                await wait_until(lambda: driver.client.streams_opened["Watch"] > opened, 20)
+                await wait_until(lambda: driver.deletions.since > 0, 20)
+                await asynclock.testing.next_renewal_round(etcd)
+            assert not any(lease.lost for lease in leases.values())
+            victim = names[3]
+            await etcdctl(cluster, "del", driver.slots[victim].key.decode())
+            with anyio.fail_after(5):
+                await leases[victim].lost
+            assert [name for name in names if leases[name].lost] == [victim]
+            done.set()
+        assert raised == {victim}
 
 
 # -- interop with etcd's own lock (etcdctl lock, Go's concurrency.Mutex) -----------------

@@ -11,6 +11,7 @@ from ..._core.clock import Clock
 from ..._core.driver import Busy
 from ..._core.exceptions import BackendUnavailable
 from . import _proto as pb
+from ._deletions import Deletions
 from ._kv import by_creation, created_at, delete_key
 from ._session import Predecessor, Session, Sessions, _Slot
 from .client import EtcdClient, EtcdError, prefix_end
@@ -35,6 +36,7 @@ class Acquiring:
     _queues: dict[str, deque[str]]
     _orphans: dict[bytes, tuple[int | None, bytes]]
     _granted_ttls: dict[str, int]
+    deletions: Deletions
 
     if TYPE_CHECKING:
 
@@ -100,6 +102,8 @@ class Acquiring:
                 slot.held = True
                 slot.expires_at = self.clock.now() + ttl
                 self._unwatch_slot(slot)
+                if not self.deletions.covers(slot.seen_at):
+                    session.recheck = True  # a deletion since may have gone unseen
                 self._granted_ttls[owner] = session.granted
                 return result
             if not queue:
@@ -180,7 +184,7 @@ class Acquiring:
                 await delete_key(self.client, key, stale, None)
                 self._orphans.pop(key, None)
                 return None
-            slot.rev = reply.header.revision
+            slot.rev = slot.seen_at = reply.header.revision
             holder = reply.responses[1].response_range.kvs
             newest_kvs = reply.responses[2].response_range.kvs
             if not holder or holder[0].create_revision == slot.rev:
@@ -195,6 +199,7 @@ class Acquiring:
             slot.rev = None
             self._unwatch_slot(slot)
             return None
+        slot.seen_at = reply.header.revision
         holder = reply.responses[0].response_range.kvs
         earlier = reply.responses[1].response_range.kvs
         if not earlier or (holder and holder[0].create_revision == slot.rev):

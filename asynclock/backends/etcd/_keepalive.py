@@ -32,6 +32,8 @@ class KeepAlives:
 
     def __init__(self, client: EtcdClient) -> None:
         self._pending: dict[int, deque[_Waiter]] = {}
+        #: The highest store revision an ack carried.
+        self.revision = 0
         self.stream = Stream(
             client,
             "/etcdserverpb.Lease/LeaseKeepAlive",
@@ -67,6 +69,7 @@ class KeepAlives:
         return result
 
     def _on_reply(self, reply: Any) -> None:
+        self.revision = max(self.revision, reply.header.revision)
         pending = self._pending.get(reply.ID)
         if pending:
             waiter = pending.popleft()

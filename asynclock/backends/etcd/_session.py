@@ -42,6 +42,9 @@ class Session:
     users: int = 0
     idle_since: float | None = None
     dead: bool = False
+    #: List the keys attached to the lease at the next renewal (once): a deletion of one
+    #: of them may have happened where the deletions watch did not see it.
+    recheck: bool = False
 
     @property
     def headroom(self) -> float:
@@ -214,3 +217,6 @@ class _Slot:
     expires_at: float = math.inf  # held: when the core's lease would have ended
     watch: tuple[bytes, int, int] | None = None  # (watched key, start revision, watch id)
     holder_lease: int = 0  # the etcd lease of the holder seen by the last attempt
+    seen_at: int = 0  # a revision at which our key was seen to exist
+    gone: bool = False  # held: the deletions watch saw our key deleted after seen_at
+    releasing: bool = False  # our own delete of the key is in flight

@@ -49,7 +49,9 @@ class Watching:
                 return
             self._unwatch_slot(slot)
 
-        def on_event(kind: str, revision: int) -> None:
+        def on_event(kind: str, revision: int, key: bytes) -> None:
+            if kind == "created":
+                return
             if kind == "canceled" and slot.watch is not None and slot.watch[2] == watch_id:
                 slot.watch = None  # compacted history: the next attempt's cursor is newer
             self._wake(name)
@@ -62,7 +64,7 @@ class Watching:
             self.client.cancel_watch(slot.watch[2])
             slot.watch = None
 
-    def _watches_reset(self) -> None:
+    def _waits_reset(self) -> None:
         """The watch stream broke and the server forgot its watches: start each again
         from where it started (etcd replays what happened since; compacted: cancelled)."""
         for name, slot in self.slots.items():

@@ -86,7 +86,8 @@ class EtcdClient:
             self, "/etcdserverpb.Watch/Watch", pb.WatchResponse, self._on_watch, self._fail_watches
         )
         self._watch_ids = itertools.count(1)
-        self._watches: dict[int, Callable[[str, int], None]] = {}
+        self._watches: dict[int, Callable[[str, int, bytes], None]] = {}
+        self._catching_up: list[_CaughtUp] = []
         self.on_watch_reset: Callable[[], None] = lambda: None
         #: Every call (unary or stream) not yet done: closing cancels them and waits for
         #: each to end, since grpc delivers a completion to the loop the call came from,
@@ -315,16 +316,35 @@ class EtcdClient:
     async def run_keepalive_stream(self) -> None:
         await self._keepalives.stream.run()
 
+    @property
+    def acked_revision(self) -> int:
+        """The highest store revision a keep-alive ack carried: read after a keep-alive's
+        ack, the server's revision when it answered, or later."""
+        return self._keepalives.revision
+
     # -- watch stream ----------------------------------------------------------------------
 
-    def watch(self, key: bytes, start_revision: int, callback: Callable[[str, int], None]) -> int:
-        """Watch ``key`` for deletion from ``start_revision``: ``callback("deleted", rev)``,
-        ``callback("canceled", compact_revision)`` when the server drops the watch (e.g.
-        compacted history). Returns the watch id for :meth:`cancel_watch`."""
+    def watch(
+        self,
+        key: bytes,
+        start_revision: int,
+        callback: Callable[[str, int, bytes], None],
+        *,
+        range_end: bytes = b"",
+    ) -> int:
+        """Watch ``key`` (every key up to ``range_end``, if given) for deletions from
+        ``start_revision`` on: ``callback("created", revision, b"")`` once the server has
+        it, ``callback("deleted", revision, key)`` for each deletion,
+        ``callback("canceled", compact_revision, b"")`` when the server drops the watch
+        (compacted history; 0: refused). Returns the watch id for :meth:`cancel_watch`."""
         watch_id = next(self._watch_ids)
         self._watches[watch_id] = callback
         create = pb.WatchCreateRequest(
-            key=key, start_revision=start_revision, watch_id=watch_id, filters=[0]
+            key=key,
+            range_end=range_end,
+            start_revision=start_revision,
+            watch_id=watch_id,
+            filters=[0],  # NOPUT: deletions only
         )
         self._watch_stream.send(pb.WatchRequest(create_request=create))
         return watch_id
@@ -337,21 +357,55 @@ class EtcdClient:
     async def run_watch_stream(self) -> None:
         await self._watch_stream.run()
 
+    async def watches_caught_up(self, revision: int, within: float) -> bool:
+        """Has the watch stream delivered every event of its watches up to ``revision``?
+
+        One progress request, whatever the number of watches: True once a progress
+        notification at ``revision`` or later arrives within ``within`` seconds; False if
+        none does (the stream broke, or the server holds it back while a watch is still
+        catching up on history). etcd before 3.5.8 (3.4.24) answers at once, even ahead
+        of events it is still sending (etcd-io/etcd#15220): there an event of a watch is
+        seen when it arrives, normally within milliseconds of the answer.
+        """
+        waiter = _CaughtUp(revision)
+        self._catching_up.append(waiter)
+        self._watch_stream.send(pb.WatchRequest(progress_request=pb.WatchProgressRequest()))
+        try:
+            with anyio.move_on_after(within):
+                await waiter.event.wait()
+        finally:
+            if waiter in self._catching_up:
+                self._catching_up.remove(waiter)
+        return waiter.ok
+
     def _on_watch(self, reply: Any) -> None:
+        if reply.watch_id == -1 and not (reply.created or reply.canceled or reply.events):
+            # A progress notification: every event up to its revision has been sent.
+            revision = reply.header.revision
+            for waiter in [w for w in self._catching_up if w.revision <= revision]:
+                self._catching_up.remove(waiter)
+                waiter.ok = True
+                waiter.event.set()
+            return
         callback = self._watches.get(reply.watch_id)
         if callback is None:
             return
+        if reply.created and not reply.canceled:
+            callback("created", reply.header.revision, b"")
         for event in reply.events:
             if event.type == pb.EVENT_DELETE:
-                callback("deleted", event.kv.mod_revision)
+                callback("deleted", event.kv.mod_revision, event.kv.key)
         if reply.canceled:
             self._watches.pop(reply.watch_id, None)
-            callback("canceled", reply.compact_revision)
+            callback("canceled", reply.compact_revision, b"")
 
     def _fail_watches(self, error: BaseException) -> None:
         # The server forgets every watch of a broken stream: the owners start again from
         # a fresh look at the keys (the driver retries its attempts).
         self._watches.clear()
+        waiting, self._catching_up = self._catching_up, []
+        for waiter in waiting:
+            waiter.event.set()  # not caught up: the events it waited for may be lost
         self.on_watch_reset()
 
     # -- the streams' calls (see _stream.py) ----------------------------------------------
@@ -389,6 +443,17 @@ class EtcdClient:
             self.errors.scrub(f"{self.errors.display}: {path} stream broke: {cause!r}"),
             "UNAVAILABLE",
         )
+
+
+class _CaughtUp:
+    """One wait for the watch stream's progress to reach ``revision``."""
+
+    __slots__ = ("event", "ok", "revision")
+
+    def __init__(self, revision: int) -> None:
+        self.revision = revision
+        self.event = anyio.Event()
+        self.ok = False
 
 
 def _explain(exc: BaseException) -> str | None:

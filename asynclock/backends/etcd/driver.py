@@ -41,6 +41,7 @@ from ..._core.validation import RESERVED_PREFIX
 from .._common.asyncio_only import require_asyncio
 from . import _proto as pb
 from ._acquire import Acquiring
+from ._deletions import Deletions
 from ._kv import created_at, delete_key, first_key
 from ._leased import LeasedKeys
 from ._rw import EtcdRW
@@ -50,6 +51,9 @@ from ._watch import Watching
 from .client import EtcdClient, prefix_end
 
 _HEX = frozenset(b"0123456789abcdef")
+#: How long a renewal waits for the watch stream's progress, as a fraction of the shortest
+#: ttl renewed, before it lists the sessions' keys instead.
+CATCH_UP = 0.1
 logger = logging.getLogger("asynclock.etcd")
 
 
@@ -57,8 +61,9 @@ class EtcdDriver(Acquiring, Watching, Driver):
     """Locks in an etcd cluster. See the module docstring and docs/backends/etcd.md."""
 
     remote = True  # every acquire and release is a server round trip
-    #: One call renews every lease: a keep-alive and one key listing per session, whatever
-    #: the number of leases (in chunks, each call listed every key of the session again).
+    #: One call renews every lease: a keep-alive per session, then a listing of each
+    #: session's keys (few names in use) or one progress request on the watch stream
+    #: (many: see ``_deletions.py``), whatever the number of leases.
     renew_chunk = None
 
     def __init__(self, client: EtcdClient, *, prefix: str = "", display: str) -> None:
@@ -79,6 +84,8 @@ class EtcdDriver(Acquiring, Watching, Driver):
         self._orphans: dict[bytes, tuple[int | None, bytes]] = {}
         self._poke = anyio.Event()
         self._granted_ttls: dict[str, int] = {}
+        self._prefix = prefix.encode("utf-8", "surrogatepass")
+        self.deletions = Deletions(client, self._prefix, self._key_deleted)
         client.on_watch_reset = self._watches_reset
         #: Semaphore permits and read-write holds (their keys share the sessions).
         self.leased = LeasedKeys(
@@ -138,6 +145,21 @@ class EtcdDriver(Acquiring, Watching, Driver):
                 slot.session, slot.key, slot.rev = None, b"", None
                 self._wake(name)
 
+    def _key_deleted(self, key: bytes, revision: int) -> None:
+        """The deletions watch saw ``key`` deleted at ``revision``: if it is a key we hold
+        (and was seen before that), the next renewal refuses it; ask for that round now."""
+        name, slash, _ = key[len(self._prefix) :].rpartition(b"/")
+        slot = self.slots.get(name.decode("utf-8", "surrogatepass")) if slash else None
+        if slot is None or not slot.held or slot.key != key or revision <= slot.seen_at:
+            return
+        slot.gone = True
+        if not slot.releasing:
+            self._renew_now()
+
+    def _watches_reset(self) -> None:
+        self._waits_reset()
+        self.deletions.reset()
+
     # -- renew, release, validate ----------------------------------------------------------
 
     async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
@@ -160,18 +182,7 @@ class EtcdDriver(Acquiring, Watching, Driver):
             results.append(None)
         if not sessions:
             return [r for r in results if r is not None]
-        attached: dict[int, set[bytes]] = {}
-
-        async def keys_of(session: Session) -> None:
-            reply = await self.client.time_to_live(session.lease_id, keys=True)
-            # TTL is whole seconds left, rounded down (0 is alive); -1: the lease is gone.
-            attached[session.lease_id] = set(reply.keys) if reply.TTL >= 0 else set()
-
-        # One keep-alive per session on the stream, and one look at the keys each carries.
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self.sessions.keep_alive, list(sessions.values()))
-            for session in sessions.values():
-                tg.start_soon(keys_of, session)
+        attached = await self._renew_sessions(list(sessions.values()))
         out: list[ExtendResult] = []
         for ref, result in zip(leases, results, strict=True):
             if result is not None:
@@ -183,14 +194,47 @@ class EtcdDriver(Acquiring, Watching, Driver):
                 continue
             held_on = slot.session
             assert held_on is not None
+            keys = attached.get(held_on.lease_id)
             if held_on.dead:
                 out.append(Refused(f"etcd lease {held_on.lease_id:x} expired"))
-            elif slot.key not in attached.get(held_on.lease_id, set()):
+            elif slot.gone or (keys is not None and slot.key not in keys):
                 out.append(Refused("lock key deleted at the server"))
             else:
                 slot.expires_at = max(slot.expires_at, t_send + ref.ttl)
                 out.append(True)
         return out
+
+    async def _renew_sessions(self, sessions: list[Session]) -> dict[int, set[bytes]]:
+        """A keep-alive for each session; then, with the deletions watch live, one progress
+        request on the watch stream: once it answers at a revision the keep-alives' acks
+        had reached, every deletion of a held key before this round was sent has been seen
+        (see ``_deletions.py``). Returns the keys attached to each session that had to be
+        listed instead: no live watch (few names held), the progress did not come in time,
+        or a deletion may have gone unseen (``Session.recheck``)."""
+        confirmed = self.deletions.confirmed
+        await self.sessions.keep_alive(sessions)
+        if self.deletions.went_live(confirmed, self.client.acked_revision):
+            for session in self.sessions.values():
+                session.recheck = True  # its keys were seen before the watch's start
+        self.deletions.fit(len(self.slots))
+        live = [s for s in sessions if not s.dead]
+        caught_up = False
+        if self.deletions.since and any(not s.recheck for s in live):
+            within = min(self.client.timeout, min(s.ttl for s in live) * CATCH_UP)
+            caught_up = await self.client.watches_caught_up(self.client.acked_revision, within)
+        attached: dict[int, set[bytes]] = {}
+        for session in live:
+            if caught_up and not session.recheck:
+                continue
+            session.recheck = False  # a gap found from now on asks again
+            try:
+                reply = await self.client.time_to_live(session.lease_id, keys=True)
+            except BaseException:
+                session.recheck = True
+                raise
+            # TTL is whole seconds left, rounded down (0 is alive); -1: the lease is gone.
+            attached[session.lease_id] = set(reply.keys) if reply.TTL >= 0 else set()
+        return attached
 
     async def _move(self, slot: _Slot, ref: LeaseRef, t_send: float) -> ExtendResult:
         """Attach a held key to the session of a new ttl (``lease.extend(ttl)``): a put on
@@ -233,8 +277,14 @@ class EtcdDriver(Acquiring, Watching, Driver):
             return False
         if token is not None:
             # Local state changes only once the server confirmed (G6): a failed release
-            # keeps the slot, so it can be retried (or expires with its ttl).
-            removed = await self._delete_own(slot)
+            # keeps the slot, so it can be retried (or expires with its ttl). Our own
+            # delete is no loss (``releasing``), but if it fails after all, the key is
+            # gone if the deletions watch saw it go.
+            slot.releasing = True
+            try:
+                removed = await self._delete_own(slot)
+            finally:
+                slot.releasing = False
             self._free(name, slot)
             return removed
         return await self._drop(slot)
