@@ -78,6 +78,10 @@ class Deletions:
         self.since = revision + 1
         return True
 
+    def wanted(self, in_use: int) -> bool:
+        """Is a watch (running, or to start now) worth it for ``in_use`` names?"""
+        return self._id is not None or (in_use >= WATCH_AT and not self.refused)
+
     def fit(self, in_use: int) -> None:
         """Start the watch if ``in_use`` names are many, stop it if they are few."""
         if self._id is None and in_use >= WATCH_AT and not self.refused:

@@ -29,7 +29,8 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 import anyio
 
@@ -211,7 +212,11 @@ class EtcdDriver(Acquiring, Watching, Driver):
         (see ``_deletions.py``). Returns the keys attached to each session that had to be
         listed instead: no live watch (few names held), the progress did not come in time,
         or a deletion may have gone unseen (``Session.recheck``)."""
-        confirmed = self.deletions.confirmed
+        deletions = self.deletions
+        if not deletions.wanted(len(self.slots)):
+            # No watch and none wanted (few names): keep-alives and listings in one trip.
+            return await self._list_sessions(sessions, alive=self.sessions.keep_alive)
+        confirmed = deletions.confirmed
         await self.sessions.keep_alive(sessions)
         if self.deletions.went_live(confirmed, self.client.acked_revision):
             for session in self.sessions.values():
@@ -222,10 +227,18 @@ class EtcdDriver(Acquiring, Watching, Driver):
         if self.deletions.since and any(not s.recheck for s in live):
             within = min(self.client.timeout, min(s.ttl for s in live) * CATCH_UP)
             caught_up = await self.client.watches_caught_up(self.client.acked_revision, within)
+        return await self._list_sessions([s for s in live if s.recheck or not caught_up], None)
+
+    async def _list_sessions(
+        self,
+        sessions: list[Session],
+        alive: Callable[[list[Session]], Coroutine[Any, Any, None]] | None,
+    ) -> dict[int, set[bytes]]:
+        """The keys attached to each of ``sessions``, listed at once (``alive``: beside the
+        keep-alives)."""
         attached: dict[int, set[bytes]] = {}
-        for session in live:
-            if caught_up and not session.recheck:
-                continue
+
+        async def keys_of(session: Session) -> None:
             session.recheck = False  # a gap found from now on asks again
             try:
                 reply = await self.client.time_to_live(session.lease_id, keys=True)
@@ -234,6 +247,12 @@ class EtcdDriver(Acquiring, Watching, Driver):
                 raise
             # TTL is whole seconds left, rounded down (0 is alive); -1: the lease is gone.
             attached[session.lease_id] = set(reply.keys) if reply.TTL >= 0 else set()
+
+        async with anyio.create_task_group() as tg:
+            if alive is not None:
+                tg.start_soon(alive, sessions)
+            for session in sessions:
+                tg.start_soon(keys_of, session)
         return attached
 
     async def _move(self, slot: _Slot, ref: LeaseRef, t_send: float) -> ExtendResult:
