@@ -29,7 +29,7 @@ from .holder import Holder
 from .holds import Holds, LeaseHeld
 from .lease import Lease
 from .misuse import AsyncContextOnly
-from .rw_store import READ, WRITE, RWStore
+from .rw_store import LEASE_PREFIX, READ, WRITE, RWStore
 from .validation import check_lock_args, check_name, check_not_reserved
 
 if TYPE_CHECKING:
@@ -37,10 +37,6 @@ if TYPE_CHECKING:
     from .driver import Driver
 
 __all__ = ("LEASE_PREFIX", "RWHold", "RWLock", "RWLocks")
-
-#: A hold's lease is named ``rwlock:<name>``: apart from a lock or a semaphore of the same
-#: name (``break_lock(name)`` does not touch read-write holds).
-LEASE_PREFIX = "rwlock:"
 
 
 class RWLocks:

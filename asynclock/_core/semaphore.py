@@ -28,7 +28,7 @@ from .holder import Holder
 from .holds import Holds, LeaseHeld
 from .lease import Lease
 from .misuse import AsyncContextOnly
-from .permit_store import MAX_LIMIT, PermitStore, check_limit
+from .permit_store import LEASE_PREFIX, MAX_LIMIT, PermitStore, check_limit
 from .validation import check_lock_args, check_name, check_not_reserved
 
 if TYPE_CHECKING:
@@ -36,11 +36,6 @@ if TYPE_CHECKING:
     from .driver import Driver
 
 __all__ = ("LEASE_PREFIX", "MAX_LIMIT", "Permit", "PermitHold", "Semaphore", "Semaphores")
-
-#: A permit's lease is named ``semaphore:<name>``: apart from a lock of the same name (a
-#: lock of ``name`` may be taken inside a permit's body, and ``break_lock(name)`` does not
-#: touch permits).
-LEASE_PREFIX = "semaphore:"
 
 
 class Semaphores:
