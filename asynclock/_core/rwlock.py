@@ -6,8 +6,9 @@ Built as semaphores are (``_core/semaphore.py``), on the session's hook for leas
 outside ``acquire`` (:class:`~.holds.Holds`); the server's part is an
 :class:`~.rw_store.RWStore` (one per backend: ``driver.rwlock_store``). A hold:
 
-* is acquired, waited for (polled with a bounded backoff: not FIFO; a waiting writer's
-  intent blocks new readers, so writers are never starved by readers) and cleaned up
+* is acquired, waited for (woken by a release, or polled, as a permit: not FIFO; a
+  waiting writer's intent blocks new readers, so writers are never starved by readers)
+  and cleaned up
   after an interrupted attempt exactly as a lock is (``Holds.acquire``): busy with
   ``blocking=False`` raises ``LockHeld``, a timeout ``AcquireTimeout``;
 * is a lease of the session (named ``rwlock:<name>``, both modes): renewed with the

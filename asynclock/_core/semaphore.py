@@ -6,7 +6,8 @@ outside ``acquire`` (:class:`~.holds.Holds`); the server's part is a
 :class:`~.permit_store.PermitStore` (one per backend: ``driver.semaphore_store``). A
 permit:
 
-* is acquired, waited for (polled with a bounded backoff: not FIFO yet) and cleaned up
+* is acquired, waited for (woken by a release where the store has a waker, else at its
+  next poll with a bounded backoff; not FIFO: see ``_core/wakes.py``) and cleaned up
   after an interrupted attempt exactly as a lock is (``Holds.acquire``): busy with
   ``blocking=False`` raises ``LockHeld``, a timeout ``AcquireTimeout``;
 * is a lease of the session (named ``semaphore:<name>``): renewed with the store's other
