@@ -51,6 +51,7 @@ from .session import Session
 from .stats import StatsRecorder
 from .threads import ThreadGrants
 from .validation import check_lock_args, check_scope
+from .wakes import woken_name
 
 logger = logging.getLogger("asynclock")
 #: ``logger.isEnabledFor``'s answer for a level, if known (see fastpath._level_cache).
@@ -459,7 +460,8 @@ class Acquisition(Releasing, ThreadGrants):
         """Wake this backend's waiters for ``name``: a release was seen (every waiter may
         try), or, with ``owner``, the name was handed to that waiter (only it wakes: a
         driver with a queue says whose turn it is, and ten thousand waiters of one name
-        cost one wake-up per hand-off, not ten thousand)."""
+        cost one wake-up per hand-off, not ten thousand). A ``wakes.wake_name``: its lease's."""
+        name = woken_name(name) if name[:1] == "\x00" else name
         events = self._release_events.get(name)
         if not events:
             return

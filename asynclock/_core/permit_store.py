@@ -16,13 +16,21 @@ from dataclasses import dataclass
 from .exceptions import SemaphoreLimitMismatch
 from .holder import Holder
 from .keeper import Busy, ExtendResult, LeaseRef
+from .wakes import Waker, wake_name
 
 #: The largest ``limit`` a semaphore may have: each permit is a slot the server keeps
 #: (a row, a hash field) and a grant may look at every live one.
 MAX_LIMIT = 10_000
 
-#: The waiting backoff (not FIFO yet): the first retry after this many seconds, doubling
-#: per busy answer up to a tenth of the waiter's ttl, never above :data:`MAX_POLL`.
+#: A permit's lease is named ``semaphore:<name>``: apart from a lock of the same name (a
+#: lock of ``name`` may be taken inside a permit's body, and ``break_lock(name)`` does not
+#: touch permits).
+LEASE_PREFIX = "semaphore:"
+
+#: The waiting backoff: the first retry after this many seconds, doubling per busy answer
+#: up to a tenth of the waiter's ttl, never above :data:`MAX_POLL`. Where the store has a
+#: :attr:`~PermitStore.waker`, a release at the server wakes the waiters before that (the
+#: poll is then only the fallback for a missed notification, or an expiry).
 FIRST_POLL = 0.01
 MAX_POLL = 0.5
 
@@ -94,6 +102,9 @@ class PermitStore:
     renew_chunk: int | None = 1000
     #: The core wakes this backend's waiters of the name on every release here.
     wakes_waiters = False
+    #: What wakes waiters in other processes on a release at the server (the driver's
+    #: lock watch on :attr:`wake_name`, see ``_core/wakes.py``), or None: they poll.
+    waker: Waker | None = None
     #: Requests go out at once (see :data:`~.keeper.SENT_AT`).
     queues_locally = False
 
@@ -103,6 +114,8 @@ class PermitStore:
         #: owner -> slot of every permit granted here and not yet released.
         self.slots: dict[str, int] = {}
         self._tries: dict[str, int] = {}
+        #: The reserved name a release here notifies (where the backend notifies).
+        self.wake_name = wake_name(LEASE_PREFIX + name)
 
     # -- what a backend implements ----------------------------------------------------------
 
@@ -152,10 +165,14 @@ class PermitStore:
         return await self.release_permit(owner, slot, token)
 
     async def watch(self, name: str, cursor: object = None) -> bool:
-        return False  # polled (and woken by this backend's own releases): not FIFO yet
+        # Woken by this backend's own releases (the core), and by the server's notification
+        # of any release where there is a waker; polled with the backoff either way.
+        waker = self.waker
+        return False if waker is None else await waker.watch(self.wake_name, cursor)
 
     async def unwatch(self, name: str) -> None:
-        pass
+        if self.waker is not None:
+            await self.waker.unwatch(self.wake_name)
 
     async def abandon(self, name: str, owner: str) -> None:
         self._tries.pop(owner, None)

@@ -33,6 +33,11 @@ from functools import cached_property
 from .holder import Holder
 from .keeper import Busy, ExtendResult, LeaseRef
 from .permit_store import backoff
+from .wakes import Waker, wake_name
+
+#: A hold's lease is named ``rwlock:<name>``, both modes: apart from a lock or a semaphore
+#: of the same name (``break_lock(name)`` does not touch read-write holds).
+LEASE_PREFIX = "rwlock:"
 
 #: The two modes (as the servers store them).
 READ, WRITE = "r", "w"
@@ -68,9 +73,15 @@ class RWStore:
     display: str = "rwlock"
     #: See :class:`~.keeper.Keeper`.
     renew_chunk: int | None = 1000
+    #: What wakes waiters in other processes when a hold is released (or an intent
+    #: withdrawn) at the server: the driver's lock watch on :attr:`wake_name` (see
+    #: ``_core/wakes.py``), or None: they poll.
+    waker: Waker | None = None
 
     def __init__(self, name: str) -> None:
         self.name = name
+        #: The reserved name a release here notifies (where the backend notifies).
+        self.wake_name = wake_name(LEASE_PREFIX + name)
 
     @cached_property
     def reads(self) -> ModeGrants:
@@ -137,7 +148,8 @@ def rw_holders(
 class ModeGrants:
     """One mode of an :class:`RWStore` as a :class:`~.keeper.Grants` (what the core's
     acquire, wait, renewal and release run over). Waiting is polled with the semaphores'
-    bounded backoff (and woken by this backend's own releases of the name)."""
+    bounded backoff, and woken by this backend's own releases of the name and, where the
+    store has a waker, by the server's notification of any release."""
 
     wakes_waiters = False
 
@@ -176,10 +188,14 @@ class ModeGrants:
         return await self.store.release_hold(self.mode, owner, token)
 
     async def watch(self, name: str, cursor: object = None) -> bool:
-        return False  # polled (and woken by this backend's own releases)
+        store = self.store
+        waker = store.waker
+        return False if waker is None else await waker.watch(store.wake_name, cursor)
 
     async def unwatch(self, name: str) -> None:
-        pass
+        store = self.store
+        if store.waker is not None:
+            await store.waker.unwatch(store.wake_name)
 
     async def abandon(self, name: str, owner: str) -> None:
         self._tries.pop(owner, None)

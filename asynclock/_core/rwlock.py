@@ -6,8 +6,9 @@ Built as semaphores are (``_core/semaphore.py``), on the session's hook for leas
 outside ``acquire`` (:class:`~.holds.Holds`); the server's part is an
 :class:`~.rw_store.RWStore` (one per backend: ``driver.rwlock_store``). A hold:
 
-* is acquired, waited for (polled with a bounded backoff: not FIFO; a waiting writer's
-  intent blocks new readers, so writers are never starved by readers) and cleaned up
+* is acquired, waited for (woken by a release, or polled, as a permit: not FIFO; a
+  waiting writer's intent blocks new readers, so writers are never starved by readers)
+  and cleaned up
   after an interrupted attempt exactly as a lock is (``Holds.acquire``): busy with
   ``blocking=False`` raises ``LockHeld``, a timeout ``AcquireTimeout``;
 * is a lease of the session (named ``rwlock:<name>``, both modes): renewed with the
@@ -29,7 +30,7 @@ from .holder import Holder
 from .holds import Holds, LeaseHeld
 from .lease import Lease
 from .misuse import AsyncContextOnly
-from .rw_store import READ, WRITE, RWStore
+from .rw_store import LEASE_PREFIX, READ, WRITE, RWStore
 from .validation import check_lock_args, check_name, check_not_reserved
 
 if TYPE_CHECKING:
@@ -37,10 +38,6 @@ if TYPE_CHECKING:
     from .driver import Driver
 
 __all__ = ("LEASE_PREFIX", "RWHold", "RWLock", "RWLocks")
-
-#: A hold's lease is named ``rwlock:<name>``: apart from a lock or a semaphore of the same
-#: name (``break_lock(name)`` does not touch read-write holds).
-LEASE_PREFIX = "rwlock:"
 
 
 class RWLocks:

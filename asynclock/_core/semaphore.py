@@ -6,7 +6,8 @@ outside ``acquire`` (:class:`~.holds.Holds`); the server's part is a
 :class:`~.permit_store.PermitStore` (one per backend: ``driver.semaphore_store``). A
 permit:
 
-* is acquired, waited for (polled with a bounded backoff: not FIFO yet) and cleaned up
+* is acquired, waited for (woken by a release where the store has a waker, else at its
+  next poll with a bounded backoff; not FIFO: see ``_core/wakes.py``) and cleaned up
   after an interrupted attempt exactly as a lock is (``Holds.acquire``): busy with
   ``blocking=False`` raises ``LockHeld``, a timeout ``AcquireTimeout``;
 * is a lease of the session (named ``semaphore:<name>``): renewed with the store's other
@@ -28,7 +29,7 @@ from .holder import Holder
 from .holds import Holds, LeaseHeld
 from .lease import Lease
 from .misuse import AsyncContextOnly
-from .permit_store import MAX_LIMIT, PermitStore, check_limit
+from .permit_store import LEASE_PREFIX, MAX_LIMIT, PermitStore, check_limit
 from .validation import check_lock_args, check_name, check_not_reserved
 
 if TYPE_CHECKING:
@@ -36,11 +37,6 @@ if TYPE_CHECKING:
     from .driver import Driver
 
 __all__ = ("LEASE_PREFIX", "MAX_LIMIT", "Permit", "PermitHold", "Semaphore", "Semaphores")
-
-#: A permit's lease is named ``semaphore:<name>``: apart from a lock of the same name (a
-#: lock of ``name`` may be taken inside a permit's body, and ``break_lock(name)`` does not
-#: touch permits).
-LEASE_PREFIX = "semaphore:"
 
 
 class Semaphores:

@@ -11,7 +11,9 @@ A grant is one transaction serialised per name by a transaction advisory lock: i
 the name's expired rows, locks the live ones (``FOR UPDATE``: a renewal in flight is
 waited for, so an expiry is judged on the row's latest version), decides and writes.
 Renewals and releases are owner-, mode- and token-checked single statements. The tables
-are created on first use."""
+are created on first use. A release (or an intent withdrawn) NOTIFYs the channel of the
+read-write lock's reserved wake name (``_core/wakes.py``) when a backend waits for it, as
+a lock's release does; its waiters watch it with the driver's lock watch (LISTEN)."""
 
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ from ..._core.rw_store import (
 )
 from .connection import _CONNECTION_ERRORS
 from .sql import _SCHEMA_KEY
-from .tokens import _name_bytes
+from .tokens import _name_bytes, notify_channel, waiter_key
 
 if TYPE_CHECKING:
     from .connection import PostgresDriver
@@ -91,12 +93,18 @@ WHERE h.name = $1 AND h.mode = $2 AND h.owner = x.owner AND h.token = x.token
 RETURNING x.i
 """
 # G5: free our live hold (or withdraw our intent). Args: $1 name, $2 owner, $3 mode, $4
-# token or NULL. A row if removed.
+# token or NULL, then the wake name's channel ($5) and waiter key ($6, $7): NOTIFYs, as a
+# lock's release does, when a row was removed and a backend waits. A row if removed.
 SQL_RW_RELEASE = """
-DELETE FROM asynclock_rw_hold
-WHERE name = $1 AND owner = $2 AND mode = $3 AND ($4::bigint IS NULL OR token = $4)
-  AND expires_at > clock_timestamp()
-RETURNING 1
+WITH d AS (
+    DELETE FROM asynclock_rw_hold
+    WHERE name = $1 AND owner = $2 AND mode = $3 AND ($4::bigint IS NULL OR token = $4)
+      AND expires_at > clock_timestamp()
+    RETURNING 1 AS freed
+)
+SELECT d.freed FROM d
+LEFT JOIN LATERAL (SELECT pg_notify($5, '') WHERE NOT pg_try_advisory_xact_lock($6, $7)) AS n
+    ON true
 """
 
 # Who holds it, with the epoch. Args: $1 name.
@@ -125,6 +133,8 @@ class PostgresRW(RWStore):
         self.display = driver.display
         self._name = _name_bytes(name)
         self._key = grant_key(name)
+        self.waker = driver
+        self._notify = (notify_channel(self.wake_name), *waiter_key(self.wake_name))
 
     async def _schema(self) -> None:
         driver = self.driver
@@ -190,7 +200,14 @@ class PostgresRW(RWStore):
     async def release_hold(self, mode: str, owner: str, token: int | None) -> bool:
         await self._schema()
         row = await self.driver._run(
-            "rwlock release failed", "fetchval", SQL_RW_RELEASE, self._name, owner, mode, token
+            "rwlock release failed",
+            "fetchval",
+            SQL_RW_RELEASE,
+            self._name,
+            owner,
+            mode,
+            token,
+            *self._notify,
         )
         return row is not None
 

@@ -6,7 +6,11 @@ LOGGED, so a crash does not reset it. A released row has ``owner = ''``.
 A grant is one transaction serialised per name by a transaction advisory lock (so two
 grants never both see the last free slot, and the limit of the live permits is checked
 against every committed grant): it counts the live rows, checks their limit and takes the
-lowest free slot, in one statement. The table is created on first use."""
+lowest free slot, in one statement. The table is created on first use.
+
+A release NOTIFYs the channel of the semaphore's reserved wake name (``_core/wakes.py``)
+when a backend waits for it (the lock's rule: the waiter key is held), which its waiters
+watch with the driver's lock watch (LISTEN)."""
 
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from ..._core.holder import Holder
 from ..._core.permit_store import Answer, Full, Granted, OtherLimit, PermitStore, permit_holder
 from .connection import _CONNECTION_ERRORS
 from .sql import _SCHEMA_KEY
-from .tokens import _name_bytes
+from .tokens import _name_bytes, notify_channel, waiter_key
 
 if TYPE_CHECKING:
     from .connection import PostgresDriver
@@ -76,12 +80,19 @@ WHERE p.name = $1 AND p.owner = x.owner AND p.token = x.token
 RETURNING x.i
 """
 
-# G5: free our live permit. Args: $1 name, $2 owner, $3 token or NULL. A row if freed.
+# G5: free our live permit. Args: $1 name, $2 owner, $3 token or NULL, then the wake
+# name's channel ($4) and waiter key ($5, $6): NOTIFYs, as a lock's release does, when a
+# permit was freed and a backend waits (it holds the waiter key shared). A row if freed.
 SQL_P_RELEASE = """
-UPDATE asynclock_permit SET owner = '', expires_at = 'epoch'
-WHERE name = $1 AND owner = $2 AND ($3::bigint IS NULL OR token = $3)
-  AND expires_at > clock_timestamp()
-RETURNING 1
+WITH d AS (
+    UPDATE asynclock_permit SET owner = '', expires_at = 'epoch'
+    WHERE name = $1 AND owner = $2 AND ($3::bigint IS NULL OR token = $3)
+      AND expires_at > clock_timestamp()
+    RETURNING 1 AS freed
+)
+SELECT d.freed FROM d
+LEFT JOIN LATERAL (SELECT pg_notify($4, '') WHERE NOT pg_try_advisory_xact_lock($5, $6)) AS n
+    ON true
 """
 
 # Who holds the live permits of a name, by slot. Args: $1 name.
@@ -111,6 +122,8 @@ class PostgresPermits(PermitStore):
         self.display = driver.display
         self._name = _name_bytes(name)
         self._key = grant_key(name)
+        self.waker = driver
+        self._notify = (notify_channel(self.wake_name), *waiter_key(self.wake_name))
 
     async def _schema(self) -> None:
         driver = self.driver
@@ -164,7 +177,13 @@ class PostgresPermits(PermitStore):
     async def release_permit(self, owner: str, slot: int | None, token: int | None) -> bool:
         await self._schema()
         row = await self.driver._run(
-            "semaphore release failed", "fetchval", SQL_P_RELEASE, self._name, owner, token
+            "semaphore release failed",
+            "fetchval",
+            SQL_P_RELEASE,
+            self._name,
+            owner,
+            token,
+            *self._notify,
         )
         return row is not None
 

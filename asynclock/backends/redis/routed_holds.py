@@ -177,6 +177,7 @@ class RoutedPermits(PermitStore):
         self.display = driver.display
         self.calls = SemCalls(name, limit, driver.prefix)
         self.routing = Routing(driver, name, SEM_PREFIX + name, self._give_back)
+        self.waker = driver
 
     async def grant(self, owner: str, ttl: float) -> Answer:
         calls, routing = self.calls, self.routing
@@ -241,6 +242,7 @@ class RoutedRW(RWStore):
         self.display = driver.display
         self.calls = RWCalls(name, driver.prefix)
         self.routing = Routing(driver, name, RW_PREFIX + name, self._give_back)
+        self.waker = driver
 
     @cached_property
     def reads(self) -> ModeGrants:

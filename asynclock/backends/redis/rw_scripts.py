@@ -121,19 +121,31 @@ return out
 )
 
 # RW_RELEASE. KEYS: hash, readers, intents. ARGV: mode ('r', 'w', or 'i': withdraw an
-# intent), owner, token ('' = unknown). Returns 1 if our live hold (or intent) was removed.
+# intent), owner, token ('' = unknown), the wake channel (PUBLISHed to when a hold or an
+# intent is removed: waiters elsewhere try again). Returns 1 if our live hold (or intent)
+# was removed.
 RW_RELEASE = (
     _NOW
     + """
-local mode, owner, token = ARGV[1], ARGV[2], ARGV[3]
-if mode == 'i' then return redis.call('ZREM', i, owner) end
+local mode, owner, token, chan = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local function freed()
+  if chan then redis.call('PUBLISH', chan, '') end
+  return 1
+end
+if mode == 'i' then
+  if redis.call('ZREM', i, owner) == 1 then return freed() end
+  return 0
+end
 if token ~= '' and redis.call('HGET', h, 'e') ~= token then return 0 end
 if mode == 'r' then
   local score = redis.call('ZSCORE', r, owner)
-  if score and tonumber(score) > now then return redis.call('ZREM', r, owner) end
+  if score and tonumber(score) > now then
+    redis.call('ZREM', r, owner)
+    return freed()
+  end
 elseif writer_live() and redis.call('HGET', h, 'w') == owner then
   redis.call('HDEL', h, 'w', 'wx')
-  return 1
+  return freed()
 end
 return 0
 """

@@ -3,7 +3,8 @@ round trip each (a grant, a renewal of every hold of one mode held here, a relea
 
 As for semaphores, the calls are written once against a node and its epoch key
 (:class:`RWCalls`), for the one-server store (:class:`RedisRW`) and the routed one
-(:mod:`.routed_holds`)."""
+(:mod:`.routed_holds`). A release (or an intent withdrawn) PUBLISHes on the lock channel
+of the read-write lock's reserved wake name, as a semaphore's release does."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 from ..._core.driver import ExtendResult, LeaseRef, Refused
 from ..._core.holder import Holder
 from ..._core.rw_store import (
+    LEASE_PREFIX,
     READERS_HOLD,
     WRITER_HOLDS,
     WRITER_WAITS,
@@ -22,7 +24,8 @@ from ..._core.rw_store import (
     RWStore,
     rw_holders,
 )
-from .keys import hash_tag
+from ..._core.wakes import wake_name
+from .keys import hash_tag, keys_for
 from .replies import grace_ms
 from .wire import Node, ms
 
@@ -49,6 +52,8 @@ class RWCalls:
 
     def __init__(self, name: str, prefix: str) -> None:
         self.keys = rwlock_keys(name, prefix)
+        #: Where a release publishes (see the module).
+        self.channel = keys_for(wake_name(LEASE_PREFIX + name), prefix).channel.encode()
 
     async def grant(
         self,
@@ -80,7 +85,8 @@ class RWCalls:
         return [True if int(code) == 1 else gone for code in reply]
 
     async def release(self, node: Node, mode: str, owner: str, token: int | None) -> bool:
-        args = (mode.encode(), owner.encode(), b"" if token is None else b"%d" % token)
+        token_arg = b"" if token is None else b"%d" % token
+        args = (mode.encode(), owner.encode(), token_arg, self.channel)
         return bool(await node.run("rw_release", self.keys, args))
 
     async def holders(self, node: Node, name: str) -> list[Holder]:
@@ -108,6 +114,7 @@ class RedisRW(RWStore):
         self.keys = self.calls.keys
         self._epoch = driver.keys.epoch
         self._grace = driver.restart_grace
+        self.waker = driver
 
     async def grant(self, mode: str, owner: str, ttl: float, *, intend: bool) -> RWAnswer:
         calls = self.calls

@@ -93,7 +93,8 @@ return out
 )
 
 # SEM_RELEASE. KEYS: set, hash. ARGV: slot ('' = unknown: an interrupted grant, look at
-# every live slot), owner, token ('' = unknown). Returns 1 if our live permit was freed.
+# every live slot), owner, token ('' = unknown), the wake channel (PUBLISHed to when a
+# permit is freed: waiters elsewhere try again). Returns 1 if our live permit was freed.
 SEM_RELEASE = (
     _NOW
     + """
@@ -111,6 +112,7 @@ for _, slot in ipairs(slots) do
       and (token == '' or redis.call('HGET', h, 't' .. slot) == token) then
     redis.call('ZREM', set, slot)
     redis.call('HDEL', h, 'o' .. slot)
+    if ARGV[4] then redis.call('PUBLISH', ARGV[4], '') end
     return 1
   end
 end

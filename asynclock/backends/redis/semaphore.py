@@ -4,7 +4,11 @@ trip each (a grant, a renewal of every permit of the semaphore held here, a rele
 The calls are written once, against a node and its epoch key (:class:`SemCalls`): the
 one-server store (:class:`RedisPermits`) makes them on its server, the store of
 ``redis+sentinel://`` and ``redis+cluster://`` (:mod:`.routed_holds`) on the primary that
-serves the name."""
+serves the name.
+
+A release that frees a permit PUBLISHes on the lock channel of the semaphore's reserved
+wake name (``_core/wakes.py``), which its waiters in every process watch with the
+driver's lock watch: they try again at once instead of at their next poll."""
 
 from __future__ import annotations
 
@@ -13,8 +17,17 @@ from typing import TYPE_CHECKING
 
 from ..._core.driver import ExtendResult, LeaseRef, Refused
 from ..._core.holder import Holder
-from ..._core.permit_store import Answer, Full, Granted, OtherLimit, PermitStore, permit_holder
-from .keys import hash_tag
+from ..._core.permit_store import (
+    LEASE_PREFIX,
+    Answer,
+    Full,
+    Granted,
+    OtherLimit,
+    PermitStore,
+    permit_holder,
+)
+from ..._core.wakes import wake_name
+from .keys import hash_tag, keys_for
 from .replies import grace_ms
 from .wire import Node, ms
 
@@ -36,6 +49,8 @@ class SemCalls:
     def __init__(self, name: str, limit: int, prefix: str) -> None:
         self.keys = semaphore_keys(name, prefix)
         self.limit = limit
+        #: Where a release publishes (see the module).
+        self.channel = keys_for(wake_name(LEASE_PREFIX + name), prefix).channel.encode()
 
     async def grant(
         self, node: Node, epoch: bytes, grace: float | None, owner: str, ttl: float
@@ -71,6 +86,7 @@ class SemCalls:
             b"" if slot is None else b"%d" % slot,
             owner.encode(),
             b"" if token is None else b"%d" % token,
+            self.channel,
         )
         return bool(await node.run("sem_release", self.keys, args))
 
@@ -97,6 +113,7 @@ class RedisPermits(PermitStore):
         self.keys = self.calls.keys
         self._epoch = driver.keys.epoch
         self._grace = driver.restart_grace
+        self.waker = driver
 
     async def grant(self, owner: str, ttl: float) -> Answer:
         return await self.calls.grant(self.node, self._epoch, self._grace, owner, ttl)
