@@ -194,7 +194,9 @@ async def raw_handoff(cluster: EtcdCluster, rounds: int) -> list[float]:
             )
             deleted = anyio.Event()
 
-            def on_delete(kind: str, revision: int, deleted: anyio.Event = deleted) -> None:
+            def on_delete(
+                kind: str, revision: int, key: bytes, deleted: anyio.Event = deleted
+            ) -> None:
                 deleted.set()
 
             watch_id = waiter.watch(key, reply.header.revision + 1, on_delete)
