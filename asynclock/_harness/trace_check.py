@@ -11,7 +11,9 @@ over the run's own events:
   hold B of another worker asked for after A began (``B.sent >= A.start``) and begun before
   A ended and before that bound (``B.start < min(A.end, A.sent + ttl)``) was granted while A
   held it. Holds that merely *believed* they overlapped (a paused holder whose lease had
-  expired) are not this: the paused hold's lease ended at the server first.
+  expired) are not this: the paused hold's lease ended at the server first. Nor is A a hold
+  whose end is unknown (``ended`` empty: its worker was killed, the drill closed the hold at
+  the kill, and a release it had sent may have been in flight): that end is a bound only.
 * **G2** (``lease.pml`` ``ctr > maxtok``, ``redlock.pml``) — a grant's token is above every
   token of a hold of the same name that began before the grant was asked for.
 * **G3** (``fence.pml`` ``tok >= newest``, ``redlock.pml``) — in the fenced resource's own
@@ -53,8 +55,8 @@ def double_grants(holds: Sequence[Hold], ttl: float) -> list[tuple[Hold, Hold]]:
             last = bisect.bisect_right(sents, b.sent)
             for a in same[first:last]:
                 assert a.sent is not None
-                if a is b or a.worker == b.worker:
-                    continue
+                if a is b or a.worker == b.worker or not a.ended:
+                    continue  # an unknown end (a killed worker's) is only an upper bound
                 if a.start <= b.sent and b.start < min(a.end, a.sent + life):
                     found.append((a, b))
     return found
