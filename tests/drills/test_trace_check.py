@@ -7,7 +7,6 @@ drill must be shown to fail these, or it could pass vacuously. Times are seconds
 from __future__ import annotations
 
 import dataclasses
-
 from pathlib import Path
 
 from asynclock._harness import Hold, Write, write_jsonl
