@@ -5,7 +5,8 @@ Each test holds on one backend and waits on another (each its own connections an
 subscriptions, so the wake-up can only come from the server's notification). The waiter
 first waits until its polling backoff has reached its cap (0.5 s: ttl/10 >= 0.5), then the
 hold is released right after one of its busy attempts: its next poll is ~0.5 s away, so a
-grant within 100 ms of the release was woken by the release itself."""
+grant within half of that after the release was woken by the release itself (a bound on
+the mechanism, not a speed check: 100 ms failed under CI load at 102 ms)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 NOTIFYING = ["redis", "redis_sentinel", "redis_cluster", "postgres", "postgres_lease"]
 TTL = 10.0  # ttl/10 >= MAX_POLL: the backoff's cap is MAX_POLL
 #: A grant this soon after the release was woken by it (polling would take ~MAX_POLL).
-WOKEN_WITHIN = 0.1
+WOKEN_WITHIN = MAX_POLL / 2
 
 
 def attempts(backend: asynclock.Backend) -> int:
@@ -64,7 +65,7 @@ async def two(spec: BackendSpec) -> AsyncIterator[tuple[asynclock.Backend, async
 async def test_semaphore_waiter_woken_by_release_elsewhere(
     spec: BackendSpec, lock_name: str
 ) -> None:
-    assert MAX_POLL > 4 * WOKEN_WITHIN
+    assert MAX_POLL >= 2 * WOKEN_WITHIN
     async with two(spec) as (holder, waiter):
         granted_at: list[float] = []
 

@@ -152,14 +152,15 @@ class Fleet:
         return leave
 
 
+@pytest.mark.parametrize("spec", ["sqlite"], indirect=True)
 async def test_each_key_in_order_exactly_once_across_rebalances(
-    spec_sqlite: BackendSpec, lock_name: str, tmp_path: Path
+    spec: BackendSpec, lock_name: str, tmp_path: Path
 ) -> None:
     db = tmp_path / "app.db"
     create(db)
     started = time.monotonic()
     async with anyio.create_task_group() as tg:
-        fleet = Fleet(spec_sqlite, lock_name, db, tg)
+        fleet = Fleet(spec, lock_name, db, tg)
         leaves = [await fleet.member() for _ in range(3)]
         await anyio.to_thread.run_sync(produce, db, 1)
         await fleet.until_applied(KEYS // 2)

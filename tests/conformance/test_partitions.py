@@ -135,17 +135,29 @@ class Fleet:
 
     async def until_balanced(self, since: float) -> float:
         """Seconds from ``since`` until every partition has one owner and balance holds."""
-        bound = TTL + TTL * HEARTBEAT
-        with anyio.fail_after(bound + 3):  # slack for the listing and the acquires' round
+        # A liveness bound, not a speed check (bench_partitions measures rebalance time:
+        # under CI load a three-node ZooKeeper took 5.3 s where a quiet one takes 1.5 s).
+        with anyio.fail_after(LIVENESS):
             while not self.balanced():
                 await self.next_change()
         took = time.monotonic() - since
-        # The server agrees: every partition held, by a live member.
+        # The server agrees: every partition held, by a live member. A ZooKeeper ensemble's
+        # reads are sequentially consistent, not linearizable: the member that lists may
+        # be connected to a follower a few writes behind, so it may take a moment.
         member = next(iter(self.members.values()))[0]
-        holders = await member.holders()
-        assert [h.partition for h in holders] == list(range(COUNT))
-        assert {h.member for h in holders} <= set(self.members)
+        with anyio.fail_after(LIVENESS):
+            while True:
+                holders = await member.holders()
+                if [h.partition for h in holders] == list(range(COUNT)) and {
+                    h.member for h in holders
+                } <= set(self.members):
+                    break
+                await anyio.sleep(TTL * HEARTBEAT / 10)
         return took
+
+
+#: Seconds a rebalance may take before the test calls it stuck.
+LIVENESS = 30.0
 
 
 async def test_balance_3_5_2(spec: BackendSpec, lock_name: str) -> None:
@@ -173,7 +185,6 @@ async def test_balance_3_5_2(spec: BackendSpec, lock_name: str) -> None:
             after = fleet.owners()
             moved = sum(1 for i in range(COUNT) if before.get(i) != after[i])
             report.append(f"{change}: {took:.2f}s, moved {moved} (minimum {minimum})")
-            assert took <= TTL + TTL * HEARTBEAT + 3
             assert minimum <= moved <= minimum + len(fleet.members)
         for m in members:
             await fleet.leave(m)
