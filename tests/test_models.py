@@ -8,6 +8,7 @@ skip locally and fail in CI (``CI`` set), where .ci/run installs both.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -16,8 +17,16 @@ from tests.models import run as models
 RUNS = [
     pytest.param(model, flag, id=f"{model.file}-{flag or 'design'}")
     for model in models.MODELS
-    for flag in (None, *(flag for flag, _ in model.weaker))
+    for flag in ((None,) if model.design_in_suite else ()) + tuple(f for f, _ in model.weaker)
 ]
+
+
+def test_the_designs_left_out_here_are_checked_by_ci() -> None:
+    """A design too slow for the suite (``design_in_suite=False``) is checked by .ci/run,
+    which runs tests/models/run.py: every model, every variant, and fails on any surprise."""
+    assert [m.file for m in models.MODELS if not m.design_in_suite] == ["redlock.pml"]
+    ci = (Path(__file__).resolve().parents[1] / ".ci" / "run").read_text()
+    assert "\npython3 tests/models/run.py\n" in ci
 
 
 @pytest.fixture(scope="module")
