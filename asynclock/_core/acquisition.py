@@ -235,7 +235,8 @@ class Acquisition(Releasing, ThreadGrants):
         server side of another kind of hold acquired and waited for as a lock is (a
         semaphore's permits: ``Holds.acquire``); None: the driver's locks.
         """
-        if self.session.observer is not None and not observed:
+        session = self.session
+        if session.observer is not None and not observed:
             return await self._observed_acquire(
                 name, ttl, timeout, blocking, max_hold, owner_tag, token_scope, template, holder,
                 via,
@@ -248,7 +249,6 @@ class Acquisition(Releasing, ThreadGrants):
             self.wrong_loop()
         if not self._remote:  # else the attempt's own suspension is the checkpoint
             await self._checkpoint_if_cancelled()
-        session = self.session
         if ttl <= session.min_ttl:
             raise session.ttl_error(ttl)
         # Unique per acquisition (see __init__; %-formatting one int is the cheapest way),
