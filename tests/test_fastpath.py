@@ -16,6 +16,7 @@ from asynclock._core.fastpath import (
     _any_current_task,
     _checkpoint_if_cancelled_for,
     _current_task_function,
+    new_scope,
 )
 
 pytestmark = pytest.mark.anyio
@@ -36,6 +37,28 @@ async def test_a_cancel_scope_is_the_running_loops_own_class() -> None:
         scope.cancel()
         await anyio.lowlevel.checkpoint()
     assert scope.cancelled_caught
+
+
+@LOOPS
+async def test_a_scope_made_without_the_class_call_is_the_same_scope() -> None:
+    """Holder scopes skip the class call (``new_scope``): anyio's back-end class must
+    still have a Python ``__new__`` that sets nothing (``__init__`` sets every slot), so
+    the scope made without it equals one made by calling the class, and works as one."""
+    scope_type = type(anyio.CancelScope())
+    assert "__new__" in vars(scope_type), "anyio's scope class lost its __new__: revisit"
+    made, called = new_scope(scope_type), scope_type()
+    assert type(made) is scope_type
+    slots = [s for cls in scope_type.__mro__ for s in getattr(cls, "__slots__", ())]
+    assert slots
+    for slot in slots:
+        mangled = f"_{scope_type.__name__}{slot}" if slot.startswith("__") else slot
+        assert hasattr(made, mangled) == hasattr(called, mangled), slot
+        if hasattr(called, mangled) and not slot.endswith("original"):
+            assert getattr(made, mangled) == getattr(called, mangled), slot
+    with made:
+        made.cancel()
+        await anyio.lowlevel.checkpoint()
+    assert made.cancelled_caught
 
 
 @LOOPS
@@ -110,3 +133,43 @@ def test_the_level_cache_is_the_one_logging_fills_and_empties() -> None:
             logger.disabled = False
     finally:
         logger.setLevel(old)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+def test_the_scope_shortcut_is_checked_on_the_anyio_installed(anyio_backend: str) -> None:
+    """``scope_maker`` uses ``object.__new__`` only for a class whose ``__new__`` makes the
+    object and nothing else; any other anyio (no ``__new__``, or one that sets state)
+    gets the class call: a user's newer anyio cannot break holds, only slow them."""
+    from asynclock._core.fastpath import _new_object, scope_maker
+
+    class Plain:
+        __slots__ = ("a",)
+
+        def __init__(self) -> None:
+            self.a = 1
+
+    class Bare(Plain):
+        __slots__ = ()
+
+        def __new__(cls) -> Bare:
+            return object.__new__(cls)
+
+    class Busy(Plain):
+        __slots__ = ("b",)
+        b: int
+
+        def __new__(cls) -> Busy:
+            made = object.__new__(cls)
+            made.b = 2  # state __init__ does not set: the shortcut would lose it
+            return made
+
+    assert scope_maker(Bare) is _new_object  # type: ignore[arg-type]
+    assert scope_maker(Plain) is not _new_object  # type: ignore[arg-type]
+    assert scope_maker(Busy) is not _new_object  # type: ignore[arg-type]
+
+
+@LOOPS
+async def test_the_scope_shortcut_holds_on_this_anyio() -> None:
+    from asynclock._core.fastpath import _new_object, scope_maker
+
+    assert scope_maker(type(anyio.CancelScope())) is _new_object

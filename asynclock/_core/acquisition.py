@@ -7,9 +7,8 @@
   server confirms (G6);
 * a waiter sleeps until a release wakes it, its retry time, or its timeout (no busy poll).
 
-:class:`Acquisition` is what ``Lock``, ``Lease`` and ``Leadership`` hold on to: their
-small internal protocol is its attributes and methods without a leading underscore.
-"""
+:class:`Acquisition` is what ``Lock``, ``Lease`` and ``Leadership`` hold on to (their
+protocol: its names without a leading underscore)."""
 
 from __future__ import annotations
 
@@ -42,6 +41,7 @@ from .fastpath import (
     _current_task_function,
     _describe_loop,
     _level_cache,
+    scope_maker,
 )
 from .keeper import SENT_AT, Grants
 from .lease import Lease
@@ -92,8 +92,8 @@ class Acquisition(Releasing, ThreadGrants):
         )
         #: True between the backend's open and the start of its close.
         self.open = False
-        # Waiters' cancel scopes (cancelled when the backend closes) and the number of
-        # acquisitions in flight (close waits for them to settle before it closes the driver).
+        # Waiters' cancel scopes (cancelled on close) and the acquisitions in flight (close
+        # waits for them to settle before it closes the driver).
         self._waiters: set[anyio.CancelScope] = set()
         self._pending = 0
         self._settled: anyio.Event | None = None
@@ -107,7 +107,8 @@ class Acquisition(Releasing, ThreadGrants):
         #: The running task of the loop that opened the backend (None on another loop).
         self.current_task: Callable[[], object] = _any_current_task
         self._remote = bool(driver.remote)
-        session.wake = self.wake
+        self._queues_locally = bool(driver.queues_locally)  # (3.11 caches no class lookup)
+        session.wake, session.waiting = self.wake, self._release_events
         #: Clean-up tasks of calls made from other threads (see thread_acquire).
         self._spawned: set[Any] = set()
 
@@ -116,6 +117,7 @@ class Acquisition(Releasing, ThreadGrants):
     def bind_loop(self) -> None:
         """Called by the backend as it opens, in the running event loop."""
         self.scope_type = scope_type = type(anyio.CancelScope())
+        self._new_scope = scope_maker(scope_type)
         self._checkpoint_if_cancelled = _checkpoint_if_cancelled_for(scope_type)
         self.current_task = _current_task_function(scope_type)
         self._thread = _get_ident()
@@ -167,9 +169,8 @@ class Acquisition(Releasing, ThreadGrants):
 
     async def close(self) -> None:
         """The backend closes: waiters raise BackendUnavailable; a lease granted from now on
-        is released by the task that asked for it. Waits (bounded) for them to settle, so
-        their clean-up still has a driver to talk to; then every held lease is lost (its
-        holder cancelled) and released."""
+        is released by its asker. Waits (bounded) for them to settle (their clean-up needs
+        the driver); then every held lease is lost (holder cancelled) and released."""
         self.open = False
         self.session.run_inbox()  # leases other threads were granted are held here too
         for scope in list(self._waiters):
@@ -218,41 +219,41 @@ class Acquisition(Releasing, ThreadGrants):
         max_hold: float | None,
         owner_tag: str = "",
         token_scope: str | None = None,
-        holder: Holder | None = None,
         template: str | None = None,
+        holder: Holder | None = None,
         observed: bool = False,
         via: Grants | None = None,
     ) -> Lease:
         """The lease for ``name``, granted (arguments already checked).
 
-        ``holder``: ``Lock.__aenter__``'s lock, running task and this context's lease stack.
-        The granted lease's body is then begun here (``context.enter_body``): its holder
-        scope entered and the lease pushed on the stack, or LeaseLost raised (after the
-        release) if the lease is lost or past its deadline before the body could begin.
-        ``Lock.__aenter__`` returns this coroutine instead of awaiting it in one of its
-        own, a coroutine layer less per hold. ``template``: the lock's name template, for
-        the observers (``observed``: they were told already). ``via``: the server side of
-        another kind of hold that is acquired and waited for as a lock is (a semaphore's
-        permits: see ``Holds.acquire``); None: the driver's locks.
+        ``template``: the lock's name template, for the observers (``observed``: they were
+        told already). ``holder``: ``Lock.__aenter__``'s lock, running task and this
+        context's lease stack; the granted lease's body then begins here
+        (``context.enter_body``), or LeaseLost is raised (after the release) if the lease is
+        lost or past its deadline first. ``Lock.__aenter__`` returns this coroutine instead
+        of awaiting it in one of its own: a coroutine layer less per hold. ``via``: the
+        server side of another kind of hold acquired and waited for as a lock is (a
+        semaphore's permits: ``Holds.acquire``); None: the driver's locks.
         """
-        if self.session.observer is not None and not observed:
+        session = self.session
+        if session.observer is not None and not observed:
             return await self._observed_acquire(
-                name, ttl, timeout, blocking, max_hold, owner_tag, token_scope, holder, template,
+                name, ttl, timeout, blocking, max_hold, owner_tag, token_scope, template, holder,
                 via,
             )  # fmt: skip
         grants: Grants = self.driver if via is None else via
+        queues_locally = self._queues_locally if via is None else via.queues_locally
         if not self.open:
             self.require_open()
         if _get_ident() != self._thread:
             self.wrong_loop()
         if not self._remote:  # else the attempt's own suspension is the checkpoint
             await self._checkpoint_if_cancelled()
-        session = self.session
         if ttl <= session.min_ttl:
             raise session.ttl_error(ttl)
         # Unique per acquisition (see __init__; %-formatting one int is the cheapest way),
-        # then this process's label.
-        owner = "%032x%s" % (next(self._owner_seq), self.label_tag)  # noqa: UP031
+        # then this process's label (concatenated: cheaper than a two-field format).
+        owner = "%032x" % next(self._owner_seq) + self.label_tag  # noqa: UP031
         if owner_tag:
             owner += owner_tag
         self._pending += 1
@@ -270,7 +271,7 @@ class Acquisition(Releasing, ThreadGrants):
             except BaseException as exc:
                 await self._undo_acquire(name, owner, exc, grants)
                 raise  # _undo_acquire raised the wrapped error for plain exceptions
-            if grants.queues_locally:  # measured from when the request went out
+            if queues_locally:  # measured from when the request went out
                 t_send = max(t_send, SENT_AT.get())
             if isinstance(result, Busy):
                 lease = await self._wait(
@@ -290,8 +291,10 @@ class Acquisition(Releasing, ThreadGrants):
             if self._settled is not None and not self._pending:
                 self._settled.set()
         if holder is not None:
+            scope = self._new_scope(self.scope_type)  # fastpath.new_scope(), inline
+            scope.__init__()
             try:
-                enter_body(holder[0], lease, holder[1], self.scope_type(), holder[2])
+                enter_body(holder[0], lease, holder[1], scope, holder[2])
             except LeaseLost:
                 # Lost (or past its deadline: a frozen process) before the body began: the
                 # body never runs; the release loses it if it was not, and gives it back.
@@ -308,8 +311,8 @@ class Acquisition(Releasing, ThreadGrants):
         max_hold: float | None,
         owner_tag: str,
         token_scope: str | None,
-        holder: Holder | None,
         template: str | None,
+        holder: Holder | None,
         via: Grants | None,
     ) -> Lease:
         """:meth:`acquire` told to the observers (the session has some)."""
@@ -320,7 +323,7 @@ class Acquisition(Releasing, ThreadGrants):
         started = now()
         try:
             lease = await self.acquire(
-                name, ttl, timeout, blocking, max_hold, owner_tag, token_scope, holder, None, True,
+                name, ttl, timeout, blocking, max_hold, owner_tag, token_scope, None, holder, True,
                 via,
             )  # fmt: skip
         except BaseException as exc:
@@ -428,8 +431,8 @@ class Acquisition(Releasing, ThreadGrants):
                 await cleanup(driver.unwatch(name), self.bounds, "unwatch")
 
     def _listen(self, name: str, owner: str) -> anyio.Event:
-        """The event the next release of ``name`` (or hand-off of it to ``owner``) sets:
-        one per waiter, a fresh one once set (see :meth:`wake`)."""
+        """The event the next release (or hand-off to ``owner``) of ``name`` sets (one per
+        waiter, fresh once set: :meth:`wake`)."""
         events = self._release_events.get(name)
         if events is None:
             events = self._release_events[name] = {}
@@ -457,10 +460,9 @@ class Acquisition(Releasing, ThreadGrants):
         self.session.lose(lease, reason)
 
     def wake(self, name: str, owner: str | None = None) -> None:
-        """Wake this backend's waiters for ``name``: a release was seen (every waiter may
-        try), or, with ``owner``, the name was handed to that waiter (only it wakes: a
-        driver with a queue says whose turn it is, and ten thousand waiters of one name
-        cost one wake-up per hand-off, not ten thousand). A ``wakes.wake_name``: its lease's."""
+        """Wake this backend's waiters for ``name``: a release was seen (all may try), or,
+        with ``owner``, the name was handed to that waiter (only it wakes: one wake-up per
+        hand-off, not one per waiter). A ``wakes.wake_name``: its lease's."""
         name = woken_name(name) if name[:1] == "\x00" else name
         events = self._release_events.get(name)
         if not events:

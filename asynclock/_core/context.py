@@ -247,13 +247,13 @@ class LockBody:
 
     def __aexit__(self, *exc_info: *ExcInfo) -> Coroutine[Any, Any, bool]:
         stack = LEASES.get()
-        if stack and stack[-1][0] is self:  # leave_body's usual case, inline
+        if stack and (entry := stack[-1])[0] is self:  # leave_body's usual case, inline
             LEASES.set(stack[:-1])
-            _, lease, scope = stack[-1]
         else:
             found = pop_lease(self)
             assert found is not None, "Lock.__aexit__ without __aenter__"
-            _, lease, scope = found
+            entry = found
+        _, lease, scope = entry
         lease._scope = None
         lease._task = None  # the hold is over (and a kept lease must not keep its task)
         assert scope is not None  # a lock's own entry always carries its scope

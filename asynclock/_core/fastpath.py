@@ -13,7 +13,7 @@ import logging
 import sys
 import threading
 from collections.abc import Awaitable, Callable
-from typing import cast
+from typing import Any, cast
 
 import anyio
 import anyio.lowlevel
@@ -65,6 +65,45 @@ def _current_task_function(scope_type: type[anyio.CancelScope]) -> Callable[[], 
         lowlevel = importlib.import_module("trio.lowlevel")  # present: trio is running
         return cast(Callable[[], object], lowlevel.current_task)
     return _any_current_task
+
+
+#: ``new_scope(scope_type)``: a fresh cancel scope, ``scope_type()`` without the class
+#: call. anyio's back-end scope classes define ``__new__`` in Python only to return
+#: ``object.__new__(cls)`` (undoing the base class's dispatch to the running back-end), and
+#: calling a class with a Python ``__new__`` and ``__init__`` makes two calls from C into
+#: Python: about 1,600 instructions of a 115 k hold. ``_new_object(cls)`` then
+#: ``scope.__init__()`` makes the same scope (the hold writes these two lines inline).
+_new_object = object.__new__
+
+
+def new_scope(scope_type: type[anyio.CancelScope]) -> anyio.CancelScope:
+    scope = _new_object(scope_type)
+    scope.__init__()  # type: ignore[misc]
+    return scope
+
+
+def _called(scope_type: type[anyio.CancelScope]) -> anyio.CancelScope:
+    return scope_type()
+
+
+def scope_maker(scope_type: type[anyio.CancelScope]) -> Callable[[type[Any]], Any]:
+    """``_new_object`` where the shortcut makes the same scope as the class call (checked
+    once, when a backend opens, on the anyio installed: its ``__new__`` must only make
+    the object and ``__init__`` set every slot); else the class call itself (then the
+    hold's ``__init__()`` after it runs twice on a fresh scope, which changes nothing)."""
+    if "__new__" not in vars(scope_type):
+        return _called
+    made, called = new_scope(scope_type), scope_type()
+    for cls in scope_type.__mro__:
+        for slot in getattr(cls, "__slots__", ()):
+            name = f"_{cls.__name__.lstrip('_')}{slot}" if slot.startswith("__") else slot
+            if hasattr(made, name) != hasattr(called, name):
+                return _called
+            if hasattr(called, name) and type(getattr(made, name)) is not type(
+                getattr(called, name)
+            ):
+                return _called
+    return _new_object
 
 
 def _level_cache(logger: logging.Logger) -> dict[int, bool]:

@@ -30,7 +30,7 @@ class Lock(LockBody, AsyncContextOnly):
     the lease, per task; never in thread-locals).
     """
 
-    __slots__ = ("_acq", "_args", "_call", "_template", "_token_scope")
+    __slots__ = ("_acq", "_args", "_call", "_token_scope")
     _acq: Acquisition
     _usage = "backend.lock(...)"
     #: What it says of itself in ``AlreadyHeld`` (``context.refuse_nested``).
@@ -53,10 +53,10 @@ class Lock(LockBody, AsyncContextOnly):
         # internal: a name in asynclock's own namespace (an idempotency key's hold).
         self._args = check_lock_args(name, ttl, timeout, blocking, max_hold, internal=internal)
         self._token_scope = None if token_scope is None else check_scope(token_scope)
-        #: The name template the lock was made from (``locked_function``), for observers.
-        self._template = template
-        #: acquire()'s arguments but the last (owner_tag "": a lock's owner is untagged).
-        self._call = (*self._args, "", self._token_scope)
+        #: acquire()'s arguments up to the holder: owner_tag "" (a lock's owner is
+        #: untagged), then the name template the lock was made from (``locked_function``),
+        #: for observers.
+        self._call = (*self._args, "", self._token_scope, template)
 
     @property
     def name(self) -> str:
@@ -78,7 +78,7 @@ class Lock(LockBody, AsyncContextOnly):
         stack = _LEASES.get()
         if stack:
             refuse_nested(acq, self._args[0], stack, task)
-        return acq.acquire(*self._call, (self, task, stack), self._template)
+        return acq.acquire(*self._call, (self, task, stack))
 
 
 def locked_function(

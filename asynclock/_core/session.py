@@ -23,7 +23,7 @@ import logging
 import math
 import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -83,6 +83,9 @@ class Session:
         #: Called with a name once a lease of it was released here (local waiters may try
         #: again); the acquisition sets it.
         self.wake: Callable[[str], None] = lambda name: None
+        #: The names local waiters wait for (the acquisition sets it, with :attr:`wake`):
+        #: no waiter, no wake-up to make (most releases).
+        self.waiting: Mapping[str, object] = {}
         #: owner -> (weak reference to the Lease, name, token, its keeper), for every lease
         #: renewed.
         self.held: dict[str, HeldRecord] = {}
@@ -246,7 +249,7 @@ class Session:
         self.stats.hold_times.append(now - lease.acquired_at)
         if released:
             self.stats.released += 1
-        if not lease._keeper.wakes_waiters:
+        if self.waiting and not lease._keeper.wakes_waiters:
             self.wake(lease.name)
 
     def release_failed(self, lease: Lease, why: str) -> None:

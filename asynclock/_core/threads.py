@@ -58,7 +58,7 @@ class ThreadGrants:
         calls = self.driver.thread_calls()
         if calls is None or not self.open or ttl <= self.session.min_ttl:
             return None
-        owner = "%032x%s" % (next(self._owner_seq), self.label_tag)  # noqa: UP031 (as acquire)
+        owner = "%032x" % next(self._owner_seq) + self.label_tag  # noqa: UP031 (as acquire)
         t_send = self.clock.now()
         try:
             token = calls.acquire(name, owner, ttl)
