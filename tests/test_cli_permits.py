@@ -18,9 +18,7 @@ from tests.test_cli_ops import HOSTILE, _clean, cli
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
 
-@pytest.mark.parametrize(
-    "shared_spec", ["sqlite", "postgres", "redis", "redis_cluster", "etcd"], indirect=True
-)
+@pytest.mark.parametrize("shared_spec", ["sqlite", "postgres", "redis", "etcd"], indirect=True)
 async def test_an_operator_sees_every_permits_holder(
     shared_spec: BackendSpec, lock_name: str
 ) -> None:

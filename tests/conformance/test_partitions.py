@@ -160,6 +160,13 @@ class Fleet:
 LIVENESS = 30.0
 
 
+#: The balance walk runs on one deployment of each server kind: partitions are plain locks
+#: and a listing, and the lock conformance suite covers every deployment (Sentinel,
+#: Cluster, the three-member etcd and ZooKeeper); the other tests here run on all.
+BALANCE_ON = ["memory", "sqlite", "redis", "postgres_lease", "etcd", "zookeeper"]
+
+
+@pytest.mark.parametrize("spec", BALANCE_ON, indirect=True)
 async def test_balance_3_5_2(spec: BackendSpec, lock_name: str) -> None:
     report = []
     async with anyio.create_task_group() as tg, AsyncExitStack() as stack:
