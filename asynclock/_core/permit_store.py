@@ -10,7 +10,7 @@ atomic server steps: :meth:`grant`, :meth:`extend`, :meth:`release_permit`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from .exceptions import SemaphoreLimitMismatch
@@ -114,6 +114,8 @@ class PermitStore:
         #: owner -> slot of every permit granted here and not yet released.
         self.slots: dict[str, int] = {}
         self._tries: dict[str, int] = {}
+        #: Slots grants of this store are trying now (see :meth:`guess_slot`).
+        self.trying: set[int] = set()
         #: The reserved name a release here notifies (where the backend notifies).
         self.wake_name = wake_name(LEASE_PREFIX + name)
 
@@ -138,6 +140,18 @@ class PermitStore:
         store's is not checked), by slot: :func:`permit_holder` each. For operators
         (``sem.holders()``, ``asynclock holder``); NotImplementedError where not built."""
         raise NotImplementedError(f"{self.display} does not list a semaphore's permits")
+
+    def guess_slot(self, live: Iterable[int], trying: list[int]) -> int | None:
+        """For a store that tries one slot per request: a slot neither live (as last seen)
+        nor held or tried by a task here (tasks of one process never collide), lowest
+        first, added to ``trying`` and :attr:`trying` (the grant removes it from
+        :attr:`trying` when it ends); None if there is none."""
+        taken = set(live) | set(self.slots.values()) | self.trying
+        slot = next((s for s in range(self.limit) if s not in taken), None)
+        if slot is not None:
+            self.trying.add(slot)
+            trying.append(slot)
+        return slot
 
     # -- keeper.Grants ----------------------------------------------------------------------
 

@@ -66,8 +66,6 @@ class EtcdPermits(PermitStore):
         self.base = permits_prefix(driver.prefix, name)
         self.limit_key = semaphore_prefix(driver.prefix, name) + b"limit"
         self._lease_name = LEASE_PREFIX + name
-        #: Slots a grant of this store is trying now.
-        self._trying: set[int] = set()
 
     def _key(self, slot: int) -> bytes:
         return self.base + b"%d" % slot
@@ -81,17 +79,7 @@ class EtcdPermits(PermitStore):
         try:
             return await self._grant(owner, ttl, trying)
         finally:
-            self._trying.difference_update(trying)  # a granted slot is in self.slots by now
-
-    def _guess(self, live: Iterable[int], trying: list[int]) -> int | None:
-        """A slot neither live (as last seen) nor held or tried by a task here (tasks of
-        one process never collide), lowest first; None if there is none."""
-        taken = set(live) | set(self.slots.values()) | self._trying
-        slot = next((s for s in range(self.limit) if s not in taken), None)
-        if slot is not None:
-            self._trying.add(slot)
-            trying.append(slot)
-        return slot
+            self.trying.difference_update(trying)  # a granted slot is in self.slots by now
 
     async def _grant(self, owner: str, ttl: float, trying: list[int]) -> Answer:
         value, limit = owner.encode(), b"%d" % self.limit
@@ -114,7 +102,7 @@ class EtcdPermits(PermitStore):
             ),
         ]
         set_limit = False  # (the limit key is seen wrong and no permit live: set it)
-        slot = self._guess((), trying)
+        slot = self.guess_slot((), trying)
         for _ in range(ATTEMPTS):
             if slot is None:
                 return Full()
@@ -148,7 +136,7 @@ class EtcdPermits(PermitStore):
                 set_limit = not live
                 continue
             set_limit = False
-            slot = self._guess(live, trying)
+            slot = self.guess_slot(live, trying)
         return Full()
 
     async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:

@@ -22,7 +22,7 @@ can be: :func:`._paths.reserved_path`):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -56,30 +56,18 @@ class ZkPermits(PermitStore):
         self.base = reserved_path(driver.prefix, "sem", name)
         self.limit_path, self.permits = self.base + "/limit", self.base + "/p"
         self._lease_name = LEASE_PREFIX + name
-        #: Slots a grant of this store is trying now.
-        self._trying: set[int] = set()
         #: owner -> the slot of its grant under way (an interrupted grant's release).
         self._tried: dict[str, int] = {}
 
     def path(self, slot: int) -> str:
         return f"{self.permits}/{slot}"
 
-    def _guess(self, live: Iterable[int], trying: list[int]) -> int | None:
-        """A slot neither live (as last seen) nor held or tried by a task here (tasks of
-        one process never collide), lowest first; None if there is none."""
-        taken = set(live) | set(self.slots.values()) | self._trying
-        slot = next((s for s in range(self.limit) if s not in taken), None)
-        if slot is not None:
-            self._trying.add(slot)
-            trying.append(slot)
-        return slot
-
     async def grant(self, owner: str, ttl: float) -> Answer:
         trying: list[int] = []
         try:
             answer = await self._grant(owner, ttl, trying)
         finally:
-            self._trying.difference_update(trying)
+            self.trying.difference_update(trying)
         self._tried.pop(owner, None)  # kept if interrupted: release_permit looks there
         return answer
 
@@ -105,7 +93,7 @@ class ZkPermits(PermitStore):
     async def _grant(self, owner: str, ttl: float, trying: list[int]) -> Answer:
         data, ours = encode_data(owner, ttl), b"%d" % self.limit
         call, zk = self.driver._call, self.driver.zk
-        slot = self._guess((), trying)
+        slot = self.guess_slot((), trying)
         for _ in range(ATTEMPTS):
             if slot is None:
                 return Full()
@@ -126,7 +114,7 @@ class ZkPermits(PermitStore):
                         Op("create", self.permits),
                     ]
                 if live and slot in live:
-                    slot = self._guess(live, trying)
+                    slot = self.guess_slot(live, trying)
                     if slot is None:
                         return Full()
             path = self.path(slot)
@@ -161,7 +149,7 @@ class ZkPermits(PermitStore):
                 return Granted(slot, stat.czxid)
             if done.failed_at == len(ops) - 2 and isinstance(done.error, NodeExistsError):
                 live = {int(c) for c in await self._children() if c.isdigit()}
-                slot = self._guess(live, trying)  # the slot is taken: a free one, at once
+                slot = self.guess_slot(live, trying)  # the slot is taken: a free one, at once
                 continue
             self.nodes.limits.pop(self.name, None)  # the limit or the layout changed: look
             if isinstance(done.error, NoNodeError):
