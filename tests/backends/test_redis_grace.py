@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from typing import Any
 
 import anyio
 import pytest
@@ -321,3 +322,65 @@ async def test_a_restart_without_persistence_grants_no_rwlock_hold_before_the_ol
                 events.append("second writer granted")
                 assert second.token > writer.token
         assert events == ["writer cancelled", "second writer granted"]
+
+
+async def test_a_restart_without_persistence_moves_no_partition_before_its_owner_lost_it(
+    redis_factory: RedisFactory,
+) -> None:
+    """Partitions, as for permits: a group of two members on a server restarted without
+    persistence. Every partition owned before the restart is lost by its owner before any
+    member is granted one again (the restart grace); the group comes back whole, every new
+    partition token above every old one."""
+    server = redis_factory()
+    async with (
+        asynclock.connect(server.url) as a,
+        asynclock.connect(server.url) as b,
+        asynclock.connect(server.url) as c,
+    ):
+        events: list[str] = []
+        whole = anyio.Event()
+        with anyio.fail_after(40):
+            async with (
+                a.partitions("orders", count=4, ttl=2.0) as one,
+                b.partitions("orders", count=4, ttl=2.0) as two,
+            ):
+                members = (one, two)
+
+                async def follow(member: Any, other: Any, seen: set[int]) -> None:
+                    async for _ in member.changes():
+                        for p in member.owned():
+                            if id(p) not in seen:
+                                seen.add(id(p))
+                                events.append(f"granted {p.id}")
+                        if len(member.owned()) + len(other.owned()) == 4:
+                            whole.set()
+
+                async def lose(p: Any) -> None:
+                    await p.lost
+                    events.append(f"lost {p.id}")
+
+                async with anyio.create_task_group() as tg:
+                    seen: set[int] = set()
+                    tg.start_soon(follow, one, two, seen)
+                    tg.start_soon(follow, two, one, seen)
+                    await whole.wait()
+                    before = [p for m in members for p in m.owned()]
+                    events.clear()
+                    whole = anyio.Event()
+                    async with anyio.create_task_group() as losses:
+                        for p in before:
+                            losses.start_soon(lose, p)
+                        server.restart(keep_data=False)
+                        # A member joining now takes free partitions at once, if granted.
+                        async with c.partitions("orders", count=4, ttl=2.0) as three:
+                            for p in three.owned():
+                                events.append(f"granted {p.id}")
+                    while sum(len(m.owned()) for m in members) < 4:
+                        await whole.wait()
+                        whole = anyio.Event()
+                    tg.cancel_scope.cancel()
+                after = [p for m in members for p in m.owned()]
+        first_grant = min(i for i, e in enumerate(events) if e.startswith("granted"))
+        assert sorted(events[:first_grant]) == sorted(f"lost {p.id}" for p in before)
+        assert sorted(p.id for p in after) == [0, 1, 2, 3]
+        assert min(p.token for p in after) > max(p.token for p in before)
