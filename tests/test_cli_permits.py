@@ -7,13 +7,15 @@ them says so in one plain line."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 import anyio
 import pytest
 
 from asynclock._core.owner_label import label_tag
 from tests.support.spec import BackendSpec
-from tests.test_cli_ops import HOSTILE, _clean, cli
+from tests.test_cli_ops import HOSTILE, ROOT, _clean, _lines, cli
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
@@ -159,3 +161,30 @@ async def test_list_shows_permits_and_read_write_holds_beside_locks(
                 assert str(p.slot) in cells[1] and str(p.token) in cells[1], out
         code, out, err = await cli("list", pattern, "--url", url)
     assert code == 0 and "no held lock matches" in out, (out, err)
+
+
+@pytest.mark.parametrize("spec", ["sqlite"], indirect=True)
+async def test_watch_prints_each_change_of_permits(spec: BackendSpec, lock_name: str) -> None:
+    """``asynclock watch NAME`` sees the semaphore ``NAME`` too: a permit granted, then
+    given back (the lock itself stays free)."""
+    command = [sys.executable, "-m", "asynclock._cli", "watch", lock_name, "--url", spec.url]
+    command += ["--json", "--count", "3", "--interval", "0.05"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    async with spec.connect() as backend, await anyio.open_process(command, env=env) as proc:
+        assert proc.stdout is not None
+        lines = _lines(proc.stdout)
+        with anyio.fail_after(30):
+            assert (await anext(lines))["holds"] == []
+            async with backend.semaphore(lock_name, 2).acquire(ttl=5.0) as p:
+                granted = await anext(lines)
+            freed = await anext(lines)
+            assert await proc.wait() == 0
+    assert granted["held"] is True and granted["owner"] is None  # a permit, not the lock
+    [h] = granted["holds"]
+    assert (h["kind"], h["slot"], h["token"], h["owner"]) == (
+        "permit",
+        p.slot,
+        p.token,
+        p.lease.owner,
+    )
+    assert freed["held"] is False and freed["holds"] == []
