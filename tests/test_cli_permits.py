@@ -7,13 +7,15 @@ them says so in one plain line."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 import anyio
 import pytest
 
 from asynclock._core.owner_label import label_tag
 from tests.support.spec import BackendSpec
-from tests.test_cli_ops import HOSTILE, _clean, cli
+from tests.test_cli_ops import HOSTILE, ROOT, _clean, _lines, cli
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(90)]
 
@@ -102,7 +104,7 @@ async def test_permit_holders_are_escaped(spec: BackendSpec, lock_name: str) -> 
     assert "\\x1b[2J" in out and "lbl\\x1b]0;pwned\\x07" in out, out
 
 
-@pytest.mark.parametrize("shared_spec", ["redlock", "zookeeper"], indirect=True)
+@pytest.mark.parametrize("shared_spec", ["redlock"], indirect=True)
 async def test_a_backend_without_them_says_so_plainly(
     shared_spec: BackendSpec, lock_name: str
 ) -> None:
@@ -113,3 +115,76 @@ async def test_a_backend_without_them_says_so_plainly(
     code, out, err = await cli("holder", lock_name, "--url", shared_spec.url)
     assert code == 1 and "free: nobody holds it" in out, (out, err)
     assert "permits and read-write holds not shown" in " ".join(out.split()), out
+
+
+# One of each listing code (PostgreSQL's modes share theirs: its session mode, which
+# cannot list locks, is in test_cli_ops; ZooKeeper's is in test_zookeeper_semaphores).
+@pytest.mark.parametrize(
+    "shared_spec", ["sqlite", "redis", "postgres_lease", "etcd"], indirect=True
+)
+async def test_list_shows_permits_and_read_write_holds_beside_locks(
+    shared_spec: BackendSpec, lock_name: str
+) -> None:
+    """``asynclock list``: a kind column (lock / permit / write ...), the permit's slot,
+    a hostile name escaped, and the same rows in ``--json``."""
+    # A control character (a short name: the table's cells stay whole in 120 columns).
+    url, name = shared_spec.url, f"{lock_name[-8:]}:\x1b[2J"
+    pattern = f"{lock_name[-8:]}:*"
+    async with shared_spec.connect(owner_label="lister:1") as backend:
+        with anyio.fail_after(60):
+            async with (
+                backend.lock(name, ttl=30) as lease,
+                backend.semaphore(name, 2).acquire(ttl=30) as p,
+                backend.rwlock(name).write(ttl=30) as w,
+            ):
+                code, out, err = await cli("list", pattern, "--url", url, "--json")
+                assert code == 0, err
+                rows = json.loads(out)
+                assert [(r["name"], r["kind"], r["slot"], r["token"]) for r in rows] == [
+                    (name, "lock", None, lease.token),
+                    (name, "permit", p.slot, p.token),
+                    (name, "write", None, w.token),
+                ]
+                assert [r["limit"] for r in rows] == [None, 2, None]
+                assert all(r["held"] and r["label"] == "lister:1" for r in rows), rows
+                assert rows[1]["owner"] == p.lease.owner and 0 < rows[1]["ttl_left"] <= 30
+
+                code, out, err = await cli("list", pattern, "--url", url)
+                assert code == 0, err
+                _clean(out + err)
+                assert "3 held on" in out and "\\x1b[2J" in out, out
+                header = next(line.split() for line in out.splitlines() if "kind" in line)
+                assert header[:3] == ["name", "kind", "slot"], out
+                cells = [line.split() for line in out.splitlines() if "lister:1" in line]
+                kinds = [next(c for c in row if c in ("lock", "permit", "write")) for row in cells]
+                assert kinds == ["lock", "permit", "write"], out
+                assert str(p.slot) in cells[1] and str(p.token) in cells[1], out
+        code, out, err = await cli("list", pattern, "--url", url)
+    assert code == 0 and "no held lock matches" in out, (out, err)
+
+
+@pytest.mark.parametrize("spec", ["sqlite"], indirect=True)
+async def test_watch_prints_each_change_of_permits(spec: BackendSpec, lock_name: str) -> None:
+    """``asynclock watch NAME`` sees the semaphore ``NAME`` too: a permit granted, then
+    given back (the lock itself stays free)."""
+    command = [sys.executable, "-m", "asynclock._cli", "watch", lock_name, "--url", spec.url]
+    command += ["--json", "--count", "3", "--interval", "0.05"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    async with spec.connect() as backend, await anyio.open_process(command, env=env) as proc:
+        assert proc.stdout is not None
+        lines = _lines(proc.stdout)
+        with anyio.fail_after(30):
+            assert (await anext(lines))["holds"] == []
+            async with backend.semaphore(lock_name, 2).acquire(ttl=5.0) as p:
+                granted = await anext(lines)
+            freed = await anext(lines)
+            assert await proc.wait() == 0
+    assert granted["held"] is True and granted["owner"] is None  # a permit, not the lock
+    [h] = granted["holds"]
+    assert (h["kind"], h["slot"], h["token"], h["owner"]) == (
+        "permit",
+        p.slot,
+        p.token,
+        p.lease.owner,
+    )
+    assert freed["held"] is False and freed["holds"] == []

@@ -11,6 +11,7 @@ from typing import Any
 
 import asynclock
 
+from .._core.listing import HOLD_KINDS
 from .._core.owner_label import LABEL_MARK
 from .output import Output
 
@@ -30,6 +31,24 @@ async def holds_of(backend: asynclock.Backend, name: str) -> tuple[list[asyncloc
     except NotImplementedError as exc:
         notes.append(str(exc))
     return found, "; ".join(dict.fromkeys(notes))
+
+
+async def list_all(
+    backend: asynclock.Backend, pattern: str, limit: int
+) -> tuple[list[asynclock.Holder], str]:
+    """``asynclock list``: the held locks, permits and read-write holds matching
+    ``pattern`` (by name, a name's lock first; at most ``limit``), and a note ("" if none)
+    saying what this backend cannot list. NotImplementedError if it can list none."""
+    found: list[asynclock.Holder] = []
+    notes: list[str] = []
+    for kinds in (("lock",), HOLD_KINDS):
+        try:
+            found += await backend.holders(pattern, limit=limit, kinds=kinds)
+        except NotImplementedError as exc:
+            notes.append(str(exc))
+    if len(notes) == 2:
+        raise NotImplementedError(notes[0])
+    return sorted(found, key=lambda h: h.name)[:limit], "; ".join(notes)
 
 
 def hold_json(held: asynclock.Holder) -> dict[str, Any]:
@@ -54,7 +73,10 @@ def _who(held: asynclock.Holder) -> str:
 
 def describe_hold(held: asynclock.Holder) -> str:
     """One line on a permit or a read-write hold, as an operator reads it."""
-    left = "" if held.remaining is None else f"; ends in {held.remaining:.1f}s unless renewed"
+    if held.remaining is None:  # ZooKeeper: the node lives as long as its holder's session
+        left = "; no expiry at the server (held while its holder's session lives)"
+    else:
+        left = f"; ends in {held.remaining:.1f}s unless renewed"
     if held.kind == "permit":
         return f"slot {held.slot}: held by owner {_who(held)}, token {held.token}{left}"
     if held.kind == "write":

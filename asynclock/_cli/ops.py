@@ -30,7 +30,7 @@ import asynclock
 from .._core.leadership import identity_of
 from .._core.owner_label import LABEL_MARK
 from .._core.validation import check_name
-from .holds import hold_json, holds_of, show_holds
+from .holds import describe_hold, hold_json, holds_of, list_all, show_holds
 from .output import Output, make_output, safe, wants_color
 from .registry import Command, register
 
@@ -207,37 +207,62 @@ def _whole(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+def _listed_json(held: asynclock.Holder, display: str) -> dict[str, Any]:
+    """One row of ``asynclock list --json``: a lock's, a permit's or a read-write hold's."""
+    seen = _as_json(held, held.name, display)
+    seen.update(kind=held.kind, slot=held.slot, limit=held.limit)
+    seen["held"] = seen["held"] and held.kind != "intent"  # a waiting writer holds nothing
+    return seen
+
+
 def run_list(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     async def ask(backend: asynclock.Backend, out: Output) -> int:
-        found = await backend.holders(args.pattern, limit=args.limit)
+        found, note = await list_all(backend, args.pattern, args.limit)
         display = backend.driver.display
         if args.json:
-            print(json.dumps([_as_json(h, h.name, display) for h in found]))
+            print(json.dumps([_listed_json(h, display) for h in found]))
+            if note:
+                print(f"asynclock list: not listed: {safe(note)}", file=sys.stderr)
             return DONE
         if not found:
-            out.line([(f"no held lock matches {args.pattern!r} on {display}", "")])
-            return DONE
-        rows = [
-            [
-                h.name,
-                h.label or "?",
-                _owner_shown(h) or "?",
-                "?" if h.token is None else str(h.token),
-                "-" if h.remaining is None else f"{h.remaining:.1f}s",
+            out.line(
+                [(f"no held lock matches {args.pattern!r} on {display}", ""),
+                 (" (nor any permit or read-write hold)" if not note else "", "")]
+            )  # fmt: skip
+        else:
+            holds = any(h.kind != "lock" for h in found)  # (else no kind, no slot column)
+            rows = [
+                [
+                    h.name,
+                    h.kind,
+                    "-" if h.slot is None else str(h.slot),
+                    h.label or "?",
+                    _owner_shown(h) or "?",
+                    "?" if h.token is None else str(h.token),
+                    "-" if h.remaining is None else f"{h.remaining:.1f}s",
+                ]
+                for h in found
             ]
-            for h in found
-        ]
-        columns = [
-            ("name", "<"), ("label", "<"), ("owner", "<"), ("token", ">"), ("lease left", ">")
-        ]  # fmt: skip
-        identities = [_identity(h) for h in found]
-        if any(identities):  # terms and partition groups: who, by identity / member id
-            columns.insert(3, ("identity / member", "<"))
-            for row, identity in zip(rows, identities, strict=True):
-                row.insert(3, identity or "-")
-        out.table(f"{len(found)} held on {display}", columns, rows)
-        if len(found) == args.limit:
-            out.line([(f"(stopped at --limit {args.limit})", "dim")])
+            columns = [
+                ("name", "<"), ("kind", "<"), ("slot", ">"), ("label", "<"), ("owner", "<"),
+                ("token", ">"), ("lease left", ">"),
+            ]  # fmt: skip
+            for at, unused in ((2, all(h.slot is None for h in found)), (1, not holds)):
+                if unused:
+                    del columns[at]
+                    for row in rows:
+                        del row[at]
+            identities = [_identity(h) for h in found]
+            if any(identities):  # terms and partition groups: who, by identity / member id
+                at = len(columns) - 2
+                columns.insert(at, ("identity / member", "<"))
+                for row, identity in zip(rows, identities, strict=True):
+                    row.insert(at, identity or "-")
+            out.table(f"{len(found)} held on {display}", columns, rows)
+            if len(found) == args.limit:
+                out.line([(f"(stopped at --limit {args.limit})", "dim")])
+        if note:
+            out.paragraph([(f"(not listed: {note})", "dim")], "", "  ")
         return DONE
 
     return _run(args, parser, ask)
@@ -344,16 +369,29 @@ def run_watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         events = 0
         while True:
             held = await backend.holder(name)
-            state = (None,) if held is None else (held.owner, held.token, held.grace_until)
+            # The name's permits and read-write holds too (namespaces of their own).
+            holds, note = await holds_of(backend, name)
+            state = (
+                (None,) if held is None else (held.owner, held.token, held.grace_until),
+                [(h.kind, h.slot, h.owner, h.token) for h in holds],
+            )
             if state != seen:
+                if seen is None and note and not args.json:
+                    out.paragraph([(f"(permits and read-write holds not shown: {note})", "dim")])
                 seen = state
                 events += 1
                 stamp = datetime.now(UTC).strftime("%H:%M:%S.%f")[:-3]
                 if args.json:
-                    print(json.dumps({"at": time.time(), **_as_json(held, name, display)}))
+                    shown = {"at": time.time(), **_as_json(held, name, display)}
+                    shown["held"] = shown["held"] or bool(holds)
+                    shown["holds"] = None if note and not holds else [hold_json(h) for h in holds]
+                    print(json.dumps(shown))
                     sys.stdout.flush()
                 else:
-                    out.paragraph([(_describe(held), "")], f"  {stamp}  ", " " * 16)
+                    lock = "lock: " if holds else ""
+                    out.paragraph([(lock + _describe(held), "")], f"  {stamp}  ", " " * 16)
+                    for h in holds:
+                        out.paragraph([(describe_hold(h), "")], " " * 16, " " * 18)
                 if args.count is not None and events >= args.count:
                     return DONE
             await anyio.sleep(args.interval)

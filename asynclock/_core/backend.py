@@ -6,7 +6,7 @@ small internal protocol, never a private member of the backend."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Collection, Coroutine
 from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypeVar, cast
 
 import anyio
@@ -81,10 +81,8 @@ class Backend(Semaphores, RWLocks, LocksAll, PartitionsMixin, AsyncContextOnly):
         self.clock: Clock = clock or MonotonicClock()
         self.drift, self.margin, self.heartbeat = drift, margin, heartbeat
         self._bounds = bounds = CallBounds(self.clock, release_timeout)
-        stats = StatsRecorder()
-        self._session = session = Session(
-            self.clock, bounds, stats, drift, margin, heartbeat, driver.display
-        )
+        timing = (StatsRecorder(), drift, margin, heartbeat, driver.display)
+        self._session = session = Session(self.clock, bounds, *timing)
         self._acq = acq = Acquisition(driver, session, self.clock, bounds, label)
         self._tg: anyio.abc.TaskGroup | None = None
         self._advice: AdviceCollector | None = None
@@ -339,15 +337,17 @@ class Backend(Semaphores, RWLocks, LocksAll, PartitionsMixin, AsyncContextOnly):
         found = await acq.call("holder", self.driver.holder(name), (NotImplementedError,))
         return cast("Holder | None", found)
 
-    async def holders(self, pattern: str = "*", *, limit: int = 1000) -> list[Holder]:
-        """Every name held right now whose name matches ``pattern`` (a shell-style glob:
-        ``*``, ``?``, ``[seq]``; case-sensitive), as :meth:`holder` sees it, sorted by name:
-        at most ``limit`` (1 .. 100000) of them; not the locks of idempotency keys in
-        progress (:meth:`idempotent`). For operators (``asynclock list``): each
-        name is a separate question, so the list is not one instant's snapshot.
-        NotImplementedError where the server cannot enumerate names (redlock, PostgreSQL
-        ``mode=session``: the message says why)."""
-        return await list_holders(self._acq.ready(), pattern, limit)
+    async def holders(
+        self, pattern: str = "*", *, limit: int = 1000, kinds: Collection[str] = ("lock",)
+    ) -> list[Holder]:
+        """Every name held now matching ``pattern`` (a shell-style glob: ``*``, ``?``,
+        ``[seq]``; case-sensitive), as :meth:`holder` sees it, sorted by name: at most
+        ``limit`` (1 .. 100000); not idempotency keys' locks (:meth:`idempotent`). ``kinds``:
+        also (or only) permits and read-write holds, as ``sem.holders()``/``rw.holders()``
+        see them (``"permit"``, ``"write"``, ``"read"``, ``"intent"``; a name's lock first).
+        For operators (``asynclock list``): a question per name, not one instant's snapshot.
+        NotImplementedError where the server cannot list them (the message says why)."""
+        return await list_holders(self._acq.ready(), pattern, limit, kinds)
 
     async def locked(self, name: str) -> bool:
         """True if some lease holds ``name`` right now (a snapshot, as :meth:`holder`)."""

@@ -204,6 +204,13 @@ class Driver:
         where the server cannot enumerate the names (it says why)."""
         raise NotImplementedError(f"{self.display} cannot list lock names")
 
+    async def hold_names(self) -> tuple[list[str], list[str]]:
+        """The names of the semaphores and of the read-write locks the server keeps permits
+        or holds of (a name with none live is harmless: the core asks each store's
+        ``holders()``), for operators (``backend.holders(kinds=...)``). NotImplementedError
+        where the server cannot enumerate them (it says why)."""
+        raise NotImplementedError(f"{self.display} cannot list semaphores and read-write locks")
+
     async def holder(self, name: str) -> Holder | None:
         """Who holds ``name`` right now (the server's view), or None if nobody does.
 

@@ -84,7 +84,7 @@ def backoff(tries: int, ttl: float) -> float:
 
 
 def permit_holder(
-    name: str, slot: int, owner: str, token: int, remaining: float | None, limit: int | None
+    name: str, slot: int, owner: str | None, token: int, remaining: float | None, limit: int | None
 ) -> Holder:
     """One live permit as :meth:`PermitStore.holders` lists it."""
     left = None if remaining is None else max(0.0, remaining)

@@ -129,6 +129,9 @@ class MemoryDriver(Driver):
     async def names(self) -> list[str]:
         return list(self.leases)
 
+    async def hold_names(self) -> tuple[list[str], list[str]]:
+        return [n for n, live in self.permits.items() if live], list(self.rwlocks)
+
     async def holder(self, name: str) -> Holder | None:
         entry = self._live(name)
         if entry is None:

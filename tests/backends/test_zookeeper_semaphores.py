@@ -5,7 +5,9 @@ recipes are another protocol."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import anyio
 import pytest
@@ -13,9 +15,11 @@ import pytest
 import asynclock
 import asynclock.testing
 from asynclock._core.permit_store import Granted, OtherLimit
+from asynclock._core.rw_store import WRITE
 from asynclock.backends.zookeeper._paths import reserved_path
 from tests.backends.test_zookeeper import expire, in_thread, kazoo, zk_driver
 from tests.support.zk_servers import ZkEnsemble
+from tests.test_cli_ops import cli
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -199,3 +203,112 @@ async def test_many_permits_renew_in_one_call(zk: asynclock.Backend, lock_name: 
             done.set()
     print(f"\nzookeeper: {n} permits held, {rounds_calls} extend calls over 3 renewal rounds")
     assert rounds_calls <= 3 * 2  # one per round (a round may straddle the count)
+
+
+async def test_an_operator_sees_permits_and_holds(
+    zk_ensemble: ZkEnsemble, zk: asynclock.Backend, lock_name: str
+) -> None:
+    """sem.holders() and rw.holders() on ZooKeeper (issue 42), and what ``asynclock
+    holder`` and ``list`` show of them: tokens the nodes' czxids, no expiry at the server
+    (a node lives as long as its holder's session)."""
+    url = zk_ensemble.url
+    sem, rw = zk.semaphore(lock_name, 3), zk.rwlock(lock_name)
+    with anyio.fail_after(60):
+        async with sem.acquire(ttl=30) as a, sem.acquire(ttl=30) as b, rw.read(ttl=30) as r:
+            found = await sem.holders()
+            assert [(h.kind, h.slot, h.token, h.limit, h.remaining) for h in found] == sorted(
+                ("permit", p.slot, p.token, 3, None) for p in (a, b)
+            )
+            assert {h.owner for h in found} == {a.lease.owner, b.lease.owner}
+            assert {h.label for h in found} == {zk.owner_label}
+            [read] = await rw.holders()
+            assert (read.kind, read.owner, read.token) == ("read", r.lease.owner, r.token)
+
+            code, out, err = await cli("holder", lock_name, "--url", url, "--json")
+            assert code == 0, err
+            seen = json.loads(out)
+            assert seen["holds_note"] is None and seen["held"] is True, seen
+            holds = [(h["kind"], h["slot"], h["token"], h["ttl_left"]) for h in seen["holds"]]
+            assert holds == [
+                *sorted(("permit", p.slot, p.token, None) for p in (a, b)),
+                ("read", None, r.token, None),
+            ]
+            code, out, err = await cli("holder", lock_name, "--url", url)
+            said = " ".join(out.split())
+            assert code == 0 and "semaphore: 2 permit(s) held of limit 3" in said, (said, err)
+            assert "no expiry at the server" in said and "reader: owner" in said, said
+
+            code, out, err = await cli("list", f"*{lock_name[-8:]}", "--url", url, "--json")
+            assert code == 0, err
+            listed = [(h["name"], h["kind"], h["slot"], h["token"]) for h in json.loads(out)]
+            assert listed == [
+                *sorted((lock_name, "permit", p.slot, p.token) for p in (a, b)),
+                (lock_name, "read", None, r.token),
+            ]
+        assert await sem.holders() == [] and await rw.holders() == []
+
+
+def between_read_and_delete(
+    monkeypatch: pytest.MonkeyPatch, backend: asynclock.Backend, path: str, meanwhile: Any
+) -> list[bool]:
+    """Run ``meanwhile()`` once, after the release's read of ``path`` has answered and
+    before its delete goes out (the window of a two-step delete)."""
+    zk, ran = zk_driver(backend).zk, list[bool]()
+
+    def wrap(real: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def read(*args: Any) -> Any:
+            answer = await real(*args)
+            if not ran and path in ([args[0]] if isinstance(args[0], str) else args[0]):
+                ran.append(True)
+                await meanwhile()
+            return answer
+
+        return read
+
+    monkeypatch.setattr(zk, "get", wrap(zk.get))
+    monkeypatch.setattr(zk, "read_many", wrap(zk.read_many))
+    return ran
+
+
+async def test_a_release_never_deletes_a_successors_node_of_the_same_path(
+    zk_ensemble: ZkEnsemble, zk: asynclock.Backend, lock_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator deletes a permit's (a writer's) node and another holder is granted the
+    same slot (the writer's node) at once, between the release's read and its delete: the
+    new node has the same path and data version, and the release must leave it alone."""
+    slot_path = reserved_path("", "sem", lock_name) + "/p/0"
+    writer_path = reserved_path("", "rw", lock_name) + "/w"
+    async with asynclock.connect(zk_ensemble.url) as other, kazoo(zk_ensemble.hosts) as raw:
+        with anyio.fail_after(30):
+            mine, theirs = zk.semaphore(lock_name, 1)._store, other.semaphore(lock_name, 1)._store
+            granted = await mine.grant("owner-a", 30.0)
+            assert isinstance(granted, Granted) and granted.slot == 0
+            successor: list[Any] = []
+
+            async def operator_and_successor() -> None:
+                await in_thread(raw.delete, slot_path)
+                successor.append(await theirs.grant("owner-b", 30.0))
+
+            ran = between_read_and_delete(monkeypatch, zk, slot_path, operator_and_successor)
+            assert not await mine.release_permit("owner-a", 0, granted.token)
+            assert ran and isinstance(successor[0], Granted)
+            _, stat = await in_thread(raw.get, slot_path)  # the successor's node is there
+            assert stat.czxid == successor[0].token
+            monkeypatch.undo()
+
+            rw, their_rw = zk.rwlock(lock_name)._store, other.rwlock(lock_name)._store
+            token = await rw.grant(WRITE, "owner-a", 30.0, intend=False)
+            assert isinstance(token, int)
+            writers: list[Any] = []
+
+            async def operator_and_writer() -> None:
+                await in_thread(raw.delete, writer_path)
+                writers.append(await their_rw.grant(WRITE, "owner-b", 30.0, intend=False))
+
+            ran = between_read_and_delete(monkeypatch, zk, writer_path, operator_and_writer)
+            assert not await rw.release_hold(WRITE, "owner-a", token)
+            assert ran and isinstance(writers[0], int) and writers[0] > token
+            _, stat = await in_thread(raw.get, writer_path)
+            assert stat.czxid == writers[0]
+            assert await theirs.release_permit("owner-b", 0, successor[0].token)
+            assert await their_rw.release_hold(WRITE, "owner-b", writers[0])

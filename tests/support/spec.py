@@ -21,7 +21,9 @@ import asynclock
 #: * ``semaphore`` — ``backend.semaphore()`` (others raise NotImplementedError);
 #: * ``rwlock`` — ``backend.rwlock()`` (others raise NotImplementedError);
 #: * ``holds`` — ``sem.holders()`` and ``rw.holders()`` list the live permits and
-#:   read-write holds (``asynclock holder``; others raise NotImplementedError).
+#:   read-write holds (``asynclock holder``; others raise NotImplementedError);
+#: * ``session_holds`` — a permit or read-write hold has no expiry at the server: it lasts
+#:   as long as its holder's session (``Holder.remaining`` is None; ZooKeeper).
 CAPABILITIES: dict[str, frozenset[str]] = {
     backend_id: frozenset(caps.split())
     for backend_id, caps in {
@@ -37,8 +39,8 @@ CAPABILITIES: dict[str, frozenset[str]] = {
         "redis_cluster": "records names leader server_ttl multiprocess semaphore rwlock holds",
         "etcd": "records names leader server_ttl multiprocess semaphore rwlock holds",
         "etcd3": "records names leader server_ttl multiprocess semaphore rwlock holds",
-        "zookeeper": "names leader multiprocess semaphore rwlock",
-        "zookeeper3": "names leader multiprocess semaphore rwlock",
+        "zookeeper": "names leader multiprocess semaphore rwlock holds session_holds",
+        "zookeeper3": "names leader multiprocess semaphore rwlock holds session_holds",
     }.items()
 }
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 from ..._core.driver import ExtendResult, LeaseRef
 from ..._core.holder import Holder
@@ -34,7 +35,7 @@ from ..._core.semaphore import LEASE_PREFIX
 from . import _proto as pb
 from ._kv import created_at, lease_left, live_left
 from ._leased import Leased, Renewal, name_segment
-from .client import prefix_end
+from .client import EtcdClient, prefix_end
 
 if TYPE_CHECKING:
     from .driver import EtcdDriver
@@ -190,3 +191,25 @@ class EtcdPermits(PermitStore):
                     permit_holder(self.name, slot, owner, kv.create_revision, remaining, limit)
                 )
         return sorted(found, key=lambda h: h.slot or 0)
+
+
+class HoldNames:
+    """``Driver.hold_names`` of the etcd driver (a mixin: the driver stays small): the
+    names with a live permit key (``p/``), or a writer, reader or intent key."""
+
+    client: EtcdClient
+    prefix: str
+
+    async def hold_names(self) -> tuple[list[str], list[str]]:
+        found: list[list[str]] = []
+        for kind, live in (("sem", (b"p",)), ("rw", (b"w", b"r", b"i"))):
+            start = f"{self.prefix}\x00asynclock.{kind}/".encode("utf-8", "surrogatepass")
+            request = pb.RangeRequest(key=start, range_end=prefix_end(start), keys_only=True)
+            names: dict[str, None] = {}
+            for kv in (await self.client.range(request)).kvs:
+                segment, _, rest = kv.key[len(start) :].partition(b"/")
+                if rest.partition(b"/")[0] in live:  # (not the kept limit or epoch)
+                    text = segment.decode("utf-8", "surrogatepass")
+                    names[unquote(text, errors="surrogatepass")] = None  # name_segment's
+            found.append(list(names))
+        return found[0], found[1]

@@ -46,7 +46,7 @@ from ._deletions import Deletions
 from ._kv import created_at, delete_key, first_key
 from ._leased import LeasedKeys
 from ._rw import EtcdRW
-from ._sem import EtcdPermits
+from ._sem import EtcdPermits, HoldNames
 from ._session import Session, Sessions, _Slot
 from ._watch import Watching
 from .client import EtcdClient, prefix_end
@@ -58,7 +58,7 @@ CATCH_UP = 0.1
 logger = logging.getLogger("asynclock.etcd")
 
 
-class EtcdDriver(Acquiring, Watching, Driver):
+class EtcdDriver(Acquiring, Watching, HoldNames, Driver):
     """Locks in an etcd cluster. See the module docstring and docs/backends/etcd.md."""
 
     remote = True  # every acquire and release is a server round trip

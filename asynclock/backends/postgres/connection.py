@@ -433,6 +433,11 @@ class PostgresDriver(Driver):
     async def _extend_locks(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
         raise NotImplementedError
 
+    async def hold_names(self) -> tuple[list[str], list[str]]:
+        from .semaphore import hold_names  # (it imports this module)
+
+        return await hold_names(self)
+
     async def claim_holder(self, name: str) -> Holder | None:
         from .claim_holder import claim_holder
 

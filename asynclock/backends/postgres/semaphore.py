@@ -103,6 +103,15 @@ FROM asynclock_permit
 WHERE name = $1 AND owner <> '' AND expires_at > clock_timestamp() ORDER BY slot
 """
 
+# The names with live permits (kind 'p'), then those with live read-write holds ('r'),
+# for Driver.hold_names (both modes: rows with an expiry either way). No args.
+SQL_HOLD_NAMES = """
+SELECT DISTINCT 'p' AS kind, name FROM asynclock_permit
+WHERE owner <> '' AND expires_at > clock_timestamp()
+UNION ALL
+SELECT DISTINCT 'r', name FROM asynclock_rw_hold WHERE expires_at > clock_timestamp()
+"""
+
 
 def grant_key(name: str) -> int:
     """The transaction advisory lock key that serialises the grants of one semaphore."""
@@ -194,3 +203,14 @@ class PostgresPermits(PermitStore):
             permit_holder(self.name, r["slot"], r["owner"], r["token"], r["left_s"], r["lim"])
             for r in rows
         ]
+
+
+async def hold_names(driver: PostgresDriver) -> tuple[list[str], list[str]]:
+    """``Driver.hold_names`` on PostgreSQL (either mode): the names with live rows."""
+    from .rwlock import PostgresRW
+
+    await PostgresPermits(driver, "", 1)._schema()
+    await PostgresRW(driver, "")._schema()
+    rows = await driver._run("listing semaphores and rwlocks failed", "fetch", SQL_HOLD_NAMES)
+    found = [(r["kind"], bytes(r["name"]).decode("utf-8", "surrogatepass")) for r in rows]
+    return [n for k, n in found if k == "p"], [n for k, n in found if k == "r"]

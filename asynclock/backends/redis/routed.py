@@ -478,10 +478,11 @@ class Routed(Driver):
         return bool(await self._call(name, "break_lock", lambda p: p.break_lock(name)))
 
     async def names(self) -> list[str]:
-        found: list[str] = []
-        for p in self.primaries():
-            found += await p.names()
-        return sorted(set(found))
+        return sorted({n for p in self.primaries() for n in await p.names()})
+
+    async def hold_names(self) -> tuple[list[str], list[str]]:
+        found = [await p.hold_names() for p in self.primaries()]
+        return sorted({n for s, _ in found for n in s}), sorted({n for _, r in found for n in r})
 
     async def record_get(self, name: str) -> Record | None:
         record: Record | None = await self._call(name, "record_get", lambda p: p.record_get(name))

@@ -397,20 +397,32 @@ class RedisDriver(SubscribingDriver):
     # -- who holds it, breaking a lock ------------------------------------------------------
 
     async def names(self) -> list[str]:
+        return await self._scan(self.prefix, "listing names")  # lock keys: <prefix>{<name>}
+
+    async def hold_names(self) -> tuple[list[str], list[str]]:
+        # A semaphore's sorted set of live permits, <prefix>sem:{<name>} (gone with its
+        # last permit), and a read-write lock's hash, <prefix>rw:{<name>} (kept: its epoch).
+        what = "listing semaphores and rwlocks"
+        return await self._scan(self.prefix + "sem:", what), await self._scan(
+            self.prefix + "rw:", what
+        )
+
+    async def _scan(self, prefix: str, what: str) -> list[str]:
+        """The names of every key ``<prefix>{<name>}`` (SCAN, 1000 at a time)."""
         node = self.node
         deadline = node.deadline(10 * node.socket_timeout)
-        match = f"{glob_escape(self.prefix)}{{*}}".encode()  # lock keys only: <prefix>{<name>}
+        match = f"{glob_escape(prefix)}{{*}}".encode()
         found: list[str] = []
         cursor = b"0"
         try:
             while True:
                 packed = pack(b"SCAN", cursor, b"MATCH", match, b"COUNT", b"1000")
                 cursor, keys = await node.call(packed, deadline)
-                found += [name for key in keys if (name := name_of_key(key, self.prefix))]
+                found += [name for key in keys if (name := name_of_key(key, prefix))]
                 if cursor in (b"0", 0):
                     return found
         except Exception as exc:
-            raise node.error("listing names failed", exc) from exc
+            raise node.error(f"{what} failed", exc) from exc
 
     async def holder(self, name: str) -> Holder | None:
         k = self.keys(name)

@@ -44,7 +44,7 @@ from ..._core.validation import check_seconds
 from .._common.options import Options
 from .host import boot_id, wake_socket
 from .rwlock import SQLiteRW
-from .semaphore import SQLitePermits
+from .semaphore import SQLitePermits, hold_names
 from .sql import (
     SCHEMA,
     SCHEMA_VERSION,
@@ -76,9 +76,7 @@ T = TypeVar("T")
 class SQLiteDriver(Driver):
     """Leases in one SQLite file shared by every process that opens it."""
 
-    def __init__(
-        self, path: str, *, synchronous: str = "normal", busy_timeout: float = 5.0
-    ) -> None:
+    def __init__(self, path: str, *, synchronous: str = "normal", busy_timeout: float = 5) -> None:
         super().__init__()
         if synchronous.lower() not in ("normal", "full"):
             raise ValueError(f"synchronous must be 'normal' or 'full', got {synchronous!r}")
@@ -403,6 +401,9 @@ class SQLiteDriver(Driver):
 
     def rwlock_store(self, name: str) -> RWStore:
         return SQLiteRW(self, name)
+
+    async def hold_names(self) -> tuple[list[str], list[str]]:
+        return await hold_names(self)
 
     # -- idempotency records: a table beside the leases ------------------------------------
 

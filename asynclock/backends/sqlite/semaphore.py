@@ -27,6 +27,12 @@ SQL_PERMIT_HOLDERS = (
     "SELECT slot, owner, token, expires_at, lim FROM asynclock_permit "
     "WHERE name = ?1 AND owner <> '' AND boot = ?2 AND expires_at > ?3 ORDER BY slot"
 )
+# The names with live permits, then those with live read-write holds. Args: boot, now.
+SQL_HOLD_NAMES = (
+    "SELECT DISTINCT 'p', name FROM asynclock_permit "
+    "WHERE owner <> '' AND boot = ?1 AND expires_at > ?2 UNION ALL "
+    "SELECT DISTINCT 'r', name FROM asynclock_rw_hold WHERE boot = ?1 AND expires_at > ?2"
+)
 # Take slot :slot (its token bumped in place). Args: name, slot, owner, expires_at, boot, lim.
 SQL_TAKE_SLOT = (
     "INSERT INTO asynclock_permit (name, slot, owner, token, expires_at, boot, lim) "
@@ -106,3 +112,12 @@ class SQLitePermits(PermitStore):
             permit_holder(self.name, int(s), str(o), int(t), float(x) - now, int(lim))
             for s, o, t, x, lim in rows
         ]
+
+
+async def hold_names(driver: SQLiteDriver) -> tuple[list[str], list[str]]:
+    """``Driver.hold_names`` of the SQLite file: the names with live permits or holds."""
+    db, args = driver.db, (driver.boot, time.monotonic())
+    rows = await driver._retry_busy(
+        lambda: db.execute(SQL_HOLD_NAMES, args).fetchall(), "listing semaphores"
+    )
+    return [str(n) for k, n in rows if k == "p"], [str(n) for k, n in rows if k == "r"]

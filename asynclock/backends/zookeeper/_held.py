@@ -13,7 +13,14 @@ delivers first every watch event of a write committed before it; each held node 
 watched, so one deleted behind our back (an operator) is refused at that renewal.
 Deletes are guarded: a node is deleted only if its ``czxid`` is the one we created (or,
 when that is not known, its data names our owner), so a late release never deletes
-another holder's node of the same path.
+another holder's node of the same path. The read and the delete are two steps, and a
+``multi``'s ``check`` compares a data version only (a re-created node has the same one),
+so a path that other holders are granted (a permit's slot, the writer's node) has a
+**guard**: a persistent node that every grant of the path writes in its ``multi``. The
+delete is ``multi(check(guard, version read), delete(node, version read))``, the guard
+read just before the node: no grant of the path came in between, so the node deleted is
+the one read (an operator's manual delete plus a new grant in that window used to lose
+the new holder its node). A reader's and an intent's path is its owner's alone: no guard.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from ..._core.driver import ExtendResult, LeaseRef, Refused
 from ..._core.exceptions import BackendUnavailable
-from ._kazoo import BadVersionError, NoNodeError
+from ._kazoo import BadVersionError, NoNodeError, Op, Stat
 from ._nodes import decode_data
 
 if TYPE_CHECKING:
@@ -60,6 +67,8 @@ class HeldNodes:
         self.entries: dict[str, HeldNode] = {}
         #: path -> (czxid or None, owner) of nodes of ours still to delete.
         self.orphans: dict[str, tuple[int | None, str]] = {}
+        #: path -> its guard (see the module), for the paths that have one.
+        self.guards: dict[str, str] = {}
         #: The limit and its node's data version of each semaphore name, as last read.
         self.limits: dict[str, tuple[int, int]] = {}
         self._unwatched: list[HeldNode] = []
@@ -139,19 +148,40 @@ class HeldNodes:
             raise
 
     async def _delete(self, path: str, czxid: int | None, owner: str) -> bool:
-        call = self.driver._call
+        call, zk = self.driver._call, self.driver.zk
+        guard = self.guards.get(path)
+
+        async def read() -> tuple[bytes, Stat, int | None]:
+            """The node, and its guard's data version read just before it (None: no guard)."""
+            if guard is None:
+                return (*await zk.get(path), None)
+            (kept, node), _ = await zk.read_many([guard, path])
+            if isinstance(node, BaseException):
+                raise node
+            if isinstance(kept, NoNodeError):  # a node granted by an asynclock before guards
+                return (*node, None)
+            if isinstance(kept, BaseException):
+                raise kept
+            return (*node, kept[1].version)
+
         try:
-            data, stat = await call("release", partial(self.driver.zk.get, path))
+            data, stat, version = await call("release", read)
             if czxid is not None and stat.czxid != czxid:
                 return False
             if czxid is None and decode_data(data)[0] != owner:
                 return False
-            await call("release", partial(self.driver.zk.delete, path, stat.version))
+            if guard is None or version is None:
+                await call("release", partial(zk.delete, path, stat.version))
+                return True
+            ops = [Op("check", guard, version=version), Op("delete", path, version=stat.version)]
+            # Refused (the guard moved: the path was granted again since our read, so the
+            # node there is another holder's; or the node is gone): not ours to delete.
+            done = await call("release", partial(zk.multi, ops))
+            return done.failed_at is None
         except BackendUnavailable as exc:
             if isinstance(exc.__cause__, (NoNodeError, BadVersionError)):
                 return False
             raise
-        return True
 
     def expire(self, now: float) -> float:
         """Forget every node whose ttl has passed since its last confirmed renewal (and

@@ -4,6 +4,7 @@ current, and breaking it (an operator's delete of the holder's node)."""
 from __future__ import annotations
 
 from functools import partial
+from urllib.parse import unquote
 
 from ..._core.exceptions import BackendUnavailable
 from ..._core.holder import Holder
@@ -18,6 +19,7 @@ class Inspect(Watches):
     (its watches and deletes are :class:`~._watches.Watches`')."""
 
     display: str
+    prefix: str
 
     def lock_path(self, name: str) -> str:
         raise NotImplementedError  # pragma: no cover - the driver's
@@ -82,6 +84,22 @@ class Inspect(Watches):
                 del self.held[owner]
         self._wake(name)
         return broken
+
+    async def hold_names(self) -> tuple[list[str], list[str]]:
+        # The children of the reserved area's semaphore and read-write lock nodes, each
+        # a whole name quoted as one segment (see _paths.reserved_path): every name ever
+        # used (its base node is kept); the core asks each one's holders.
+        found: list[list[str]] = []
+        for kind in ("sem", "rw"):
+            area = f"{self.prefix}/{_paths.RESERVED}{kind}"
+            try:
+                children = await self._call("listing", partial(self.zk.children, area))
+            except BackendUnavailable as exc:
+                if not isinstance(exc.__cause__, NoNodeError):
+                    raise
+                children = []
+            found.append([unquote(c, errors="surrogatepass") for c in children])
+        return found[0], found[1]
 
 
 __all__ = ("Inspect",)

@@ -382,3 +382,21 @@ class Zk:
             first = got.exception
         second = [str(c) for c in listed.value] if listed.successful() else listed.exception
         return first, second
+
+    async def read_many(
+        self, paths: Sequence[str], parents: Sequence[str] = ()
+    ) -> tuple[list[tuple[bytes, Stat] | BaseException], list[list[str] | BaseException]]:
+        """``get`` of every path and the children of every parent, pipelined (one round
+        trip): each the value or the exception it raised, in the order asked."""
+        gets = [self.client.get_async(p) for p in paths]
+        lists = [self.client.get_children_async(p) for p in parents]
+        for pending in (*gets, *lists):
+            with contextlib.suppress(Exception):  # read from the results below
+                await self._wait(pending)
+        got: list[tuple[bytes, Stat] | BaseException] = [
+            (bytes(g.value[0]), _stat(g.value[1])) if g.successful() else g.exception for g in gets
+        ]
+        listed: list[list[str] | BaseException] = [
+            [str(c) for c in x.value] if x.successful() else x.exception for x in lists
+        ]
+        return got, listed

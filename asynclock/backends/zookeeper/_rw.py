@@ -18,6 +18,10 @@ Each grant is one ``multi``. "No node" is asserted with ZooKeeper's own errors: 
 ``create(w)`` and ``delete(r)`` + ``create(r)`` (NotEmpty while a reader holds), writes
 ``e``, and deletes its own intent. A refused writer that waits then records its intent
 (readers that came in between are only a delay: from then on no new reader is granted).
+
+Holders: ``w``, ``e`` and the listings of ``r`` and ``i`` in one round trip, then every
+reader's and intent's node in one more. No hold has an expiry at the server
+(``remaining`` None): its node lives as long as its holder's session.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from ..._core.driver import SENT_AT, ExtendResult, LeaseRef
+from ..._core.holder import Holder
 from ..._core.rw_store import (
     READ,
     READERS_HOLD,
@@ -35,11 +40,12 @@ from ..._core.rw_store import (
     Held,
     RWAnswer,
     RWStore,
+    rw_holders,
 )
 from ..._core.rwlock import LEASE_PREFIX
 from ._held import HeldNode
 from ._kazoo import NoNodeError, Op, Stat
-from ._nodes import encode_data
+from ._nodes import decode_data, encode_data, token_of
 from ._paths import node_name, reserved_path
 
 if TYPE_CHECKING:
@@ -60,6 +66,8 @@ class ZkRW(RWStore):
         base = reserved_path(driver.prefix, "rw", name)
         self.writer, self.epoch = base + "/w", base + "/e"
         self.readers, self.intents = base + "/r", base + "/i"
+        # Every writer's grant writes the epoch in its multi: the writer node's guard.
+        self.nodes.guards[self.writer] = self.epoch
         self._lease_name = LEASE_PREFIX + name
         #: Owners whose intent may be at the server (withdraw looks only for those).
         self._intending: set[str] = set()
@@ -181,6 +189,45 @@ class ZkRW(RWStore):
         if owner in self._intending:
             self._intending.discard(owner)
             await self.nodes.delete(self._intent(owner), None, owner)
+
+    async def holders(self) -> list[Holder]:
+        zk = self.driver.zk
+
+        def owners(nodes: list[tuple[bytes, Stat] | BaseException]) -> list[tuple[str, None]]:
+            found: list[tuple[str, None]] = []
+            for node in nodes:
+                if isinstance(node, NoNodeError):
+                    continue  # released since the listing
+                if isinstance(node, BaseException):
+                    raise node
+                if node[1].ephemeral:
+                    found.append((decode_data(node[0])[0] or "?", None))
+            return found
+
+        async def read() -> list[Holder]:
+            parents = [self.readers, self.intents]
+            (w, e), listed = await zk.read_many([self.writer, self.epoch], parents)
+            paths: list[list[str]] = []
+            for parent, children in zip(parents, listed, strict=True):
+                if isinstance(children, BaseException) and not isinstance(children, NoNodeError):
+                    raise children
+                kids = [] if isinstance(children, BaseException) else sorted(children)
+                paths.append([f"{parent}/{c}" for c in kids])
+            nodes, _ = await zk.read_many([*paths[0], *paths[1]])
+            if isinstance(e, BaseException) and not isinstance(e, NoNodeError):
+                raise e
+            # The epoch node's last write is the last writer's grant (0 before any).
+            epoch = 0 if isinstance(e, BaseException) or e[1].version == 0 else e[1].mzxid
+            writer = owners([w])
+            return rw_holders(
+                self.name,
+                token_of(epoch) if epoch else 0,
+                writer[0] if writer else None,
+                owners(nodes[: len(paths[0])]),
+                owners(nodes[len(paths[0]) :]),
+            )
+
+        return await self.driver._call(f"listing rwlock {self.name!r}", read)
 
 
 __all__ = ("ZkRW",)

@@ -16,8 +16,13 @@ can be: :func:`._paths.reserved_path`):
   ``multi`` as its permit: ``set(limit, version)`` + ``delete(p)`` + ``create(p)`` (the
   delete fails with NotEmpty while any permit lives) + the permit; while permits of
   another limit live, a grant answers ``OtherLimit`` and never creates a node.
+* **Guard**: ``g/<slot>``, a persistent node the grant's ``multi`` also writes, so a
+  release deletes only the node it read (:mod:`._held`); made by a slot's first grant.
 * **Token**: the permit node's czxid, the ensemble's transaction id of its creation:
   strictly above every token granted before, for this slot and every other (G2).
+* **Holders**: the limit node and the listing of ``p`` in one round trip, then every
+  permit node in one more; no permit has an expiry at the server (``remaining`` None): its
+  node lives as long as its holder's session, and its ttl is the holder's local deadline.
 """
 
 from __future__ import annotations
@@ -28,11 +33,19 @@ from typing import TYPE_CHECKING
 
 from ..._core.driver import SENT_AT, ExtendResult, LeaseRef
 from ..._core.exceptions import BackendUnavailable
-from ..._core.permit_store import Answer, Full, Granted, OtherLimit, PermitStore
+from ..._core.holder import Holder
+from ..._core.permit_store import (
+    Answer,
+    Full,
+    Granted,
+    OtherLimit,
+    PermitStore,
+    permit_holder,
+)
 from ..._core.semaphore import LEASE_PREFIX
 from ._held import HeldNode
 from ._kazoo import NodeExistsError, NoNodeError, Op, Stat
-from ._nodes import encode_data
+from ._nodes import decode_data, encode_data, token_of
 from ._paths import reserved_path
 
 if TYPE_CHECKING:
@@ -61,6 +74,10 @@ class ZkPermits(PermitStore):
 
     def path(self, slot: int) -> str:
         return f"{self.permits}/{slot}"
+
+    def guard(self, slot: int) -> str:
+        """The slot's guard: a persistent node every grant of the slot writes (kept)."""
+        return f"{self.base}/g/{slot}"
 
     async def grant(self, owner: str, ttl: float) -> Answer:
         trying: list[int] = []
@@ -118,8 +135,13 @@ class ZkPermits(PermitStore):
                     if slot is None:
                         return Full()
             path = self.path(slot)
+            self.nodes.guards[path] = self.guard(slot)  # what its deletes check (see _held)
             self._tried[owner] = slot
-            take = [Op("create", path, data, ephemeral=True), Op("set", path, data, 0)]
+            take = [
+                Op("create", path, data, ephemeral=True),
+                Op("set", path, data, 0),
+                Op("set", self.guard(slot)),  # moves the slot's guard (see _held)
+            ]
             check = (
                 [] if setting or known is None else [Op("check", self.limit_path, version=known[1])]
             )
@@ -127,7 +149,7 @@ class ZkPermits(PermitStore):
             session = zk.session_id  # the node lives as long as this session
             done = await call(f"acquire of semaphore {self.name!r}", partial(zk.multi, ops))
             if done.failed_at is None:
-                stat = done.results[-1]
+                stat = done.results[-2]
                 assert isinstance(stat, Stat)
                 if setting:
                     first = done.results[0]
@@ -147,7 +169,11 @@ class ZkPermits(PermitStore):
                     )
                 )
                 return Granted(slot, stat.czxid)
-            if done.failed_at == len(ops) - 2 and isinstance(done.error, NodeExistsError):
+            unguarded = done.failed_at == len(ops) - 1 and isinstance(done.error, NoNodeError)
+            if unguarded:  # the slot's first grant: make its guard
+                await call("semaphore setup", partial(zk.ensure_path, self.guard(slot)))
+                continue
+            if done.failed_at == len(ops) - 3 and isinstance(done.error, NodeExistsError):
                 live = {int(c) for c in await self._children() if c.isdigit()}
                 slot = self.guess_slot(live, trying)  # the slot is taken: a free one, at once
                 continue
@@ -181,3 +207,32 @@ class ZkPermits(PermitStore):
         if tried is None:
             return False
         return await self.nodes.delete(self.path(tried), None, owner)
+
+    async def holders(self) -> list[Holder]:
+        zk = self.driver.zk
+
+        async def read() -> list[Holder]:
+            got, listed = await zk.get_and_children(self.limit_path, self.permits)
+            if isinstance(listed, NoNodeError):
+                return []
+            if isinstance(listed, BaseException):
+                raise listed
+            limit = None
+            if not isinstance(got, BaseException) and got[0].isdigit():
+                limit = int(got[0])
+            slots = sorted(int(c) for c in listed if c.isdigit())
+            nodes, _ = await zk.read_many([self.path(slot) for slot in slots])
+            found: list[Holder] = []
+            for slot, node in zip(slots, nodes, strict=True):
+                if isinstance(node, NoNodeError):
+                    continue  # released since the listing
+                if isinstance(node, BaseException):
+                    raise node
+                data, stat = node
+                if stat.ephemeral:  # (a permit's node always is)
+                    owner = decode_data(data)[0]
+                    token = token_of(stat.czxid)
+                    found.append(permit_holder(self.name, slot, owner, token, None, limit))
+            return found
+
+        return await self.driver._call(f"listing semaphore {self.name!r}", read)
