@@ -16,8 +16,9 @@ can be: :func:`._paths.reserved_path`):
   ``multi`` as its permit: ``set(limit, version)`` + ``delete(p)`` + ``create(p)`` (the
   delete fails with NotEmpty while any permit lives) + the permit; while permits of
   another limit live, a grant answers ``OtherLimit`` and never creates a node.
-* **Token**: the permit node's czxid, the ensemble's transaction id of its creation:
-  strictly above every token granted before, for this slot and every other (G2).
+* **Token**: from the permit node's czxid, the ensemble's transaction id of its creation
+  (on the wipe marker's base, :mod:`._era`): strictly above every token granted before,
+  for this slot and every other (G2). No grant in the restart grace (``Full``).
 """
 
 from __future__ import annotations
@@ -93,6 +94,10 @@ class ZkPermits(PermitStore):
     async def _grant(self, owner: str, ttl: float, trying: list[int]) -> Answer:
         data, ours = encode_data(owner, ttl), b"%d" % self.limit
         call, zk = self.driver._call, self.driver.zk
+        era = await self.driver.eras.current()
+        grace = self.driver.eras.busy(era, ttl)
+        if grace is not None:
+            return Full(grace.retry_after)
         slot = self.guess_slot((), trying)
         for _ in range(ATTEMPTS):
             if slot is None:
@@ -129,24 +134,28 @@ class ZkPermits(PermitStore):
             if done.failed_at is None:
                 stat = done.results[-1]
                 assert isinstance(stat, Stat)
+                if not self.driver.eras.holds(era, session):  # a new session: its era first
+                    self.nodes.orphans[path] = (stat.czxid, owner)
+                    return Full(0.0)
                 if setting:
                     first = done.results[0]
                     version = first.version if isinstance(first, Stat) else 0
                     self.nodes.limits[self.name] = (self.limit, version)
                 t_send = SENT_AT.get()
+                token = era.token(stat.czxid)
                 self.nodes.add(
                     HeldNode(
                         path,
                         owner,
                         stat.czxid,
-                        stat.czxid,
+                        token,
                         session,
                         ttl,
                         t_send + ttl,
                         self._lease_name,
                     )
                 )
-                return Granted(slot, stat.czxid)
+                return Granted(slot, token)
             if done.failed_at == len(ops) - 2 and isinstance(done.error, NodeExistsError):
                 live = {int(c) for c in await self._children() if c.isdigit()}
                 slot = self.guess_slot(live, trying)  # the slot is taken: a free one, at once
@@ -175,7 +184,8 @@ class ZkPermits(PermitStore):
 
     async def release_permit(self, owner: str, slot: int | None, token: int | None) -> bool:
         if slot is not None:
-            return await self.nodes.delete(self.path(slot), token, owner)
+            czxid = None if token is None else self.driver.eras.zxid(token)
+            return await self.nodes.delete(self.path(slot), czxid, owner)
         # An interrupted grant (its answer may be lost): the slot it tried, if ours.
         tried = self._tried.pop(owner, None)
         if tried is None:
