@@ -22,8 +22,9 @@ the loss still believes it holds.
   election adds 2**32: see docs/backends/zookeeper.md for the figures). Below 2**53 (Lua
   fences compare doubles) until the year 2255 less 71.6 minutes per election.
 * **Detection.** The marker is read on every session the driver opens (and at connect); a
-  marker of another czxid than the one seen before means the data was lost: every lease of
-  this backend is lost at once, with a reason that says so.
+  marker of another czxid or ctime than the one seen before (a wiped server that creates it
+  as its first transaction gives it the same czxid again) means the data was lost: every
+  lease of this backend is lost at once, with a reason that says so.
 * **Restart grace.** No grant until ``restart_grace`` seconds (default: the first ttl this
   backend asks for; 0: none) after the marker's ctime, as the Redis backend after a
   restart that lost its data: a holder from before the loss runs at most its ttl past its
@@ -75,6 +76,12 @@ class Era:
     seen_at: float
 
     @property
+    def identity(self) -> tuple[int, int]:
+        """What tells two markers apart: a wiped ensemble that creates the marker as its
+        first transaction gives it the same czxid again, never the same ctime."""
+        return self.czxid, self.ctime_ms
+
+    @property
     def base(self) -> int:
         """The era's first token (the marker's ctime in ms * 1000, as Redis seeds)."""
         return self.ctime_ms * 1000
@@ -98,7 +105,7 @@ class Eras:
         self._first_ttl: float | None = None
         self._reading = anyio.Lock()
         self._due = anyio.Event()
-        self._warned: int | None = None
+        self._warned: tuple[int, int] | None = None
 
     def token(self, zxid: int) -> int:
         assert self.era is not None  # read at open
@@ -128,7 +135,7 @@ class Eras:
                 if new.session != self.driver.zk.session_id:
                     continue  # read on a session that ended meanwhile: again
                 self.era = new
-                if era is not None and new.czxid != era.czxid:
+                if era is not None and new.identity != era.identity:
                     self._lost(era, new)
                 return new
 
@@ -170,7 +177,8 @@ class Eras:
         why = (
             "ZooKeeper lost its data (a data directory wiped, or restored from an older "
             f"copy): its wipe marker {MARKER} is a new one (created {created} UTC, czxid "
-            f"{new.czxid:#x}; was {old.czxid:#x}), so every node of ours is gone"
+            f"{new.czxid:#x}; the one seen before: {old.ctime_ms} ms, {old.czxid:#x}), so "
+            "every node of ours is gone"
         )
         logger.warning("%s: %s", self.driver.display, why)
         self.driver._data_lost(why)
@@ -194,8 +202,8 @@ class Eras:
         if left <= 0:
             return None
         until = era.ctime_ms / 1000 + grace
-        if self._warned != era.czxid:
-            self._warned = era.czxid
+        if self._warned != era.identity:
+            self._warned = era.identity
             logger.warning(
                 "%s: restart grace until %s UTC (%.1fs from now): the ZooKeeper data is new "
                 "(its wipe marker %s was created %.1fs ago: a new ensemble, or one that lost "
