@@ -110,6 +110,11 @@ class ZookeeperMember:
         _kill(self.process)
         self.process = None
 
+    def wipe(self) -> None:
+        """Delete its data (transaction log, snapshots, epochs; not its id): its next
+        start is an empty server's. Stop it first."""
+        shutil.rmtree(self.directory / "data" / "version-2", ignore_errors=True)
+
 
 class ZookeeperServers:
     """A throwaway ZooKeeper ensemble of ``size`` members on free loopback ports, run from
@@ -132,11 +137,34 @@ class ZookeeperServers:
     def url(self) -> str:
         return f"zookeeper://{self.hosts}"
 
-    def start(self) -> ZookeeperServers:
+    def start(self, *, settle: bool = True) -> ZookeeperServers:
+        """Start every member. ``settle``: write the wipe marker as an ensemble long in
+        service has it, so the first acquisition waits no restart grace (the grace of a
+        fresh or wiped ensemble is what the tests of it check)."""
         for member in self.members:
             member.start()
         self.wait_serving()
+        if settle:
+            self.settle()
         return self
+
+    def settle(self, chroot: str = "") -> None:
+        """Mark the data under ``chroot`` as in service for long: no restart grace is due."""
+        from kazoo.client import KazooClient
+        from kazoo.exceptions import NodeExistsError
+
+        from ..backends.zookeeper._era import MARKER, SETTLED
+
+        client = KazooClient(hosts=self.hosts + chroot)
+        client.start(timeout=30)
+        try:
+            try:
+                client.create(MARKER, SETTLED)
+            except NodeExistsError:
+                client.set(MARKER, SETTLED)
+        finally:
+            client.stop()
+            client.close()
 
     def wait_serving(self, timeout: float = 60) -> None:
         """Until every running member serves: a restarted one has rejoined the quorum."""

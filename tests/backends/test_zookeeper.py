@@ -240,6 +240,7 @@ async def test_a_chroot_that_does_not_exist_is_a_clear_error(zk_ensemble: ZkEnse
 async def test_a_chroot_keeps_locks_apart(zk_ensemble: ZkEnsemble, lock_name: str) -> None:
     async with kazoo(zk_ensemble.hosts) as client:
         await in_thread(client.ensure_path, "/tenant-a")
+    await in_thread(zk_ensemble.settle, "/tenant-a")  # in service for long: no restart grace
     async with (
         asynclock.connect(zk_ensemble.url + "/tenant-a") as a,
         asynclock.connect(zk_ensemble.url) as root,
@@ -263,7 +264,8 @@ async def test_digest_auth_with_a_wrong_password(zk_ensemble: ZkEnsemble, lock_n
     assert "check the digest user and password" in message
     assert wrong not in message and right not in message
     assert wrong not in repr(info.value)
-    async with asynclock.connect(f"zookeeper://app:{right}@{zk_ensemble.hosts}/secured") as ok:
+    secured = f"zookeeper://app:{right}@{zk_ensemble.hosts}/secured?restart_grace=0"
+    async with asynclock.connect(secured) as ok:
         async with ok.lock(lock_name, ttl=5.0) as lease:
             assert await ok.validate(lock_name, lease.token)
 

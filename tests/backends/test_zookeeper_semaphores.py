@@ -103,11 +103,12 @@ async def test_another_limit_never_creates_a_permit(
 async def test_permit_nodes_as_kazoo_shows_them(
     zk_ensemble: ZkEnsemble, zk: asynclock.Backend, lock_name: str
 ) -> None:
-    """One ephemeral node per live permit, of our session, its czxid the token; tokens
+    """One ephemeral node per live permit, of our session, its token from its czxid; tokens
     rise per slot; released: gone."""
     sem = zk.semaphore(lock_name, 2)
     base = reserved_path("", "sem", lock_name) + "/p"
     session = zk_driver(zk).zk.session_id
+    eras = zk_driver(zk).eras
     seen: dict[int, list[int]] = {0: [], 1: []}
     async with kazoo(zk_ensemble.hosts) as raw:
         with anyio.fail_after(20):
@@ -116,7 +117,8 @@ async def test_permit_nodes_as_kazoo_shows_them(
                     for p in (a, b):
                         seen[p.slot].append(p.token)
                         data, stat = await in_thread(raw.get, f"{base}/{p.slot}")
-                        assert stat.czxid == p.token and stat.ephemeralOwner == session
+                        assert p.token == eras.token(stat.czxid)
+                        assert stat.ephemeralOwner == session
                         assert p.lease.owner.encode() in data
             assert await in_thread(raw.get_children, base) == []
     for tokens in seen.values():
@@ -128,15 +130,17 @@ async def test_a_writer_epoch_is_its_nodes_czxid(
 ) -> None:
     rw = zk.rwlock(lock_name)
     base = reserved_path("", "rw", lock_name)
+    era = zk_driver(zk).eras.era
+    assert era is not None
     async with kazoo(zk_ensemble.hosts) as raw:
         with anyio.fail_after(10):
             async with rw.read(ttl=5) as before:
-                assert before.token == 0  # no write yet
+                assert before.token == era.base  # no write yet: the era's first token
             async with rw.write(ttl=5) as w:
                 _, stat = await in_thread(raw.get, base + "/w")
-                assert stat.czxid == w.token and stat.ephemeralOwner
+                assert era.token(stat.czxid) == w.token and stat.ephemeralOwner
             _, epoch = await in_thread(raw.get, base + "/e")
-            assert epoch.mzxid == w.token
+            assert era.token(epoch.mzxid) == w.token
             async with rw.read(ttl=5) as r:
                 assert r.token == w.token
                 assert await in_thread(raw.get_children, base + "/r")

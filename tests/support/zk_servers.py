@@ -30,12 +30,12 @@ class ZkEnsemble(ZookeeperServers):
     """The launcher ``asynclock drill --spawn zookeeper`` uses (``asynclock._harness``), with
     a test failure that says what to install when ZooKeeper is missing."""
 
-    def start(self) -> ZkEnsemble:
+    def start(self, *, settle: bool = True) -> ZkEnsemble:
         try:
             find_zookeeper()
         except RuntimeError as missing:
             pytest.fail(str(missing))
-        super().start()
+        super().start(settle=settle)
         return self
 
 
@@ -83,10 +83,12 @@ class ZkFactory:
         self.root = root
         self.ensembles: list[ZkEnsemble] = []
 
-    def __call__(self, size: int = 1) -> ZkEnsemble:
+    def __call__(self, size: int = 1, *, fresh: bool = False) -> ZkEnsemble:
+        """A started ensemble; ``fresh``: exactly as a user's just-started one is (no wipe
+        marker yet, so the restart grace applies as documented)."""
         ensemble = ZkEnsemble(self.root / f"e{len(self.ensembles)}", size)
         self.ensembles.append(ensemble)
-        return ensemble.start()
+        return ensemble.start(settle=not fresh)
 
     def close(self) -> None:
         for ensemble in self.ensembles:

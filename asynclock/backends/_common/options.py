@@ -11,6 +11,16 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from ..._core.validation import check_seconds
+
+
+def check_restart_grace(value: object) -> float | None:
+    """``restart_grace`` (Redis, Redlock, ZooKeeper): None (the ttl of the first acquire
+    the grace applies to) or seconds >= 0 (0: none)."""
+    if value is None:
+        return None
+    return check_seconds(value, "restart_grace", zero=True, text=True)
+
 
 def _listed(names: Collection[str]) -> str:
     """Names as a message lists them: in the order declared (a tuple), else sorted."""

@@ -23,9 +23,10 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode
 
 from ..._core.validation import check_seconds
+from .._common.options import check_restart_grace
 from .._common.urls import Host, URLParts, parse_multi_host_url, refuse_raw_brackets, split_url
 from .keys import check_prefix
-from .options import NodeURL, _check, _identity, check_restart_grace
+from .options import NodeURL, _check, _identity
 from .replication import Wait
 
 #: The schemes, and what each deploys.

@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode
 
 from ..._core.validation import check_seconds
-from .._common.options import Options
+from .._common.options import Options, check_restart_grace
 from .._common.urls import Host, URLParts, parse_multi_host_url, refuse_raw_brackets, split_url
 from .keys import check_prefix
 
@@ -214,14 +214,6 @@ def _shown(node: NodeURL) -> str:
     if node.display.startswith("unix://"):
         return node.display
     return node.display.partition("://")[2].rpartition("@")[2].partition("/")[0]
-
-
-def check_restart_grace(value: object) -> float | None:
-    """``restart_grace``: None (the ttl of the first acquire that finds the database's epoch
-    missing) or seconds >= 0 (0: none)."""
-    if value is None:
-        return None
-    return check_seconds(value, "restart_grace", zero=True, text=True)
 
 
 def _check(

@@ -38,10 +38,11 @@ from ..._core.holder import Holder
 from ..._core.permit_store import PermitStore
 from ..._core.rw_store import RWStore
 from .._common.asyncio_only import require_asyncio
+from .._common.options import check_restart_grace
 from .base import LOUD, NO_EXPIRY, QUIET, GraceReport, SubscribingDriver
 from .fanout import Fanout, tally
 from .keys import scope_fence_key
-from .options import NodeURL, check_distinct, check_restart_grace, parse_url, read_redlock_options
+from .options import NodeURL, check_distinct, parse_url, read_redlock_options
 from .pubsub import Listener
 from .replies import extend_call, grace_ms, holder_from_reply
 from .wire import Node, ms, pack, pack_script

@@ -41,10 +41,11 @@ from ..._core.holder import Holder
 from ..._core.permit_store import PermitStore
 from ..._core.rw_store import RWStore
 from .._common.asyncio_only import require_asyncio
+from .._common.options import check_restart_grace
 from .base import LOUD, NO_EXPIRY, QUIET, GraceReport, SubscribingDriver
 from .blocking import BlockingCalls
 from .keys import glob_escape, name_of_key, record_key, scope_fence_key
-from .options import NodeURL, check_restart_grace, read_redis_url
+from .options import NodeURL, read_redis_url
 from .pubsub import Listener
 from .replies import extend_call, extend_result, grace_ms, holder_from_reply, token_of
 from .rwlock import RedisRW

@@ -11,6 +11,9 @@ arguments to :func:`asynclock.connect`:
   bounds it by its ``minSessionTimeout``/``maxSessionTimeout``, and the driver uses what
   it granted);
 * ``timeout`` — deadline of every call to ZooKeeper and of connecting, seconds (default 5.0);
+* ``restart_grace`` — after the ensemble's data is new (a fresh ensemble, or one that lost
+  its data), no grant until this many seconds after the wipe marker's creation (default:
+  the first ttl asked for; 0 turns it off), as Redis's option of that name;
 * ``user``/``password`` — digest authentication (also from the URL's user info).
 
 Needs the ``zookeeper`` extra (kazoo). See docs/backends/zookeeper.md for how sessions,
@@ -25,7 +28,7 @@ from urllib.parse import parse_qsl, unquote
 
 from ..._core.validation import check_seconds
 from .._common.asyncio_only import require_asyncio
-from .._common.options import Options
+from .._common.options import Options, check_restart_grace
 from .._common.urls import (
     parse_multi_host_url,
     password_spilled,
@@ -38,7 +41,7 @@ from .driver import ZooKeeperDriver
 DEFAULT_PORT = 2181
 DEFAULT_TIMEOUT = 5.0
 DEFAULT_SESSION_TIMEOUT = 10.0
-_OPTIONS = ("prefix", "session_timeout", "timeout", "user", "password")
+_OPTIONS = ("prefix", "session_timeout", "timeout", "restart_grace", "user", "password")
 #: The options of zookeeper:// (URL query and keywords alike).
 OPTIONS = Options("zookeeper", _OPTIONS, _OPTIONS)
 
@@ -87,6 +90,7 @@ def _driver_from_url(url: str, options: dict[str, Any]) -> ZooKeeperDriver:
     session_timeout = check_seconds(
         merged.get("session_timeout", DEFAULT_SESSION_TIMEOUT), "session_timeout", text=True
     )
+    restart_grace = check_restart_grace(merged.get("restart_grace"))
     user = merged.get("user", user)
     password = merged.get("password", password)
     for what, value in (("user", user), ("password", password)):
@@ -109,6 +113,7 @@ def _driver_from_url(url: str, options: dict[str, Any]) -> ZooKeeperDriver:
         timeout=timeout,
         display=display,
         secret=password or None,
+        restart_grace=restart_grace,
     )
 
 

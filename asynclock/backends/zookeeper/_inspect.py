@@ -9,6 +9,7 @@ from urllib.parse import unquote
 from ..._core.exceptions import BackendUnavailable
 from ..._core.holder import Holder
 from . import _paths
+from ._era import Eras
 from ._kazoo import NoNodeError
 from ._nodes import decode_data
 from ._watches import Watches
@@ -20,6 +21,7 @@ class Inspect(Watches):
 
     display: str
     prefix: str
+    eras: Eras
 
     def lock_path(self, name: str) -> str:
         raise NotImplementedError  # pragma: no cover - the driver's
@@ -37,16 +39,18 @@ class Inspect(Watches):
         return f"{lock}/{order[0]}" if order else None
 
     async def validate(self, name: str, token: int) -> bool:
+        era = await self.eras.current()
         for _ in range(3):
             first = await self._first(name)
             if first is None:
                 return False
             stat = await self._call("validate", partial(self.zk.exists, first))
             if stat is not None:
-                return stat.ephemeral and stat.czxid == token
+                return stat.ephemeral and era.token(stat.czxid) == token
         return False
 
     async def holder(self, name: str) -> Holder | None:
+        era = await self.eras.current()
         for _ in range(3):
             first = await self._first(name)
             if first is None:
@@ -62,7 +66,7 @@ class Inspect(Watches):
             owner, _ = decode_data(data)
             # No expiry at the server: a node lasts as long as its holder's session, and
             # the holder's ttl is its own local deadline (renewed without a write).
-            return Holder(name, owner, stat.czxid, None)
+            return Holder(name, owner, era.token(stat.czxid), None)
         return None
 
     async def break_lock(self, name: str) -> bool:

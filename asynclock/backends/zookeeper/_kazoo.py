@@ -62,6 +62,7 @@ class Stat:
     version: int
     ephemeral: bool = True  # False: a persistent node (no lock protocol makes one)
     mzxid: int = 0  # the transaction id of the last write
+    ctime: int = 0  # ms since the epoch, the server's clock at the node's creation
 
 
 def _stat(raw: Any) -> Stat:
@@ -71,6 +72,7 @@ def _stat(raw: Any) -> Stat:
         int(raw.version),
         bool(raw.ephemeralOwner),
         int(raw.mzxid),
+        int(raw.ctime),
     )
 
 
@@ -98,17 +100,35 @@ class Multi:
     read: Stat | None
 
 
-class _Capture(logging.LoggerAdapter):  # type: ignore[type-arg]
-    """kazoo's logger, reading the negotiated session timeout (ms) out of its records."""
+#: How kazoo words a connection the server closed (or reset) once it was open: during the
+#: handshake, the server refused the session (the address was reachable).
+_CLOSED_BY_SERVER = ("socket connection broken", "Connection reset by peer", "Broken pipe")
 
-    def __init__(self, on_timeout: Callable[[int], None]) -> None:
+
+class _Capture(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """kazoo's logger, reading out of its records the negotiated session timeout (ms) and
+    the handshakes the server closed (``on_refused``, on kazoo's connection thread: the
+    server took the connection and closed it before it answered the session request)."""
+
+    def __init__(self, on_timeout: Callable[[int], None], on_refused: Callable[[], None]) -> None:
         super().__init__(logging.getLogger("kazoo.client"), {})
         self._on_timeout = on_timeout
+        self._on_refused = on_refused
+        self._handshake = False
 
     def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
-        if isinstance(msg, str) and msg.startswith("Session created") and len(args) >= 3:
-            with contextlib.suppress(TypeError, ValueError):
-                self._on_timeout(int(args[2]))
+        if isinstance(msg, str):
+            if msg.startswith("Connecting to"):
+                self._handshake = True
+            elif msg.startswith("Session created"):
+                self._handshake = False
+                if len(args) >= 3:
+                    with contextlib.suppress(TypeError, ValueError):
+                        self._on_timeout(int(args[2]))
+            elif msg.startswith("Connection dropped") and self._handshake:
+                self._handshake = False
+                if args and any(words in str(args[0]) for words in _CLOSED_BY_SERVER):
+                    self._on_refused()
         super().log(level, msg, *args, **kwargs)
 
 
@@ -143,19 +163,38 @@ class Zk:
         self.negotiated_ms: int | None = None
         self._on_state = on_state
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._hosts = max(1, len(hosts.partition("/")[0].split(",")))
+        self._refusals = 0
         auth_data = [("digest", f"{auth[0]}:{auth[1]}")] if auth is not None else None
         self.client = KazooClient(
             hosts=hosts,
             timeout=session_timeout,
             auth_data=auth_data,
-            logger=_Capture(self._negotiated),
+            logger=_Capture(self._negotiated, self._refused),
             randomize_hosts=True,
             connection_retry=reconnect_policy(session_timeout),
         )
         self.client.add_listener(self._listener)
 
     def _negotiated(self, ms: int) -> None:
+        self._refusals = 0
         self.negotiated_ms = ms
+
+    def _refused(self) -> None:
+        """kazoo's connection thread: a server closed our session request. A server that
+        has not seen the last transaction this client saw refuses it ("Refusing session
+        request ... as it has seen zxid"): a lagging member (kazoo tries the next), or an
+        ensemble that lost its data (a wiped or restored data directory), where every
+        member refuses for ever and kazoo would retry for ever. Once each member refused
+        in a row, ask again as a client that saw nothing: the server then answers that the
+        session expired (it does not know it) and kazoo opens a new one (issue 39)."""
+        self._refusals += 1
+        if self._refusals < max(2, self._hosts):
+            return
+        self._refusals = 0
+        if self.client.last_zxid:
+            self.client.last_zxid = 0  # read by this same thread's next attempt
+            self._hand_over("refused")
 
     def _listener(self, state: Any) -> bool:
         # On kazoo's thread: hand the state to the loop. Never blocks.
@@ -164,11 +203,14 @@ class Zk:
             KazooState.SUSPENDED: "suspended",
             KazooState.CONNECTED: "connected",
         }.get(state, str(state))
+        self._hand_over(name)
+        return False  # stay registered
+
+    def _hand_over(self, state: str) -> None:
         loop = self._loop
         if loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop is closed
-                loop.call_soon_threadsafe(self._on_state, name)
-        return False  # stay registered
+                loop.call_soon_threadsafe(self._on_state, state)
 
     @property
     def session_id(self) -> int | None:
@@ -321,8 +363,14 @@ class Zk:
         self.client.sync_async("/").rawlink(answered)
         await future
 
-    async def set_data(self, path: str, data: bytes) -> Stat:
-        return _stat(await self._wait(self.client.set_async(path, data)))
+    async def set_data(self, path: str, data: bytes, version: int = -1) -> Stat:
+        return _stat(await self._wait(self.client.set_async(path, data, version)))
+
+    async def create(self, path: str, data: bytes) -> Stat:
+        """Create a persistent node; its stat (its creation's zxid and time)."""
+        pending = self.client.create_async(path, data, include_data=True)
+        _, stat = await self._wait(pending)
+        return _stat(stat)
 
     async def delete(self, path: str, version: int = -1) -> None:
         await self._wait(self.client.delete_async(path, version))

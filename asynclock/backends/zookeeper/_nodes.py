@@ -25,12 +25,6 @@ def explain(exc: BaseException) -> str | None:
     return None
 
 
-def token_of(zxid: int) -> int:
-    """The fencing token of a node created (or, a read-write lock's epoch, written) in
-    transaction ``zxid``: what the holders listing shows (one place to change it)."""
-    return zxid
-
-
 def encode_data(owner: str, ttl: float) -> bytes:
     return b"%s\n%s\n%r" % (_TAG, owner.encode(), ttl)
 

@@ -74,6 +74,8 @@ def contenders(children: list[str]) -> list[str]:
 #: ``<prefix>/%00asynclock.<kind>/<name>``: no lock's path is there (a lock name may not
 #: start with the reserved prefix), and the listing of lock names does not walk it.
 RESERVED = _quote(RESERVED_PREFIX)
+#: (The wipe marker, :data:`._era.MARKER`, is ``/%00asynclock.%2Ewipe``: ``%2E`` is never
+#: written inside a segment, only as a whole one, so no name maps to it.)
 
 
 def reserved_path(prefix: str, kind: str, name: str) -> str:

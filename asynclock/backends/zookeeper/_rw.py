@@ -3,11 +3,12 @@
 ``<prefix>/%00asynclock.rw/<name>`` (asynclock's reserved area: apart from every lock's
 nodes, see :func:`._paths.reserved_path`):
 
-* ``w`` — the writer: an EPHEMERAL node (data: its owner and ttl); its czxid is the
+* ``w`` — the writer: an EPHEMERAL node (data: its owner and ttl); its czxid gives the
   writer epoch, the ensemble's transaction id, so it only rises (G2);
 * ``e`` — the epoch: a persistent node written in the same ``multi`` as ``w`` (one
-  transaction, one zxid), so its mzxid is the last writer's epoch, the token every
-  reader gets (0 before the first write: ``e`` not written yet);
+  transaction, one zxid), so its mzxid is the last writer's, whose token every reader
+  gets (the wipe marker's base before the first write: ``e`` not written yet; tokens
+  are on that base, :mod:`._era`);
 * ``r/<owner>`` — one ephemeral node per reader; ``i/<owner>`` — one per waiting
   writer's intent; all on the driver's one session (:mod:`._held` deletes locally what the
   core stops renewing, or an intent its writer stopped refreshing).
@@ -45,7 +46,7 @@ from ..._core.rw_store import (
 from ..._core.rwlock import LEASE_PREFIX
 from ._held import HeldNode
 from ._kazoo import NoNodeError, Op, Stat
-from ._nodes import decode_data, encode_data, token_of
+from ._nodes import decode_data, encode_data
 from ._paths import node_name, reserved_path
 
 if TYPE_CHECKING:
@@ -83,6 +84,10 @@ class ZkRW(RWStore):
         path, intent = self._path(mode, owner), self._intent(owner)
         call, zk = self.driver._call, self.driver.zk
         what = f"acquire of rwlock {self.name!r}"
+        era = await self.driver.eras.current()
+        grace = self.driver.eras.busy(era, ttl)
+        if grace is not None:
+            return Held("the ZooKeeper data is new: restart grace", grace.retry_after)
         for _ in range(3):
             take = Op("create", path, data, ephemeral=True)
             read = None
@@ -111,12 +116,17 @@ class ZkRW(RWStore):
             if done.failed_at is None:
                 stat = done.results[-1] if mode == READ else done.results[3]
                 assert isinstance(stat, Stat)
+                if not self.driver.eras.holds(era, session):  # a new session: its era first
+                    self.nodes.orphans[path] = (stat.czxid if mode == READ else stat.mzxid, owner)
+                    return Held("the ZooKeeper session changed", 0.0)
                 if mode == READ:
                     epoch = done.read
                     czxid = stat.czxid
-                    token = epoch.mzxid if epoch is not None and epoch.version > 0 else 0
+                    written = epoch is not None and epoch.version > 0
+                    token = era.token(epoch.mzxid) if written and epoch else era.base
                 else:
-                    czxid = token = stat.mzxid
+                    czxid = stat.mzxid
+                    token = era.token(czxid)
                     if len(ops) == 5:
                         self.nodes.drop(intent)
                     self._intending.discard(owner)
@@ -180,8 +190,8 @@ class ZkRW(RWStore):
             if token is not None and token != entry.token:
                 return False
             return await self.nodes.delete(path, entry.czxid, owner)
-        if token is not None and mode != READ:
-            return await self.nodes.delete(path, token, owner)  # the writer's czxid
+        if token is not None and mode != READ:  # the writer's czxid
+            return await self.nodes.delete(path, self.driver.eras.zxid(token), owner)
         # A reader's node is its owner's alone: guarded by the owner in its data.
         return await self.nodes.delete(path, None, owner)
 
@@ -205,6 +215,7 @@ class ZkRW(RWStore):
             return found
 
         async def read() -> list[Holder]:
+            era = await self.driver.eras.current()
             parents = [self.readers, self.intents]
             (w, e), listed = await zk.read_many([self.writer, self.epoch], parents)
             paths: list[list[str]] = []
@@ -221,7 +232,7 @@ class ZkRW(RWStore):
             writer = owners([w])
             return rw_holders(
                 self.name,
-                token_of(epoch) if epoch else 0,
+                era.token(epoch) if epoch else era.base,
                 writer[0] if writer else None,
                 owners(nodes[: len(paths[0])]),
                 owners(nodes[len(paths[0]) :]),

@@ -18,8 +18,9 @@ can be: :func:`._paths.reserved_path`):
   another limit live, a grant answers ``OtherLimit`` and never creates a node.
 * **Guard**: ``g/<slot>``, a persistent node the grant's ``multi`` also writes, so a
   release deletes only the node it read (:mod:`._held`); made by a slot's first grant.
-* **Token**: the permit node's czxid, the ensemble's transaction id of its creation:
-  strictly above every token granted before, for this slot and every other (G2).
+* **Token**: from the permit node's czxid, the ensemble's transaction id of its creation
+  (on the wipe marker's base, :mod:`._era`): strictly above every token granted before,
+  for this slot and every other (G2). No grant in the restart grace (``Full``).
 * **Holders**: the limit node and the listing of ``p`` in one round trip, then every
   permit node in one more; no permit has an expiry at the server (``remaining`` None): its
   node lives as long as its holder's session, and its ttl is the holder's local deadline.
@@ -45,7 +46,7 @@ from ..._core.permit_store import (
 from ..._core.semaphore import LEASE_PREFIX
 from ._held import HeldNode
 from ._kazoo import NodeExistsError, NoNodeError, Op, Stat
-from ._nodes import decode_data, encode_data, token_of
+from ._nodes import decode_data, encode_data
 from ._paths import reserved_path
 
 if TYPE_CHECKING:
@@ -110,6 +111,10 @@ class ZkPermits(PermitStore):
     async def _grant(self, owner: str, ttl: float, trying: list[int]) -> Answer:
         data, ours = encode_data(owner, ttl), b"%d" % self.limit
         call, zk = self.driver._call, self.driver.zk
+        era = await self.driver.eras.current()
+        grace = self.driver.eras.busy(era, ttl)
+        if grace is not None:
+            return Full(grace.retry_after)
         slot = self.guess_slot((), trying)
         for _ in range(ATTEMPTS):
             if slot is None:
@@ -151,24 +156,28 @@ class ZkPermits(PermitStore):
             if done.failed_at is None:
                 stat = done.results[-2]
                 assert isinstance(stat, Stat)
+                if not self.driver.eras.holds(era, session):  # a new session: its era first
+                    self.nodes.orphans[path] = (stat.czxid, owner)
+                    return Full(0.0)
                 if setting:
                     first = done.results[0]
                     version = first.version if isinstance(first, Stat) else 0
                     self.nodes.limits[self.name] = (self.limit, version)
                 t_send = SENT_AT.get()
+                token = era.token(stat.czxid)
                 self.nodes.add(
                     HeldNode(
                         path,
                         owner,
                         stat.czxid,
-                        stat.czxid,
+                        token,
                         session,
                         ttl,
                         t_send + ttl,
                         self._lease_name,
                     )
                 )
-                return Granted(slot, stat.czxid)
+                return Granted(slot, token)
             unguarded = done.failed_at == len(ops) - 1 and isinstance(done.error, NoNodeError)
             if unguarded:  # the slot's first grant: make its guard
                 await call("semaphore setup", partial(zk.ensure_path, self.guard(slot)))
@@ -201,7 +210,8 @@ class ZkPermits(PermitStore):
 
     async def release_permit(self, owner: str, slot: int | None, token: int | None) -> bool:
         if slot is not None:
-            return await self.nodes.delete(self.path(slot), token, owner)
+            czxid = None if token is None else self.driver.eras.zxid(token)
+            return await self.nodes.delete(self.path(slot), czxid, owner)
         # An interrupted grant (its answer may be lost): the slot it tried, if ours.
         tried = self._tried.pop(owner, None)
         if tried is None:
@@ -212,6 +222,7 @@ class ZkPermits(PermitStore):
         zk = self.driver.zk
 
         async def read() -> list[Holder]:
+            era = await self.driver.eras.current()
             got, listed = await zk.get_and_children(self.limit_path, self.permits)
             if isinstance(listed, NoNodeError):
                 return []
@@ -231,7 +242,7 @@ class ZkPermits(PermitStore):
                 data, stat = node
                 if stat.ephemeral:  # (a permit's node always is)
                     owner = decode_data(data)[0]
-                    token = token_of(stat.czxid)
+                    token = era.token(stat.czxid)
                     found.append(permit_holder(self.name, slot, owner, token, None, limit))
             return found
 

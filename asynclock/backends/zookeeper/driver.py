@@ -5,8 +5,10 @@
   children in the same pipelined round trip. The lowest contender holds (any child ending
   in a 10-digit sequence is a contender: kazoo's, Curator's and aiozk's nodes too). A
   blocking waiter keeps its node and watches only its predecessor (FIFO, no herd).
-* **Token.** The holder node's ``czxid``: the ensemble's transaction id of its creation,
-  larger than every earlier one (G2), whatever the name or token scope.
+* **Token.** From the holder node's ``czxid``: the ensemble's transaction id of its
+  creation, larger than every earlier one (G2), whatever the name or token scope, on top
+  of the wipe marker's base (:mod:`._era`: above the tokens from before a data loss, and
+  the restart grace after one).
 * **Liveness.** ZooKeeper keeps an ephemeral node as long as the session lives, not for a
   ttl, so a renewal writes nothing: one ``sync`` round trip renews every lease of the
   backend at once (the session is alive; O(1) per call whatever the number held), and
@@ -37,6 +39,7 @@ from ..._core.permit_store import PermitStore
 from ..._core.rw_store import RWStore
 from .._common.asyncio_only import require_asyncio
 from . import _paths
+from ._era import Eras
 from ._held import HeldNodes
 from ._inspect import Inspect
 from ._kazoo import NodeExistsError, NoNodeError, SessionExpiredError, Zk
@@ -66,6 +69,7 @@ class ZooKeeperDriver(Inspect):
         timeout: float,
         display: str,
         secret: str | None,
+        restart_grace: float | None = None,
     ) -> None:
         super().__init__()
         self.zk = zk_factory(self._on_state)
@@ -93,6 +97,9 @@ class ZooKeeperDriver(Inspect):
         self._poke = anyio.Event()
         self._suspend_event = anyio.Event()
         self._state_changed = anyio.Event()
+        #: The wipe marker: token base, data loss, restart grace.
+        self.eras = Eras(self, restart_grace)
+        self._refused = False  # a server refused our session since it was last connected
 
     # -- calls ------------------------------------------------------------------------------
 
@@ -160,6 +167,7 @@ class ZooKeeperDriver(Inspect):
                     "out of the URL"
                 )
             await self._call("reading the chroot", partial(self.zk.children, "/"))
+            await self.eras.current()
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(self.zk.stop)
@@ -183,8 +191,11 @@ class ZooKeeperDriver(Inspect):
             self._suspended = True
             self._suspend_event.set()
             self._poke.set()
+        elif state == "refused":
+            self._refused = True
         elif state == "connected":
             self._suspended = False
+            self._refused = False
             if self._deadline_scope is not None:
                 self._deadline_scope.cancel()
             for name, _, _ in list(self.waiting.values()):
@@ -193,19 +204,31 @@ class ZooKeeperDriver(Inspect):
                 del self._unwatched[owner]
                 self._watch_held(owner, node)
             self.nodes.rewatch()
+            self.eras.session_opened()
             self._poke.set()
         elif state == "lost":
             self._suspended = False
             if self._deadline_scope is not None:
                 self._deadline_scope.cancel()
-            self._lose_all("the ZooKeeper session expired")
-            self.nodes.lose_all("the ZooKeeper session expired", keep=False)
-            for owner, (name, _, _) in list(self.waiting.items()):
-                del self.waiting[owner]  # its node went with the session
-                self._wake(name)
-            self._orphans.clear()  # every node of the old session is gone
-            self._armed.clear()  # and every watch
-            self._unwatched.clear()
+            why = "the ZooKeeper session expired"
+            if self._refused:
+                why += (
+                    " (the server refused to resume it: it had not seen our last "
+                    "transaction, so its data is older than ours: wiped or restored)"
+                )
+            self._data_lost(why)
+
+    def _data_lost(self, why: str) -> None:
+        """Every node of ours is gone at the server (the session ended, or the data)."""
+        self._lose_all(why)
+        self.nodes.lose_all(why, keep=False)
+        self.nodes.limits.clear()
+        for owner, (name, _, _) in list(self.waiting.items()):
+            del self.waiting[owner]  # its node went with the session
+            self._wake(name)
+        self._orphans.clear()  # every node of the old session is gone
+        self._armed.clear()  # and every watch
+        self._unwatched.clear()
 
     def _lose_all(self, why: str) -> None:
         for owner, node in list(self.held.items()):
@@ -217,6 +240,7 @@ class ZooKeeperDriver(Inspect):
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._watch_suspension)
             tg.start_soon(self._housekeeping)
+            tg.start_soon(self.eras.watch)
 
     async def _watch_suspension(self) -> None:
         """While the connection is lost, cancel every holder at the session deadline."""
@@ -291,16 +315,25 @@ class ZooKeeperDriver(Inspect):
         # scope: a czxid is above every earlier czxid of the ensemble, so above every
         # token of any name or scope (G2 for both).
         lock = self.lock_path(name)
+        era = await self.eras.current()
+        grace = self.eras.busy(era, ttl)
+        if grace is not None:
+            return grace
         session = self.zk.session_id  # the nodes made below live as long as this session
         waiting = self.waiting.get(owner)
         if waiting is not None:  # a queued waiter: is its node first now?
-            _, path, token = waiting
+            _, path, czxid = waiting
             children = await self._call(f"acquire of {name!r}", partial(self.zk.children, lock))
             if path.rpartition("/")[2] not in children:  # deleted (broken): queue again
                 self.waiting.pop(owner, None)
                 return await self.acquire(name, owner, ttl, queue=queue, scope=scope)
         else:
-            path, token, children = await self._create(name, lock, owner, ttl)
+            path, czxid, children = await self._create(name, lock, owner, ttl)
+        if not self.eras.holds(era, session):  # a new session meanwhile: its era first
+            self._orphans.add(path)
+            self.waiting.pop(owner, None)
+            return await self.acquire(name, owner, ttl, queue=queue, scope=scope)
+        token = era.token(czxid)
         t_send = SENT_AT.get()  # when the request went out, after any wait for a slot
         self._contact(t_send)
         mine = path.rpartition("/")[2]
@@ -316,7 +349,7 @@ class ZooKeeperDriver(Inspect):
         predecessor = f"{lock}/{order[index - 1]}"
         detail = f"held by node {order[0]} ({index} ahead in the queue)"
         if queue:
-            self.waiting[owner] = (name, path, token)
+            self.waiting[owner] = (name, path, czxid)
             # Every wake-up of a waiter watches the node in front again, whatever woke it
             # (a watch fires once: a write to that node fires it as "changed").
             if await self._arm(name, predecessor):  # gone already: look again
