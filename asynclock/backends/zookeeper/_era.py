@@ -152,16 +152,23 @@ class Eras:
                     )
             except BackendUnavailable as exc:
                 if isinstance(exc.__cause__, BadVersionError):
-                    continue  # written meanwhile (another client's read): again
-                if not isinstance(exc.__cause__, NoNodeError):
+                    # Written meanwhile (another client's read): its mtime is the server's
+                    # now at a moment during ours, a little early, so the grace left is a
+                    # little longer (safe), and a fleet reconnecting at once writes once
+                    # each instead of retrying against one another.
+                    data, stat = await call("reading the wipe marker", partial(zk.get, MARKER))
+                elif not isinstance(exc.__cause__, NoNodeError):
                     raise
-                try:
-                    data = b""
-                    stat = await call("creating the wipe marker", partial(zk.create, MARKER, data))
-                except BackendUnavailable as again:
-                    if isinstance(again.__cause__, NodeExistsError):
-                        continue  # another client created it first: read theirs
-                    raise
+                else:
+                    try:
+                        data = b""
+                        stat = await call(
+                            "creating the wipe marker", partial(zk.create, MARKER, data)
+                        )
+                    except BackendUnavailable as again:
+                        if isinstance(again.__cause__, NodeExistsError):
+                            continue  # another client created it first: read theirs
+                        raise
             now = self.driver.clock.now()
             return Era(
                 stat.czxid,
