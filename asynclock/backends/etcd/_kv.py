@@ -50,17 +50,20 @@ async def first_key(client: EtcdClient, prefix: bytes, *, keys_only: bool = Fals
     return reply.kvs[0] if reply.kvs else None
 
 
-async def delete_key(client: EtcdClient, key: bytes, rev: int | None, owner: bytes | None) -> bool:
-    """Delete ``key`` if it is still the one we wrote: same create revision, or (the
+def guard(key: bytes, rev: int | None, owner: bytes | None) -> Any:
+    """The compare that ``key`` is still the one we wrote: same create revision, or (the
     revision unknown: the reply to our put was lost) the same owner in its value."""
     if rev is not None:
-        guard = created_at(key, rev)
-    elif owner is not None:
-        guard = pb.Compare(result=pb.CMP_EQUAL, target=pb.CMP_TARGET_VALUE, key=key, value=owner)
-    else:
-        raise ValueError("a delete needs the key's create revision or its owner")
+        return created_at(key, rev)
+    if owner is not None:
+        return pb.Compare(result=pb.CMP_EQUAL, target=pb.CMP_TARGET_VALUE, key=key, value=owner)
+    raise ValueError("a delete needs the key's create revision or its owner")
+
+
+async def delete_key(client: EtcdClient, key: bytes, rev: int | None, owner: bytes | None) -> bool:
+    """Delete ``key`` if it is still the one we wrote (see :func:`guard`)."""
     delete = pb.RequestOp(request_delete_range=pb.DeleteRangeRequest(key=key))
-    reply = await client.txn(pb.TxnRequest(compare=[guard], success=[delete]))
+    reply = await client.txn(pb.TxnRequest(compare=[guard(key, rev, owner)], success=[delete]))
     return bool(reply.succeeded)
 
 

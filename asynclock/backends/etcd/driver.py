@@ -34,7 +34,7 @@ from typing import Any
 
 import anyio
 
-from ..._core.driver import Driver, ExtendResult, LeaseRef, Record, Refused, leave_queue
+from ..._core.driver import Driver, ExtendResult, LeaseRef, Record, Refused
 from ..._core.holder import Holder
 from ..._core.permit_store import PermitStore
 from ..._core.rw_store import RWStore
@@ -45,6 +45,7 @@ from ._acquire import Acquiring
 from ._deletions import Deletions
 from ._kv import created_at, delete_key, first_key
 from ._leased import LeasedKeys
+from ._release import Releasing
 from ._rw import EtcdRW
 from ._sem import EtcdPermits, HoldNames
 from ._session import Session, Sessions, _Slot
@@ -58,7 +59,7 @@ CATCH_UP = 0.1
 logger = logging.getLogger("asynclock.etcd")
 
 
-class EtcdDriver(Acquiring, Watching, HoldNames, Driver):
+class EtcdDriver(Acquiring, Releasing, Watching, HoldNames, Driver):
     """Locks in an etcd cluster. See the module docstring and docs/backends/etcd.md."""
 
     remote = True  # every acquire and release is a server round trip
@@ -72,6 +73,7 @@ class EtcdDriver(Acquiring, Watching, HoldNames, Driver):
         self.client = client
         self.prefix = prefix
         self.display = display
+        self._init_releasing()
         self.sessions = Sessions(
             client,
             display=display,
@@ -115,6 +117,7 @@ class EtcdDriver(Acquiring, Watching, HoldNames, Driver):
         await self.client.open()
 
     async def aclose(self) -> None:
+        self._deletes.close(f"{self.display} was closed")
         with anyio.CancelScope(shield=True):
             with anyio.move_on_after(self.client.timeout):
                 await self.sessions.revoke_all()
@@ -288,46 +291,6 @@ class EtcdDriver(Acquiring, Watching, HoldNames, Driver):
         self._granted_ttls[slot.owner] = session.granted
         return True
 
-    async def release(self, name: str, owner: str, token: int | None) -> bool:
-        slot = self.slots.get(name)
-        if slot is None or slot.owner != owner:
-            return False
-        if token is not None and (not slot.held or slot.rev != token):
-            return False
-        if token is not None:
-            # Local state changes only once the server confirmed (G6): a failed release
-            # keeps the slot, so it can be retried (or expires with its ttl). Our own
-            # delete is no loss (``releasing``), but if it fails after all, the key is
-            # gone if the deletions watch saw it go.
-            slot.releasing = True
-            try:
-                removed = await self._delete_own(slot)
-            finally:
-                slot.releasing = False
-            self._free(name, slot)
-            return removed
-        return await self._drop(slot)
-
-    async def _drop(self, slot: _Slot) -> bool:
-        """Delete the key of a slot that does not hold (an interrupted or abandoned
-        attempt) and free the slot; if the delete fails, it is retried in the background
-        so the next task here is not stuck behind it."""
-        try:
-            return await self._delete_own(slot)
-        except BaseException:
-            if slot.session is not None and not slot.session.dead:
-                self._orphans[slot.key] = (slot.rev, slot.owner.encode())
-            raise
-        finally:
-            self._free(slot.name, slot)
-
-    async def abandon(self, name: str, owner: str) -> None:
-        if leave_queue(self._queues, name, owner):
-            self._wake(name)  # the head may have left: let the next one try now
-        slot = self.slots.get(name)
-        if slot is not None and slot.owner == owner and not slot.held:
-            await self._drop(slot)
-
     def semaphore_store(self, name: str, limit: int) -> PermitStore:
         return EtcdPermits(self, name, limit)
 
@@ -450,12 +413,6 @@ class EtcdDriver(Acquiring, Watching, HoldNames, Driver):
 
     # -- helpers ---------------------------------------------------------------------------
 
-    async def _delete_own(self, slot: _Slot) -> bool:
-        """Delete our key (owner-checked by its create revision when we know it)."""
-        if slot.session is None:
-            return False
-        return await delete_key(self.client, slot.key, slot.rev, slot.owner.encode())
-
     def _free(self, name: str, slot: _Slot) -> None:
         if self.slots.get(name) is not slot:
             return
@@ -477,13 +434,15 @@ class EtcdDriver(Acquiring, Watching, HoldNames, Driver):
             due = min(now + 1.0, await self.sessions.renew_due(now))
             now = self.clock.now()
             for name, slot in list(self.slots.items()):
-                if slot.held and now >= slot.expires_at:
+                if not slot.held or slot.releasing:
+                    continue  # (a release in flight deletes the key itself)
+                if now >= slot.expires_at:
                     # The core stopped renewing (lost locally): expire it like the server
                     # would a lease of its own.
                     if slot.session is not None and not slot.session.dead:
                         self._orphans[slot.key] = (slot.rev, slot.owner.encode())
                     self._free(name, slot)
-                elif slot.held:
+                else:
                     due = min(due, slot.expires_at)
             due = min(due, self.leased.expire(now))
             for key, (rev, owner) in list(self._orphans.items()):

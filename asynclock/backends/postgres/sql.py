@@ -270,7 +270,9 @@ LEFT JOIN LATERAL (SELECT pg_notify($4, '') WHERE NOT pg_try_advisory_xact_lock(
 # SQL_L_RELEASE for many leases in one statement (many blocks exiting at once). Args:
 # arrays $1 names, $2 owners, $3 tokens (NULL: any), $4 channels, $5 and $6 waiter keys.
 # Returns (i, live) for each released lease, i its 1-based place in the arrays; a lease not
-# released has no row. One row per name (names in one batch are distinct: one hold each).
+# released has no row. One release per name per batch (two on one row would both match it,
+# and RETURNING would name one of them). Each row released takes its waiter key's advisory
+# lock until commit when nobody waits (the lock table is shared: batches stay small).
 SQL_L_RELEASE_MANY = """
 WITH c AS (SELECT set_config('synchronous_commit', 'off', true)),
 r AS (
