@@ -103,7 +103,7 @@ class LeaseDriver(PostgresDriver):
             except _CONNECTION_ERRORS as exc:
                 raise self._unavailable("release failed", exc) from exc
         if live is not None:
-            self._wake(name)
+            self._wake_turn(name)
         return bool(live)
 
     def semaphore_store(self, name: str, limit: int) -> PermitStore:
@@ -154,5 +154,5 @@ class LeaseDriver(PostgresDriver):
             *waiter_key(name),
         )
         if token is not None:
-            self._wake(name)
+            self._wake_turn(name)
         return token is not None
