@@ -169,6 +169,4 @@ def spec_postgres_lease(pg_server: PgServer) -> BackendSpec:
         )
         return int(found)
 
-    return BackendSpec(
-        "postgres_lease", pg_server.url() + "?mode=lease", sabotage, queued=queued
-    )
+    return BackendSpec("postgres_lease", pg_server.url() + "?mode=lease", sabotage, queued=queued)

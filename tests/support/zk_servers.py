@@ -147,9 +147,7 @@ def _spec(id: str, ensemble: ZkEnsemble) -> BackendSpec:
 
         return await anyio.to_thread.run_sync(count_lock_nodes, ensemble.hosts, name)
 
-    return BackendSpec(
-        id, ensemble.url, sabotage, options={"session_timeout": 3.0}, queued=queued
-    )
+    return BackendSpec(id, ensemble.url, sabotage, options={"session_timeout": 3.0}, queued=queued)
 
 
 @pytest.fixture(scope="session")
