@@ -413,7 +413,7 @@ def _spec(id: str, cluster: EtcdCluster) -> BackendSpec:
         import anyio.to_thread
 
         out = await anyio.to_thread.run_sync(
-            lambda: cluster.etcdctl("get", "--prefix", f"{name}/", "--count-only", "-w", "json")
+            lambda: cluster.etcdctl("get", "--prefix", f"{name}/", "--keys-only", "-w", "json")
         )
         return int(json.loads(out).get("count", 0))
 
