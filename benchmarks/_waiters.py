@@ -49,6 +49,10 @@ WORK = {
 }
 
 
+#: Waiters started at once (see Waiters.run).
+BATCH = 500
+
+
 # -- counting the work ------------------------------------------------------------------
 
 
@@ -132,6 +136,8 @@ class Waiters:
         self.attempts = 0
         self.on_grant: Callable[[float, float], None] = lambda entered, exited: None
         busy: set[str] = set()
+        self.busy = busy
+        self._more = anyio.Event()  # set at each new busy waiter
         driver: Any = backend.driver
         real: Callable[..., Awaitable[int | Busy]] = driver.acquire
 
@@ -140,6 +146,7 @@ class Waiters:
             result = await real(n, owner, t, queue=queue, scope=scope)
             if queue and isinstance(result, Busy) and owner not in busy:
                 busy.add(owner)
+                self._more.set()
                 if len(busy) >= w:
                     self.queued.set()
             return result
@@ -147,8 +154,14 @@ class Waiters:
         driver.acquire = counted
 
     async def run(self, tg: anyio.abc.TaskGroup) -> None:
-        for _ in range(self.w):
-            tg.start_soon(self._one)
+        """Start the waiters, ``BATCH`` at a time, each batch once the last is queued (ten
+        thousand first attempts at once time out against a loaded server)."""
+        for start in range(0, self.w, BATCH):
+            for _ in range(start, min(self.w, start + BATCH)):
+                tg.start_soon(self._one)
+            while len(self.busy) < min(self.w, start + BATCH):
+                self._more = anyio.Event()
+                await self._more.wait()
 
     async def settled(self) -> None:
         """Every waiter queued, and the attempts of queueing done (a first busy answer is
