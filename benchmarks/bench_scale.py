@@ -14,8 +14,10 @@ One process takes N names with ``lock(name, ttl=TTL)`` (N tasks, each in its own
 * RSS — resident memory once all are held;
 * release — seconds for the mass release, and release failures.
 
-Then W waiters on one name (``--waiters``): the hand-off latency (release to the next
-grant), the client's CPU per hand-off, and for Redis the server's commands per hand-off.
+Then W waiters on one name (``--waiters``, in one process or ``--procs`` processes): the
+hand-off latency p50/p99 (one holder's exit to the next one's entry), the server's work and
+the clients' CPU per hand-off, over the first ``--handoffs`` hand-offs (see
+``benchmarks/_waiters.py``); flat rows as W grows mean no herd.
 
 The anchor: Redisson's watchdog renews every lock of a client from one timer every
 ``lockWatchdogTimeout / 3`` (10 s of a 30 s lease), ``lockWatchdogBatchSize`` (100) locks
@@ -24,7 +26,8 @@ per Lua call, grouped by cluster slot (``org.redisson.renewal``).
 Usage::
 
     uv run python -m benchmarks.bench_scale [--backend redis,postgres-lease,...]
-        [--n 1000,10000] [--ttl 6] [--waiters 10,1000] [--loop asyncio]
+        [--n 1000,10000] [--ttl 6] [--waiters 10,1000,10000] [--procs 1,10]
+        [--handoffs 10000] [--loop asyncio]
 """
 
 from __future__ import annotations
@@ -47,34 +50,36 @@ import anyio
 import asynclock
 from asynclock._core.observer import Observer
 from benchmarks import _loops as loops
+from benchmarks import _waiters
 
 BACKENDS = ("memory", "sqlite", "redis", "postgres-lease", "postgres", "etcd", "zookeeper")
 
 
 @contextlib.contextmanager
-def server(kind: str, tmp: Path) -> Iterator[str]:
-    """A fresh server for ``kind`` (the docs' defaults) and the URL of it."""
+def server(kind: str, tmp: Path) -> Iterator[tuple[str, int | None]]:
+    """A fresh server for ``kind`` (the docs' defaults): its URL, and ZooKeeper's client
+    port (for the four-letter word that counts its packets; None elsewhere)."""
     from asynclock._harness import servers
 
     if kind == "memory":
-        yield "memory://"
+        yield "memory://", None
     elif kind == "sqlite":
-        yield f"sqlite:///{tmp / 'locks.db'}"
+        yield f"sqlite:///{tmp / 'locks.db'}", None
     elif kind == "redis":
         redis = servers.RedisServer(tmp / "redis").start()
         try:
-            yield redis.url
+            yield redis.url, None
         finally:
             redis.stop()
     elif kind in ("postgres", "postgres-lease"):
         from asynclock._harness.pg_server import running_pg
 
         with running_pg("asynclock-bench-scale-") as pg:
-            yield pg.url() + ("?mode=lease" if kind == "postgres-lease" else "")
+            yield pg.url() + ("?mode=lease" if kind == "postgres-lease" else ""), None
     elif kind == "etcd":
         cluster = servers.EtcdServers(tmp / "etcd", 1).start()
         try:
-            yield cluster.url
+            yield cluster.url, None
         finally:
             cluster.stop()
     elif kind == "zookeeper":
@@ -82,7 +87,7 @@ def server(kind: str, tmp: Path) -> Iterator[str]:
 
         ensemble = ZookeeperServers(tmp / "zk", 1).start()
         try:
-            yield ensemble.url
+            yield ensemble.url, ensemble.members[0].client_port
         finally:
             ensemble.stop()
     else:
@@ -209,40 +214,7 @@ async def hold_many(url: str, n: int, ttl: float, concurrency: int) -> dict[str,
     }
 
 
-async def waiters(url: str, w: int, ttl: float) -> dict[str, Any]:
-    """``w`` tasks wait on one name; each takes it and lets it go at once."""
-    async with asynclock.connect(url) as backend:
-        first = await backend.acquire("scale:one", ttl=ttl)
-        queued = [0]
-        done = anyio.Event()
-        finished = [0]
-
-        async def wait() -> None:
-            queued[0] += 1
-            async with backend.lock("scale:one", ttl=ttl, timeout=600):
-                pass
-            finished[0] += 1
-            if finished[0] == w:
-                done.set()
-
-        async with anyio.create_task_group() as tg:
-            for _ in range(w):
-                tg.start_soon(wait)
-            while queued[0] < w:  # noqa: ASYNC110 (the benchmark's own pacing, not a test)
-                await anyio.sleep(0.01)
-            await anyio.sleep(0.5)  # every waiter has made its first attempt
-            cpu0, t0 = time.process_time(), time.perf_counter()
-            await first.release()
-            with anyio.move_on_after(600):
-                await done.wait()
-            wall = time.perf_counter() - t0
-            cpu = time.process_time() - cpu0
-    return {"w": w, "handoff_ms": 1000 * wall / w, "cpu_us": 1e6 * cpu / w}
-
-
-async def run_backend(
-    kind: str, url: str, ns: list[int], ws: list[int], ttl: float, concurrency: int
-) -> None:
+async def run_backend(kind: str, url: str, ns: list[int], ttl: float, concurrency: int) -> None:
     # (The server is started outside the event loop: PostgreSQL's set-up runs one.)
     for n in ns:
         r = await hold_many(url, n, ttl, concurrency)
@@ -259,20 +231,53 @@ async def run_backend(
             f"{r['release_s']:.2f} s ({r['release_warnings']} warnings)",
         ]
         print("| " + " | ".join(cells) + " |", flush=True)
-    for w in ws:
-        r = await waiters(url, w, ttl)
-        print(
-            f"| {kind} waiters | {w:,} | hand-off {r['handoff_ms']:.2f} ms | "
-            f"{r['cpu_us']:.0f} µs CPU per hand-off |",
-            flush=True,
-        )
+
+
+async def run_waiters(
+    kind: str,
+    url: str,
+    zk_port: int | None,
+    ws: list[int],
+    procs: list[int],
+    handoffs: int,
+    ttl: float,
+) -> None:
+    for p in procs:
+        for w in ws:
+            h = min(w, handoffs)
+            if p == 1:
+                r = await _waiters.in_one_process(kind, url, w, h, ttl, zk_port)
+            else:
+                r = await _waiters.in_processes(kind, url, w, h, ttl, zk_port, p)
+            work = "-" if r["work"] is None else f"{r['work']:.1f} {_waiters.WORK[kind]}"
+            cells = [
+                kind,
+                f"{w:,}" + (f" ({p} x {w // p:,})" if p > 1 else ""),
+                f"{r['handoffs']:,}",
+                f"{r['p50_ms']:.2f} / {r['p99_ms']:.2f} ms",
+                work,
+                f"{r['cpu_us']:.0f} µs",
+            ]
+            print("| " + " | ".join(cells) + " |", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--backend", default="redis,postgres-lease,etcd,zookeeper")
     parser.add_argument("--n", default="1000,10000")
-    parser.add_argument("--waiters", default="10,1000")
+    parser.add_argument("--waiters", default="10,1000,10000")
+    parser.add_argument(
+        "--procs",
+        default="1,10",
+        help="waiting processes, one row set each: 1 (W tasks in this process) or P "
+        "(P child processes of W/P tasks each)",
+    )
+    parser.add_argument(
+        "--handoffs",
+        type=int,
+        default=10_000,
+        help="hand-offs measured per row, at most (the rest of the W are then cancelled)",
+    )
     parser.add_argument("--ttl", type=float, default=6.0)
     parser.add_argument(
         "--concurrency",
@@ -284,17 +289,36 @@ def main() -> None:
     args = parser.parse_args()
     ns = [int(x) for x in args.n.split(",") if x]
     ws = [int(x) for x in args.waiters.split(",") if x and int(x) > 0]  # 0: none
+    procs = [int(x) for x in args.procs.split(",") if x]
     resource.setrlimit(resource.RLIMIT_NOFILE, resource.getrlimit(resource.RLIMIT_NOFILE))
+    kinds = args.backend.split(",")
     for loop in loops.chosen(args):
         loops.heading(loop)
-        print(
-            "| backend | N held | acquire | CPU/lease/renewal | CPU while holding | rt p99 / budget"
-            " | renewal calls/interval | lost | RSS | mass release |"
-        )
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for kind in args.backend.split(","):
-            with tempfile.TemporaryDirectory() as tmp, server(kind, Path(tmp)) as url:
-                loops.run(loop, run_backend, kind, url, ns, ws, args.ttl, args.concurrency)
+        if ns:
+            print(
+                "| backend | N held | acquire | CPU/lease/renewal | CPU while holding"
+                " | rt p99 / budget | renewal calls/interval | lost | RSS | mass release |"
+            )
+            print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+            for kind in kinds:
+                with tempfile.TemporaryDirectory() as tmp, server(kind, Path(tmp)) as (url, _):
+                    loops.run(loop, run_backend, kind, url, ns, args.ttl, args.concurrency)
+        if ws:
+            print(
+                f"\nW waiters on one name, the first min(W, {args.handoffs:,}) hand-offs measured"
+                " (then the rest cancelled at once)\n"
+            )
+            print(
+                "| backend | W waiting | hand-offs | hand-off p50 / p99 | server work per"
+                " hand-off | client CPU per hand-off |"
+            )
+            print("|---|---:|---:|---:|---:|---:|")
+            for kind in kinds:
+                with tempfile.TemporaryDirectory() as tmp, server(kind, Path(tmp)) as served:
+                    url, zk_port = served
+                    loops.run(
+                        loop, run_waiters, kind, url, zk_port, ws, procs, args.handoffs, args.ttl
+                    )
     sys.stdout.flush()
 
 

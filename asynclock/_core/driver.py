@@ -8,7 +8,6 @@ this boundary); any other exception is treated the same way by the core.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -33,7 +32,6 @@ __all__ = (
     "Refused",
     "ThreadCalls",
     "Wake",
-    "leave_queue",
 )
 
 
@@ -299,15 +297,3 @@ class Driver:
 
 def _no_wake(name: str, owner: str | None = None, /) -> None:
     pass
-
-
-def leave_queue(queues: dict[str, deque[str]], name: str, owner: str) -> bool:
-    """Take ``owner`` out of a driver's local FIFO queue of waiters for ``name`` (dropping
-    the queue once empty); True if it was in it (the head may have left: wake the next)."""
-    waiting = queues.get(name)
-    if waiting is None or owner not in waiting:
-        return False
-    waiting.remove(owner)
-    if not waiting:
-        del queues[name]
-    return True

@@ -5,16 +5,16 @@ Waiters are served first come, first served: a free name goes to the oldest queu
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Record, Refused, leave_queue
+from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Record, Refused
 from .._core.holder import Holder
 from .._core.permit_store import Answer, Full, Granted, OtherLimit, PermitStore, permit_holder
 from .._core.rw_store import RWStore
+from .._core.turns import Turns
 from ._common.options import Options
 from .memory_rw import MemoryRW, RWState
 
@@ -40,7 +40,7 @@ class MemoryDriver(Driver):
         self.leases: dict[str, _Entry] = {}
         self.counters: dict[str, int] = {}
         self.scope_counters: dict[str, int] = {}
-        self.queues: dict[str, deque[str]] = {}
+        self.queues = Turns()
         #: Idempotency records: name -> (record, expiry on the clock).
         self.records: dict[str, tuple[Record, float]] = {}
         #: Semaphores: name -> slot -> the live permit (a namespace apart from the locks).
@@ -68,12 +68,10 @@ class MemoryDriver(Driver):
     ) -> int | Busy:
         now = self.clock.now()
         entry = self._live(name)
-        waiting = self.queues.get(name)
-        if entry is None and (not waiting or waiting[0] == owner):
-            if waiting:
-                waiting.popleft()
-                if not waiting:
-                    del self.queues[name]
+        queues = self.queues
+        if entry is None and not queues.behind(name, owner):
+            if queues:
+                queues.leave(name, owner)  # (the next one's turn comes at the release)
             token = self.counters.get(name, 0) + 1
             if scope is not None:
                 # G2 for the scope and the name: above both counters, and both move up.
@@ -83,9 +81,7 @@ class MemoryDriver(Driver):
             self.leases[name] = _Entry(owner, token, now + ttl)
             return token
         if queue:
-            waiting = self.queues.setdefault(name, deque())
-            if owner not in waiting:
-                waiting.append(owner)
+            queues.join(name, owner)
         if entry is None:
             return Busy()
         return Busy(retry_after=entry.expires_at - now, owner=entry.owner)
@@ -114,17 +110,18 @@ class MemoryDriver(Driver):
     def _wake_next(self, name: str) -> None:
         """The name is free: wake the head of its queue only (no herd). Every waiter of
         this backend is queued (a blocking acquire joins the queue), so no queue: none."""
-        waiting = self.queues.get(name)
-        if waiting:
-            self._wake(name, waiting[0])
+        head = self.queues.head(name)
+        if head is not None:
+            self._wake(name, head)
 
     async def validate(self, name: str, token: int) -> bool:
         entry = self._live(name)
         return entry is not None and entry.token == token
 
     async def abandon(self, name: str, owner: str) -> None:
-        if leave_queue(self.queues, name, owner):
-            self._wake_next(name)  # the head may have left: let the next waiter try now
+        head = self.queues.leave(name, owner)
+        if head is not None:
+            self._wake(name, head)  # the head left: the next one's turn
 
     async def names(self) -> list[str]:
         return list(self.leases)

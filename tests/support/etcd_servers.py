@@ -408,7 +408,16 @@ def _spec(id: str, cluster: EtcdCluster) -> BackendSpec:
 
         await anyio.to_thread.run_sync(delete_lock_keys, cluster, name)
 
-    return BackendSpec(id, cluster.url, sabotage)
+    async def queued(name: str) -> int:
+        """The contender keys of ``name`` (the holder's among them)."""
+        import anyio.to_thread
+
+        out = await anyio.to_thread.run_sync(
+            lambda: cluster.etcdctl("get", "--prefix", f"{name}/", "--keys-only", "-w", "json")
+        )
+        return int(json.loads(out).get("count", 0))
+
+    return BackendSpec(id, cluster.url, sabotage, queued=queued)
 
 
 @pytest.fixture(scope="session")

@@ -37,4 +37,12 @@ def spec_sqlite(tmp_path_factory: pytest.TempPathFactory) -> BackendSpec:
         finally:
             conn.close()
 
-    return BackendSpec("sqlite", f"sqlite:///{Path(path).as_posix()}", sabotage)
+    async def queued(name: str) -> int:
+        conn = sqlite3.connect(path, isolation_level=None, timeout=5)
+        try:
+            row = conn.execute("SELECT count(*) FROM asynclock_waiter WHERE name = ?", (name,))
+            return int(row.fetchone()[0])
+        finally:
+            conn.close()
+
+    return BackendSpec("sqlite", f"sqlite:///{Path(path).as_posix()}", sabotage, queued=queued)

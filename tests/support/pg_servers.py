@@ -41,6 +41,7 @@ from asynclock._harness.pg_server import find_pg_bin as find_pg_bin
 from asynclock._harness.pg_server import running_pg as running_pg
 from asynclock._harness.servers import free_port as free_port
 from asynclock.backends.postgres import PostgresDriver, lock_key
+from asynclock.backends.postgres.tokens import waiter_key
 
 from .spec import BackendSpec
 
@@ -156,4 +157,16 @@ def spec_postgres_lease(pg_server: PgServer) -> BackendSpec:
             name.encode("utf-8", "surrogatepass"),
         )
 
-    return BackendSpec("postgres_lease", pg_server.url() + "?mode=lease", sabotage)
+    async def queued(name: str) -> int:
+        """Waiter locks of ``name``: a listening process holds its waiter key shared."""
+        high, low = waiter_key(name)
+        found = await _admin_execute(
+            pg_server,
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 "
+            "AND classid = $1::bigint::oid AND objid = $2::bigint::oid",
+            high & 0xFFFFFFFF,
+            low & 0xFFFFFFFF,
+        )
+        return int(found)
+
+    return BackendSpec("postgres_lease", pg_server.url() + "?mode=lease", sabotage, queued=queued)

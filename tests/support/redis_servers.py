@@ -166,7 +166,17 @@ def spec_redis(redis_server: RedisServer) -> BackendSpec:
     async def sabotage(backend: asynclock.Backend, name: str) -> None:
         await delete_lock_keys([redis_server.url], name)
 
-    return BackendSpec("redis", redis_server.url, sabotage)
+    async def queued(name: str) -> int:
+        import redis.asyncio
+
+        client = redis.asyncio.Redis.from_url(redis_server.url)
+        try:
+            keys = keys_for(name)
+            return int(await client.zcard(keys.queue)) + int(await client.zcard(keys.queue_exp))
+        finally:
+            await client.aclose()
+
+    return BackendSpec("redis", redis_server.url, sabotage, queued=queued)
 
 
 @pytest.fixture(scope="session")

@@ -57,6 +57,10 @@ class BackendSpec:
     ``sabotage(backend, name)`` deletes the live lease of ``name`` behind the holder's back
     using raw server access (not asynclock), so the next renewal is refused.
     ``multiprocess`` says whether separate processes share locks through ``url``.
+    ``queued(name)`` counts, with raw server access, what the server keeps for the waiters
+    of ``name`` (queue entries, contender keys or nodes, waiter locks; the holder's own
+    entry too where the server cannot tell it apart): None where the server keeps nothing
+    per waiter.
     """
 
     id: str
@@ -64,6 +68,7 @@ class BackendSpec:
     sabotage: Callable[[asynclock.Backend, str], Awaitable[None]]
     multiprocess: bool = True
     options: dict[str, Any] = field(default_factory=dict)
+    queued: Callable[[str], Awaitable[int]] | None = None
 
     def can(self, capability: str) -> bool:
         """Whether this backend has ``capability`` (see :data:`CAPABILITIES`)."""

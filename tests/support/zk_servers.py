@@ -63,6 +63,19 @@ def delete_lock_nodes(hosts: str, name: str) -> None:
         client.close()
 
 
+def count_lock_nodes(hosts: str, name: str) -> int:
+    """How many contender nodes the lock ``name`` has, read with kazoo directly."""
+    from kazoo.client import KazooClient
+
+    client: KazooClient = raw_client(hosts)
+    try:
+        path = lock_path("", name)
+        return len(client.get_children(path)) if client.exists(path) else 0
+    finally:
+        client.stop()
+        client.close()
+
+
 def delete_children(hosts: str, path: str) -> None:
     """Delete every child of ``path`` with kazoo directly (not asynclock)."""
     from kazoo.client import KazooClient
@@ -130,7 +143,13 @@ def _spec(id: str, ensemble: ZkEnsemble) -> BackendSpec:
 
     # A killed holder's node lasts until its session expires (not its ttl): the conformance
     # tests wait up to 10 s for that, so ask for 3 s sessions (the default is 10 s).
-    return BackendSpec(id, ensemble.url, sabotage, options={"session_timeout": 3.0})
+    async def queued(name: str) -> int:
+        """The contender nodes of ``name`` (the holder's among them)."""
+        import anyio.to_thread
+
+        return await anyio.to_thread.run_sync(count_lock_nodes, ensemble.hosts, name)
+
+    return BackendSpec(id, ensemble.url, sabotage, options={"session_timeout": 3.0}, queued=queued)
 
 
 @pytest.fixture(scope="session")

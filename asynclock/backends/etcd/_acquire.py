@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import deque
 from typing import TYPE_CHECKING
 
 import anyio
@@ -10,6 +9,7 @@ import anyio
 from ..._core.clock import Clock
 from ..._core.driver import Busy
 from ..._core.exceptions import BackendUnavailable
+from ..._core.turns import LINE_POLL, Turns
 from . import _proto as pb
 from ._deletions import Deletions
 from ._kv import by_creation, created_at, delete_key
@@ -19,8 +19,7 @@ from .client import EtcdClient, EtcdError, prefix_end
 #: A waiter's fallback poll: the predecessor watch is the real signal, this only bounds
 #: the damage of a notification that never comes.
 WAIT_POLL = 1.0
-#: A task queued behind another task of this process polls this often (it is woken when
-#: the slot is freed).
+#: A non-blocking attempt behind another task of this process: when to try again.
 LOCAL_POLL = 1.0
 
 
@@ -33,7 +32,7 @@ class Acquiring:
     clock: Clock
     sessions: Sessions
     slots: dict[str, _Slot]
-    _queues: dict[str, deque[str]]
+    _queues: Turns
     _orphans: dict[bytes, tuple[int | None, bytes]]
     _granted_ttls: dict[str, int]
     deletions: Deletions
@@ -46,6 +45,25 @@ class Acquiring:
 
         async def _drop(self, slot: _Slot) -> bool: ...
 
+        def _wake(self, name: str, owner: str | None = None, /) -> None: ...
+
+    def _wake_turn(self, name: str) -> None:
+        """``name``'s slot is free: the head of its local line may take it (only it is
+        woken), or any waiter of ``name`` if it has no line."""
+        head = self._queues.head(name)
+        if head is not None:
+            self._wake(name, head)
+        else:
+            self._wake(name)
+
+    async def abandon(self, name: str, owner: str) -> None:
+        head = self._queues.leave(name, owner)
+        if head is not None and name not in self.slots:
+            self._wake(name, head)  # the head left with the slot free: the next one's turn
+        slot = self.slots.get(name)
+        if slot is not None and slot.owner == owner and not slot.held:
+            await self._drop(slot)  # frees the slot: wakes the head of the line
+
     def _key(self, name: str, session: Session) -> bytes:
         return self.lock_prefix(name) + f"{session.lease_id:x}".encode()
 
@@ -56,19 +74,18 @@ class Acquiring:
                 return slot
             if not queue:
                 return Busy(retry_after=None)
-            line = self._queues.setdefault(name, deque())
-            if owner not in line:
-                line.append(owner)
+            # Behind the slot's owner: woken when the slot is freed (the head of the line
+            # only: ``_free``), so this poll is only a fallback.
+            self._queues.join(name, owner)
+            return Busy(retry_after=LINE_POLL)
+        turns = self._queues
+        if turns.behind(name, owner):
+            if queue:
+                turns.join(name, owner)
+                return Busy(retry_after=LINE_POLL)
             return Busy(retry_after=LOCAL_POLL)
-        waiting = self._queues.get(name)
-        if waiting and waiting[0] != owner:
-            if queue and owner not in waiting:
-                waiting.append(owner)
-            return Busy(retry_after=LOCAL_POLL)
-        if waiting:
-            waiting.popleft()
-            if not waiting:
-                del self._queues[name]
+        if turns:
+            turns.leave(name, owner)  # its turn, taken: the next one waits for the slot
         slot = self.slots[name] = _Slot(name, owner, ttl)
         return slot
 

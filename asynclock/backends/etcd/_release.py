@@ -5,12 +5,10 @@ end of the line passed their local deadline first)."""
 
 from __future__ import annotations
 
-from collections import deque
 from typing import TYPE_CHECKING
 
 import anyio
 
-from ..._core.driver import leave_queue
 from .._common.coalesce import Coalesced
 from . import _proto as pb
 from ._kv import delete_key, guard
@@ -32,14 +30,11 @@ class Releasing:
     client: EtcdClient
     display: str
     slots: dict[str, _Slot]
-    _queues: dict[str, deque[str]]
     _orphans: dict[bytes, tuple[int | None, bytes]]
 
     if TYPE_CHECKING:
 
         def _free(self, name: str, slot: _Slot) -> None: ...
-
-        def _wake(self, name: str, owner: str | None = None, /) -> None: ...
 
     def _init_releasing(self) -> None:
         self._deletes: Coalesced[Delete, bool] = Coalesced(
@@ -78,13 +73,6 @@ class Releasing:
             raise
         finally:
             self._free(slot.name, slot)
-
-    async def abandon(self, name: str, owner: str) -> None:
-        if leave_queue(self._queues, name, owner):
-            self._wake(name)  # the head may have left: let the next one try now
-        slot = self.slots.get(name)
-        if slot is not None and slot.owner == owner and not slot.held:
-            await self._drop(slot)
 
     async def _delete_own(self, slot: _Slot) -> bool:
         """Delete our key (owner-checked by its create revision when we know it)."""

@@ -54,7 +54,7 @@ class Watching:
                 return
             if kind == "canceled" and slot.watch is not None and slot.watch[2] == watch_id:
                 slot.watch = None  # compacted history: the next attempt's cursor is newer
-            self._wake(name)
+            self._wake(name, slot.owner)  # only the slot's owner watches it (see _free)
 
         watch_id = self.client.watch(key, start, on_event)
         slot.watch = (key, start, watch_id)

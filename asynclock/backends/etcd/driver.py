@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
@@ -38,6 +37,7 @@ from ..._core.driver import Driver, ExtendResult, LeaseRef, Record, Refused
 from ..._core.holder import Holder
 from ..._core.permit_store import PermitStore
 from ..._core.rw_store import RWStore
+from ..._core.turns import Turns
 from ..._core.validation import RESERVED_PREFIX
 from .._common.asyncio_only import require_asyncio
 from . import _proto as pb
@@ -67,6 +67,9 @@ class EtcdDriver(Acquiring, Releasing, Watching, HoldNames, Driver):
     #: session's keys (few names in use) or one progress request on the watch stream
     #: (many: see ``_deletions.py``), whatever the number of leases.
     renew_chunk = None
+    #: A freed slot wakes the head of the name's local line, a predecessor's deletion the
+    #: slot's owner (``_wake_turn``, ``_watch_key``): one waiter, never all of them.
+    wakes_waiters = True
 
     def __init__(self, client: EtcdClient, *, prefix: str = "", display: str) -> None:
         super().__init__()
@@ -82,7 +85,8 @@ class EtcdDriver(Acquiring, Releasing, Watching, HoldNames, Driver):
             on_lost=self._session_lost,
         )
         self.slots: dict[str, _Slot] = {}
-        self._queues: dict[str, deque[str]] = {}
+        #: Tasks of this process waiting for a name's slot (one key per name per process).
+        self._queues = Turns()
         #: Keys of ours whose delete failed: key -> (create revision, owner), retried.
         self._orphans: dict[bytes, tuple[int | None, bytes]] = {}
         self._poke = anyio.Event()
@@ -147,7 +151,7 @@ class EtcdDriver(Acquiring, Releasing, Watching, HoldNames, Driver):
             else:  # a waiter: its key is gone; the next attempt queues again
                 self._unwatch_slot(slot)
                 slot.session, slot.key, slot.rev = None, b"", None
-                self._wake(name)
+                self._wake(name, slot.owner)
 
     def _key_deleted(self, key: bytes, revision: int) -> None:
         """The deletions watch saw ``key`` deleted at ``revision``: if it is a key we hold
@@ -424,7 +428,7 @@ class EtcdDriver(Acquiring, Releasing, Watching, HoldNames, Driver):
             session.users -= 1
             if session.users <= 0:
                 session.idle_since = self.clock.now()
-        self._wake(name)
+        self._wake_turn(name)
 
     async def _housekeeping(self) -> None:
         """Keep sessions alive, expire holds the core stopped renewing, retry orphan

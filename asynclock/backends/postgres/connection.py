@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlsplit
@@ -13,10 +12,11 @@ from urllib.parse import parse_qsl, urlsplit
 import anyio
 import asyncpg  # type: ignore[import-untyped]  # no stubs; see fence/sql.py Protocols
 
-from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Record, leave_queue
+from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Record
 from ..._core.errors import map_errors
 from ..._core.exceptions import BackendUnavailable, ServerFull
 from ..._core.holder import Holder
+from ..._core.turns import LINE_POLL, Turns
 from ..._core.validation import check_seconds
 from .._common.asyncio_only import require_asyncio
 from .io_lock import IOLock
@@ -55,6 +55,9 @@ class PostgresDriver(Driver):
     queues_locally = True
 
     remote = True  # every acquire and release is a server round trip
+    #: Every release (and every NOTIFY heard) wakes only the head of the name's local line
+    #: (:meth:`_wake_turn`): the core need not wake every waiter of the name.
+    wakes_waiters = True
 
     #: What the pinned connection carries (in the connection-slot error).
     _carries = "its locks"
@@ -108,7 +111,8 @@ class PostgresDriver(Driver):
         self._announced: set[str] = set()
         # This process's blocking waiters per name, first come first served: PostgreSQL
         # keeps no queue, and without one the task that just released wins every race.
-        self._queues: dict[str, deque[str]] = {}
+        # Only the head asks the server; the others are woken one at a time (no herd).
+        self._queues = Turns()
         # The claims tables used (claims.py): each is the keeper of its claimed rows.
         self._claim_stores: dict[tuple[object, ...], PostgresClaimStore] = {}
 
@@ -159,25 +163,42 @@ class PostgresDriver(Driver):
 
     def _not_your_turn(self, name: str, owner: str, queue: bool) -> Busy | None:
         """Busy (no round trip) while a task of this process that waited longer is queued
-        for ``name``; a blocking ``owner`` joins the queue."""
-        waiting = self._queues.get(name)
-        if not waiting or waiting[0] == owner:
+        for ``name``; a blocking ``owner`` joins the queue (and is woken when its turn
+        comes: see :meth:`_took_turn`, :meth:`abandon`)."""
+        turns = self._queues
+        if not turns.behind(name, owner):
             return None
-        if queue and owner not in waiting:
-            waiting.append(owner)
+        if queue:
+            turns.join(name, owner)
+            return Busy(LINE_POLL)
         return Busy(self.poll)
 
     def _took_turn(self, name: str, owner: str, queue: bool, result: int | Busy) -> int | Busy:
         """After a server attempt: a grant leaves the queue, a busy blocking one joins it."""
         if not isinstance(result, Busy):
-            leave_queue(self._queues, name, owner)
-        elif queue and owner not in self._queues.setdefault(name, deque()):
-            self._queues[name].append(owner)
+            head = self._queues.leave(name, owner)
+            if head is not None:
+                # Its turn: one attempt tells it how long the new holder has (a holder
+                # that dies sends no NOTIFY), then it sleeps until a release wakes it.
+                self._wake(name, head)
+        elif queue:
+            self._queues.join(name, owner)
         return result
 
     async def abandon(self, name: str, owner: str) -> None:
-        if leave_queue(self._queues, name, owner):
-            self._wake(name)  # the head may have left: let the next waiter try now
+        head = self._queues.leave(name, owner)
+        if head is not None:
+            self._wake(name, head)  # the head left: the next waiter's turn
+
+    def _wake_turn(self, name: str) -> None:
+        """``name`` may be free: wake the head of its line here (only it asks the server),
+        or every waiter of ``name`` if it has no line (a semaphore's or read-write lock's
+        wake name: see ``_core/wakes.py``)."""
+        head = self._queues.head(name)
+        if head is not None:
+            self._wake(name, head)
+        else:
+            self._wake(name)
 
     async def open(self) -> None:
         require_asyncio(self.display, "asyncpg")
@@ -383,7 +404,7 @@ class PostgresDriver(Driver):
 
     def _on_notify(self, conn: Any, pid: int, channel: str, payload: str) -> None:
         for name in list(self._channels.get(channel, ())):
-            self._wake(name)
+            self._wake_turn(name)
 
     async def watch(self, name: str, cursor: object = None) -> bool:
         if self._pooled:

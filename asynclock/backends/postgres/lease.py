@@ -109,7 +109,7 @@ class LeaseDriver(PostgresDriver):
         args = (key, owner, token, notify_channel(name), *waiter_key(name))
         live = await self._releases(key, args)
         if live is not None:
-            self._wake(name)
+            self._wake_turn(name)
         return bool(live)
 
     async def _release_one(self, args: _Release) -> bool | None:
@@ -192,7 +192,7 @@ class LeaseDriver(PostgresDriver):
             *waiter_key(name),
         )
         if token is not None:
-            self._wake(name)
+            self._wake_turn(name)
         return token is not None
 
 

@@ -259,7 +259,7 @@ class SessionDriver(PostgresDriver):
         """Unlock holds whose ttl passed without a renewal (call with ``_io`` held)."""
         for name in names:
             await self._unlock_or_end(conn, name)
-            self._wake(name)
+            self._wake_turn(name)
 
     async def _unlock_or_end(self, conn: asyncpg.Connection, name: str) -> None:
         """Unlock our hold of ``name`` and forget it; if that fails, end the session
@@ -318,7 +318,7 @@ class SessionDriver(PostgresDriver):
                 raise
             self._forget(name)
         if held is not None:
-            self._wake(name)
+            self._wake_turn(name)
         return held is not None
 
     def semaphore_store(self, name: str, limit: int) -> PermitStore:
@@ -386,7 +386,7 @@ class SessionDriver(PostgresDriver):
                 await self._unlock_or_end(conn, name)
                 if owner is not None:
                     self._notify_lost(name, owner, "lock broken by break_lock()")
-                self._wake(name)
+                self._wake_turn(name)
                 return True
         # Another session: end it from a connection of our own, so that waiting for it to
         # exit never holds up this backend's renewals on the pinned connection.
@@ -408,7 +408,7 @@ class SessionDriver(PostgresDriver):
             await _close(other)
         if ended is None:
             return False  # released (or already ending) meanwhile
-        self._wake(name)
+        self._wake_turn(name)
         return True
 
 

@@ -14,7 +14,9 @@
   attempt; a waiter that stops asking (process gone) drops out after ``WAITER_TTL``. On
   Linux each backend listens on an abstract Unix datagram socket named in its queue rows,
   and a release sends one datagram to the head waiter, so handoff across processes does
-  not wait for a poll. Elsewhere waiters poll with a short backoff.
+  not wait for a poll; the waiters behind the head sleep until woken, and one statement
+  per backend keeps their places (see :mod:`.waking`: no herd). Elsewhere waiters poll
+  with a short backoff.
 
 URL: ``sqlite:///relative/path.db`` or ``sqlite:////absolute/path.db``; options
 ``?synchronous=normal|full`` (default normal: survives process crashes; ``full`` also
@@ -23,6 +25,7 @@ survives power loss, at an fsync per transaction) and ``?busy_timeout=SECONDS`` 
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import socket
@@ -34,7 +37,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 import anyio
 
-from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Record, Refused
+from ..._core.driver import Busy, ExtendResult, LeaseRef, Record, Refused
 from ..._core.errors import map_errors
 from ..._core.exceptions import BackendUnavailable
 from ..._core.holder import Holder
@@ -51,7 +54,6 @@ from .sql import (
     SQL_AHEAD,
     SQL_BREAK,
     SQL_EXTEND,
-    SQL_FORGET_DEAD,
     SQL_FORGET_WAITER,
     SQL_GRANT,
     SQL_HEAD,
@@ -67,14 +69,18 @@ from .sql import (
     SQL_SET_TOKEN,
     SQL_TRY,
 )
-from .waiting import MAX_POLL, _is_busy, _Waiting
+from .waiting import BEHIND_POLL, MAX_POLL, _is_busy, _Waiting
 from .waiting import WAITER_TTL as WAITER_TTL
+from .waking import Waking
 
 T = TypeVar("T")
 
 
-class SQLiteDriver(Driver):
+class SQLiteDriver(Waking):
     """Leases in one SQLite file shared by every process that opens it."""
+
+    #: A release wakes the head waiter only (``Waking._wake_head``), not every local one.
+    wakes_waiters = True
 
     def __init__(self, path: str, *, synchronous: str = "normal", busy_timeout: float = 5) -> None:
         super().__init__()
@@ -92,6 +98,8 @@ class SQLiteDriver(Driver):
         self._commits = 0  # our own commits: PRAGMA data_version only counts others'
         self._sock: socket.socket | None = None
         self._address: str | None = None
+        self._init_waking()
+        self._pruned_at = -math.inf
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -233,54 +241,6 @@ class SQLiteDriver(Driver):
         if sock is not None:
             sock.close()
 
-    async def background(self) -> None:
-        """Wake local waiters when another process's release names us as next in line."""
-        sock = self._sock
-        if sock is None:
-            return
-        while True:
-            await anyio.wait_readable(sock)
-            while True:
-                try:
-                    data = sock.recv(4096)
-                except (BlockingIOError, InterruptedError):
-                    break
-                except OSError:
-                    return
-                self._wake(data.decode("utf-8", "replace"))
-
-    def _notify_next(self, name: str) -> None:
-        """After a release: tell the first live waiter (any process) to try now."""
-        head = self.db.execute(SQL_HEAD, (name, self.boot, time.monotonic())).fetchone()
-        if head is not None and head[1]:
-            self._wake_head(name, head[1])
-
-    def _wake_head(self, name: str, address: str) -> None:
-        """Wake the head waiter at ``address``. One whose process is gone (nobody listens
-        there) loses its place at once and the next is woken, so a dead waiter does not
-        hold up the live ones behind it for its ``WAITER_TTL``."""
-        for _ in range(8):
-            if self._send_wake(name, address):
-                return
-            if self._try_statement(SQL_FORGET_DEAD, (name, address)) is None:
-                return  # busy: its place runs out within WAITER_TTL instead
-            head = self.db.execute(SQL_HEAD, (name, self.boot, time.monotonic())).fetchone()
-            if head is None or not head[1]:
-                return
-            address = head[1]
-
-    def _send_wake(self, name: str, address: str) -> bool:
-        """Send the wake-up; False if nobody listens on ``address`` (its process is gone)."""
-        if self._sock is None:
-            return True
-        try:
-            self._sock.sendto(name.encode(), "\0" + address)
-        except (ConnectionRefusedError, FileNotFoundError):
-            return False
-        except OSError:
-            pass  # e.g. its buffer is full: that waiter polls as a fallback
-        return True
-
     # -- primitives ------------------------------------------------------------------------
 
     async def acquire(
@@ -303,6 +263,8 @@ class SQLiteDriver(Driver):
                     return Busy(MAX_POLL)
                 return Busy(float(live[2]) - time.monotonic(), owner=str(live[0]))
         seen = self._seen.get(key)
+        if seen is not None and seen.waits_turn():
+            return Busy(BEHIND_POLL)  # its turn comes with a wake-up (see waking.py)
         if (
             seen is not None
             and now < seen.until
@@ -329,7 +291,7 @@ class SQLiteDriver(Driver):
             db.execute(SQL_QUEUE, (name, owner, now + WAITER_TTL, boot, self._address))
             ahead: int = db.execute(SQL_AHEAD, (name, boot, now, name, owner)).fetchone()[0]
             wait = self._seen.get(key) or _Waiting(notified=self._address is not None)
-            wait.until, wait.refreshed, wait.ahead = expires, now, ahead
+            wait.until, wait.refreshed, wait.ahead, wait.woken = expires, now, ahead, False
             # We hold the write lock: nobody else commits before our COMMIT (+1 below).
             wait.version = (db.execute("PRAGMA data_version").fetchone()[0], self._commits + 1)
             self._seen[key] = wait
@@ -338,6 +300,7 @@ class SQLiteDriver(Driver):
         result = await self._write(attempt)
         if isinstance(result, Busy):
             self._queued.add(key)
+            self._queued_one()
         else:
             self._queued.discard(key)
             self._seen.pop(key, None)
@@ -385,8 +348,8 @@ class SQLiteDriver(Driver):
         row = cursor.fetchone()
         if row is None:
             return False
-        if row[0] is not None:
-            self._wake_head(name, row[0])
+        if row[1] is not None:
+            self._wake_head(name, row[0], row[1])
         return True
 
     async def validate(self, name: str, token: int) -> bool:
@@ -433,19 +396,29 @@ class SQLiteDriver(Driver):
 
     async def abandon(self, name: str, owner: str) -> None:
         key = (name, owner)
-        self._seen.pop(key, None)
+        seen = self._seen.pop(key, None)
         if key not in self._queued:
             return
         self._queued.discard(key)
-        boot = self.boot
+        boot, now = self.boot, time.monotonic()
+        # Pruning looks at every row: once per WAITER_TTL, not once per waiter leaving
+        # (a thousand cancelled at once would each scan the thousand).
+        prune = now - self._pruned_at >= WAITER_TTL
+        if prune:
+            self._pruned_at = now
 
         def forget(db: sqlite3.Connection) -> None:
             db.execute(SQL_FORGET_WAITER, key)
-            db.execute(SQL_PRUNE_WAITERS, (time.monotonic(), boot))
+            if prune:
+                db.execute(SQL_PRUNE_WAITERS, (now, boot))
 
+        self._gone.add(key)  # if the delete does not happen, the place keeper's does
         await self._write(forget)
-        # If we were first in line, the next waiter may go now.
-        self._notify_next(name)
+        self._gone.discard(key)
+        # If we were first in line, the next waiter may go now (one behind the head that
+        # leaves changes nothing for the others: no wake-up).
+        if seen is None or seen.ahead == 0 or seen.woken:
+            self._notify_next(name)
 
     async def names(self) -> list[str]:
         try:
@@ -471,9 +444,9 @@ class SQLiteDriver(Driver):
         row = cursor.fetchone()
         if row is None:
             return False
-        if row[0] is not None:
-            self._send_wake(name, row[0])
-        self._wake(name)
+        if row[1] is not None:
+            self._send_wake(name, row[0], row[1])
+        self._wake_waiter(name, None)
         return True
 
 

@@ -104,16 +104,25 @@ SQL_HEAD = (
     "ORDER BY seq LIMIT 1"
 )
 # Queue or refresh a waiter, keeping its place: args name, owner, expires_at, boot, wake.
+# The place is one more than the name's last (the (name, seq) index finds it at once: a
+# max over the whole table grew with the number waiting).
 SQL_QUEUE = (
     "INSERT INTO asynclock_waiter (name, owner, seq, expires_at, boot, wake) "
-    "VALUES (?1, ?2, (SELECT coalesce(max(seq), 0) + 1 FROM asynclock_waiter), ?3, ?4, ?5) "
+    "VALUES (?1, ?2, (SELECT coalesce(max(seq), 0) + 1 FROM asynclock_waiter WHERE name = ?1), "
+    "?3, ?4, ?5) "
     "ON CONFLICT (name, owner) DO UPDATE SET expires_at = excluded.expires_at"
 )
-# How many live waiters are ahead of :owner: args name, boot, now, name, owner.
+# How many live waiters are ahead of :owner, counted up to 8 (only "none" and "a few"
+# matter: the poll delay; a full count grew with the number waiting): args name, boot,
+# now, name, owner.
 SQL_AHEAD = (
-    "SELECT count(*) FROM asynclock_waiter WHERE name = ? AND boot = ? AND expires_at > ? "
-    "AND seq < (SELECT seq FROM asynclock_waiter WHERE name = ? AND owner = ?)"
+    "SELECT count(*) FROM (SELECT 1 FROM asynclock_waiter WHERE name = ? AND boot = ? "
+    "AND expires_at > ? AND seq < (SELECT seq FROM asynclock_waiter WHERE name = ? "
+    "AND owner = ?) LIMIT 8)"
 )
+# Keep every place of one backend (its wake address) in one statement, instead of each
+# waiter rewriting its own row: args expires_at, wake address, boot.
+SQL_KEEP_PLACES = "UPDATE asynclock_waiter SET expires_at = ? WHERE wake = ? AND boot = ?"
 # G5/G7: extend only our own live lease: args expires_at, name, owner, token, boot, now.
 SQL_EXTEND = (
     "UPDATE asynclock_lease SET expires_at = ? "
@@ -121,11 +130,13 @@ SQL_EXTEND = (
 )
 # G5: owner-checked release; the row (and its token) stays. Token may be NULL after an
 # interrupted acquire. Args: name, owner, token, boot, now. One row back if it was ours,
-# carrying the wake address of the first live waiter (or NULL) to notify.
+# carrying the wake address and owner of the first live waiter (or NULLs) to notify.
 SQL_RELEASE = (
     "UPDATE asynclock_lease SET expires_at = 0 "
     "WHERE name = ?1 AND owner = ?2 AND (?3 IS NULL OR token = ?3) AND expires_at > 0 "
     "RETURNING (SELECT wake FROM asynclock_waiter WHERE name = ?1 AND boot = ?4 "
+    "AND expires_at > ?5 ORDER BY seq LIMIT 1), "
+    "(SELECT owner FROM asynclock_waiter WHERE name = ?1 AND boot = ?4 "
     "AND expires_at > ?5 ORDER BY seq LIMIT 1)"
 )
 SQL_FORGET_WAITER = "DELETE FROM asynclock_waiter WHERE name = ? AND owner = ?"
@@ -137,11 +148,13 @@ SQL_PRUNE_WAITERS = "DELETE FROM asynclock_waiter WHERE expires_at <= ? OR boot 
 # Operator's break (G2 kept: the row and its token stay, only the expiry goes, so the
 # broken holder's SQL_EXTEND matches no row and the next grant bumps the token).
 # Args: name, boot, now. One row back if a live lease was ended, carrying the wake address
-# of the first live waiter (or NULL) to notify.
+# and owner of the first live waiter (or NULLs) to notify.
 SQL_BREAK = (
     "UPDATE asynclock_lease SET expires_at = 0 "
     "WHERE name = ?1 AND boot = ?2 AND expires_at > ?3 "
     "RETURNING (SELECT wake FROM asynclock_waiter WHERE name = ?1 AND boot = ?2 "
+    "AND expires_at > ?3 ORDER BY seq LIMIT 1), "
+    "(SELECT owner FROM asynclock_waiter WHERE name = ?1 AND boot = ?2 "
     "AND expires_at > ?3 ORDER BY seq LIMIT 1)"
 )
 

@@ -13,6 +13,9 @@ HEAD_MAX_POLL = 0.005
 MAX_POLL = 0.05
 #: With release datagrams the head only polls as a fallback (lost datagram, expiry).
 NOTIFIED_MAX_POLL = 0.05
+#: With release datagrams a waiter behind the head does not poll: it is woken when its
+#: turn comes (see waking.py), so this only bounds a wake-up that got lost.
+BEHIND_POLL = 10.0
 
 
 @dataclass(slots=True)
@@ -25,8 +28,15 @@ class _Waiting:
     ahead: int = 0
     attempts: int = 0
     notified: bool = False  # a release datagram will wake us
+    woken: bool = False  # a wake-up came for us since the last attempt
+
+    def waits_turn(self) -> bool:
+        """Behind the head, with nothing heard since: nothing to ask the database."""
+        return self.notified and self.ahead > 0 and not self.woken
 
     def delay(self, now: float) -> float:
+        if self.notified and self.ahead > 0:
+            return BEHIND_POLL
         if self.notified:
             cap = NOTIFIED_MAX_POLL
             step = cap

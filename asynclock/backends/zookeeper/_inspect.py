@@ -86,7 +86,7 @@ class Inspect(Watches):
         for owner, node in list(self.held.items()):
             if node.path == first:
                 del self.held[owner]
-        self._wake(name)
+        self._wake_behind(first)
         return broken
 
     async def hold_names(self) -> tuple[list[str], list[str]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
@@ -19,6 +20,15 @@ from ._nodes import Node
 T = TypeVar("T")
 
 
+@dataclass(frozen=True, slots=True)
+class Behind:
+    """A queued waiter's :attr:`~asynclock._core.driver.Busy.cursor`: its owner and the
+    node in front of it (the one it watches)."""
+
+    owner: str
+    path: str
+
+
 class Watches(Driver):
     """The watch half of :class:`~asynclock.backends.zookeeper.driver.ZooKeeperDriver`."""
 
@@ -28,6 +38,9 @@ class Watches(Driver):
     _suspended: bool
     #: node in front of a queued waiter -> the watch armed on it (until it fires)
     _armed: dict[str, Callable[[Any], None]]
+    #: node in front of queued waiters -> (name, owner) of each: the only waiters its
+    #: deletion wakes (one per node while the queue holds still: no herd)
+    _behind: dict[str, set[tuple[str, str]]]
     #: held nodes whose watch could not be set (connection down): set again later
     _unwatched: dict[str, Node]
 
@@ -35,13 +48,15 @@ class Watches(Driver):
         raise NotImplementedError  # pragma: no cover - the driver's
 
     async def watch(self, name: str, cursor: object = None) -> bool:
-        if not isinstance(cursor, str):
+        if not isinstance(cursor, Behind):
             return False
-        return await self._arm(name, cursor)
+        return await self._arm(name, cursor.path, cursor.owner)
 
-    async def _arm(self, name: str, path: str) -> bool:
-        """Watch ``path``, the node in front of a waiter of ``name``, unless a watch on it
-        is armed already (it fires once; then this arms it again). True if it is gone."""
+    async def _arm(self, name: str, path: str, owner: str) -> bool:
+        """Watch ``path``, the node in front of the waiter ``owner`` of ``name``, unless a
+        watch on it is armed already (it fires once; then this arms it again). True if it
+        is gone."""
+        self._behind.setdefault(path, set()).add((name, owner))
         if path in self._armed:
             return False
         loop = self.zk._loop
@@ -67,7 +82,13 @@ class Watches(Driver):
 
     def _fired(self, name: str, path: str, fired: Callable[[Any], None]) -> None:
         self._disarm(path, fired)
-        self._wake(name)  # the waiter looks again, and arms a watch again
+        self._wake_behind(path)  # the waiter looks again, and arms a watch again
+
+    def _wake_behind(self, path: str) -> None:
+        """``path`` was deleted (or written): wake the local waiters queued right behind
+        it, and only them (each looks again, and arms a watch on its new predecessor)."""
+        for name, owner in self._behind.pop(path, ()):
+            self._wake(name, owner)
 
     def _watch_held(self, owner: str, node: Node) -> None:
         """Watch a held node of ours: deleted behind our back (``break``, an operator),
@@ -137,4 +158,4 @@ class Watches(Driver):
         return sorted(found)
 
 
-__all__ = ("Watches",)
+__all__ = ("Behind", "Watches")

@@ -46,6 +46,7 @@ from ._kazoo import NodeExistsError, NoNodeError, SessionExpiredError, Zk
 from ._nodes import DRIFT, MARGIN, Node, encode_data, explain
 from ._rw import ZkRW
 from ._sem import ZkPermits
+from ._watches import Behind
 
 logger = logging.getLogger("asynclock.zookeeper")
 #: See ``ZooKeeperDriver._slots``.
@@ -59,6 +60,8 @@ class ZooKeeperDriver(Inspect):
     remote = True
     queues_locally = True  # at most IN_FLIGHT requests out; acquire sets SENT_AT
     renew_chunk = None  # one round trip renews every lease (the session)
+    #: A deleted node wakes only the local waiter right behind it (``_wake_behind``).
+    wakes_waiters = True
 
     def __init__(
         self,
@@ -90,6 +93,7 @@ class ZooKeeperDriver(Inspect):
         #: thousand a second); the rest wait here, for a slot, within their own timeout.
         self._slots = anyio.CapacityLimiter(IN_FLIGHT)
         self._armed = {}
+        self._behind = {}
         self._unwatched = {}
         self.last_contact: float | None = None
         self._suspended = False
@@ -198,8 +202,8 @@ class ZooKeeperDriver(Inspect):
             self._refused = False
             if self._deadline_scope is not None:
                 self._deadline_scope.cancel()
-            for name, _, _ in list(self.waiting.values()):
-                self._wake(name)  # a watch may have been missed while away
+            for owner, (name, _, _) in list(self.waiting.items()):
+                self._wake(name, owner)  # a watch may have been missed while away
             for owner, node in list(self._unwatched.items()):
                 del self._unwatched[owner]
                 self._watch_held(owner, node)
@@ -225,16 +229,17 @@ class ZooKeeperDriver(Inspect):
         self.nodes.limits.clear()
         for owner, (name, _, _) in list(self.waiting.items()):
             del self.waiting[owner]  # its node went with the session
-            self._wake(name)
+            self._wake(name, owner)
         self._orphans.clear()  # every node of the old session is gone
         self._armed.clear()  # and every watch
+        self._behind.clear()
         self._unwatched.clear()
 
     def _lose_all(self, why: str) -> None:
         for owner, node in list(self.held.items()):
             del self.held[owner]
             self._notify_lost(node.name, owner, why)
-            self._wake(node.name)
+            self._wake_behind(node.path)
 
     async def background(self) -> None:
         async with anyio.create_task_group() as tg:
@@ -276,7 +281,7 @@ class ZooKeeperDriver(Inspect):
                     if now >= node.expires_at:
                         del self.held[owner]  # the core stopped renewing: expire it
                         self._orphans.add(node.path)
-                        self._wake(node.name)
+                        self._wake_behind(node.path)
                     else:
                         due = min(due, node.expires_at)
                 due = min(due, self.nodes.expire(now))
@@ -352,9 +357,10 @@ class ZooKeeperDriver(Inspect):
             self.waiting[owner] = (name, path, czxid)
             # Every wake-up of a waiter watches the node in front again, whatever woke it
             # (a watch fires once: a write to that node fires it as "changed").
-            if await self._arm(name, predecessor):  # gone already: look again
+            if await self._arm(name, predecessor, owner):  # gone already: look again
                 return await self.acquire(name, owner, ttl, queue=queue, scope=scope)
-            return Busy(retry_after=self.session_timeout, detail=detail, cursor=predecessor)
+            cursor = Behind(owner, predecessor)
+            return Busy(retry_after=self.session_timeout, detail=detail, cursor=cursor)
         self.waiting.pop(owner, None)
         try:
             await self._delete(path)
@@ -425,7 +431,7 @@ class ZooKeeperDriver(Inspect):
                 out.append(Refused("not held by this owner (its lock node is gone)"))
             elif node.gone:
                 del self.held[ref.owner]
-                self._wake(node.name)
+                self._wake_behind(node.path)
                 out.append(Refused("lock node deleted at the server"))
             elif node.session != session:
                 del self.held[ref.owner]
@@ -449,7 +455,7 @@ class ZooKeeperDriver(Inspect):
                 raise
             if self.held.get(owner) is node:
                 del self.held[owner]
-            self._wake(name)
+            self._wake_behind(node.path)
             return removed
         if token is not None:
             return False
@@ -485,7 +491,7 @@ class ZooKeeperDriver(Inspect):
         waiting = self.waiting.get(owner)
         if waiting is not None:
             await self._drop(owner, waiting[1])
-            self._wake(name)
+            self._wake_behind(waiting[1])
 
 
 __all__ = ("ZooKeeperDriver",)
