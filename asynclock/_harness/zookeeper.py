@@ -87,7 +87,7 @@ class ZookeeperMember:
         java, jar = find_zookeeper()
         config = self.write_config()
         args = [
-            java, "-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+            java, f"-Xmx{self.cluster.heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
             "-Dzookeeper.log.dir=" + str(self.directory),
             "-cp", str(jar), ZOOKEEPER_MAIN, str(config),
         ]  # fmt: skip
@@ -120,9 +120,14 @@ class ZookeeperServers:
     """A throwaway ZooKeeper ensemble of ``size`` members on free loopback ports, run from
     Debian's jars. ``durable``: fsync every transaction (ZooKeeper's default)."""
 
-    def __init__(self, root: Path, size: int = 3, *, durable: bool = False) -> None:
+    def __init__(
+        self, root: Path, size: int = 3, *, durable: bool = False, heap: str = "128m"
+    ) -> None:
         self.root = root
         self.durable = durable
+        #: Each member's Java heap (``-Xmx``): 128 MB is plenty for tests; ~100,000 live
+        #: sessions' nodes and watches need about 1 GB (bench_scale).
+        self.heap = heap
         self.members = [ZookeeperMember(self, i + 1, root / f"n{i + 1}") for i in range(size)]
 
     @property
