@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -195,9 +196,22 @@ async def test_a_claim_whose_renewals_fail_is_lost_before_the_server_expires_it(
                 with pytest.raises(asynclock.LeaseLost, match="local deadline passed"):
                     async with item:
                         await anyio.sleep_forever()
-                assert await conn.fetchval(
-                    f'SELECT claim_expires > clock_timestamp() FROM "{table}"'
+                # The local deadline the holder was cancelled at, on the server's clock, is
+                # before the row's claim_expires. (Checking claim_expires > now after the
+                # block has exited raced the event loop's latency against the 20 ms between
+                # the two: CI's failure under load.) The server's clock read between t0 and
+                # t1 maps our deadline to at most now_server + (deadline - t0).
+                expires = await conn.fetchval(
+                    f'SELECT extract(epoch FROM claim_expires)::float8 FROM "{table}"'
                 )
+                for _ in range(50):  # a round trip short enough to bound the mapping
+                    t0 = time.monotonic()
+                    server = await conn.fetchval(
+                        "SELECT extract(epoch FROM clock_timestamp())::float8"
+                    )
+                    if time.monotonic() - t0 < 0.005:
+                        break
+                assert server + (item.lease.deadline - t0) < expires
                 monkeypatch.undo()
                 await item.complete()  # nobody reclaimed it: the fence still admits it
 
