@@ -13,11 +13,16 @@ from typing import Any, TypeVar
 
 from ..._core.driver import Driver
 from ..._core.exceptions import BackendUnavailable
+from .._common.coalesce import Coalesced
 from . import _paths
-from ._kazoo import NoAuthError, NoNodeError, Zk
+from ._kazoo import NoAuthError, NoNodeError, Op, Zk
 from ._nodes import Node
 
 T = TypeVar("T")
+
+#: The most deletes one release ``multi`` carries (each a path of ~100 bytes: far below
+#: ZooKeeper's 1 MB request limit, ``jute.maxbuffer``).
+DELETES = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +125,35 @@ class Watches(Driver):
         for child in children:
             if child.startswith(owner[:32] + _paths.MARK):
                 await self._delete(f"{lock}/{child}")
+
+    _releases: Coalesced[str, bool] | None = None
+
+    async def _delete_held(self, path: str) -> bool:
+        """Delete a held node of ours (a release); False if it was gone already. Deletes
+        made while one is in flight go out together, one ``multi`` per batch (issue 45:
+        100,000 blocks exiting at once, one delete per round trip through kazoo's thread,
+        took 278 s)."""
+        releases = self._releases
+        if releases is None:
+            what = f"{self.display}: release"
+            releases = self._releases = Coalesced(
+                self._delete, self._delete_many, limit=DELETES, what=what
+            )
+        return await releases(path, path)
+
+    async def _delete_many(self, paths: list[str]) -> list[bool | BaseException]:
+        """One ``multi`` deleting every path; if one is gone already (the transaction then
+        applies nothing), each is deleted on its own."""
+        done = await self._call("release", partial(self.zk.multi, [Op("delete", p) for p in paths]))
+        if done.failed_at is None:
+            return [True] * len(paths)
+        answers: list[bool | BaseException] = []
+        for path in paths:
+            try:
+                answers.append(await self._delete(path))
+            except Exception as exc:
+                answers.append(exc)
+        return answers
 
     async def _delete(self, path: str) -> bool:
         """Delete a node of ours; False if it was gone already."""

@@ -178,6 +178,8 @@ class ZooKeeperDriver(Inspect):
             raise
 
     async def aclose(self) -> None:
+        if self._releases is not None:  # releases still queued fail (their nodes go below)
+            self._releases.close(f"{self.display} was closed")
         with anyio.CancelScope(shield=True):
             try:
                 # Closing the session deletes its ephemeral nodes at the server at once.
@@ -449,7 +451,7 @@ class ZooKeeperDriver(Inspect):
                 return False
             node.releasing = True
             try:
-                removed = await self._delete(node.path)  # local state after the server (G6)
+                removed = await self._delete_held(node.path)  # local state after (G6)
             except BaseException:
                 node.releasing = False
                 raise
