@@ -5,7 +5,17 @@ A store is one semaphore (a name and its limit) on one server. It is the
 :class:`~.keeper.Grants` of its permits: the core's acquire, wait and clean-up path
 (``Holds.acquire``) runs over it exactly as over a driver's locks, and the session renews
 every permit of the store in one :meth:`extend` call per round. A backend implements three
-atomic server steps: :meth:`grant`, :meth:`extend`, :meth:`release_permit`.
+atomic server steps: :meth:`grant`, :meth:`extend`, :meth:`release_permit`, and
+:meth:`withdraw` for its wait queue.
+
+**Waiters are served first come, first served** (issue 42): each semaphore has a queue of
+*places* at the server, one per blocking waiter, in arrival order. A grant is made only
+when fewer live places are ahead of the asker than permits are free, so neither a later
+waiter, a ``blocking=False`` attempt nor a waiter that happens to poll right after a
+release can overtake an earlier waiter. A place is kept by asking again (every poll, at
+most :data:`MAX_POLL` apart) and lapses :func:`place_ttl` seconds after the last ask: a
+waiter whose process died or froze is skipped then, without holding anything; a waiter
+that gives up (timeout, cancellation) withdraws its place at once.
 """
 
 from __future__ import annotations
@@ -83,6 +93,14 @@ def backoff(tries: int, ttl: float) -> float:
     return min(cap, FIRST_POLL * float(2 ** min(tries, 16)))
 
 
+def place_ttl(ttl: float) -> float:
+    """How long a queued waiter's place lasts after its last ask: four of its polls
+    (:func:`backoff`'s cap), at least 1 s, at most 2 s. A place that lapses is skipped by
+    every grant; its waiter, if alive, takes a new place at the end of the queue on its next ask."""
+    cap = min(MAX_POLL, max(FIRST_POLL, ttl / 10))
+    return min(2.0, max(1.0, 4 * cap))
+
+
 def permit_holder(
     name: str, slot: int, owner: str | None, token: int, remaining: float | None, limit: int | None
 ) -> Holder:
@@ -121,9 +139,19 @@ class PermitStore:
 
     # -- what a backend implements ----------------------------------------------------------
 
-    async def grant(self, owner: str, ttl: float) -> Answer:
+    async def grant(self, owner: str, ttl: float, *, queue: bool = False) -> Answer:
         """One atomic attempt: a free slot below the limit for ``owner`` for ``ttl``
-        seconds (the slot's token bumped), or why not."""
+        seconds (the slot's token bumped), or why not.
+
+        First come, first served (see the module): granted only when fewer live places
+        of other waiters are ahead of ``owner``'s (all of them, if it has none) than
+        permits are free; a grant removes ``owner``'s place. Not granted and ``queue``
+        (a blocking waiter): ``owner``'s place is kept, or taken at the end of the
+        queue, for :func:`place_ttl` (``ttl``) seconds from now."""
+        raise NotImplementedError
+
+    async def withdraw(self, owner: str) -> None:
+        """Remove ``owner``'s place from the queue, if it has one (it gave up)."""
         raise NotImplementedError
 
     async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
@@ -158,7 +186,7 @@ class PermitStore:
     async def acquire(
         self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
     ) -> int | Busy:
-        answer = await self.grant(owner, ttl)
+        answer = await self.grant(owner, ttl, queue=queue)
         if isinstance(answer, Granted):
             self.slots[owner] = answer.slot
             self._tries.pop(owner, None)
@@ -190,6 +218,7 @@ class PermitStore:
 
     async def abandon(self, name: str, owner: str) -> None:
         self._tries.pop(owner, None)
+        await self.withdraw(owner)
 
     def slot_of(self, owner: str) -> int:
         return self.slots[owner]

@@ -7,8 +7,8 @@ outside ``acquire`` (:class:`~.holds.Holds`); the server's part is a
 permit:
 
 * is acquired, waited for (woken by a release where the store has a waker, else at its
-  next poll with a bounded backoff; not FIFO: see ``_core/wakes.py``) and cleaned up
-  after an interrupted attempt exactly as a lock is (``Holds.acquire``): busy with
+  next poll with a bounded backoff; first come, first served: see ``permit_store``) and
+  cleaned up after an interrupted attempt exactly as a lock is (``Holds.acquire``): busy with
   ``blocking=False`` raises ``LockHeld``, a timeout ``AcquireTimeout``;
 * is a lease of the session (named ``semaphore:<name>``): renewed with the store's other
   permits in one call per round, lost when a renewal is refused or its local deadline

@@ -12,7 +12,15 @@ from urllib.parse import urlsplit
 
 from .._core.driver import Busy, Driver, ExtendResult, LeaseRef, Record, Refused
 from .._core.holder import Holder
-from .._core.permit_store import Answer, Full, Granted, OtherLimit, PermitStore, permit_holder
+from .._core.permit_store import (
+    Answer,
+    Full,
+    Granted,
+    OtherLimit,
+    PermitStore,
+    permit_holder,
+    place_ttl,
+)
 from .._core.rw_store import RWStore
 from .._core.turns import Turns
 from ._common.options import Options
@@ -47,6 +55,9 @@ class MemoryDriver(Driver):
         self.permits: dict[str, dict[int, _Permit]] = {}
         #: (name, slot) -> the slot's last token (kept for ever: G2 per slot).
         self.slot_tokens: dict[tuple[str, int], int] = {}
+        #: Semaphores' wait queues: name -> owner -> when its place lapses (arrival order:
+        #: a dict keeps a key's position when its value is updated).
+        self.places: dict[str, dict[str, float]] = {}
         #: Read-write locks: name -> its state (see .memory_rw; a namespace of its own).
         self.rwlocks: dict[str, RWState] = {}
 
@@ -196,20 +207,36 @@ class MemoryPermits(PermitStore):
             del slots[slot]
         return slots
 
-    async def grant(self, owner: str, ttl: float) -> Answer:
-        slots = self._live()
+    def _places(self) -> dict[str, float]:
+        now = self.driver.clock.now()
+        places = self.driver.places.setdefault(self.name, {})
+        for owner in [o for o, t in places.items() if t <= now]:
+            del places[owner]
+        return places
+
+    async def grant(self, owner: str, ttl: float, *, queue: bool = False) -> Answer:
+        slots, places = self._live(), self._places()
         if slots:
             held = next(iter(slots.values())).limit
             if held != self.limit:
                 return OtherLimit(held)
-        if len(slots) >= self.limit:
-            now = self.driver.clock.now()
+        now = self.driver.clock.now()
+        ahead = list(places).index(owner) if owner in places else len(places)
+        if len(slots) + ahead >= self.limit:
+            if queue:
+                places[owner] = now + place_ttl(ttl)
+            if len(slots) < self.limit:
+                return Full()  # free, but for waiters ahead of us
             return Full(min(p.expires_at for p in slots.values()) - now)
+        places.pop(owner, None)
         slot = next(s for s in range(self.limit) if s not in slots)
         key = (self.name, slot)
         token = self.driver.slot_tokens[key] = self.driver.slot_tokens.get(key, 0) + 1
         slots[slot] = _Permit(owner, token, self.driver.clock.now() + ttl, self.limit)
         return Granted(slot, token)
+
+    async def withdraw(self, owner: str) -> None:
+        self._places().pop(owner, None)
 
     async def holders(self) -> list[Holder]:
         now = self.driver.clock.now()

@@ -232,8 +232,8 @@ async def test_a_permit_lost_before_its_body_never_runs(spec: BackendSpec, lock_
         sem = backend.semaphore(lock_name, 1)
         grant = sem._store.grant
 
-        async def freeze_after_grant(owner: str, ttl: float) -> Any:
-            answer = await grant(owner, ttl)
+        async def freeze_after_grant(owner: str, ttl: float, *, queue: bool = False) -> Any:
+            answer = await grant(owner, ttl, queue=queue)
             clock.advance(ttl + 1)  # the process "froze" between the grant and the body
             return answer
 

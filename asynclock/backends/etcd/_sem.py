@@ -75,7 +75,10 @@ class EtcdPermits(PermitStore):
         found = (kv.key[len(self.base) :] for kv in kvs)
         return {int(s) for s in found if s.isdigit()}
 
-    async def grant(self, owner: str, ttl: float) -> Answer:
+    async def withdraw(self, owner: str) -> None:
+        return None  # FIFO places: not yet on this backend
+
+    async def grant(self, owner: str, ttl: float, *, queue: bool = False) -> Answer:
         trying: list[int] = []
         try:
             return await self._grant(owner, ttl, trying)

@@ -147,7 +147,10 @@ class PostgresPermits(PermitStore):
                 raise driver._unavailable("creating table asynclock_permit", exc) from exc
         driver._permit_table = True  # type: ignore[attr-defined]
 
-    async def grant(self, owner: str, ttl: float) -> Answer:
+    async def withdraw(self, owner: str) -> None:
+        return None  # FIFO places: not yet on this backend
+
+    async def grant(self, owner: str, ttl: float, *, queue: bool = False) -> Answer:
         await self._schema()
         driver = self.driver
         async with driver._io:

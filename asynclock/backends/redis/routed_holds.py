@@ -179,7 +179,10 @@ class RoutedPermits(PermitStore):
         self.routing = Routing(driver, name, SEM_PREFIX + name, self._give_back)
         self.waker = driver
 
-    async def grant(self, owner: str, ttl: float) -> Answer:
+    async def withdraw(self, owner: str) -> None:
+        return None  # FIFO places: not yet on this backend
+
+    async def grant(self, owner: str, ttl: float, *, queue: bool = False) -> Answer:
         calls, routing = self.calls, self.routing
 
         async def on(p: PrimaryDriver) -> Answer:

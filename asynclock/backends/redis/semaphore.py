@@ -115,7 +115,10 @@ class RedisPermits(PermitStore):
         self._grace = driver.restart_grace
         self.waker = driver
 
-    async def grant(self, owner: str, ttl: float) -> Answer:
+    async def withdraw(self, owner: str) -> None:
+        return None  # FIFO places: not yet on this backend
+
+    async def grant(self, owner: str, ttl: float, *, queue: bool = False) -> Answer:
         return await self.calls.grant(self.node, self._epoch, self._grace, owner, ttl)
 
     async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:

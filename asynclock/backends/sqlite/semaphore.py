@@ -1,7 +1,9 @@
 """Semaphores in the SQLite file: one row per (name, slot) in ``asynclock_permit``, apart
 from the lock rows. A row is never deleted, so its token only rises (G2 per slot); a
 released row has ``owner = ''`` and ``expires_at = 0``. A grant is one write transaction:
-count the live rows, check their limit, take the lowest free slot."""
+count the live rows, check their limit, count the live places of waiters ahead of the
+asker in ``asynclock_permit_place`` (first come, first served: see
+``_core/permit_store.py``), take the lowest free slot or keep the asker's place."""
 
 from __future__ import annotations
 
@@ -12,7 +14,15 @@ from typing import TYPE_CHECKING
 
 from ..._core.driver import ExtendResult, LeaseRef, Refused
 from ..._core.holder import Holder
-from ..._core.permit_store import Answer, Full, Granted, OtherLimit, PermitStore, permit_holder
+from ..._core.permit_store import (
+    Answer,
+    Full,
+    Granted,
+    OtherLimit,
+    PermitStore,
+    permit_holder,
+    place_ttl,
+)
 
 if TYPE_CHECKING:
     from . import SQLiteDriver
@@ -33,6 +43,23 @@ SQL_HOLD_NAMES = (
     "WHERE owner <> '' AND boot = ?1 AND expires_at > ?2 UNION ALL "
     "SELECT DISTINCT 'r', name FROM asynclock_rw_hold WHERE boot = ?1 AND expires_at > ?2"
 )
+# Drop the places that lapsed (or are from before a reboot). Args: name, boot, now.
+SQL_PRUNE_PLACES = (
+    "DELETE FROM asynclock_permit_place WHERE name = ?1 AND (boot <> ?2 OR expires_at <= ?3)"
+)
+# The live places ahead of :owner's (every live place if it has none): args name, owner.
+# (Run after SQL_PRUNE_PLACES in the same transaction.)
+SQL_AHEAD = (
+    "SELECT count(*) FROM asynclock_permit_place WHERE name = ?1 AND seq < coalesce("
+    "(SELECT seq FROM asynclock_permit_place WHERE name = ?1 AND owner = ?2), 9e18)"
+)
+# Keep :owner's place (or take one at the end). Args: name, owner, expires_at, boot.
+SQL_KEEP_PLACE = (
+    "INSERT INTO asynclock_permit_place (name, owner, seq, expires_at, boot) VALUES (?1, ?2, "
+    "(SELECT coalesce(max(seq), 0) + 1 FROM asynclock_permit_place WHERE name = ?1), ?3, ?4) "
+    "ON CONFLICT (name, owner) DO UPDATE SET expires_at = excluded.expires_at"
+)
+SQL_DROP_PLACE = "DELETE FROM asynclock_permit_place WHERE name = ? AND owner = ?"
 # Take slot :slot (its token bumped in place). Args: name, slot, owner, expires_at, boot, lim.
 SQL_TAKE_SLOT = (
     "INSERT INTO asynclock_permit (name, slot, owner, token, expires_at, boot, lim) "
@@ -63,7 +90,7 @@ class SQLitePermits(PermitStore):
         self.driver = driver
         self.display = driver.display
 
-    async def grant(self, owner: str, ttl: float) -> Answer:
+    async def grant(self, owner: str, ttl: float, *, queue: bool = False) -> Answer:
         name, limit, boot = self.name, self.limit, self.driver.boot
 
         def attempt(db: sqlite3.Connection) -> Answer:
@@ -72,8 +99,15 @@ class SQLitePermits(PermitStore):
             other = next((int(row[1]) for row in live if int(row[1]) != limit), None)
             if other is not None:
                 return OtherLimit(other)
-            if len(live) >= limit:
+            db.execute(SQL_PRUNE_PLACES, (name, boot, now))
+            ahead = int(db.execute(SQL_AHEAD, (name, owner)).fetchone()[0])
+            if len(live) + ahead >= limit:
+                if queue:
+                    db.execute(SQL_KEEP_PLACE, (name, owner, now + place_ttl(ttl), boot))
+                if len(live) < limit:
+                    return Full()  # free, but for waiters ahead of us
                 return Full(min(float(row[2]) for row in live) - now)
+            db.execute(SQL_DROP_PLACE, (name, owner))
             taken = {int(row[0]) for row in live}
             slot = next(s for s in range(limit) if s not in taken)
             args = (name, slot, owner, now + ttl, boot, limit)
@@ -100,6 +134,9 @@ class SQLitePermits(PermitStore):
         args = (self.name, owner, token, self.driver.boot, time.monotonic())
         cursor = await self.driver._statement(SQL_RELEASE_PERMIT, args)
         return cursor.rowcount == 1
+
+    async def withdraw(self, owner: str) -> None:
+        await self.driver._statement(SQL_DROP_PLACE, (self.name, owner))
 
     async def holders(self) -> list[Holder]:
         now = time.monotonic()  # system-wide on Linux: the clock every process's rows use

@@ -44,6 +44,15 @@ CREATE TABLE IF NOT EXISTS asynclock_permit (
     lim        INTEGER NOT NULL,
     PRIMARY KEY (name, slot)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS asynclock_permit_place (
+    name       TEXT NOT NULL,
+    owner      TEXT NOT NULL,
+    seq        INTEGER NOT NULL,
+    expires_at REAL NOT NULL,
+    boot       TEXT NOT NULL,
+    PRIMARY KEY (name, owner)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS asynclock_permit_place_order ON asynclock_permit_place (name, seq);
 CREATE TABLE IF NOT EXISTS asynclock_rw (
     name       TEXT PRIMARY KEY,
     epoch      INTEGER NOT NULL

@@ -80,7 +80,10 @@ class ZkPermits(PermitStore):
         """The slot's guard: a persistent node every grant of the slot writes (kept)."""
         return f"{self.base}/g/{slot}"
 
-    async def grant(self, owner: str, ttl: float) -> Answer:
+    async def withdraw(self, owner: str) -> None:
+        return None  # FIFO places: not yet on this backend
+
+    async def grant(self, owner: str, ttl: float, *, queue: bool = False) -> Answer:
         trying: list[int] = []
         try:
             answer = await self._grant(owner, ttl, trying)
