@@ -21,6 +21,8 @@ the name, with the locks' rules for a primary that is replaced.
   grace (permits of the old primary may still be in use), and every token it hands out
   after is above the old primary's (the token floor of ADOPT, applied per slot and per
   epoch in the scripts). A restart of the primary (a new ``run_id``) does the same.
+  A semaphore's wait queue (its places) is not carried over either when the new primary
+  lacks it: only the waiters' order is lost (they take new places as they ask again).
 """
 
 from __future__ import annotations
