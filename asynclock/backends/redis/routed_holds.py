@@ -3,10 +3,10 @@ one-server scripts (:mod:`.semaphore`, :mod:`.rwlock`), each run on the primary 
 the name, with the locks' rules for a primary that is replaced.
 
 * **One slot.** Every key a grant touches carries the name's hash tag (``sem:{name}``,
-  ``sem:{name}:h``; ``rw:{name}``, ``:r``, ``:i``), and the epoch key it takes is the epoch
-  key of that slot (a cluster's ``epoch:{<slot tag>}``, :class:`~.topology.SlotKeyCache`;
-  Sentinel's database epoch key): one slot, one primary, one atomic script. No call
-  crosses slots.
+  ``sem:{name}:h``, the wait queue's ``:q`` and ``:qx``; ``rw:{name}``, ``:r``, ``:i``),
+  and the epoch key it takes is the epoch key of that slot (a cluster's
+  ``epoch:{<slot tag>}``, :class:`~.topology.SlotKeyCache`; Sentinel's database epoch
+  key): one slot, one primary, one atomic script. No call crosses slots.
 * **One grant.** A grant goes again only when it did not run: ``MOVED``, ``TRYAGAIN``,
   ``CLUSTERDOWN``, ``READONLY`` and a connection that found a restarted server are answered
   before a script runs, and ADOPT (run first, :meth:`~.routed.Routed.before_grant`) refuses
@@ -21,6 +21,8 @@ the name, with the locks' rules for a primary that is replaced.
   grace (permits of the old primary may still be in use), and every token it hands out
   after is above the old primary's (the token floor of ADOPT, applied per slot and per
   epoch in the scripts). A restart of the primary (a new ``run_id``) does the same.
+  A semaphore's wait queue (its places) is not carried over either when the new primary
+  lacks it: only the waiters' order is lost (they take new places as they ask again).
 """
 
 from __future__ import annotations
@@ -180,13 +182,15 @@ class RoutedPermits(PermitStore):
         self.waker = driver
 
     async def withdraw(self, owner: str) -> None:
-        return None  # FIFO places: not yet on this backend
+        calls = self.calls
+        await self.routing.call("withdraw", lambda p: calls.withdraw(p.node, owner))
 
     async def grant(self, owner: str, ttl: float, *, queue: bool = False) -> Answer:
         calls, routing = self.calls, self.routing
 
         async def on(p: PrimaryDriver) -> Answer:
-            return await calls.grant(p.node, routing.epoch(p), p.restart_grace, owner, ttl)
+            epoch, grace = routing.epoch(p), p.restart_grace
+            return await calls.grant(p.node, epoch, grace, owner, ttl, queue)
 
         answer = await routing.grant(owner, on, lambda a: isinstance(a, Granted))
         return Full(MIGRATING) if answer is None else answer

@@ -1,14 +1,16 @@
-"""Semaphores on one Redis server: the three scripts of :mod:`.sem_scripts`, one round
-trip each (a grant, a renewal of every permit of the semaphore held here, a release).
+"""Semaphores on one Redis server: the scripts of :mod:`.sem_scripts`, one round trip each
+(a grant, which also keeps a blocking waiter's place in the wait queue; a renewal of every
+permit of the semaphore held here; a release; a waiter's withdrawal from the queue).
 
 The calls are written once, against a node and its epoch key (:class:`SemCalls`): the
 one-server store (:class:`RedisPermits`) makes them on its server, the store of
 ``redis+sentinel://`` and ``redis+cluster://`` (:mod:`.routed_holds`) on the primary that
 serves the name.
 
-A release that frees a permit PUBLISHes on the lock channel of the semaphore's reserved
-wake name (``_core/wakes.py``), which its waiters in every process watch with the
-driver's lock watch: they try again at once instead of at their next poll."""
+A release that frees a permit, and a withdrawal that removes a place, PUBLISH on the lock
+channel of the semaphore's reserved wake name (``_core/wakes.py``), which its waiters in
+every process watch with the driver's lock watch: they try again at once instead of at
+their next poll."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from ..._core.permit_store import (
     OtherLimit,
     PermitStore,
     permit_holder,
+    place_ttl,
 )
 from ..._core.wakes import wake_name
 from .keys import hash_tag, keys_for
@@ -43,28 +46,55 @@ def semaphore_keys(name: str, prefix: str) -> tuple[bytes, bytes]:
     return base.encode(), (base + ":h").encode()
 
 
+def place_keys(name: str, prefix: str) -> tuple[bytes, bytes]:
+    """The wait queue's two sorted sets, of places by arrival and by when they lapse (see
+    :mod:`.sem_scripts`): under the same hash tag as :func:`semaphore_keys`."""
+    base = f"{prefix}sem:{{{hash_tag(name)}}}"
+    return (base + ":q").encode(), (base + ":qx").encode()
+
+
 class SemCalls:
     """The scripts of one semaphore (its keys and limit), on any node."""
 
     def __init__(self, name: str, limit: int, prefix: str) -> None:
         self.keys = semaphore_keys(name, prefix)
+        self.places = place_keys(name, prefix)
         self.limit = limit
         #: Where a release publishes (see the module).
         self.channel = keys_for(wake_name(LEASE_PREFIX + name), prefix).channel.encode()
 
     async def grant(
-        self, node: Node, epoch: bytes, grace: float | None, owner: str, ttl: float
+        self,
+        node: Node,
+        epoch: bytes,
+        grace: float | None,
+        owner: str,
+        ttl: float,
+        queue: bool,
     ) -> Answer:
         """SEM_GRANT on ``node``, whose epoch key for the name is ``epoch``; ``grace``: its
-        driver's ``restart_grace``."""
+        driver's ``restart_grace``; ``queue``: keep ``owner``'s place when not granted."""
         ttl_ms = ms(ttl)
-        args = (owner.encode(), b"%d" % ttl_ms, b"%d" % self.limit, grace_ms(grace, ttl_ms))
-        first, second = (int(x) for x in await node.run("sem_grant", (*self.keys, epoch), args))
+        args = (
+            owner.encode(),
+            b"%d" % ttl_ms,
+            b"%d" % self.limit,
+            grace_ms(grace, ttl_ms),
+            b"1" if queue else b"0",
+            b"%d" % ms(place_ttl(ttl)),
+        )
+        keys = (*self.keys, epoch, *self.places)
+        first, second = (int(x) for x in await node.run("sem_grant", keys, args))
         if first == -2:
             return OtherLimit(second)
         if first == -1:
-            return Full(second / 1000)
+            return Full(None if second < 0 else second / 1000)
         return Granted(first, second)
+
+    async def withdraw(self, node: Node, owner: str) -> None:
+        """SEM_WITHDRAW on ``node``: ``owner``'s place leaves the queue (waiters behind it
+        are woken)."""
+        await node.run("sem_withdraw", self.places, (owner.encode(), self.channel))
 
     async def extend(
         self, node: Node, slots: dict[str, int], leases: Sequence[LeaseRef]
@@ -116,10 +146,10 @@ class RedisPermits(PermitStore):
         self.waker = driver
 
     async def withdraw(self, owner: str) -> None:
-        return None  # FIFO places: not yet on this backend
+        await self.calls.withdraw(self.node, owner)
 
     async def grant(self, owner: str, ttl: float, *, queue: bool = False) -> Answer:
-        return await self.calls.grant(self.node, self._epoch, self._grace, owner, ttl)
+        return await self.calls.grant(self.node, self._epoch, self._grace, owner, ttl, queue)
 
     async def extend(self, leases: Sequence[LeaseRef]) -> Sequence[ExtendResult]:
         return await self.calls.extend(self.node, self.slots, leases)
