@@ -92,6 +92,8 @@ class Places:
         self.mine: dict[str, Place] = {}
         #: owners whose place's creation was sent and not answered (interrupted).
         self.creating: set[str] = set()
+        #: The limit node's data version as the last look read it (None: not read).
+        self.limit_version: int | None = None
 
     async def _send(self, requests: list[Request]) -> list[Any]:
         zk = self.driver.zk
@@ -114,7 +116,7 @@ class Places:
         place reads (no write) and, if it is not let through and ``queue``, takes a place
         and looks again; a queued asker keeps its place. ``fast``: trust a snapshot of an
         empty queue (the grant's ``check`` finds out if a waiter came since)."""
-        take = False
+        take, self.limit_version = False, None
         for _ in range(4):
             snapshot = self.driver.nodes.queues.get(self.store.name)
             if fast and owner not in self.mine and snapshot is not None and not snapshot[1]:
@@ -176,11 +178,13 @@ class Places:
             requests += [("multi", [make, Op("set", self.path)]), ("children", self.path)]
         else:  # every place at q's version (no write: "now" only if it is needed)
             requests += [("exists", self.path), ("children", self.path)]
-        requests.append(("exists", self.store.permits))
+        requests += [("exists", self.store.limit_path), ("exists", self.store.permits)]
         answers = await self._send(requests)
-        permits = answers[-1]
-        if isinstance(permits, BaseException):
-            raise permits
+        limit, permits = answers[-2], answers[-1]
+        for answer in (limit, permits):
+            if isinstance(answer, BaseException):
+                raise answer
+        self.limit_version = None if limit is None else limit.version
         free = self.store.limit - (0 if permits is None else permits.children)
         if place is not None:
             stat = answers[0]

@@ -125,10 +125,6 @@ class ZkPermits(PermitStore):
         slot = self.guess_slot((), trying)
         verdict: Verdict | None = None
         for _ in range(ATTEMPTS):
-            if verdict is None:  # first come, first served: the queue first (see _places)
-                verdict = await self.places.judge(owner, ttl, queue, fast=True)
-                if not verdict.go:
-                    return Full()
             if slot is None:
                 return Full()
             known = self.nodes.limits.get(self.name)
@@ -151,6 +147,15 @@ class ZkPermits(PermitStore):
                     slot = self.guess_slot(live, trying)
                     if slot is None:
                         return Full()
+            if verdict is None:  # first come, first served: the queue (see _places)
+                verdict = await self.places.judge(owner, ttl, queue, fast=True)
+            if not verdict.go:
+                seen = self.places.limit_version
+                if known is not None and seen is not None and seen != known[1]:
+                    self.nodes.limits.pop(self.name, None)  # the limit changed: look again
+                    verdict = None
+                    continue
+                return Full()
             queued = verdict.ops
             path = self.path(slot)
             self.nodes.guards[path] = self.guard(slot)  # what its deletes check (see _held)
