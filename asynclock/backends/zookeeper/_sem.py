@@ -21,6 +21,11 @@ can be: :func:`._paths.reserved_path`):
 * **Token**: from the permit node's czxid, the ensemble's transaction id of its creation
   (on the wipe marker's base, :mod:`._era`): strictly above every token granted before,
   for this slot and every other (G2). No grant in the restart grace (``Full``).
+* **Queue** (first come, first served): ``q/<owner>-<sequence>``, one EPHEMERAL_SEQUENTIAL
+  node per queued waiter, kept by each ask's ``set`` and lapsing by the leader's clock
+  (:mod:`._places`). The grant's ``multi`` also checks ``q``'s data version (an asker
+  without a place) or deletes the lapsed places ahead at the versions read, and deletes
+  the asker's own place.
 * **Holders**: the limit node and the listing of ``p`` in one round trip, then every
   permit node in one more; no permit has an expiry at the server (``remaining`` None): its
   node lives as long as its holder's session, and its ttl is the holder's local deadline.
