@@ -14,7 +14,7 @@ import pytest
 
 import asynclock
 import asynclock.testing
-from asynclock._core.permit_store import Granted, OtherLimit
+from asynclock._core.permit_store import Full, Granted, OtherLimit
 from asynclock._core.rw_store import WRITE
 from asynclock.backends.zookeeper._paths import reserved_path
 from tests.backends.test_zookeeper import expire, in_thread, kazoo, zk_driver
@@ -317,3 +317,82 @@ async def test_a_release_never_deletes_a_successors_node_of_the_same_path(
             assert era.token(stat.czxid) == writers[0]
             assert await theirs.release_permit("owner-b", 0, successor[0].token)
             assert await their_rw.release_hold(WRITE, "owner-b", writers[0])
+
+
+async def test_a_waiters_place_is_a_sequential_node_of_its_session(
+    zk_ensemble: ZkEnsemble, zk: asynclock.Backend, lock_name: str, monkeypatch: Any
+) -> None:
+    """A queued waiter's place is an ephemeral sequential node under ``q`` (its owner in
+    its data), in arrival order, and not a permit (``holders()`` lists the holder only).
+    An ask while every permit is held is one round trip (its place's set, the count of
+    permits, the place just ahead); a withdrawn place is gone at once, and a granted
+    waiter's place goes in its grant's multi."""
+    store = zk.semaphore(lock_name, 1)._store
+    held = await store.grant("the-holder", 5)
+    assert isinstance(held, Granted)
+    for waiter in ("waiter-a", "waiter-b"):
+        assert isinstance(await store.grant(waiter, 5, queue=True), Full)
+    queue = reserved_path("", "sem", lock_name) + "/q"
+    driver = zk_driver(zk)
+    async with kazoo(zk_ensemble.hosts) as raw:
+        names = sorted(await in_thread(raw.get_children, queue), key=lambda n: n[-10:])
+        assert [n[:-10] for n in names] == ["waiter-a-", "waiter-b-"]
+        data, stat = await in_thread(raw.get, f"{queue}/{names[0]}")
+        assert stat.ephemeralOwner == driver.zk.session_id and b"waiter-a" in data
+
+        calls: list[str] = []
+        real = driver._call
+
+        async def counted(what: str, call: Callable[[], Awaitable[Any]]) -> Any:
+            calls.append(what)
+            return await real(what, call)
+
+        monkeypatch.setattr(driver, "_call", counted)
+        assert isinstance(await store.grant("waiter-b", 5, queue=True), Full)
+        assert len(calls) == 1, calls
+        assert [h.owner for h in await zk.semaphore(lock_name, 1).holders()] == ["the-holder"]
+
+        await store.withdraw("waiter-a")
+        assert await in_thread(raw.get_children, queue) == [names[1]]
+        assert await store.release_permit("the-holder", held.slot, held.token)
+        granted = await store.grant("waiter-b", 5, queue=True)
+        assert isinstance(granted, Granted)
+        assert await in_thread(raw.get_children, queue) == []
+    assert await store.release_permit("waiter-b", granted.slot, granted.token)
+
+
+async def test_a_waiter_that_arrived_since_the_listing_is_not_overtaken(
+    zk_ensemble: ZkEnsemble, lock_name: str
+) -> None:
+    """A process whose last listing saw no waiter grants without listing again, but its
+    multi checks the queue's data version (every place is created with a set of ``q``): a
+    waiter that arrived in another process since is not overtaken."""
+    async with asynclock.connect(zk_ensemble.url) as x, asynclock.connect(zk_ensemble.url) as y:
+        xs, ys = x.semaphore(lock_name, 1)._store, y.semaphore(lock_name, 1)._store
+        first = await xs.grant("x-first", 5)
+        assert isinstance(first, Granted)
+        assert await xs.release_permit("x-first", first.slot, first.token)
+        held = await ys.grant("y-holder", 5)
+        assert isinstance(held, Granted)
+        assert isinstance(await ys.grant("y-waiter", 5, queue=True), Full)
+        assert await ys.release_permit("y-holder", held.slot, held.token)
+        assert zk_driver(x).nodes.queues[lock_name][1] == ()  # x saw no waiter
+        assert isinstance(await xs.grant("x-late", 5), Full)
+        granted = await ys.grant("y-waiter", 5, queue=True)
+        assert isinstance(granted, Granted)
+        assert await ys.release_permit("y-waiter", granted.slot, granted.token)
+
+
+async def test_a_queued_waiter_sees_another_limit(zk_ensemble: ZkEnsemble, lock_name: str) -> None:
+    """A waiter whose cached limit went stale while it waited (every permit released, then
+    one taken under another limit) is told OtherLimit, not kept waiting for ever."""
+    async with asynclock.connect(zk_ensemble.url) as x, asynclock.connect(zk_ensemble.url) as y:
+        xs = x.semaphore(lock_name, 1)._store
+        held = await xs.grant("x-holder", 5)
+        assert isinstance(held, Granted)
+        assert isinstance(await xs.grant("x-waiter", 5, queue=True), Full)
+        assert await xs.release_permit("x-holder", held.slot, held.token)
+        other = await y.semaphore(lock_name, 2)._store.grant("y-holder", 5)
+        assert isinstance(other, Granted)
+        assert await xs.grant("x-waiter", 5, queue=True) == OtherLimit(2)
+        await xs.withdraw("x-waiter")

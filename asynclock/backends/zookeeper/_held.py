@@ -71,6 +71,9 @@ class HeldNodes:
         self.guards: dict[str, str] = {}
         #: The limit and its node's data version of each semaphore name, as last read.
         self.limits: dict[str, tuple[int, int]] = {}
+        #: Each semaphore name's queue as last listed: q's data version and its places'
+        #: names in queue order (see :mod:`._places`).
+        self.queues: dict[str, tuple[int, tuple[str, ...]]] = {}
         self._unwatched: list[HeldNode] = []
 
     def add(self, entry: HeldNode) -> None:

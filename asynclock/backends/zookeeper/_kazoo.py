@@ -47,6 +47,7 @@ __all__ = (
     "NodeExistsError",
     "NotEmptyError",
     "Op",
+    "Request",
     "SessionExpiredError",
     "Stat",
     "Zk",
@@ -63,6 +64,7 @@ class Stat:
     ephemeral: bool = True  # False: a persistent node (no lock protocol makes one)
     mzxid: int = 0  # the transaction id of the last write
     ctime: int = 0  # ms since the epoch, the server's clock at the node's creation
+    children: int = 0  # how many children the node has
 
 
 def _stat(raw: Any) -> Stat:
@@ -73,19 +75,28 @@ def _stat(raw: Any) -> Stat:
         bool(raw.ephemeralOwner),
         int(raw.mzxid),
         int(raw.ctime),
+        int(raw.numChildren),
     )
 
 
 class Op(NamedTuple):
     """One operation of a :meth:`Zk.multi` transaction: ``create`` (``data``,
-    ``ephemeral``), ``delete`` and ``set`` (``data``) if the node's data version is
-    ``version`` (-1: any), ``check`` that it is."""
+    ``ephemeral``, ``sequence``: the path's end is a sequence number the server appends),
+    ``delete`` and ``set`` (``data``) if the node's data version is ``version`` (-1: any),
+    ``check`` that it is."""
 
     kind: str
     path: str
     data: bytes = b""
     version: int = -1
     ephemeral: bool = False
+    sequence: bool = False
+
+
+#: One request of :meth:`Zk.pipeline`: ``("get", path)``, ``("children", path)``,
+#: ``("exists", path)``, ``("set", path, data, version)``, ``("delete", path, version)`` or
+#: ``("multi", ops)``.
+Request = tuple[Any, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,35 +386,22 @@ class Zk:
     async def delete(self, path: str, version: int = -1) -> None:
         await self._wait(self.client.delete_async(path, version))
 
-    async def multi(self, ops: Sequence[Op], read: str | None = None) -> Multi:
-        """One ZooKeeper ``multi``: every op applied in one transaction (one zxid) or none.
-        ``read``: ``exists`` of that path pipelined behind it (answered after it, so it
-        sees its writes): one round trip."""
+    def _commit(self, ops: Sequence[Op]) -> Any:
         tx = self.client.transaction()
         for op in ops:
             if op.kind == "create":
-                tx.create(op.path, op.data, ephemeral=op.ephemeral)
+                tx.create(op.path, op.data, ephemeral=op.ephemeral, sequence=op.sequence)
             elif op.kind == "delete":
                 tx.delete(op.path, op.version)
             elif op.kind == "set":
                 tx.set_data(op.path, op.data, op.version)
             else:
                 tx.check(op.path, op.version)
-        committed = tx.commit_async()
-        looked = None if read is None else self.client.exists_async(read)
-        with contextlib.suppress(Exception):  # read from the results below
-            if looked is None:
-                await self._wait(committed)
-            else:
-                await self._wait(looked, settled_too=committed)
-        if not committed.successful():
-            raise committed.exception
-        results = [_stat(r) if hasattr(r, "czxid") else r for r in committed.value]
-        stat = None
-        if looked is not None:
-            if not looked.successful():
-                raise looked.exception
-            stat = None if looked.value is None else _stat(looked.value)
+        return tx.commit_async()
+
+    @staticmethod
+    def _answer(values: list[Any], stat: Stat | None = None) -> Multi:
+        results = [_stat(r) if hasattr(r, "czxid") else r for r in values]
         for at, result in enumerate(results):
             # The failed op's own error; RolledBack before it, RuntimeInconsistency after.
             if isinstance(result, (NodeExistsError, NoNodeError, NotEmptyError, BadVersionError)):
@@ -413,23 +411,68 @@ class Zk:
             return Multi(results, len(results) - 1, failed, stat)
         return Multi(results, None, None, stat)
 
+    async def multi(self, ops: Sequence[Op], read: str | None = None) -> Multi:
+        """One ZooKeeper ``multi``: every op applied in one transaction (one zxid) or none.
+        ``read``: ``exists`` of that path pipelined behind it (answered after it, so it
+        sees its writes): one round trip."""
+        committed = self._commit(ops)
+        looked = None if read is None else self.client.exists_async(read)
+        with contextlib.suppress(Exception):  # read from the results below
+            if looked is None:
+                await self._wait(committed)
+            else:
+                await self._wait(looked, settled_too=committed)
+        if not committed.successful():
+            raise committed.exception
+        stat = None
+        if looked is not None:
+            if not looked.successful():
+                raise looked.exception
+            stat = None if looked.value is None else _stat(looked.value)
+        return self._answer(committed.value, stat)
+
+    async def pipeline(self, requests: Sequence[Request]) -> list[Any]:
+        """Every request sent at once, in order (one round trip; ZooKeeper answers a
+        session's requests in order, so each sees the writes before it): one answer per
+        request, the value or the exception it raised. ``get``: (data, :class:`Stat`);
+        ``children``: the names; ``exists``: a :class:`Stat` or None; ``set``: the
+        :class:`Stat`; ``delete``: True; ``multi``: a :class:`Multi`."""
+        client = self.client
+        start = {
+            "get": client.get_async,
+            "children": client.get_children_async,
+            "exists": client.exists_async,
+            "set": client.set_async,
+            "delete": client.delete_async,
+            "multi": self._commit,
+        }
+        pending = [start[kind](*args) for kind, *args in requests]
+        for one in pending:
+            with contextlib.suppress(Exception):  # read from the results below
+                await self._wait(one)
+        answers: list[Any] = []
+        for (kind, *_), one in zip(requests, pending, strict=True):
+            if not one.successful():
+                answers.append(one.exception)
+            elif kind == "get":
+                answers.append((bytes(one.value[0]), _stat(one.value[1])))
+            elif kind == "children":
+                answers.append([str(c) for c in one.value])
+            elif kind in ("exists", "set"):
+                answers.append(None if one.value is None else _stat(one.value))
+            elif kind == "multi":
+                answers.append(self._answer(one.value))
+            else:
+                answers.append(one.value)
+        return answers
+
     async def get_and_children(
         self, path: str, parent: str
     ) -> tuple[tuple[bytes, Stat] | BaseException, list[str] | BaseException]:
         """``get`` of ``path`` and the children of ``parent``, pipelined (one round trip);
         each the value or the exception it raised."""
-        got = self.client.get_async(path)
-        listed = self.client.get_children_async(parent)
-        with contextlib.suppress(Exception):
-            await self._wait(listed, settled_too=got)
-        first: tuple[bytes, Stat] | BaseException
-        if got.successful():
-            data, raw = got.value
-            first = (bytes(data), _stat(raw))
-        else:
-            first = got.exception
-        second = [str(c) for c in listed.value] if listed.successful() else listed.exception
-        return first, second
+        got, listed = await self.pipeline([("get", path), ("children", parent)])
+        return got, listed
 
     async def read_many(
         self, paths: Sequence[str], parents: Sequence[str] = ()

@@ -21,6 +21,11 @@ can be: :func:`._paths.reserved_path`):
 * **Token**: from the permit node's czxid, the ensemble's transaction id of its creation
   (on the wipe marker's base, :mod:`._era`): strictly above every token granted before,
   for this slot and every other (G2). No grant in the restart grace (``Full``).
+* **Queue** (first come, first served): ``q/<owner>-<sequence>``, one EPHEMERAL_SEQUENTIAL
+  node per queued waiter, kept by each ask's ``set`` and lapsing by the leader's clock
+  (:mod:`._places`). The grant's ``multi`` also checks ``q``'s data version (an asker
+  without a place) or deletes the lapsed places ahead at the versions read, and deletes
+  the asker's own place.
 * **Holders**: the limit node and the listing of ``p`` in one round trip, then every
   permit node in one more; no permit has an expiry at the server (``remaining`` None): its
   node lives as long as its holder's session, and its ttl is the holder's local deadline.
@@ -48,6 +53,7 @@ from ._held import HeldNode
 from ._kazoo import NodeExistsError, NoNodeError, Op, Stat
 from ._nodes import decode_data, encode_data
 from ._paths import reserved_path
+from ._places import Places, Verdict
 
 if TYPE_CHECKING:
     from .driver import ZooKeeperDriver
@@ -72,6 +78,7 @@ class ZkPermits(PermitStore):
         self._lease_name = LEASE_PREFIX + name
         #: owner -> the slot of its grant under way (an interrupted grant's release).
         self._tried: dict[str, int] = {}
+        self.places = Places(self)
 
     def path(self, slot: int) -> str:
         return f"{self.permits}/{slot}"
@@ -81,12 +88,14 @@ class ZkPermits(PermitStore):
         return f"{self.base}/g/{slot}"
 
     async def withdraw(self, owner: str) -> None:
-        return None  # FIFO places: not yet on this backend
+        await self.places.withdraw(owner)
 
     async def grant(self, owner: str, ttl: float, *, queue: bool = False) -> Answer:
         trying: list[int] = []
         try:
-            answer = await self._grant(owner, ttl, trying)
+            answer = await self._grant(owner, ttl, queue, trying)
+            if queue and isinstance(answer, Full) and owner not in self.places.mine:
+                await self.places.judge(owner, ttl, queue, fast=False)  # takes its place
         finally:
             self.trying.difference_update(trying)
         self._tried.pop(owner, None)  # kept if interrupted: release_permit looks there
@@ -111,7 +120,7 @@ class ZkPermits(PermitStore):
             raise listed
         return held, version, {int(c) for c in listed if c.isdigit()}
 
-    async def _grant(self, owner: str, ttl: float, trying: list[int]) -> Answer:
+    async def _grant(self, owner: str, ttl: float, queue: bool, trying: list[int]) -> Answer:
         data, ours = encode_data(owner, ttl), b"%d" % self.limit
         call, zk = self.driver._call, self.driver.zk
         era = await self.driver.eras.current()
@@ -119,6 +128,7 @@ class ZkPermits(PermitStore):
         if grace is not None:
             return Full(grace.retry_after)
         slot = self.guess_slot((), trying)
+        verdict: Verdict | None = None
         for _ in range(ATTEMPTS):
             if slot is None:
                 return Full()
@@ -142,6 +152,16 @@ class ZkPermits(PermitStore):
                     slot = self.guess_slot(live, trying)
                     if slot is None:
                         return Full()
+            if verdict is None:  # first come, first served: the queue (see _places)
+                verdict = await self.places.judge(owner, ttl, queue, fast=True)
+            if not verdict.go:
+                seen = self.places.limit_version
+                if known is not None and seen is not None and seen != known[1]:
+                    self.nodes.limits.pop(self.name, None)  # the limit changed: look again
+                    verdict = None
+                    continue
+                return Full()
+            queued = verdict.ops
             path = self.path(slot)
             self.nodes.guards[path] = self.guard(slot)  # what its deletes check (see _held)
             self._tried[owner] = slot
@@ -153,12 +173,13 @@ class ZkPermits(PermitStore):
             check = (
                 [] if setting or known is None else [Op("check", self.limit_path, version=known[1])]
             )
-            ops = [*setting, *check, *take]
+            ops = [*setting, *check, *queued, *take]
             session = zk.session_id  # the node lives as long as this session
             done = await call(f"acquire of semaphore {self.name!r}", partial(zk.multi, ops))
             if done.failed_at is None:
                 stat = done.results[-2]
                 assert isinstance(stat, Stat)
+                self.places.granted(owner)  # its place went in the same multi
                 if not self.driver.eras.holds(era, session):  # a new session: its era first
                     self.nodes.orphans[path] = (stat.czxid, owner)
                     return Full(0.0)
@@ -181,6 +202,11 @@ class ZkPermits(PermitStore):
                     )
                 )
                 return Granted(slot, token)
+            at = done.failed_at - len(setting) - len(check)
+            if 0 <= at < len(queued):  # the queue changed since the look: look again
+                self.places.forget()
+                verdict = None
+                continue
             unguarded = done.failed_at == len(ops) - 1 and isinstance(done.error, NoNodeError)
             if unguarded:  # the slot's first grant: make its guard
                 await call("semaphore setup", partial(zk.ensure_path, self.guard(slot)))
