@@ -93,12 +93,19 @@ def backoff(tries: int, ttl: float) -> float:
     return min(cap, FIRST_POLL * float(2 ** min(tries, 16)))
 
 
+#: The longest a queued waiter's place lasts without an ask (see :func:`place_ttl`).
+MAX_PLACE_TTL = 5.0
+
+
 def place_ttl(ttl: float) -> float:
-    """How long a queued waiter's place lasts after its last ask: four of its polls
-    (:func:`backoff`'s cap), at least 1 s, at most 2 s. A place that lapses is skipped by
-    every grant; its waiter, if alive, takes a new place at the end of the queue on its next ask."""
-    cap = min(MAX_POLL, max(FIRST_POLL, ttl / 10))
-    return min(2.0, max(1.0, 4 * cap))
+    """How long a queued waiter's place lasts after its last ask: half the waiter's ttl,
+    at least 1 s, at most :data:`MAX_PLACE_TTL` — always five or more of its polls
+    (:func:`backoff`'s cap is a tenth of the ttl, at most 0.5 s), so a loaded process
+    that is late for one or two keeps its place. A place that lapses is skipped by every
+    grant (a dead waiter delays the queue by at most this, where a dead holder delays it by
+    its ttl); its waiter, if alive, takes a new place at the end of the queue on its next
+    ask."""
+    return min(MAX_PLACE_TTL, max(1.0, ttl / 2))
 
 
 def permit_holder(

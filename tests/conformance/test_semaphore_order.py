@@ -169,5 +169,5 @@ async def test_a_dead_waiters_place_lapses(
     assert -0.1 <= late <= 2.0, late
 
 
-def test_a_place_lasts_four_polls_between_one_and_two_seconds() -> None:
-    assert [place_ttl(t) for t in (0.1, 1.0, 3.0, 10.0, 600.0)] == [1.0, 1.0, 1.2, 2.0, 2.0]
+def test_a_place_lasts_half_the_ttl_between_one_and_five_seconds() -> None:
+    assert [place_ttl(t) for t in (0.1, 1.0, 3.0, 10.0, 600.0)] == [1.0, 1.0, 1.5, 5.0, 5.0]

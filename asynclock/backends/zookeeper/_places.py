@@ -33,7 +33,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ..._core.exceptions import BackendUnavailable
-from ..._core.permit_store import place_ttl
+from ..._core.permit_store import MAX_PLACE_TTL, place_ttl
 from ._kazoo import Multi, NoNodeError, Op, Request, Stat
 from ._nodes import decode_data, encode_data
 from ._paths import node_name
@@ -246,7 +246,7 @@ class Places:
                     raise got
                 data, stat = got
                 ttl = decode_data(data)[1]
-                if now - stat.mtime > round(1000 * (2.0 if ttl is None else ttl)):
+                if now - stat.mtime > round(1000 * (MAX_PLACE_TTL if ttl is None else ttl)):
                     lapsed.append((path, stat.version))
                 else:
                     live += 1
