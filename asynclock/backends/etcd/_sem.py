@@ -6,12 +6,29 @@
 * ``p/<slot>`` — one key per live permit (slot 0 .. limit-1, in decimal; the value is the
   owner), put on the driver's session of its ttl (:mod:`._leased`: a crashed process's
   permits go with its session, a permit the core stops renewing is deleted locally);
-* ``limit`` — the limit of the live permits (no lease, kept: one small key per name).
+* ``limit`` — the limit of the live permits (no lease, kept: one small key per name);
+* ``q/<owner>`` — one key per queued waiter's *place* (first come, first served: see
+  :mod:`asynclock._core.permit_store`), its position the key's create revision, put on a
+  lease of its own of ``ceil(place_ttl(ttl))`` seconds. Each later ask of the waiter keeps
+  it by a keep-alive of that lease (never a new put: the position stays), so a place lapses
+  at the server once its waiter stops asking, although its process (and its sessions) may
+  live on; a withdrawal revokes the lease (the key goes with it). etcd makes it lapse
+  later than ``place_ttl``: it grants whole seconds, at least its minimum lease TTL (1.5
+  election timeouts, rounded up: 2 s with etcd's defaults), and sweeps expired leases every
+  0.5 s. Measured: a place of ``place_ttl`` 1 s goes 1.0-1.5 s after the last ask with a
+  500 ms election timeout (the tests'), 2.0-2.5 s with etcd's defaults; 1.2-2 s: 2.0-2.5 s.
 
 * **Grant**: one txn ``create_revision(p/<slot>) == 0 and value(limit) == limit`` → put
   the permit; else read the limit and the live slots (keys only), and try again at once on
   a slot the reply shows free. The create-if-absent on one key per slot keeps at most
-  ``limit`` permits live.
+  ``limit`` permits live. **In turn**: the first try also compares that no place is ahead
+  of the asker's (``create_revision`` of every ``q/`` key at or above its own; no ``q/``
+  key at all if it has none) and deletes its place; when that fails, the same txn's reply
+  (the limit, the live slots, the places, at one revision ``r``) tells whether fewer places
+  are ahead than permits are free, and the next try compares that the read still holds: its
+  place unchanged (none: no ``q/`` key created after ``r``) and, if places were ahead, no
+  ``p/`` key created after ``r``. Deletions only let more in. A waiting poll not in turn is
+  that txn and one keep-alive of its place's lease (the first: a lease grant and a put).
 * **Limit**: the first grant, or one that finds no live permit, sets ``limit`` in the same
   txn as its permit (``no key under p/`` as its compare); while permits of another limit
   are live, a grant answers ``OtherLimit`` (atomic: no race between two limits).
