@@ -4,8 +4,10 @@ renewal of many permits in one call, and the keys etcdctl shows."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -13,10 +15,10 @@ import pytest
 
 import asynclock
 import asynclock.testing
-from asynclock._core.permit_store import Granted, OtherLimit
+from asynclock._core.permit_store import Full, Granted, OtherLimit, place_ttl
 from asynclock.backends.etcd import EtcdDriver
 from asynclock.backends.etcd import _proto as pb
-from asynclock.backends.etcd._sem import permits_prefix
+from asynclock.backends.etcd._sem import permits_prefix, semaphore_prefix
 from asynclock.backends.etcd.client import prefix_end
 from tests.support.etcd_servers import EtcdCluster
 
@@ -179,3 +181,106 @@ async def test_names_nested_by_slash_are_separate(etcd: asynclock.Backend, lock_
             async with etcd.semaphore(lock_name, 1).acquire(ttl=5, blocking=False) as permit:
                 assert permit.slot == 0
             assert [h.slot for h in await etcd.semaphore(lock_name, 1).holders()] == []
+
+
+async def test_a_place_is_a_key_on_its_own_lease_kept_by_a_keep_alive(
+    etcd: asynclock.Backend, lock_name: str
+) -> None:
+    """A queued waiter's place is ``q/<owner>`` on a lease of its own of ceil(place_ttl)
+    seconds; each later poll is one txn and one keep-alive (no put: the key's create
+    revision, its position, never changes); a withdrawal deletes it at once."""
+    driver = etcd_driver(etcd)
+    client = driver.client
+    holder = etcd.semaphore(lock_name, 1)._store
+    waiter = etcd.semaphore(lock_name, 1)._store
+    later = etcd.semaphore(lock_name, 1)._store
+    queue = semaphore_prefix("", lock_name) + b"q/"
+
+    async def places() -> list[tuple[bytes, int, int]]:
+        reply = await client.range(pb.RangeRequest(key=queue, range_end=prefix_end(queue)))
+        found = [(kv.key[len(queue) :], kv.create_revision, kv.lease) for kv in reply.kvs]
+        return sorted(found, key=lambda p: p[1])  # in arrival order
+
+    with anyio.fail_after(10):
+        held = await holder.grant("holder", 5)
+        assert isinstance(held, Granted)
+        assert await waiter.grant("waiter", 1.0, queue=True) == Full()
+        [(owner, position, lease)] = await places()
+        assert owner == b"waiter"
+        assert lease not in {s.lease_id for s in driver.sessions.values()}
+        granted = (await client.time_to_live(lease, keys=False)).grantedTTL
+        assert granted == math.ceil(place_ttl(1.0))
+
+        calls: dict[str, int] = {}
+        for method in ("txn", "range", "keep_alive", "grant", "revoke", "time_to_live"):
+            real = getattr(client, method)
+
+            def counted(*args: Any, _real: Any = real, _m: str = method, **kw: Any) -> Any:
+                calls[_m] = calls.get(_m, 0) + 1
+                return _real(*args, **kw)
+
+            setattr(client, method, counted)
+        try:
+            assert await waiter.grant("waiter", 1.0, queue=True) == Full()
+        finally:
+            for method in list(vars(client)):
+                if method in calls:
+                    delattr(client, method)
+        assert calls == {"txn": 1, "keep_alive": 1}
+        assert await places() == [(b"waiter", position, lease)]
+
+        assert await later.grant("later", 1.0, queue=True) == Full()
+        assert [p[0] for p in await places()] == [b"waiter", b"later"]
+        await waiter.withdraw("waiter")
+        assert [p[0] for p in await places()] == [b"later"]
+        assert await holder.release_permit("holder", held.slot, held.token)
+        assert isinstance(await later.grant("later", 1.0, queue=True), Granted)
+        assert await places() == []
+
+
+@pytest.mark.parametrize("arrival", ["place", "permit"])
+async def test_an_arrival_between_the_read_and_the_grant_is_not_overtaken(
+    etcd: asynclock.Backend, lock_name: str, arrival: str
+) -> None:
+    """Limit 3, one permit live, one waiter queued: an asker without a place reads that it
+    may take a permit (1 live + 1 ahead < 3). A place taken, or a permit granted, between
+    that read and its grant txn would make the count stale: the txn's compares refuse it,
+    and the asker answers Full on its next read (without the arrival it is granted)."""
+    driver = etcd_driver(etcd)
+    client = driver.client
+    stores = [etcd.semaphore(lock_name, 3)._store for _ in range(5)]
+    first, second, third, waiter, asker = stores
+    base = semaphore_prefix("", lock_name)
+    intruder = base + (b"q/intruder" if arrival == "place" else b"p/2")
+
+    with anyio.fail_after(10):
+        held = [await s.grant(f"h{i}", 5) for i, s in enumerate((first, second, third))]
+        assert all(isinstance(h, Granted) for h in held)
+        assert await waiter.grant("waiter", 5, queue=True) == Full()
+        for i, (s, h) in enumerate(zip((second, third), held[1:], strict=True), start=1):
+            assert isinstance(h, Granted)
+            assert await s.release_permit(f"h{i}", h.slot, h.token)
+
+        real = driver.leased.txn
+        arrived = False
+
+        async def arrive_after_the_read(session: Any, request: Any) -> Any:
+            nonlocal arrived
+            reply = await real(session, request)
+            if not arrived and reply is not None and not reply.succeeded:
+                arrived = True
+                put = pb.PutRequest(key=intruder, value=b"intruder")
+                await client.txn(pb.TxnRequest(success=[pb.RequestOp(request_put=put)]))
+            return reply
+
+        driver.leased.txn = arrive_after_the_read  # type: ignore[method-assign]
+        try:
+            assert await asker.grant("asker", 5) == Full()
+        finally:
+            del driver.leased.txn
+        assert arrived
+        await client.delete(intruder)
+        granted = await asker.grant("asker", 5)
+        assert isinstance(granted, Granted)
+        assert await asker.release_permit("asker", granted.slot, granted.token)
+        assert isinstance(await waiter.grant("waiter", 5, queue=True), Granted)
