@@ -214,7 +214,7 @@ class EtcdPermits(PermitStore):
             if place is not None and mine is not None:
                 place.rev = mine
             if len(live) + ahead >= self.limit:
-                return Full()
+                return Full(ahead=ahead)
             in_turn = self._still_in_turn(me, mine, ahead, reply.header.revision)
             if slot in live:  # (else it was the limit or the queue: the slot is still free)
                 slot = self.guess_slot(live, trying)

@@ -105,8 +105,8 @@ class SQLitePermits(PermitStore):
                 if queue:
                     db.execute(SQL_KEEP_PLACE, (name, owner, now + place_ttl(ttl), boot))
                 if len(live) < limit:
-                    return Full()  # free, but for waiters ahead of us
-                return Full(min(float(row[2]) for row in live) - now)
+                    return Full(ahead=ahead)  # free, but for waiters ahead of us
+                return Full(min(float(row[2]) for row in live) - now, ahead)
             db.execute(SQL_DROP_PLACE, (name, owner))
             taken = {int(row[0]) for row in live}
             slot = next(s for s in range(limit) if s not in taken)

@@ -61,6 +61,8 @@ class Verdict:
 
     go: bool
     ops: list[Op] = field(default_factory=list)
+    #: Places ahead of the asker's as last seen (gone ones included: at most), if known.
+    ahead: int | None = None
 
 
 @dataclass(slots=True)
@@ -137,14 +139,14 @@ class Places:
         queue changed, look again). An asker without a place that will take one
         (``queue``) reads the places ahead only once it has."""
         if look.free <= 0:
-            return Verdict(False)
+            return Verdict(False, ahead=len(look.ahead))
         ahead, check = look.ahead, look.check
         if len(ahead) < look.free:
             return Verdict(True, [*check, *look.own])
         now = look.now
         if now is None:
             if queue:
-                return Verdict(False)
+                return Verdict(False, ahead=len(look.ahead))
             # The server's now: a set of q, if no waiter came since the listing.
             stat = (await self._send([("set", self.path, b"", check[0].version)]))[0]
             if isinstance(stat, BaseException):
@@ -157,7 +159,7 @@ class Places:
         if live >= look.free:
             for path in await self.drop(lapsed):
                 ahead.remove(path)
-            return Verdict(False)
+            return Verdict(False, ahead=len(look.ahead))
         deletes = [Op("delete", p, version=v) for p, v in lapsed]
         return Verdict(True, [*check, *deletes, *look.own])
 

@@ -160,7 +160,7 @@ class ZkPermits(PermitStore):
                     self.nodes.limits.pop(self.name, None)  # the limit changed: look again
                     verdict = None
                     continue
-                return Full()
+                return Full(ahead=verdict.ahead)
             queued = verdict.ops
             path = self.path(slot)
             self.nodes.guards[path] = self.guard(slot)  # what its deletes check (see _held)
