@@ -63,6 +63,31 @@ def sequence(child: str) -> int | None:
     return None if match is None else int(match.group(1))
 
 
+def ahead_of(children: list[str], mine: str) -> tuple[int, str | None, str | None]:
+    """Where the contender ``mine`` stands among ``children``: how many contenders are
+    ahead of it, the nearest of them (the one to watch) and the first (the holder). One
+    pass, no sort: a waiter does this on every wake-up, and sorting 1,000 names took
+    3.5 ms of CPU (issue 45: the hand-off cost grew with the number waiting)."""
+    me = sequence(mine)
+    if me is None:
+        return 0, None, None
+    count, nearest, near, first, low = 0, None, -(2**63), None, 2**63
+    for child in children:
+        tail = child[-10:]
+        if tail.isdigit() and child[-11:-10] != "-":
+            seq: int | None = int(tail)
+        else:
+            seq = sequence(child)
+        if seq is None or seq >= me:
+            continue
+        count += 1
+        if seq > near:
+            near, nearest = seq, child
+        if seq < low:
+            low, first = seq, child
+    return count, nearest, first
+
+
 def contenders(children: list[str]) -> list[str]:
     """The contenders among ``children``, in queue order (lowest sequence first)."""
     found = [(seq, c) for c in children if (seq := sequence(c)) is not None]

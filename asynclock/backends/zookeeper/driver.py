@@ -343,9 +343,7 @@ class ZooKeeperDriver(Inspect):
         token = era.token(czxid)
         t_send = SENT_AT.get()  # when the request went out, after any wait for a slot
         self._contact(t_send)
-        mine = path.rpartition("/")[2]
-        order = _paths.contenders(children)
-        index = order.index(mine) if mine in order else 0
+        index, nearest, first = _paths.ahead_of(children, path.rpartition("/")[2])
         if index == 0:
             self.waiting.pop(owner, None)
             node = Node(name, owner, path, token, ttl, t_send + ttl, session)
@@ -353,8 +351,8 @@ class ZooKeeperDriver(Inspect):
             self._watch_held(owner, node)
             self._poke.set()
             return token
-        predecessor = f"{lock}/{order[index - 1]}"
-        detail = f"held by node {order[0]} ({index} ahead in the queue)"
+        predecessor = f"{lock}/{nearest}"
+        detail = f"held by node {first} ({index} ahead in the queue)"
         if queue:
             self.waiting[owner] = (name, path, czxid)
             # Every wake-up of a waiter watches the node in front again, whatever woke it
