@@ -52,16 +52,21 @@ CREATE TABLE IF NOT EXISTS asynclock_permit (
     lim        integer NOT NULL,
     PRIMARY KEY (name, slot)
 );
-CREATE TABLE IF NOT EXISTS asynclock_permit_place (
-    name       bytea NOT NULL,
-    owner      text NOT NULL,
-    seq        bigint NOT NULL,
-    expires_at timestamptz NOT NULL,
-    PRIMARY KEY (name, owner)
-);
-CREATE INDEX IF NOT EXISTS asynclock_permit_place_order ON asynclock_permit_place (name, seq);
-CREATE INDEX IF NOT EXISTS asynclock_permit_place_lapse
-    ON asynclock_permit_place (name, expires_at)
+DO $$ BEGIN
+    -- Not CREATE INDEX IF NOT EXISTS: that takes a SHARE lock on the table before it looks
+    -- for the index, so every new process would wait for the grants in flight, and the
+    -- grants after it for it (with a grant waiting for the name's advisory lock: a cycle).
+    IF to_regclass('asynclock_permit_place') IS NULL THEN
+        CREATE TABLE asynclock_permit_place (
+            owner      text PRIMARY KEY,
+            name       bytea NOT NULL,
+            seq        bigint NOT NULL,
+            expires_at timestamptz NOT NULL
+        );
+        CREATE INDEX asynclock_permit_place_order ON asynclock_permit_place (name, seq);
+        CREATE INDEX asynclock_permit_place_lapse ON asynclock_permit_place (name, expires_at);
+    END IF;
+END $$
 """
 
 # A grant's first statement: the name's advisory lock (args: $1 the key), and plans for
@@ -71,7 +76,8 @@ CREATE INDEX IF NOT EXISTS asynclock_permit_place_lapse
 # name, per grant. Transaction-local (SET LOCAL): through a transaction pooler too.
 SQL_P_LOCK = """
 SELECT pg_advisory_xact_lock($1), set_config('enable_seqscan', 'off', true),
-       set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)
+       set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true),
+       set_config('jit', 'off', true)
 """
 
 # Inside the grant's transaction, after SQL_P_LOCK. Args: $1
@@ -92,13 +98,14 @@ WITH now AS (
 ), other AS (
     SELECT lim FROM live WHERE lim <> $4 LIMIT 1
 ), mine AS (
-    SELECT seq FROM asynclock_permit_place
-    WHERE name = $1 AND owner = $2 AND expires_at > (SELECT t FROM now)
+    SELECT ctid AS tid, CASE WHEN name = $1 AND expires_at > (SELECT t FROM now) THEN seq END
+        AS seq
+    FROM asynclock_permit_place WHERE owner = $2
 ), ahead AS (
     SELECT 1 FROM asynclock_permit_place
     WHERE name = $1 AND seq < coalesce((SELECT seq FROM mine), 9223372036854775807)
       AND expires_at > (SELECT t FROM now)
-    ORDER BY seq LIMIT greatest($4 - (SELECT count(*) FROM live), 0)
+    ORDER BY name, seq LIMIT greatest($4 - (SELECT count(*) FROM live), 0)
 ), go AS (
     SELECT NOT EXISTS (SELECT 1 FROM other) AS same,
            (SELECT count(*) FROM live) + (SELECT count(*) FROM ahead) < $4 AS ok
@@ -115,18 +122,22 @@ WITH now AS (
     RETURNING p.slot, p.token
 ), granted AS (
     DELETE FROM asynclock_permit_place
-    WHERE name = $1 AND owner = $2 AND (SELECT same AND ok FROM go)
+    WHERE ctid = (SELECT tid FROM mine) AND name = $1 AND (SELECT same AND ok FROM go)
 ), lapsed AS (
     DELETE FROM asynclock_permit_place
-    WHERE name = $1 AND owner <> $2 AND expires_at <= (SELECT t FROM now)
+    WHERE ctid = ANY (ARRAY(
+        SELECT ctid FROM asynclock_permit_place
+        WHERE name = $1 AND expires_at <= (SELECT t FROM now) AND owner <> $2
+        ORDER BY name, expires_at LIMIT 100))
 ), keep AS (
-    INSERT INTO asynclock_permit_place AS q (name, owner, seq, expires_at)
-    SELECT $1, $2,
-           coalesce((SELECT max(seq) FROM asynclock_permit_place WHERE name = $1), 0) + 1,
+    INSERT INTO asynclock_permit_place AS q (owner, name, seq, expires_at)
+    SELECT $2, $1,
+           coalesce((SELECT seq FROM asynclock_permit_place WHERE name = $1
+                     ORDER BY name DESC, seq DESC LIMIT 1), 0) + 1,
            (SELECT t FROM now) + $6 * interval '1 millisecond'
     WHERE $5 AND (SELECT same AND NOT ok FROM go)
-    ON CONFLICT (name, owner) DO UPDATE SET expires_at = excluded.expires_at,
-        seq = CASE WHEN q.expires_at > (SELECT t FROM now) THEN q.seq ELSE excluded.seq END
+    ON CONFLICT (owner) DO UPDATE SET name = excluded.name, expires_at = excluded.expires_at,
+        seq = CASE WHEN (SELECT seq FROM mine) IS NOT NULL THEN q.seq ELSE excluded.seq END
 )
 SELECT (SELECT slot FROM ins) AS slot, (SELECT token FROM ins) AS token,
        (SELECT lim FROM other) AS other,
@@ -178,7 +189,7 @@ SELECT DISTINCT 'r', name FROM asynclock_rw_hold WHERE expires_at > clock_timest
 """
 
 # Withdraw a waiter's place (it gave up). Args: $1 name, $2 owner.
-SQL_P_WITHDRAW = "DELETE FROM asynclock_permit_place WHERE name = $1 AND owner = $2"
+SQL_P_WITHDRAW = "DELETE FROM asynclock_permit_place WHERE owner = $2 AND name = $1"
 
 
 def grant_key(name: str) -> int:
