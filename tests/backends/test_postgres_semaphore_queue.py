@@ -15,9 +15,10 @@ import asyncpg  # type: ignore[import-untyped]
 import pytest
 
 import asynclock
-from asynclock._core.permit_store import Answer, Full
+from asynclock._core.permit_store import Full
 from asynclock.backends.postgres.semaphore import SQL_P_GRANT, SQL_P_LOCK, grant_key
 from asynclock.backends.postgres.tokens import _name_bytes
+from tests.support.permits import queued
 from tests.support.pg_servers import USER, PgBouncer, PgServer
 
 pytestmark = pytest.mark.anyio
@@ -45,21 +46,6 @@ async def admin(pg_server: PgServer) -> AsyncIterator[asyncpg.Connection]:
         yield conn
     finally:
         await conn.close()
-
-
-def queued(sem: asynclock.Semaphore) -> anyio.Event:
-    """Set once a blocking attempt through ``sem`` was answered "full" (it has a place)."""
-    store, event = sem._store, anyio.Event()
-    real = store.grant
-
-    async def grant(owner: str, ttl: float, *, queue: bool = False) -> Answer:
-        answer = await real(owner, ttl, queue=queue)
-        if queue and isinstance(answer, Full):
-            event.set()
-        return answer
-
-    store.grant = grant  # type: ignore[method-assign]
-    return event
 
 
 async def places(admin: asyncpg.Connection, name: str) -> int:

@@ -16,6 +16,7 @@ import pytest
 
 import asynclock
 from asynclock._core.permit_store import Answer, Full, place_ttl
+from tests.support.permits import queued
 from tests.support.spec import BackendSpec, specs_split_by
 
 pytestmark = pytest.mark.anyio
@@ -23,23 +24,6 @@ pytestmark = pytest.mark.anyio
 spec, _ = specs_split_by("semaphore")
 
 WAIT = 30.0
-
-
-def queued(sem: asynclock.Semaphore) -> anyio.Event:
-    """Set once a blocking attempt through ``sem`` was answered "full": its waiter holds a
-    place in the queue at the server (the store's grant, wrapped; the call is the real one)."""
-    store = sem._store
-    real = store.grant
-    event = anyio.Event()
-
-    async def grant(owner: str, ttl: float, *, queue: bool = False) -> Answer:
-        answer = await real(owner, ttl, queue=queue)
-        if queue and isinstance(answer, Full):
-            event.set()
-        return answer
-
-    store.grant = grant  # type: ignore[method-assign]
-    return event
 
 
 async def test_waiters_are_granted_in_arrival_order(
