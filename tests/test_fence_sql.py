@@ -9,6 +9,7 @@ import sqlite3
 from pathlib import Path
 
 import aiosqlite
+import anyio
 import asyncpg  # type: ignore[import-untyped]
 import pytest
 
@@ -205,22 +206,39 @@ async def test_asyncpg_transaction_rolls_back_a_lost_leases_write(pg_server: PgS
     asyncpg_transaction's rollback is shielded, so the connection comes back usable."""
     fence = SQLFence("fence_lost")
     conn = await asyncpg.connect(pg_server.url())
+    watcher = await asyncpg.connect(pg_server.url())
+    sleeping = (
+        "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND state = 'active' "
+        "AND query = 'SELECT pg_sleep(60)'"
+    )
+
+    async def break_once_the_statement_runs(backend: asynclock.Backend) -> None:
+        # The lease is lost while the statement runs at the server. (Lost as it was being
+        # sent, the cancel request asyncpg sends can reach PostgreSQL before the statement
+        # does, and PostgreSQL ignores a cancel for an idle backend: the sleep then ran its
+        # 60 s and the test timed out once in CI.)
+        while not await watcher.fetchval(sleeping, conn.get_server_pid()):  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+        await backend.break_lock("k")  # lost: the body is cancelled
+
     try:
         await fence.create_asyncpg(conn)
         await conn.execute("CREATE TABLE fence_lost_rows (v int)")
         async with asynclock.connect("memory://") as backend:
-            with pytest.raises(asynclock.LeaseLost, match="break_lock"):
+            with pytest.raises(asynclock.LeaseLost, match="break_lock"), anyio.fail_after(20):
                 async with backend.lock("k", ttl=10) as lease:
                     async with fence.asyncpg_transaction(conn, "k", lease.token):
                         await conn.execute("INSERT INTO fence_lost_rows VALUES (1)")
-                        await backend.break_lock("k")  # lost: the body is cancelled
-                        await conn.execute("SELECT pg_sleep(60)")  # cancelled at once
+                        async with anyio.create_task_group() as tg:
+                            tg.start_soon(break_once_the_statement_runs, backend)
+                            await conn.execute("SELECT pg_sleep(60)")  # cancelled then
                         pytest.fail("the body ran on after its lease was lost")
         assert not conn.is_in_transaction()
         assert await conn.fetchval("SELECT count(*) FROM fence_lost_rows") == 0
         assert await conn.fetchval("SELECT count(*) FROM fence_lost") == 0
     finally:
         await conn.close()
+        await watcher.close()
 
 
 # -- every fence input checked the same way on every driver, before any SQL (item 15) -------
