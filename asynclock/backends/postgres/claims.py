@@ -440,14 +440,16 @@ class PostgresClaimStore:
     async def complete(self, row_id: Any, token: int, results: Mapping[str, Any]) -> Finish:
         sql = self._sql or await self._resolve()
         statement = sql.complete(tuple(results))
-        return await self._finish(sql, statement, "complete", row_id, token, *results.values())
+        return await self._finish(
+            sql, statement, "claim complete failed", row_id, token, *results.values()
+        )
 
     async def fail(
         self, row_id: Any, token: int, error: str, retry_in: float | None, max_attempts: int
     ) -> Finish:
         sql = self._sql or await self._resolve()
         return await self._finish(
-            sql, sql.fail, "fail", row_id, token, error, retry_in, max_attempts
+            sql, sql.fail, "claim fail failed", row_id, token, error, retry_in, max_attempts
         )
 
     async def _finish(
@@ -456,9 +458,9 @@ class PostgresClaimStore:
         # A statement the database refuses (a constraint, a wrong type) raises its own
         # error, unchanged: nothing was written and the claim is still held.
         run = self._driver._run
-        status = await run(f"claim {what} failed", "fetchval", statement, row_id, token, *args)
+        status = await run(what, "fetchval", statement, row_id, token, *args)
         if status is not None:
-            return Finish(str(status), token)
+            return Finish(status, token)  # 'done', 'ready' or 'parked' (text)
         # Refused (rare): the token the row carries now, for StaleToken.
-        current = await run(f"claim {what} failed", "fetchval", sql.current, row_id)
+        current = await run(what, "fetchval", sql.current, row_id)
         return Finish(None, None if current is None else int(current))
