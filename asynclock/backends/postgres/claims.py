@@ -102,10 +102,12 @@ class Statements:
         # max_attempts times is parked instead. Returns one row: no_range (run
         # SQL_TOKEN_EPOCH, retry), used_up (some tokens passed the range: epoch, retry;
         # those rows were not claimed) and the claimed rows as records of the table.
-        # ``LIMIT 1`` on the one-row range table: without it the planner guesses 1,330
-        # rows there, so ``k`` (rows x range) looks like 66,500 rows and the cached plan
-        # joins them back by hashing the WHOLE table (a sequential scan per claim: 2-6 ms
-        # per batch of 50 on 10,000 rows, growing with the table; issue 38 item 5).
+        # The claimed rows are found again by their ids (``= ANY (ARRAY(...))``: an index
+        # scan whatever the planner guesses), and the one-row range table is read with
+        # ``LIMIT 1``. A plain join on ``k`` was planned from guesses (1,330 range rows;
+        # ``LIMIT $1`` as a tenth of the table in the generic plan a prepared statement
+        # settles on) as a hash of the WHOLE table: a sequential scan per claim, 2-6 ms
+        # per batch of 50 on 10,000 rows, growing with the table (issue 38 item 5).
         self.claim = f"""
 WITH r AS (SELECT base, lim FROM asynclock_token_range LIMIT 1),
 p AS (
@@ -130,7 +132,8 @@ u AS (
         last_error = CASE WHEN t.attempts >= $4 AND t.status = 'claimed'
                      THEN 'parked: claimed ' || t.attempts || ' times; the last claim expired'
                      ELSE t.last_error END
-    FROM k WHERE t.{i} = k.id AND k.token <= k.lim
+    FROM k WHERE t.{i} = ANY (ARRAY(SELECT k.id FROM k WHERE k.token <= k.lim))
+      AND t.{i} = k.id AND k.token <= k.lim
     RETURNING t AS row, t.status AS st, t.{i} AS id
 )
 SELECT NOT EXISTS (SELECT 1 FROM r) AS no_range,
