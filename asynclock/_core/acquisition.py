@@ -37,6 +37,7 @@ from .exceptions import (
 )
 from .fastpath import (
     _any_current_task,
+    _called,
     _checkpoint_if_cancelled_for,
     _current_task_function,
     _describe_loop,
@@ -87,6 +88,7 @@ class Acquisition(Releasing, ThreadGrants):
         #: The running loop's cancel scope class (holder scopes are made directly,
         #: skipping anyio's per-call back-end lookup: a measurable part of a fast hold).
         self.scope_type: type[anyio.CancelScope] = anyio.CancelScope
+        self._new_scope: Callable[[type[Any]], Any] = _called  # until bind_loop
         self._checkpoint_if_cancelled: Callable[[], Awaitable[None]] = (
             anyio.lowlevel.checkpoint_if_cancelled
         )

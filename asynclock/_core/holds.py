@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
-from .bounds import CallBounds, shielded_call
+from .bounds import ArmOnSuspend, CallBounds
 from .clock import Clock
 from .context import (
     LEASES,
@@ -146,9 +146,12 @@ class Holds:
     def enter(self, pusher: object, lease: Lease) -> None:
         """Begin ``pusher``'s body holding ``lease`` (raises LeaseLost, the body never
         runs, if the lease is lost or past its local deadline: the session loses it)."""
-        self._acq.check_loop()
+        acq = self._acq
+        acq.check_loop()
+        scope = acq._new_scope(acq.scope_type)  # fastpath.new_scope(), inline
+        scope.__init__()
         try:
-            enter_body(pusher, lease, self._acq.current_task(), anyio.CancelScope(), LEASES.get())
+            enter_body(pusher, lease, acq.current_task(), scope, LEASES.get())
         except BaseException:
             if lease.lost.reason is None and not lease.released:
                 self._session.lose(lease, deadline_reason(lease, self.clock.now()))
@@ -193,8 +196,13 @@ class Holds:
         renewal, for the caller to lose."""
         session = self._session
         session.drop(lease, "ending")
+        acq = self._acq
+        scope = acq._new_scope(acq.scope_type)  # shielded_call(), with the cheap scope
+        scope.__init__(shield=True)
         try:
-            return await shielded_call(call, self._acq.bounds)
+            with scope:
+                return await ArmOnSuspend(call, scope, acq.bounds)
+            return None  # no answer within the bound: the scope was cancelled
         except BackendUnavailable:
             raise
         except Exception:

@@ -102,8 +102,14 @@ class Statements:
         # max_attempts times is parked instead. Returns one row: no_range (run
         # SQL_TOKEN_EPOCH, retry), used_up (some tokens passed the range: epoch, retry;
         # those rows were not claimed) and the claimed rows as records of the table.
+        # The claimed rows are found again by their ids (``= ANY (ARRAY(...))``: an index
+        # scan whatever the planner guesses), and the one-row range table is read with
+        # ``LIMIT 1``. A plain join on ``k`` was planned from guesses (1,330 range rows;
+        # ``LIMIT $1`` as a tenth of the table in the generic plan a prepared statement
+        # settles on) as a hash of the WHOLE table: a sequential scan per claim, 2-6 ms
+        # per batch of 50 on 10,000 rows, growing with the table (issue 38 item 5).
         self.claim = f"""
-WITH r AS (SELECT base, lim FROM asynclock_token_range),
+WITH r AS (SELECT base, lim FROM asynclock_token_range LIMIT 1),
 p AS (
     SELECT t.{i} AS id FROM {t} AS t
     WHERE EXISTS (SELECT 1 FROM r)
@@ -126,7 +132,8 @@ u AS (
         last_error = CASE WHEN t.attempts >= $4 AND t.status = 'claimed'
                      THEN 'parked: claimed ' || t.attempts || ' times; the last claim expired'
                      ELSE t.last_error END
-    FROM k WHERE t.{i} = k.id AND k.token <= k.lim
+    FROM k WHERE t.{i} = ANY (ARRAY(SELECT k.id FROM k WHERE k.token <= k.lim))
+      AND t.{i} = k.id AND k.token <= k.lim
     RETURNING t AS row, t.status AS st, t.{i} AS id
 )
 SELECT NOT EXISTS (SELECT 1 FROM r) AS no_range,
@@ -436,14 +443,16 @@ class PostgresClaimStore:
     async def complete(self, row_id: Any, token: int, results: Mapping[str, Any]) -> Finish:
         sql = self._sql or await self._resolve()
         statement = sql.complete(tuple(results))
-        return await self._finish(sql, statement, "complete", row_id, token, *results.values())
+        return await self._finish(
+            sql, statement, "claim complete failed", row_id, token, *results.values()
+        )
 
     async def fail(
         self, row_id: Any, token: int, error: str, retry_in: float | None, max_attempts: int
     ) -> Finish:
         sql = self._sql or await self._resolve()
         return await self._finish(
-            sql, sql.fail, "fail", row_id, token, error, retry_in, max_attempts
+            sql, sql.fail, "claim fail failed", row_id, token, error, retry_in, max_attempts
         )
 
     async def _finish(
@@ -452,9 +461,9 @@ class PostgresClaimStore:
         # A statement the database refuses (a constraint, a wrong type) raises its own
         # error, unchanged: nothing was written and the claim is still held.
         run = self._driver._run
-        status = await run(f"claim {what} failed", "fetchval", statement, row_id, token, *args)
+        status = await run(what, "fetchval", statement, row_id, token, *args)
         if status is not None:
-            return Finish(str(status), token)
+            return Finish(status, token)  # 'done', 'ready' or 'parked' (text)
         # Refused (rare): the token the row carries now, for StaleToken.
-        current = await run(f"claim {what} failed", "fetchval", sql.current, row_id)
+        current = await run(what, "fetchval", sql.current, row_id)
         return Finish(None, None if current is None else int(current))

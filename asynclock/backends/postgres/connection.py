@@ -303,8 +303,13 @@ class PostgresDriver(Driver):
         """``conn.<fetch>(sql, *args)`` on the pinned connection, a lost connection as
         BackendUnavailable("<display>: <what>: ...") (not for the hot path: getattr).
         ``first``: a renewal, ahead of the statements queued (see :mod:`.io_lock`)."""
-        async with self._io.first if first else self._io:
-            conn = await self._main()
+        io = self._io
+        if not io.take():  # `async with self._io` (or `.first`), without its coroutines
+            await io.acquire(first)
+        try:
+            conn = self._conn
+            if conn is None or self._closed or conn.is_closed():
+                conn = await self._main()
             try:
                 return await getattr(conn, fetch)(sql, *args)
             except _CONNECTION_ERRORS as exc:
@@ -317,6 +322,8 @@ class PostgresDriver(Driver):
                 # unusable, so closed; the next call makes a new one.
                 conn.terminate()
                 raise self._unavailable(what, exc) from exc
+        finally:
+            io.release()
 
     # -- idempotency records: a table beside the leases (the fenced store is per mode) -----
 

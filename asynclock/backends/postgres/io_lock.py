@@ -27,9 +27,16 @@ class IOLock:
     def locked(self) -> bool:
         return self._held
 
-    async def acquire(self, urgent: bool = False) -> None:
+    def take(self) -> bool:
+        """Take the lock if nobody holds it or waits for it (no await: the hot path's
+        usual case); False: ``await acquire()``."""
         if not self._held and not self._urgent and not self._queued:
             self._held = True
+            return True
+        return False
+
+    async def acquire(self, urgent: bool = False) -> None:
+        if self.take():
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         line = self._urgent if urgent else self._queued
