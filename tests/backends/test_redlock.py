@@ -22,6 +22,7 @@ from asynclock.backends.redis.scripts import (
     NO_QUEUE,
     REDLOCK_ACQUIRE,
     REDLOCK_RELEASE,
+    REDLOCK_RELEASE_MANY,
     RELEASE,
 )
 from tests.support.redis_servers import RedisFactory, RedisServer, redlock_url
@@ -225,11 +226,14 @@ async def test_redlock_scripts_answer_as_the_single_node_scripts_do(
                 for script, keys in (
                     (RELEASE, [k.lock, k.queue, k.queue_exp]),
                     (REDLOCK_RELEASE, [k.lock]),
+                    (REDLOCK_RELEASE_MANY, [k.lock]),  # a batch of one: [its answer]
                 ):
                     await setup(value, ttl, fence)
                     reply = await client.eval(script, len(keys), *keys, "me", token, channel)
+                    if script is REDLOCK_RELEASE_MANY:
+                        reply = reply[0]
                     answers.append((reply, *(await state())))
-                assert answers[0] == answers[1], (value, ttl, token)
+                assert answers[0] == answers[1] == answers[2], (value, ttl, token)
     finally:
         await client.delete(k.lock, k.fence)
         await client.aclose()
@@ -568,3 +572,57 @@ async def test_watchers_wake_on_release(redlock_servers: list[RedisServer], lock
             released = time.monotonic()
             await lease.release()
         assert got[0] - released < 0.5
+
+
+async def test_many_blocks_exiting_at_once_release_every_lease(
+    redlock_servers: list[RedisServer],
+) -> None:
+    """Issue 45 item 3: 2,000 leases held, every block exits at once. One fan-out per
+    release made 6,000 replies for as many tasks to read under the node timeout, and on a
+    starved machine some were read too late ("no answer within 1s": the lock left to
+    expire). Releases made while one is in flight go out together, one script call per
+    node per batch: every release confirmed, a few calls, nothing left on the nodes."""
+    from tests.support.mass_release import hold_and_release_all
+
+    n, ttl = 2000, 6.0
+    base = f"mass:{random.getrandbits(32):08x}:"
+    names = [f"{base}{i}" for i in range(n)]
+    url = redlock_url(redlock_servers)
+    async with (
+        asynclock.connect(url, node_timeout=1.0) as backend,
+        asynclock.connect(url, node_timeout=1.0) as waiters,
+    ):
+        driver = backend.driver
+        assert isinstance(driver, RedlockDriver)
+        real_send, releases = driver.fan.send, [0]
+
+        async def send(script: str, *args: object, **kwargs: object) -> object:
+            if script.startswith("redlock_release"):
+                releases[0] += 1
+            return await real_send(script, *args, **kwargs)  # type: ignore[arg-type]
+
+        driver.fan.send = send  # type: ignore[method-assign, assignment]
+        result = await hold_and_release_all(
+            backend,
+            names,
+            ttl,
+            waiters=waiters,
+            waited_for=names[:: n // 4],
+            calls=lambda: releases[0],
+            # Redlock's per-node timeout is short by design: 2,000 fan-outs at once on a
+            # loaded machine outlast it (the acquisitions are not what this test is about).
+            in_flight=100,
+        )
+        stats = backend.stats()
+    assert not result.lost, (len(result.lost), result.lost[:3])
+    assert (stats.released, stats.losses, stats.held) == (n, 0, 0), stats
+    assert result.calls <= 2 * n // 500 + 2, result.calls  # batched: up to 500 a call
+    for server in redlock_servers:
+        client = redis.asyncio.Redis.from_url(server.url)
+        try:
+            left = [key async for key in client.scan_iter(match=f"asynclock:{{{base}*")]
+        finally:
+            await client.aclose()
+        assert len(left) == n  # the fence counters stay (tokens never go back) ...
+        assert not [key for key in left if key.endswith(b"}")], left[:5]  # ... no lock key
+    assert max(result.waited_s) < 2.0, result.waited_s

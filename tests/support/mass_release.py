@@ -34,10 +34,13 @@ async def hold_and_release_all(
     waiters: asynclock.Backend,
     waited_for: list[str],
     calls: Callable[[], int] = lambda: 0,
+    in_flight: int | None = None,
 ) -> MassRelease:
     """Hold ``names`` in ``backend`` with ``ttl``, make ``waiters`` wait for ``waited_for``
     (each has been told busy once), then let every block exit at once. ``calls``: a count
-    of server calls, read before and after the mass release."""
+    of server calls, read before and after the mass release. ``in_flight``: acquisitions
+    at once (None: all of them)."""
+    limiter = anyio.CapacityLimiter(in_flight or len(names))
     result = MassRelease()
     go, all_held, all_waiting = anyio.Event(), anyio.Event(), anyio.Event()
     held, waiting = [0], [0]
@@ -45,14 +48,21 @@ async def hold_and_release_all(
     done = anyio.Event()
 
     async def hold(name: str) -> None:
+        await limiter.acquire()
+        acquiring = True
         try:
             async with backend.lock(name, ttl=ttl, timeout=30):
+                limiter.release()
+                acquiring = False
                 held[0] += 1
                 if held[0] == len(names):
                     all_held.set()
                 await go.wait()
         except asynclock.LeaseLost as exc:
             result.lost.append(f"{name}: {exc.reason}")
+        finally:
+            if acquiring:
+                limiter.release()
 
     async def wait_for(name: str) -> None:
         try:

@@ -210,6 +210,32 @@ return 0
 """
 )
 
+# REDLOCK_RELEASE_MANY: REDLOCK_RELEASE for many locks of one node in one call (releases
+# made while one is in flight go out together: issue 45 item 3). KEYS: the lock keys; ARGV:
+# per key its owner, token ("" if none) and channel. Returns per key 1 if it deleted our
+# held key, else 0 (as REDLOCK_RELEASE).
+REDLOCK_RELEASE_MANY = (
+    CLOCK
+    + LEASE
+    + """
+local out = {}
+for i = 1, #KEYS do
+  local owner = ARGV[3 * i - 2]
+  out[i] = 0
+  local cur = redis.call('GET', KEYS[i])
+  if cur ~= false then
+    local held = owned(cur, owner, ARGV[3 * i - 1])
+    if held ~= nil then
+      redis.call('DEL', KEYS[i])
+      redis.call('PUBLISH', ARGV[3 * i], '-' .. owner)
+      if held then out[i] = 1 end
+    end
+  end
+end
+return out
+"""
+)
+
 # RAISE_FENCE (Redlock phase 2, G2): where this node still holds our key, raise the fence
 # counter to the agreed token t (never lower it) and record t in the lock value.
 # KEYS: lock, fence[, scope fence] (a token scope's counter is raised alike).
@@ -359,6 +385,7 @@ SCRIPTS = {
     "raise_fence": RAISE_FENCE,
     "redlock_acquire": REDLOCK_ACQUIRE,
     "redlock_release": REDLOCK_RELEASE,
+    "redlock_release_many": REDLOCK_RELEASE_MANY,
     "holder": HOLDER,
     "break": BREAK,
     "record_put": RECORD_PUT,
@@ -370,9 +397,12 @@ SCRIPTS = {
     **RW_SCRIPTS,
 }
 #: Scripts not loaded at open (loaded on their first NOSCRIPT): only redis+sentinel:// and
-#: redis+cluster:// run them (a redis:// or redlock:// open loads no more than it did), and
-#: CLUSTER_EXTEND's flags need Redis >= 7.0.
-LAZY = frozenset({"adopt", "cluster_extend", "scope_next", *SEM_SCRIPTS, *RW_SCRIPTS})
+#: redis+cluster:// run them (a redis:// or redlock:// open loads no more than it did), or
+#: Redlock only when releases meet (REDLOCK_RELEASE_MANY); CLUSTER_EXTEND's flags need
+#: Redis >= 7.0.
+LAZY = frozenset(
+    {"adopt", "cluster_extend", "scope_next", "redlock_release_many", *SEM_SCRIPTS, *RW_SCRIPTS}
+)
 #: EVALSHA digests (the same on every server: SHA1 of the script text).
 SHAS = {key: hashlib.sha1(text.encode()).hexdigest().encode() for key, text in SCRIPTS.items()}
 
