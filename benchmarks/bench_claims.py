@@ -8,7 +8,10 @@ Rows, side by side in one run against one server, for each number of workers:
 * asynclock: ``async with claims.take(limit=n) as batch:`` and, per row, ``async with
   job: await job.complete(result=…)`` (a claim token per row from the shared token
   source, a lease per row renewed in one statement per heartbeat, completion fenced on
-  the token).
+  the token);
+* asynclock with ``await job.complete_later(result=…)``: the same, the batch's
+  completions sent together at its end (one pipelined, atomic round trip, each fenced on
+  its own token, plus one read of the rows' states).
 
 Each worker is a process; the clock runs from the moment every worker is connected until
 the last one finds the table drained. ``--rows`` rows per run (default 10,000: the 8 x
@@ -132,6 +135,28 @@ async def with_claims(url: str, table: str, limit: int, waits: Waits) -> list[in
     return done
 
 
+async def with_claims_later(url: str, table: str, limit: int, waits: Waits) -> list[int]:
+    """As :func:`with_claims`, with each completion deferred to the batch
+    (``complete_later``): one fenced round trip per batch instead of one per row."""
+    done: list[int] = []
+    async with asynclock.connect(url) as backend:
+        claims = backend.claims(table, ttl=TTL)
+        emit("ready")
+        await anyio.to_thread.run_sync(sys.stdin.readline)
+        waits.working()
+        while True:
+            async with claims.take(limit=limit) as batch:
+                if not batch:
+                    break
+                waits.got()
+                for job in batch:
+                    async with job:
+                        await job.complete_later(result="1")
+                        done.append(job.id)
+            waits.working()
+    return done
+
+
 async def with_pgqueuer(url: str, table: str, limit: int, waits: Waits) -> list[int]:
     """pgqueuer's worker: a QueueManager in drain mode (it stops once the queue is empty),
     one entrypoint that records the job (its payload is the row number). ``waits`` is
@@ -196,9 +221,12 @@ async def worker(cfg: dict[str, Any]) -> None:
     if cfg["kind"] == "frozen":
         await frozen_trials(cfg["url"], cfg["table"], cfg["trials"], cfg["k"], cfg["of"])
         return
-    run = {"hand-written": hand_written, "asynclock": with_claims, "pgqueuer": with_pgqueuer}[
-        cfg["kind"]
-    ]
+    run = {
+        "hand-written": hand_written,
+        "asynclock": with_claims,
+        "asynclock-later": with_claims_later,
+        "pgqueuer": with_pgqueuer,
+    }[cfg["kind"]]
     waits = Waits()
     ids = await run(cfg["url"], cfg["table"], cfg["limit"], waits)
     emit("done", ids=ids, wait=waits.total, longest=waits.longest)
@@ -311,14 +339,17 @@ async def throughput(url: str, workers: list[int], rows: int, limit: int) -> Non
     print(f"\n{rows} rows per run, take/claim limit {limit}; every run: each row completed once")
     print(
         f"{'workers':>7} {'hand-written rows/s':>20} {'asynclock rows/s':>17} {'ratio':>6}"
+        f" {'complete_later rows/s':>22} {'ratio':>6}"
         f" {'asynclock wait/worker':>22} {'longest wait':>13} {'pgqueuer jobs/s':>16}"
     )
     for n in workers:
         raw = await one_run(url, "hand-written", n, rows, limit)
         ours = await one_run(url, "asynclock", n, rows, limit)
+        later = await one_run(url, "asynclock-later", n, rows, limit)
         peer = await one_run(url, "pgqueuer", n, rows, limit)
         print(
             f"{n:7d} {raw['rate']:20.0f} {ours['rate']:17.0f} {ours['rate'] / raw['rate']:6.2f}"
+            f" {later['rate']:22.0f} {later['rate'] / raw['rate']:6.2f}"
             f" {ours['wait'] * 1000:19.0f} ms {ours['longest'] * 1000:10.1f} ms"
             f" {peer['rate']:16.0f}",
             flush=True,

@@ -4,7 +4,9 @@ Three workers (three backends, as three processes would be) drain 20 jobs from t
 ``example_jobs``: each takes up to 5 rows at a time with ``FOR UPDATE SKIP LOCKED``, works
 on each row inside ``async with job:`` (cancelled if the claim is lost), and completes it
 with a write that only lands while the row still carries the claim's token. Job 7 fails on
-its first attempt and is retried; a late completion of a reclaimed row is refused.
+its first attempt and is retried; a late completion of a reclaimed row is refused. Then a
+worker completes 10 more jobs with ``complete_later``: each batch's completions go out
+together when its block ends, each still fenced on its own token.
 
 Run against any PostgreSQL you can create tables in (the URL from argv or $ASYNCLOCK_PG_URL):
 
@@ -61,9 +63,30 @@ async def main(url: str) -> int:
         print(f"each completed once: {sorted(done) == [r['id'] for r in rows]}")
         print(f"job 7: attempts {rows[6]['attempts']}, result {rows[6]['result']}")
 
+        # Completions deferred to the batch: one round trip per batch, not one per row.
+        await conn.execute(
+            f"INSERT INTO {TABLE} (payload) "
+            "SELECT jsonb_build_object('n', g) FROM generate_series(101, 110) g"
+        )
+        async with asynclock.connect(url) as backend:
+            jobs = backend.claims(TABLE, ttl=10)
+            while True:
+                async with jobs.take(limit=5) as batch:
+                    if not batch:
+                        break
+                    for job in batch:
+                        async with job:
+                            n = json.loads(job.row["payload"])["n"]
+                            await job.complete_later(result=json.dumps(n * n))
+                # (the block's end wrote the 5 completions; a refused one raises StaleToken)
+        left = await conn.fetchval(f"SELECT count(*) FROM {TABLE} WHERE status <> 'done'")
+        print(f"10 more jobs completed in batches, rows not done: {left}")
+
         # A worker frozen past its ttl: its row is reclaimed (a larger token), and its late
         # completion is refused. Here we play both workers by hand.
-        await conn.execute(f"INSERT INTO {TABLE} (payload) VALUES ('{{\"n\": 21}}')")
+        late_id = await conn.fetchval(
+            f"INSERT INTO {TABLE} (payload) VALUES ('{{\"n\": 21}}') RETURNING id"
+        )
         async with asynclock.connect(url) as a, asynclock.connect(url) as b:
             async with a.claims(TABLE, ttl=10).take() as first:
                 (old,) = first
@@ -80,7 +103,8 @@ async def main(url: str) -> int:
                     await old.complete(result="-1")
                 except asynclock.StaleToken as exc:
                     print(f"late completion refused: {exc}")
-        print(f"job 21 result: {await conn.fetchval(f'SELECT result FROM {TABLE} WHERE id = 21')}")
+        result = await conn.fetchval(f"SELECT result FROM {TABLE} WHERE id = $1", late_id)
+        print(f"job {late_id} result: {result}")
         await conn.execute(f"DROP TABLE {TABLE}")
     finally:
         await conn.close()

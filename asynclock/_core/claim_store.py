@@ -67,6 +67,14 @@ class ClaimStore(Keeper, Protocol):
         the database refuses raises its own error (nothing written)."""
         ...
 
+    async def complete_many(
+        self, columns: tuple[str, ...], rows: Sequence[tuple[Any, int, Sequence[Any]]]
+    ) -> list[Finish]:
+        """:meth:`complete` for many rows (id, token, the values of ``columns``) in one
+        round trip, all or nothing: one answer per row, in order. A statement the database
+        refuses for any row raises its own error and writes nothing."""
+        ...
+
     async def fail(
         self, row_id: Any, token: int, error: str, retry_in: float | None, max_attempts: int
     ) -> Finish:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import os
 import socket
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -147,6 +147,59 @@ class Claims:
             ) from exc
         return [self._grant(row, t_send) for row in rows]
 
+    async def _complete_many(self, deferred: Sequence[Claim]) -> int:
+        """Send deferred completions, one store call per set of result columns."""
+        holds = self._holds
+        holds.check_loop()
+        groups: dict[tuple[str, ...], list[Claim]] = {}
+        for claim in deferred:
+            assert claim._deferred is not None
+            groups.setdefault(tuple(claim._deferred), []).append(claim)
+        written = 0
+        refused: Claim | None = None
+        current: int | None = None
+        for columns, claims in groups.items():
+            call: Coroutine[Any, Any, Sequence[Finish]]
+            if len(claims) == 1:  # one round trip, as complete() (the batch read is a second)
+                (one,) = claims
+                call = self._complete_one(one, one._deferred or {})
+            else:
+                rows = [(c.id, c.token, tuple((c._deferred or {}).values())) for c in claims]
+                call = self._store.complete_many(columns, rows)
+            try:
+                answers = await holds.end_many([c.lease for c in claims], call)
+            except BackendUnavailable:
+                for claim in claims:
+                    claim._unknown("complete")
+                raise
+            except Exception as exc:
+                # Refused by the database: nothing of this set written; held again, not
+                # deferred, and given back by the block's end with this error recorded.
+                for claim in claims:
+                    claim._deferred = None
+                    claim._error = f"{type(exc).__name__}: {exc}"[:2000]
+                raise
+            if answers is None:
+                for claim in claims:
+                    claim._unknown("complete")
+                raise BackendUnavailable(f"claim complete() on {self.table!r}: no answer")
+            for claim, answer in zip(claims, answers, strict=True):
+                claim._finished = True
+                self._store.untrack(claim.lease.owner)
+                if answer.status is None:
+                    holds.lose(claim.lease, "the row was reclaimed, completed or given back")
+                    if refused is None:
+                        refused, current = claim, answer.current
+                else:
+                    holds.finish(claim.lease)
+                    written += 1
+        if refused is not None:
+            raise StaleToken(f"{self.table}:{refused.id}", refused.token, current)
+        return written
+
+    async def _complete_one(self, claim: Claim, results: Mapping[str, Any]) -> list[Finish]:
+        return [await self._store.complete(claim.id, claim.token, results)]
+
     def _grant(self, claimed: ClaimedRow, t_send: float) -> Claim:
         owner = "claim:" + self._holds.new_owner()
         self._store.track(owner, claimed.id)
@@ -191,7 +244,37 @@ class ClaimBatch(AsyncContextOnly):
         return self
 
     async def __aexit__(self, *exc_info: *ExcInfo) -> None:
-        await self._claims._give_back(self._items)
+        try:
+            await self.flush()
+        except Exception:
+            if exc_info[1] is None:
+                raise
+            # The block is already leaving with its own exception (a cancellation
+            # included): that one propagates. What the flush met is on the claims: a
+            # refused one is lost (``claim.lost``), one the database refused is given back
+            # below with its error recorded.
+        finally:
+            await self._claims._give_back(self._items)
+
+    async def flush(self) -> int:
+        """Send the completions deferred by :meth:`Claim.complete_later` now, in one round
+        trip (per set of result columns), each fenced as :meth:`Claim.complete` is; the
+        block's end does it too. Returns how many were written.
+
+        Raises:
+            StaleToken: for the first deferred completion refused (its row was reclaimed or
+                given back); the others were written, and every refused claim is lost
+                (``claim.lost`` says why).
+            BackendUnavailable: no answer; as for ``complete()``, those rows come back
+                after their ttl unless the write landed.
+            Any error of the database's own, unchanged: nothing of that set of columns was
+                written, and those claims are held again, no longer deferred (``fail()``
+                them, or let the block's end give them back with the error recorded).
+        """
+        deferred = [c for c in self._items if c._deferred is not None and not c._finished]
+        if not deferred:
+            return 0
+        return await self._claims._complete_many(deferred)
 
     def __iter__(self) -> Iterator[Claim]:
         return iter(self._items)
@@ -230,9 +313,19 @@ class Claim(AsyncContextOnly):
         self._entered = False
         #: The error the block ended with, recorded when the row is given back.
         self._error: str | None = None
+        #: The results of a completion deferred to the batch (``complete_later``).
+        self._deferred: dict[str, Any] | None = None
 
     def __repr__(self) -> str:
-        state = "lost" if self.lost else "finished" if self._finished else "claimed"
+        state = (
+            "lost"
+            if self.lost
+            else "finished"
+            if self._finished
+            else "deferred"
+            if self._deferred is not None
+            else "claimed"
+        )
         return f"<Claim {self._claims.table}:{self.id!r} token={self.token} {state}>"
 
     @property
@@ -282,6 +375,26 @@ class Claim(AsyncContextOnly):
         call = claims._store.complete(self.id, self.token, results)
         await self._finish(call, "complete")
 
+    async def complete_later(self, **results: Any) -> None:
+        """:meth:`complete`, deferred: the row is completed with ``results`` when its
+        batch's block ends (or at ``await batch.flush()``), in one round trip with every
+        other deferred completion of the batch, each still fenced on its own token. Until
+        then the claim stays held and renewed. A block that raises after this call still
+        completes the row, as if ``complete()`` had been called here.
+
+        Where ``complete()`` raises ``StaleToken`` at the call, a deferred completion is
+        refused at the flush (which raises it); see docs/claims.md, "Completing a batch at
+        once".
+
+        Raises:
+            ValueError: a result column the table lacks, or a claim column (at once).
+            RuntimeError: the claim was already completed, failed or deferred.
+        """
+        if self._finished or self._deferred is not None:
+            raise RuntimeError(f"{self!r} is already finished or deferred; a claim completes once")
+        await self._claims._store.check_results(results)
+        self._deferred = results
+
     async def fail(self, error: object, *, retry_in: float | None = None) -> bool:
         """Record ``error`` (its ``str``) and give the row back to be retried after
         ``retry_in`` seconds (default: 1, 2, 4, ... per attempt, at most 300). A row
@@ -293,7 +406,7 @@ class Claim(AsyncContextOnly):
         return await self._finish(call, "fail") == "parked"
 
     async def _finish(self, call: Any, what: str) -> str:
-        if self._finished:
+        if self._finished or self._deferred is not None:
             call.close()
             raise RuntimeError(f"{self!r} is already finished; {what}() runs once per claim")
         claims = self._claims

@@ -194,8 +194,15 @@ class Holds:
         written, the lease is still ours), the lease is renewed again and the error
         propagates unchanged; ``BackendUnavailable`` (unknown outcome) leaves it out of
         renewal, for the caller to lose."""
+        return await self.end_many((lease,), call)
+
+    async def end_many(self, leases: Sequence[Lease], call: Coroutine[Any, Any, T]) -> T | None:
+        """:meth:`end` for one server step that ends many leases' holds at once (a batch
+        of claims' completions): every lease out of renewal while it runs, renewed again
+        if the server refused the step."""
         session = self._session
-        session.drop(lease, "ending")
+        for lease in leases:
+            session.drop(lease, "ending")
         acq = self._acq
         scope = acq._new_scope(acq.scope_type)  # shielded_call(), with the cheap scope
         scope.__init__(shield=True)
@@ -206,7 +213,8 @@ class Holds:
         except BackendUnavailable:
             raise
         except Exception:
-            session.renew_again(lease)
+            for lease in leases:
+                session.renew_again(lease)
             raise
 
     def finish(self, lease: Lease) -> None:

@@ -646,9 +646,10 @@ def test_example_claims_queue(pg_server: PgServer) -> None:
         "each completed once: True",
         "job 7: attempts 2, result 49",
     ], done.stdout
-    assert lines[3].startswith("job 21 reclaimed with token ")
-    assert lines[4].startswith("late completion refused: stale fencing token ")
-    assert lines[5] == "job 21 result: 441"
+    assert lines[3] == "10 more jobs completed in batches, rows not done: 0"
+    assert lines[4].startswith("job 31 reclaimed with token ")
+    assert lines[5].startswith("late completion refused: stale fencing token ")
+    assert lines[6] == "job 31 result: 441"
 
 
 async def test_the_claim_statement_finds_its_rows_by_key_not_by_scanning_the_table(

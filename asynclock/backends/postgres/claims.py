@@ -173,6 +173,11 @@ WHERE t.{i} = $1 AND t.claim_token = $2 AND t.status = 'claimed'
 RETURNING t.status"""
         # Current (after a refused completion only): args $1 id. The row's claim token.
         self.current = f"SELECT claim_token FROM {t} WHERE {i} = $1"
+        # States (after a batch of completions): args $1 ids. Each row's id, claim token
+        # and status: a row 'done' with our token is ours (a token is drawn once).
+        self.states = (
+            f"SELECT {i} AS id, claim_token, status FROM {t} WHERE {i} = ANY ($1::{id_type}[])"
+        )
         self.table, self.id_col = t, i
         self._complete: dict[tuple[str, ...], str] = {}
         #: Sets of result columns already checked against this table (``check_results``).
@@ -446,6 +451,29 @@ class PostgresClaimStore:
         return await self._finish(
             sql, statement, "claim complete failed", row_id, token, *results.values()
         )
+
+    async def complete_many(
+        self, columns: tuple[str, ...], rows: Sequence[tuple[Any, int, Sequence[Any]]]
+    ) -> list[Finish]:
+        # complete()'s own statement per row, pipelined and atomic (asyncpg's executemany:
+        # one transaction, any error writes nothing), then one read of the rows' states:
+        # whatever the columns' types (an array column cannot ride an unnest).
+        sql = self._sql or await self._resolve()
+        run = self._driver._run
+        what = "claim complete failed"
+        await run(what, "executemany", sql.complete(columns), [(r[0], r[1], *r[2]) for r in rows])
+        states = {r["id"]: r for r in await run(what, "fetch", sql.states, [r[0] for r in rows])}
+        out: list[Finish] = []
+        for row_id, token, _ in rows:
+            state = states.get(row_id)
+            if state is None:  # deleted meanwhile: not ours any more
+                out.append(Finish(None, None))
+            elif state["claim_token"] == token and state["status"] == "done":
+                out.append(Finish("done", token))
+            else:
+                current = state["claim_token"]
+                out.append(Finish(None, None if current is None else int(current)))
+        return out
 
     async def fail(
         self, row_id: Any, token: int, error: str, retry_in: float | None, max_attempts: int
