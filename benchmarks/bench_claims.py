@@ -49,12 +49,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import platform
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -115,7 +117,11 @@ RETURNING id"""
     return done
 
 
-async def with_claims(url: str, table: str, limit: int, waits: Waits) -> list[int]:
+async def with_claims(
+    url: str, table: str, limit: int, waits: Waits, *, later: bool = False
+) -> list[int]:
+    """``later``: each completion deferred to the batch (``complete_later``): one fenced
+    round trip per batch instead of one per row."""
     done: list[int] = []
     async with asynclock.connect(url) as backend:
         claims = backend.claims(table, ttl=TTL)
@@ -129,29 +135,10 @@ async def with_claims(url: str, table: str, limit: int, waits: Waits) -> list[in
                 waits.got()
                 for job in batch:
                     async with job:
-                        await job.complete(result="1")
-                        done.append(job.id)
-                waits.working()
-    return done
-
-
-async def with_claims_later(url: str, table: str, limit: int, waits: Waits) -> list[int]:
-    """As :func:`with_claims`, with each completion deferred to the batch
-    (``complete_later``): one fenced round trip per batch instead of one per row."""
-    done: list[int] = []
-    async with asynclock.connect(url) as backend:
-        claims = backend.claims(table, ttl=TTL)
-        emit("ready")
-        await anyio.to_thread.run_sync(sys.stdin.readline)
-        waits.working()
-        while True:
-            async with claims.take(limit=limit) as batch:
-                if not batch:
-                    break
-                waits.got()
-                for job in batch:
-                    async with job:
-                        await job.complete_later(result="1")
+                        if later:
+                            await job.complete_later(result="1")
+                        else:
+                            await job.complete(result="1")
                         done.append(job.id)
             waits.working()
     return done
@@ -221,10 +208,10 @@ async def worker(cfg: dict[str, Any]) -> None:
     if cfg["kind"] == "frozen":
         await frozen_trials(cfg["url"], cfg["table"], cfg["trials"], cfg["k"], cfg["of"])
         return
-    run = {
+    run: Callable[[str, str, int, Waits], Awaitable[list[int]]] = {
         "hand-written": hand_written,
         "asynclock": with_claims,
-        "asynclock-later": with_claims_later,
+        "asynclock-later": functools.partial(with_claims, later=True),
         "pgqueuer": with_pgqueuer,
     }[cfg["kind"]]
     waits = Waits()

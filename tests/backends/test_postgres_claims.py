@@ -9,8 +9,6 @@ import os
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -35,20 +33,6 @@ MODES = ["session", "lease"]
 
 def url_for(server: PgServer, mode: str) -> str:
     return server.url() + ("?mode=lease" if mode == "lease" else "")
-
-
-@pytest.fixture
-def table() -> str:
-    return f"jobs_{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture
-async def conn(pg_server: PgServer) -> AsyncIterator[asyncpg.Connection]:
-    c = await asyncpg.connect(pg_server.url())
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def make_jobs(claims: Claims, conn: asyncpg.Connection, n: int) -> None:

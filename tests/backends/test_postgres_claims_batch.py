@@ -4,8 +4,6 @@ nothing when the database refuses one, and the block's end flushing them."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -15,24 +13,15 @@ import pytest
 import asynclock
 import asynclock.testing
 from asynclock.backends.postgres.claims import PostgresClaimStore
-from tests.backends.test_postgres_claims import MODES, make_jobs, rows, url_for
+from tests.backends.test_postgres_claims import (
+    MODES,
+    make_jobs,
+    rows,
+    url_for,
+)
 from tests.support.pg_servers import PgServer
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def table() -> str:
-    return f"jobs_{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture
-async def conn(pg_server: PgServer) -> AsyncIterator[asyncpg.Connection]:
-    c = await asyncpg.connect(pg_server.url())
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 def count_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:

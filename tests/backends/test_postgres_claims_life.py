@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 
 import anyio
@@ -17,24 +16,17 @@ import pytest
 import asynclock
 from asynclock.backends.postgres.claims import index_name
 from asynclock.testing import force_loss
-from tests.backends.test_postgres_claims import MODES, make_jobs, reclaim, rows, start, url_for
+from tests.backends.test_postgres_claims import (
+    MODES,
+    make_jobs,
+    reclaim,
+    rows,
+    start,
+    url_for,
+)
 from tests.support.pg_servers import PgServer
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def table() -> str:
-    return f"jobs_{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture
-async def conn(pg_server: PgServer) -> AsyncIterator[asyncpg.Connection]:
-    c = await asyncpg.connect(pg_server.url())
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 # -- 1. a lost claim's body never starts -----------------------------------------------------
