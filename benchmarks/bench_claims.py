@@ -208,12 +208,13 @@ async def worker(cfg: dict[str, Any]) -> None:
     if cfg["kind"] == "frozen":
         await frozen_trials(cfg["url"], cfg["table"], cfg["trials"], cfg["k"], cfg["of"])
         return
-    run: Callable[[str, str, int, Waits], Awaitable[list[int]]] = {
+    kinds: dict[str, Callable[[str, str, int, Waits], Awaitable[list[int]]]] = {
         "hand-written": hand_written,
         "asynclock": with_claims,
         "asynclock-later": functools.partial(with_claims, later=True),
         "pgqueuer": with_pgqueuer,
-    }[cfg["kind"]]
+    }
+    run = kinds[cfg["kind"]]
     waits = Waits()
     ids = await run(cfg["url"], cfg["table"], cfg["limit"], waits)
     emit("done", ids=ids, wait=waits.total, longest=waits.longest)
