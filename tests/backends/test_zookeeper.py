@@ -414,7 +414,7 @@ async def test_a_server_restart_keeps_the_lease_and_tokens_rising(
     zk_factory: ZkFactory, lock_name: str
 ) -> None:
     """kill -9, 8 s down, start again with the same data: the session (in the server's log)
-    survives an outage shorter than its timeout, the client is back within a second of the
+    survives an outage shorter than its timeout, the client is back within seconds of the
     server serving again, and czxids go on from the log (a standalone server keeps its epoch;
     an ensemble's new leader takes a larger one).
 
@@ -445,7 +445,10 @@ async def test_a_server_restart_keeps_the_lease_and_tokens_rising(
                     except asynclock.BackendUnavailable:
                         await anyio.sleep(0.02)  # poll the client's reconnection
             back_after = time.monotonic() - serving_at
-            assert back_after < 1.5, f"back {back_after:.2f}s after the server served again"
+            # A retry (<= 1.4 s) or, when the server took the attempt during its start-up
+            # and never answered it, the handshake bound (1.5 s for a 30 s session) and a
+            # retry: the next test makes that case on purpose.
+            assert back_after < 4.0, f"back {back_after:.2f}s after the server served again"
             assert not lease.lost
         async with backend.lock(lock_name, ttl=5.0, timeout=10) as after:
             assert after.token > lease.token
@@ -459,7 +462,7 @@ async def test_a_session_request_the_restarting_server_never_answers_is_made_aga
     session request never answered; kazoo waits session_timeout / hosts (30 s) for that
     answer, so the client came back long after the server served. Here a listener in the
     server's place takes the attempt and never answers; once the server serves again the
-    client must be back within the handshake bound (3 s for a 30 s session) plus a retry,
+    client must be back within the handshake bound (1.5 s for a 30 s session) plus a retry,
     with its session: the lease kept."""
     ensemble = zk_factory(1)
     url = ensemble.url + "?session_timeout=30"
@@ -488,7 +491,7 @@ async def test_a_session_request_the_restarting_server_never_answers_is_made_aga
                 back_after = time.monotonic() - serving_at
             finally:
                 taken.close()
-            assert back_after < 5.0, f"back {back_after:.2f}s after the server served again"
+            assert back_after < 4.0, f"back {back_after:.2f}s after the server served again"
             assert not lease.lost
 
 

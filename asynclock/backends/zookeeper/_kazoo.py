@@ -196,9 +196,11 @@ class _Capture(logging.LoggerAdapter):  # type: ignore[type-arg]
 
 def handshake_bound(session_timeout: float, hosts: int) -> float:
     """How long a session request may go unanswered before the attempt is cut short and
-    made again: a tenth of the session timeout, at least 2 s (doubled after each cut), and
-    0 (kazoo's own wait) where kazoo's wait, the session timeout over the hosts, is shorter."""
-    bound = max(2.0, session_timeout / 10)
+    made again: a twentieth of the session timeout, at least 1 s (doubled after each cut,
+    so a server merely slow to answer is waited for longer each time), and 0 (kazoo's own
+    wait) where kazoo's wait, the session timeout over the hosts, is shorter. A server that
+    serves answers within milliseconds."""
+    bound = max(1.0, session_timeout / 20)
     return bound if bound < session_timeout / hosts else 0.0
 
 
