@@ -159,8 +159,11 @@ async def test_sigstop_moves_partitions_and_fences_the_frozen_member(
         moved = await until(changed, lambda: len(b.owned) == count, bound + 5)
         await until(changed, lambda: fenced(b, taken, stopped), 10)
         took = moved - stopped
-        frozen.resume()
+        # Read before the SIGCONT: the resumed member may report its cancelled consumes
+        # before this process runs again (a CI run saw 0 of 8 "cancelled" events: they came
+        # a hair before a `resumed` read after the signal, and were filtered out).
         resumed = time.monotonic()
+        frozen.resume()
         await until(
             changed,
             lambda: {e["partition"] for e in a.of("late_write", resumed)} >= taken,
