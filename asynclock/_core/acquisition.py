@@ -24,6 +24,8 @@ import anyio
 import anyio.lowlevel
 
 from .bounds import CallBounds, cleanup
+from .busy import busy_error as _busy_error
+from .busy import timeout_detail as _timeout_detail
 from .clock import Clock
 from .context import LEASES, Entry, enter_body, refuse_nested
 from .driver import Busy, Driver
@@ -32,8 +34,6 @@ from .exceptions import (
     AsynclockError,
     BackendUnavailable,
     LeaseLost,
-    LockHeld,
-    RestartGrace,
 )
 from .fastpath import (
     _any_current_task,
@@ -46,7 +46,7 @@ from .fastpath import (
 )
 from .keeper import SENT_AT, Grants
 from .lease import Lease
-from .owner_label import label_of, label_tag
+from .owner_label import label_tag
 from .release import Releasing
 from .session import Session
 from .stats import StatsRecorder
@@ -484,19 +484,3 @@ Holder = tuple[object, object, tuple[Entry, ...]]
 
 #: Errors :meth:`Acquisition.call` lets through as they are.
 Passing = tuple[type[Exception], ...]
-
-
-def _busy_error(name: str, busy: Busy) -> LockHeld:
-    """What a busy answer raises for ``blocking=False``."""
-    if busy.grace_until is not None:
-        return RestartGrace(name, busy.retry_after or 0.0, busy.grace_until, busy.detail)
-    return LockHeld(name, busy.retry_after, busy.detail, label_of(busy.owner))
-
-
-def _timeout_detail(name: str, busy: Busy) -> str | None:
-    """What :class:`AcquireTimeout` says of the last busy answer: only a restart grace is
-    worth saying (a busy name is what a timeout means anyway)."""
-    if busy.grace_until is None:
-        return None
-    message = str(_busy_error(name, busy))
-    return "the backend was in its restart grace; " + message.split(", the end of ", 1)[0]

@@ -275,7 +275,7 @@ async def test_digest_auth_with_a_wrong_password(zk_ensemble: ZkEnsemble, lock_n
 
 
 async def test_documented_defaults_and_the_negotiated_timeout(zk_ensemble: ZkEnsemble) -> None:
-    """Pins _kazoo._Capture: the session timeout is read from what the server granted."""
+    """Pins _connecting.Capture: the session timeout is read from what the server granted."""
     async with asynclock.connect(zk_ensemble.url) as backend:
         driver = zk_driver(backend)
         assert driver.zk.negotiated_ms == 10_000  # the default, 10 s, within the server's bounds

@@ -12,7 +12,7 @@ from urllib.parse import parse_qsl, urlsplit
 import anyio
 import asyncpg  # type: ignore[import-untyped]  # no stubs; see fence/sql.py Protocols
 
-from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef, Record
+from ..._core.driver import Busy, Driver, ExtendResult, LeaseRef
 from ..._core.errors import map_errors
 from ..._core.exceptions import BackendUnavailable, ServerFull
 from ..._core.holder import Holder
@@ -20,10 +20,10 @@ from ..._core.turns import LINE_POLL, Turns
 from ..._core.validation import check_seconds
 from .._common.asyncio_only import require_asyncio
 from .io_lock import IOLock
+from .records import PostgresRecords
 from .refusals import _LOCK_TABLE_FULL as _LOCK_TABLE_FULL
 from .refusals import no_slot, table_full
-from .sql import SQL_RECORD_DELETE, SQL_RECORD_EXISTS, SQL_RECORD_GET, SQL_RECORD_SCHEMA
-from .tokens import _name_bytes, ensure_schema, notify_channel, waiter_key
+from .tokens import ensure_schema, notify_channel, waiter_key
 
 if TYPE_CHECKING:
     from .claims import PostgresClaimStore
@@ -45,7 +45,7 @@ class PoolerDetected(BackendUnavailable):
     """Session advisory locks were refused: the URL goes through a transaction pooler."""
 
 
-class PostgresDriver(Driver):
+class PostgresDriver(PostgresRecords, Driver):
     """What both modes share: the pinned connection, the LISTEN connection, pooler
     detection. :class:`~asynclock.backends.postgres.SessionDriver` (``mode="session"``)
     and :class:`~asynclock.backends.postgres.LeaseDriver` (``mode="lease"``) are the
@@ -324,39 +324,6 @@ class PostgresDriver(Driver):
                 raise self._unavailable(what, exc) from exc
         finally:
             io.release()
-
-    # -- idempotency records: a table beside the leases (the fenced store is per mode) -----
-
-    #: True once the record table is known to exist (created on first use).
-    _record_table = False
-
-    async def _record(self, what: str, fetch: str, sql: str, *args: Any) -> Any:
-        """``_run`` for a record statement, creating the record table first if missing."""
-        if not self._record_table:
-            if not await self._run(what, "fetchval", SQL_RECORD_EXISTS):
-                await self._run(
-                    f"{what} (creating table asynclock_record)", "execute", SQL_RECORD_SCHEMA
-                )
-            self._record_table = True
-        try:
-            return await self._run(what, fetch, sql, *args)
-        except BackendUnavailable:
-            # The pinned connection was lost (mode session: closed by idle_session_timeout
-            # while this process was frozen). Record statements are safe to repeat (a read,
-            # or a write fenced by the token), so once more on a new connection: the answer
-            # is then the server's (a refusal is StaleToken), not "connection lost".
-            return await self._run(what, fetch, sql, *args)
-
-    async def record_get(self, name: str) -> Record | None:
-        row = await self._record("record_get failed", "fetchrow", SQL_RECORD_GET, _name_bytes(name))
-        return None if row is None else Record(int(row[0]), str(row[1]))
-
-    async def record_delete(self, name: str, token: int) -> bool:
-        sql = SQL_RECORD_DELETE
-        found = await self._record(
-            "record_delete failed", "fetchval", sql, _name_bytes(name), token
-        )
-        return found is not None
 
     async def _raw_fetchval(self, sql: str, *args: Any) -> Any:
         """Run raw SQL on the pinned session (tests use it to sabotage a lock)."""

@@ -38,26 +38,19 @@ from ..._core.holder import Holder
 from ..._core.permit_store import PermitStore
 from ..._core.rw_store import RWStore
 from .._common.asyncio_only import require_asyncio
-from .._common.coalesce import Coalesced
 from .._common.options import check_restart_grace
 from .base import LOUD, NO_EXPIRY, QUIET, GraceReport, SubscribingDriver
 from .fanout import Fanout, tally
 from .keys import scope_fence_key
 from .options import NodeURL, check_distinct, parse_url, read_redlock_options
 from .pubsub import Listener
+from .redlock_release import RedlockReleases
 from .replies import extend_call, grace_ms, holder_from_reply
 from .wire import Node, ms, pack, pack_script
 
 #: An acquisition that took longer than this fraction of its ttl is given back: the
 #: lease would be lost before its first renewal.
 MAX_ACQUIRE_FRACTION = 0.5
-
-#: The most releases one REDLOCK_RELEASE_MANY call carries (a node runs 500 GET/DEL/PUBLISH
-#: in about a millisecond).
-RELEASE_BATCH = 500
-
-#: A release: the lock's name, our owner id and token (None: an attempt given back).
-_Release = tuple[str, str, "int | None"]
 
 
 #: Why redlock:// stores no idempotency records (docs/idempotency.md, "Redlock").
@@ -124,8 +117,8 @@ class RedlockDriver(SubscribingDriver):
         #: Releases made while one is in flight go out together, one script call per node
         #: per batch (issue 45 item 3: 2,000 blocks exiting at once on a starved machine
         #: made 6,000 replies to read, one task each, and some read theirs past the timeout).
-        self._releases: Coalesced[_Release, bool] = Coalesced(
-            self._release_one, self._release_many, limit=RELEASE_BATCH, what=f"{display}: release"
+        self._releases = RedlockReleases(
+            self.fan, self.keys, self.quorum, node_timeout, display, self._no_quorum
         )
 
     def _timeout(self, ttl: float) -> float:
@@ -311,56 +304,7 @@ class RedlockDriver(SubscribingDriver):
         return out
 
     async def release(self, name: str, owner: str, token: int | None) -> bool:
-        return await self._releases(name, (name, owner, token))
-
-    async def _release_one(self, release: _Release) -> bool:
-        name, owner, token = release
-        k = self.keys(name)
-        args = (owner.encode(), b"" if token is None else b"%d" % token, k.channel)
-        packed = pack_script("redlock_release", (k.lock,), args)
-        # A release waiting behind this process's own calls to a node (thousands of blocks
-        # exiting at once) is not timed out there: node_timeout bounds what an acquire may
-        # spend of the ttl, and counts for a release from when it is sent; the core bounds
-        # the whole release by its release_timeout.
-        results = await self.fan.send(
-            "redlock_release", packed, self.node_timeout, queue_deadline=False
-        )
-        answer = self._released(release, tally(results), results)
-        if isinstance(answer, BaseException):
-            raise answer
-        return answer
-
-    async def _release_many(self, releases: list[_Release]) -> list[bool | BaseException]:
-        keys: list[bytes] = []
-        args: list[bytes] = []
-        for name, owner, token in releases:
-            k = self.keys(name)
-            keys.append(k.lock)
-            args += (owner.encode(), b"" if token is None else b"%d" % token, k.channel)
-        packed = pack_script("redlock_release_many", keys, args)
-        results = await self.fan.send(
-            "redlock_release_many", packed, self.node_timeout, queue_deadline=False
-        )
-        out: list[bool | BaseException] = []
-        for j, release in enumerate(releases):
-            # Each node's answer for this release: its j-th reply, or the node's failure.
-            per_node = {
-                i: r if isinstance(r, BaseException) else int(r[j]) for i, r in results.items()
-            }
-            out.append(self._released(release, tally(per_node), results))
-        return out
-
-    def _released(
-        self, release: _Release, counts: tuple[int, int], results: dict[int, Any]
-    ) -> bool | QuorumNotReached:
-        """A release's answer from how many nodes answered and how many removed our key."""
-        name, _, token = release
-        answered, removed = counts
-        if removed >= self.quorum:
-            return True
-        if answered >= self.quorum or token is None:
-            return False
-        return self._no_quorum(f"release of {name!r}", answered, self.fan.failures(results))
+        return await self._releases(name, owner, token)
 
     async def validate(self, name: str, token: int) -> bool:
         results = await self.fan.send("get", pack(b"GET", self.keys(name).lock), self.node_timeout)
