@@ -165,3 +165,37 @@ async def test_complete_later_names_a_bad_column_at_once(
                 await job.complete_later()  # no result columns: status only
         (row,) = await rows(conn, table)
         assert row["status"] == "done"
+
+
+async def test_deferred_completions_across_a_server_restart(
+    pg_server: PgServer, conn: asyncpg.Connection, table: str
+) -> None:
+    """PostgreSQL restarted (fast shutdown: every connection ends) between the deferrals and
+    the flush, with the documented defaults: the flush goes out on a new connection and
+    completes every row once (still fenced: the rows carry their claims' tokens), or says
+    BackendUnavailable and leaves them claimed, to come back after the ttl; never a row
+    completed without its token, never an error of another kind."""
+    async with asynclock.connect(pg_server.url()) as backend:
+        claims = backend.claims(table, ttl=30)
+        await make_jobs(claims, conn, 3)
+        outcome: BaseException | None = None
+        with anyio.fail_after(60):
+            try:
+                async with claims.take(limit=3) as batch:
+                    tokens = {job.id: job.token for job in batch}
+                    for job in batch:
+                        await job.complete_later(result='"x"')
+                    await anyio.to_thread.run_sync(pg_server.restart)
+            except asynclock.BackendUnavailable as exc:
+                outcome = exc
+    after = await asyncpg.connect(pg_server.url())
+    try:
+        got = await rows(after, table)
+    finally:
+        await after.close()
+    print(f"\nflush across a restart: {'completed' if outcome is None else repr(outcome)}")
+    assert [r["claim_token"] for r in got] == [tokens[r["id"]] for r in got]
+    if outcome is None:
+        assert [(r["status"], r["result"]) for r in got] == [("done", '"x"')] * 3
+    else:
+        assert {r["status"] for r in got} <= {"done", "claimed"}, got
