@@ -140,10 +140,11 @@ class Acquiring:
         if self.sessions.fits(session, ttl):
             return await self._attempt(name, slot, session)
         failed: list[Exception] = []
+        after = self.clock.now()  # (after the core's t_send)
 
         async def refresh() -> None:
             try:
-                await self.sessions.keep_alive([session])
+                await self.sessions.keep_alive([session], after=after)
             except Exception as exc:
                 failed.append(exc)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import anyio
@@ -93,10 +94,11 @@ class LeasedKeys:
     async def session(self, ttl: float) -> Session:
         """The live session for a key of ``ttl`` taken now (G3: a keep-alive first when
         its last one is too old for ``ttl``, sent after the core read its t_send)."""
+        after = self._now()  # (after the core's t_send)
         for _ in range(2):
             session = await self.sessions.live(ttl)
             if not self.sessions.fits(session, ttl):
-                await self.sessions.keep_alive([session])
+                await self.sessions.keep_alive([session], after=after)
             if not session.dead:
                 return session
         raise BackendUnavailable(f"etcd lease for ttl {ttl} keeps expiring at the server")
@@ -170,7 +172,9 @@ class LeasedKeys:
 
         if sessions:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self.sessions.keep_alive, list(sessions.values()))
+                tg.start_soon(
+                    partial(self.sessions.keep_alive, after=t_send), list(sessions.values())
+                )
                 for session in sessions.values():
                     tg.start_soon(keys_of, session)
         out: list[ExtendResult] = []

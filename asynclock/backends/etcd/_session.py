@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from ..._core.exceptions import BackendUnavailable
+from .client import EtcdError
 
 if TYPE_CHECKING:
     from .client import EtcdClient
@@ -60,6 +61,19 @@ class Session:
         return max(0.05, min(self.granted / 3, self.headroom / 2))
 
 
+class _Flight:
+    """One keep-alive of one session: sent at ``sent_at`` (our clock), answered once
+    ``done`` is set with ``ok`` (or ``error``); neither: abandoned unsent."""
+
+    __slots__ = ("done", "error", "ok", "sent_at")
+
+    def __init__(self) -> None:
+        self.sent_at = math.inf
+        self.done = anyio.Event()
+        self.ok = False
+        self.error: Exception | None = None
+
+
 class Sessions(Mapping[float, Session]):
     """A driver's sessions by ttl: granted on first use (:meth:`live`), kept alive
     (:meth:`keep_alive`, :meth:`renew_due`), dropped when the server says the lease is gone
@@ -85,6 +99,9 @@ class Sessions(Mapping[float, Session]):
         self._on_lost = on_lost
         self._by_ttl: dict[float, Session] = {}
         self._granting: dict[float, anyio.Event] = {}
+        #: By lease id: the keep-alive in flight, and the one to send when it is answered.
+        self._flying: dict[int, _Flight] = {}
+        self._following: dict[int, _Flight] = {}
 
     def __getitem__(self, ttl: float) -> Session:
         return self._by_ttl[ttl]
@@ -135,17 +152,87 @@ class Sessions(Mapping[float, Session]):
         """Does the session outlive a lock of ``ttl`` taken now, on its last keep-alive?"""
         return session.acked_at + session.granted * (1 - SERVER_DRIFT) >= self._now() + ttl
 
-    async def keep_alive(self, sessions: Sequence[Session]) -> None:
-        t_send = self._now()
-        ttls = await self._client.keep_alive([s.lease_id for s in sessions])
-        for session in sessions:
-            ttl = ttls.get(session.lease_id)
-            if ttl is None:
-                continue
-            if ttl <= 0:
-                self.lost(session, f"etcd lease {session.lease_id:x} expired")
-            elif t_send > session.acked_at:
-                session.acked_at = t_send
+    async def keep_alive(self, sessions: Sequence[Session], *, after: float) -> None:
+        """A keep-alive for each of ``sessions`` sent at ``after`` or later (our clock),
+        acknowledged: what G3 needs of a key taken, or renewed, at ``after``.
+
+        One keep-alive per session is in flight at a time: a caller joins the one in
+        flight if it was sent at ``after`` or later, else the next one, sent as soon as
+        the one in flight is answered. Acks come back in order on the one stream, so
+        one keep-alive per caller (2,000 acquisitions at once on a loaded machine) queued
+        each behind all the others: acks came seconds late, keep-alives timed out and
+        healthy leases were lost (issue 45)."""
+        if len(sessions) == 1:
+            await self._keep_alive_one(sessions[0], after)
+            return
+        errors: list[Exception] = []
+
+        async def one(session: Session) -> None:
+            try:
+                await self._keep_alive_one(session, after)
+            except Exception as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            for session in sessions:
+                tg.start_soon(one, session)
+        if errors:
+            raise errors[0]
+
+    async def _keep_alive_one(self, session: Session, after: float) -> None:
+        lease_id = session.lease_id
+        while not session.dead:
+            flying = self._flying.get(lease_id)
+            following = self._following.get(lease_id)
+            if flying is not None and flying.sent_at >= after:
+                flight = flying
+            elif following is not None:
+                flight = following
+            elif flying is None:
+                await self._send(session, _Flight())
+                return
+            else:  # the one in flight was sent too early: the next one, sent by us
+                flight = self._following[lease_id] = _Flight()
+                try:
+                    await flying.done.wait()
+                except BaseException:
+                    if self._following.get(lease_id) is flight:
+                        del self._following[lease_id]
+                    flight.done.set()  # abandoned unsent: its joiners go again
+                    raise
+                if self._following.get(lease_id) is flight:
+                    del self._following[lease_id]
+                await self._send(session, flight)
+                return
+            await flight.done.wait()
+            if flight.ok:
+                return
+            if flight.error is not None:
+                error = flight.error
+                if isinstance(error, EtcdError):  # (a fresh one per joiner: own traceback)
+                    raise EtcdError(error.message, error.code) from error
+                raise error
+            # Abandoned unsent (its sender was cancelled): go again.
+
+    async def _send(self, session: Session, flight: _Flight) -> None:
+        lease_id = session.lease_id
+        flight.sent_at = self._now()
+        self._flying[lease_id] = flight
+        try:
+            ttls = await self._client.keep_alive([lease_id])
+            ttl = ttls.get(lease_id)
+            if ttl is not None and ttl <= 0:
+                self.lost(session, f"etcd lease {lease_id:x} expired")
+            elif ttl is not None and flight.sent_at > session.acked_at:
+                session.acked_at = flight.sent_at
+            flight.ok = True
+        except Exception as exc:
+            flight.error = exc
+            raise
+        finally:
+            if self._flying.get(lease_id) is flight:
+                del self._flying[lease_id]
+            flight.done.set()
 
     async def renew_due(self, now: float) -> float:
         """A keep-alive for each session in use whose last one is ``interval`` old at
@@ -155,7 +242,7 @@ class Sessions(Mapping[float, Session]):
         stale = [s for s in alive if now >= s.acked_at + s.interval]
         if stale:
             try:
-                await self.keep_alive(stale)
+                await self.keep_alive(stale, after=now)
             except Exception as exc:
                 logger.debug("keep-alive failed, will retry: %r", exc)
                 due = self._now() + 0.05

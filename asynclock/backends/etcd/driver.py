@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Coroutine, Sequence
+from functools import partial
 from typing import Any
 
 import anyio
@@ -190,7 +191,7 @@ class EtcdDriver(Acquiring, Releasing, Watching, HoldNames, Driver):
             results.append(None)
         if not sessions:
             return [r for r in results if r is not None]
-        attached = await self._renew_sessions(list(sessions.values()))
+        attached = await self._renew_sessions(list(sessions.values()), t_send)
         out: list[ExtendResult] = []
         for ref, result in zip(leases, results, strict=True):
             if result is not None:
@@ -212,7 +213,9 @@ class EtcdDriver(Acquiring, Releasing, Watching, HoldNames, Driver):
                 out.append(True)
         return out
 
-    async def _renew_sessions(self, sessions: list[Session]) -> dict[int, set[bytes]]:
+    async def _renew_sessions(
+        self, sessions: list[Session], t_send: float
+    ) -> dict[int, set[bytes]]:
         """A keep-alive for each session; then, with the deletions watch live, one progress
         request on the watch stream: once it answers at a revision the keep-alives' acks
         had reached, every deletion of a held key before this round was sent has been seen
@@ -222,9 +225,10 @@ class EtcdDriver(Acquiring, Releasing, Watching, HoldNames, Driver):
         deletions = self.deletions
         if not deletions.wanted(len(self.slots)):
             # No watch and none wanted (few names): keep-alives and listings in one trip.
-            return await self._list_sessions(sessions, alive=self.sessions.keep_alive)
+            alive = partial(self.sessions.keep_alive, after=t_send)
+            return await self._list_sessions(sessions, alive=alive)
         confirmed = deletions.confirmed
-        await self.sessions.keep_alive(sessions)
+        await self.sessions.keep_alive(sessions, after=t_send)
         if self.deletions.went_live(confirmed, self.client.acked_revision):
             for session in self.sessions.values():
                 session.recheck = True  # its keys were seen before the watch's start
@@ -278,7 +282,7 @@ class EtcdDriver(Acquiring, Releasing, Watching, HoldNames, Driver):
         if not reply.succeeded:
             return Refused("lock key deleted at the server")
         if not self.sessions.fits(session, ref.ttl):
-            await self.sessions.keep_alive([session])  # sent after t_send: G3 for the new ttl
+            await self.sessions.keep_alive([session], after=t_send)  # G3 for the new ttl
         if session.dead:
             return Refused(f"etcd lease {session.lease_id:x} expired")
         if self.slots.get(slot.name) is not slot or not slot.held:
