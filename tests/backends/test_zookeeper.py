@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -226,6 +227,27 @@ async def test_another_applications_sequential_nodes_are_not_locks(
             assert await in_thread(client.exists, node) is not None
         finally:
             await in_thread(lambda: client.delete(path, recursive=True))
+
+
+async def test_names_ending_in_ten_digits_are_listed(
+    zk_ensemble: ZkEnsemble, lock_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name whose last segment ends in ten digits (a timestamp, ``invoice:1700000000``;
+    a partition member's id, one uuid4 in 110) has a node whose name looks like a
+    contender's: the listing took it for one and never listed the name (CI: a partition
+    member missing from its own ``members()``). A contender's node is ephemeral, a name's
+    persistent: the listing now tells them apart by that."""
+    names = [f"{lock_name}:1700000000", f"{lock_name}/order/1700000001"]
+    real = uuid.uuid4
+    ids = [uuid.UUID(hex="ab" * 11 + "1234567890")]
+    monkeypatch.setattr(uuid, "uuid4", lambda: ids.pop() if ids else real())
+    async with asynclock.connect(zk_ensemble.url) as zk:
+        async with zk.lock(names[0], ttl=5.0), zk.lock(names[1], ttl=5.0):
+            assert [h.name for h in await zk.holders(f"{lock_name}*")] == sorted(names)
+        async with zk.partitions(f"{lock_name}/group", count=2, ttl=5.0) as member:
+            assert member.id.endswith("1234567890")
+            assert await member.members() == [member.id]
+            assert {p.id for p in member.owned()} == {0, 1}
 
 
 # -- connection errors -------------------------------------------------------------------

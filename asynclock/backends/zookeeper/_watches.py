@@ -167,7 +167,8 @@ class Watches(Driver):
 
     async def names(self) -> list[str]:
         found: list[str] = []
-        pending = [self.prefix or "/"]
+        top = self.prefix or "/"
+        pending = [top]
         while pending:
             path = pending.pop()
             try:
@@ -177,19 +178,44 @@ class Watches(Driver):
                     continue
                 raise
             base = "" if path == "/" else path
-            order = _paths.contenders(children)
-            if path != (self.prefix or "/") and order:
-                # Only a lock protocol's (ephemeral) nodes are contenders.
-                stat = await self._call("listing", partial(self.zk.exists, f"{path}/{order[0]}"))
-                if stat is not None and stat.ephemeral:
-                    found.append(_paths.name_of(self.prefix, path))
-            top = path == (self.prefix or "/")
+            held, names = await self._numbered(base, _paths.contenders(children))
+            if path != top and held:
+                found.append(_paths.name_of(self.prefix, path))
+            pending += names
             for child in children:
                 if _paths.sequence(child) is not None or (base == "" and child == "zookeeper"):
                     continue
-                if not (top and child.startswith(_paths.RESERVED)):  # permits, rw holds
+                if not (path == top and child.startswith(_paths.RESERVED)):  # permits, rw holds
                     pending.append(f"{base}/{child}")
         return sorted(found)
+
+    async def _numbered(self, base: str, numbered: list[str]) -> tuple[bool, list[str]]:
+        """Of the children of ``base`` whose names end in a sequence number: is one of them
+        a contender (ephemeral: a lock protocol's node), and the paths of the others (a
+        lock name's own node: ``invoice:1700000000``, a partition member's id ending in ten
+        digits; these were taken for contenders and their names never listed)."""
+        if not numbered:
+            return False, []
+        paths = [f"{base}/{child}" for child in numbered]
+
+        async def read() -> list[tuple[bytes, Any] | BaseException]:
+            nodes, _ = await self.zk.read_many(paths)
+            for node in nodes:
+                if isinstance(node, BaseException) and not isinstance(node, NoNodeError):
+                    raise node
+            return nodes
+
+        nodes = await self._call("listing", read)
+        held = False
+        names: list[str] = []
+        for child_path, node in zip(paths, nodes, strict=True):
+            if isinstance(node, BaseException):
+                continue  # released since the listing
+            if node[1].ephemeral:
+                held = True
+            else:
+                names.append(child_path)
+        return held, names
 
 
 __all__ = ("Behind", "Watches")
