@@ -18,6 +18,10 @@ from tests.support.spec import BackendSpec
 pytestmark = pytest.mark.anyio
 
 HOLDS, TTL, INTERVALS = 2_000, 3.0, 2
+#: ZooKeeper renews every node of a session with one sync per round whatever the number
+#: held, and kazoo's one thread acquires ~200 a second: 2,000 was 20 s per deployment of
+#: acquiring, not of holding.
+HOLDS_BY_SPEC = {"zookeeper": 1_000, "zookeeper3": 1_000}
 #: Acquisitions in flight at once: the test is about holding; how fast a burst of
 #: acquisitions goes is benchmarks/bench_scale.py's business (Redlock's per-node timeout
 #: is meant to be short: 2,000 fan-outs at once on a loaded machine outlast it).
@@ -37,6 +41,7 @@ async def test_thousands_of_leases_held_together_on_a_loaded_machine_lose_none(
     burner = subprocess.Popen(  # noqa: ASYNC220
         [sys.executable, "-c", BURN, str(os.getpid())]
     )
+    holds = HOLDS_BY_SPEC.get(spec.id, HOLDS)
     try:
         async with spec.connect() as backend:
             all_held, go = anyio.Event(), anyio.Event()
@@ -54,7 +59,7 @@ async def test_thousands_of_leases_held_together_on_a_loaded_machine_lose_none(
                         limiter.release()
                         in_flight = False
                         held += 1
-                        if held == HOLDS:
+                        if held == holds:
                             all_held.set()
                         await go.wait()
                 except Exception as exc:
@@ -66,7 +71,7 @@ async def test_thousands_of_leases_held_together_on_a_loaded_machine_lose_none(
 
             with anyio.fail_after(120):
                 async with anyio.create_task_group() as tg:
-                    for i in range(HOLDS):
+                    for i in range(holds):
                         tg.start_soon(hold, i)
                     await all_held.wait()
                     assert not errors, f"{len(errors)} failed, the first: {errors[0]!r}"
@@ -79,8 +84,8 @@ async def test_thousands_of_leases_held_together_on_a_loaded_machine_lose_none(
             after = backend.stats()
         assert not errors, f"{len(errors)} failed, the first: {errors[0]!r}"
         assert during.losses == 0, during.loss_reasons
-        assert during.renewals - before.renewals >= HOLDS * (INTERVALS - 1)
-        assert after.losses == 0 and after.released == after.acquired == HOLDS
+        assert during.renewals - before.renewals >= holds * (INTERVALS - 1)
+        assert after.losses == 0 and after.released == after.acquired == holds
         assert after.held == 0
     finally:
         burner.kill()
