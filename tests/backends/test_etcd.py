@@ -370,6 +370,50 @@ async def test_acquisitions_at_once_on_a_stale_session_share_its_keep_alives(
     assert not raised
 
 
+async def test_a_shared_keep_alive_whose_sender_is_cancelled_strands_nobody(
+    etcd: asynclock.Backend,
+) -> None:
+    """The next keep-alive of a session is sent by the first caller that needed it, once
+    the one in flight is answered; the others join it. Cancelled while it waits, that
+    caller sends nothing: a joiner then sends its own, and is answered."""
+    driver = etcd_driver(etcd)
+    sessions, client = driver.sessions, driver.client
+    session = await sessions.live(7.0)  # no lock on it: neither renewer touches it
+    gate, sent = anyio.Event(), 0
+    keep_alive = client.keep_alive
+
+    async def gated(lease_ids: Sequence[int]) -> dict[int, int]:
+        nonlocal sent
+        if session.lease_id in lease_ids:
+            sent += 1
+            if sent == 1:
+                await gate.wait()  # the first one in flight until the test lets it go
+        return await keep_alive(lease_ids)
+
+    client.keep_alive = gated  # type: ignore[method-assign]
+    answered: list[str] = []
+    sender = anyio.CancelScope()
+
+    async def keep(who: str) -> None:
+        with sender if who == "sender" else anyio.CancelScope():
+            await sessions.keep_alive([session], after=driver.clock.now())
+            answered.append(who)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(keep, "first")  # sent, held at the gate
+            await anyio.wait_all_tasks_blocked()
+            tg.start_soon(keep, "sender")  # waits to send the next one
+            await anyio.wait_all_tasks_blocked()
+            tg.start_soon(keep, "joiner")  # joins the next one
+            await anyio.wait_all_tasks_blocked()
+            assert sent == 1
+            sender.cancel()
+            gate.set()
+    assert sorted(answered) == ["first", "joiner"]
+    assert sent == 2  # the joiner's own: the cancelled sender sent nothing
+
+
 @pytest.mark.parametrize("watched", [True, False], ids=["watched", "listed"])
 async def test_a_key_deleted_behind_our_back_loses_only_its_holder_within_an_interval(
     etcd_cluster: EtcdCluster,
