@@ -256,12 +256,14 @@ async def in_processes(
     command = [sys.executable, "-m", "benchmarks._waiters", url, name, str(each), str(ttl)]
     async with asynclock.connect(url) as backend:
         first = await backend.acquire(name, ttl=ttl)
-        children = [await anyio.open_process(command) for _ in range(procs)]
+        # (stderr inherited: a child's traceback shows in the run's output)
+        children = [await anyio.open_process(command, stderr=None) for _ in range(procs)]
 
         async def read(child: anyio.abc.Process) -> None:
             nonlocal queued
             assert child.stdout is not None
             buffer = ""
+            said_done = False
             async for text in TextReceiveStream(child.stdout):
                 buffer += text
                 *lines, buffer = buffer.split("\n")
@@ -276,9 +278,12 @@ async def in_processes(
                         if len(grants) >= h:
                             enough.set()
                     elif word == "done":
+                        said_done = True
                         done.append((float(rest[0]), float(rest[1])))
                         if len(done) == procs:
                             finished.set()
+            if not said_done:  # it died: the run cannot finish (it waited an hour)
+                raise RuntimeError(f"a waiting process exited early: {await child.wait()}")
 
         try:
             async with anyio.create_task_group() as tg:

@@ -791,6 +791,22 @@ async def test_the_connection_lock_lets_renewals_go_first() -> None:
     await asyncio.wait_for(asyncio.gather(*tasks), 5)
     assert order == ["renewal", "q0", "q1", "q2"]
     assert not lock.locked()
+    assert doomed.cancelled()
+    # The head of the line cancelled just before a release: the release passes over it to
+    # the next, and it leaves cancelled, nothing else (it raised ValueError('... is not in
+    # deque'), which the backend turned into BackendUnavailable: in bench_scale 10,000
+    # waiters cancelled at once on PostgreSQL crashed their processes).
+    await lock.acquire()
+    head = asyncio.ensure_future(statement("head"))
+    await asyncio.sleep(0)
+    nxt = asyncio.ensure_future(statement("next"))
+    await asyncio.sleep(0)
+    head.cancel()
+    lock.release()
+    await asyncio.wait_for(nxt, 5)
+    await asyncio.wait({head}, timeout=5)
+    assert head.cancelled(), head.exception()
+    assert order[-1] == "next" and not lock.locked()
 
 
 async def test_session_mode_renews_every_hold_in_one_check(pg_server: PgServer, name: str) -> None:

@@ -11,6 +11,7 @@ their order. asyncio-only (asyncpg is): uncontended it takes no trip through the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from types import TracebackType
 
@@ -47,7 +48,10 @@ class IOLock:
             if waiter.done() and not waiter.cancelled():
                 self.release()  # handed to us as we were cancelled: hand it on
             else:
-                line.remove(waiter)
+                # Still in line, unless a release passed over it (cancelled first) and
+                # took it out already.
+                with contextlib.suppress(ValueError):
+                    line.remove(waiter)
             raise
 
     def release(self) -> None:
