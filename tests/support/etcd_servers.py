@@ -221,7 +221,11 @@ class EtcdCluster:
             for node in self.nodes:
                 if node.process is not None and node.process.poll() is not None:
                     err = node.process.stderr.read().decode() if node.process.stderr else ""
-                    raise RuntimeError(f"etcd {node.name} exited: {err}")
+                    log = node.directory / "etcd.log"  # (zap logs there, not to stderr)
+                    tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+                    raise RuntimeError(
+                        f"etcd {node.name} exited ({node.process.returncode}): {err}{tail}"
+                    )
             if time.monotonic() > give_up:
                 raise RuntimeError(f"etcd cluster did not become healthy in {timeout}s")
             time.sleep(0.02)  # polling for readiness, not a guess
