@@ -44,6 +44,15 @@ class Turns:
         line = self._lines.get(name)
         return None if line is None else next(iter(line))
 
+    def second(self, name: str) -> str | None:
+        """The owner right behind the head of ``name``'s line (next when the head leaves)."""
+        line = self._lines.get(name)
+        if line is None or len(line) < 2:
+            return None
+        it = iter(line)
+        next(it)
+        return next(it)
+
     def behind(self, name: str, owner: str) -> bool:
         """True if someone else is first in ``name``'s line (``owner`` must wait)."""
         line = self._lines.get(name)

@@ -227,3 +227,97 @@ async def test_release_wakes_the_next_waiter_in_another_backend(url: str) -> Non
             assert await lease.release()
             await got.wait()
         assert "handoff" in woken
+
+
+async def test_a_backend_queues_one_row_per_name_however_many_of_its_tasks_wait(
+    url: str,
+) -> None:
+    """Issue 45 item 5: 10,000 waiters in 10 processes failed on SQLite (joins raised
+    BackendUnavailable after busy_timeout): each waiting task wrote its own queue row, so
+    10,000 joins fought over the file's write lock, and each backend's place keeper
+    rewrote every row of its tasks three times a second. A backend's tasks now wait in a
+    line of its own; only the first of them has a row in the file."""
+    async with asynclock.connect(url) as holder, asynclock.connect(url) as waiting:
+        queued = BusyWatch(waiting)
+        done: list[int] = []
+
+        async def wait(i: int) -> None:
+            async with waiting.lock("many", ttl=5.0, timeout=30):
+                done.append(i)
+
+        lease = await holder.acquire("many", ttl=10.0)
+        async with anyio.create_task_group() as tg:
+            for i in range(200):
+                tg.start_soon(wait, i)
+            await queued.reached(200)
+            conn = raw(url)
+            rows = conn.execute("SELECT count(*) FROM asynclock_waiter").fetchone()[0]
+            conn.close()
+            assert rows == 1
+            await lease.release()
+        assert done == list(range(200))  # first come, first served within the backend
+
+
+async def test_interleaved_waiters_of_two_backends_are_served_in_arrival_order(url: str) -> None:
+    """A backend's tasks queue in a line of their own (one row per name in the file), yet
+    the order across backends stays first come, first served: a task that waited behind
+    its backend's first keeps its arrival time, not the back of the file's queue."""
+    order: list[str] = []
+    async with (
+        asynclock.connect(url) as holder,
+        asynclock.connect(url) as a,
+        asynclock.connect(url) as b,
+    ):
+        watches = {"a": BusyWatch(a), "b": BusyWatch(b)}
+        backends = {"a": a, "b": b}
+        seen = {"a": 0, "b": 0}
+
+        async def wait(label: str) -> None:
+            async with backends[label[0]].lock("fifo", ttl=5.0, timeout=20):
+                order.append(label)
+
+        lease = await holder.acquire("fifo", ttl=10.0)
+        async with anyio.create_task_group() as tg:
+            for label in ("a1", "b1", "a2", "b2", "a3"):
+                tg.start_soon(wait, label)
+                seen[label[0]] += 1
+                await watches[label[0]].reached(seen[label[0]])
+            await lease.release()
+    assert order == ["a1", "b1", "a2", "b2", "a3"]
+
+
+async def test_the_next_of_a_line_keeps_its_arrival_order_when_the_first_gives_up(
+    url: str,
+) -> None:
+    """The first of a backend's line cancelled: the next of that line takes a row in the
+    file by its own arrival time, ahead of a later waiter of another backend, and the
+    cancelled one leaves no row behind."""
+    order: list[str] = []
+    async with (
+        asynclock.connect(url) as holder,
+        asynclock.connect(url) as a,
+        asynclock.connect(url) as b,
+    ):
+        watch_a, watch_b = BusyWatch(a), BusyWatch(b)
+
+        async def wait(label: str, backend: asynclock.Backend) -> None:
+            async with backend.lock("give-up", ttl=5.0, timeout=20):
+                order.append(label)
+
+        lease = await holder.acquire("give-up", ttl=10.0)
+        async with anyio.create_task_group() as tg:
+            with anyio.CancelScope() as first:
+                async with anyio.create_task_group() as inner:
+                    inner.start_soon(wait, "a1", a)
+                    await watch_a.reached(1)
+                    tg.start_soon(wait, "a2", a)
+                    await watch_a.reached(2)
+                    tg.start_soon(wait, "b1", b)
+                    await watch_b.reached(1)
+                    first.cancel()
+            conn = raw(url)
+            rows = conn.execute("SELECT owner FROM asynclock_waiter ORDER BY seq").fetchall()
+            conn.close()
+            assert len(rows) == 2  # a2's and b1's: a1's is gone
+            await lease.release()
+    assert order == ["a2", "b1"]

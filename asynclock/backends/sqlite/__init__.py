@@ -43,6 +43,7 @@ from ..._core.exceptions import BackendUnavailable
 from ..._core.holder import Holder
 from ..._core.permit_store import PermitStore
 from ..._core.rw_store import RWStore
+from ..._core.turns import LINE_POLL, Turns
 from ..._core.validation import check_seconds
 from .._common.options import Options
 from .host import boot_id, wake_socket
@@ -95,6 +96,11 @@ class SQLiteDriver(Waking):
         self._db: sqlite3.Connection | None = None
         self._queued: set[tuple[str, str]] = set()
         self._seen: dict[tuple[str, str], _Waiting] = {}
+        #: This backend's waiting tasks, a line per name: only the first of a line asks
+        #: the file and has a queue row (see :meth:`acquire`).
+        self._turns = Turns()
+        #: When each of them began to wait: its place in the file's queue (SQL_QUEUE).
+        self._arrived: dict[tuple[str, str], float] = {}
         self._commits = 0  # our own commits: PRAGMA data_version only counts others'
         self._sock: socket.socket | None = None
         self._address: str | None = None
@@ -246,6 +252,37 @@ class SQLiteDriver(Waking):
     async def acquire(
         self, name: str, owner: str, ttl: float, *, queue: bool, scope: str | None = None
     ) -> int | Busy:
+        """One attempt. A blocking waiter joins this backend's line for ``name`` first:
+        while another task of this backend waited longer it is Busy without asking the
+        file (it is woken when its turn comes), so the file's queue holds one row per
+        backend and name however many of its tasks wait (issue 45 item 5: 10,000 waiters
+        in 10 processes each wrote a row and fought over the write lock for it)."""
+        if not queue:
+            return await self._attempt(name, owner, ttl, queue, scope)
+        key = (name, owner)
+        turns = self._turns
+        if key not in self._arrived:
+            self._arrived[key] = time.monotonic()
+            turns.join(name, owner)
+        if turns.behind(name, owner):
+            return Busy(LINE_POLL)
+        result = await self._attempt(name, owner, ttl, queue, scope)
+        if not isinstance(result, Busy):
+            del self._arrived[key]
+            self._next_turn(name, turns.leave(name, owner))
+        return result
+
+    def _next_turn(self, name: str, after: str | None) -> None:
+        """The first of this backend's line for ``name`` left it: wake ``after``, the next,
+        unless the leaving transaction queued it in the file (``_queue_next``) and a
+        release's datagram will wake it when its turn comes there. Without datagrams
+        (not Linux) it is woken to poll."""
+        if after is not None and ((name, after) not in self._queued or self._address is None):
+            self._wake(name, after)
+
+    async def _attempt(
+        self, name: str, owner: str, ttl: float, queue: bool, scope: str | None
+    ) -> int | Busy:
         boot = self.boot
         key = (name, owner)
         now = time.monotonic()
@@ -286,9 +323,11 @@ class SQLiteDriver(Waking):
                     if scope is not None:
                         token = self._scope_token(db, name, token, scope)
                     db.execute(SQL_FORGET_WAITER, key)
+                    handed.append(self._queue_next(db, name, now))
                     return token
             expires = now if live is None else float(live[2])
-            db.execute(SQL_QUEUE, (name, owner, now + WAITER_TTL, boot, self._address))
+            place = self._arrived.get(key, now)
+            db.execute(SQL_QUEUE, (name, owner, now + WAITER_TTL, boot, self._address, place))
             ahead: int = db.execute(SQL_AHEAD, (name, boot, now, name, owner)).fetchone()[0]
             wait = self._seen.get(key) or _Waiting(notified=self._address is not None)
             wait.until, wait.refreshed, wait.ahead, wait.woken = expires, now, ahead, False
@@ -297,7 +336,9 @@ class SQLiteDriver(Waking):
             self._seen[key] = wait
             return Busy(wait.delay(now))
 
+        handed: list[tuple[str, str] | None] = []
         result = await self._write(attempt)
+        self._handed(handed)
         if isinstance(result, Busy):
             self._queued.add(key)
             self._queued_one()
@@ -305,6 +346,27 @@ class SQLiteDriver(Waking):
             self._queued.discard(key)
             self._seen.pop(key, None)
         return result
+
+    def _queue_next(self, db: sqlite3.Connection, name: str, now: float) -> tuple[str, str] | None:
+        """In the transaction where the first of this backend's line for ``name`` leaves the
+        file's queue (granted or gone): queue the next of the line in its place, its
+        arrival time, so no waiter of another backend that came later slips in between.
+        Returns its key for :meth:`_handed`, once the transaction has committed."""
+        after = self._turns.second(name)
+        if after is None:
+            return None
+        key = (name, after)
+        place = self._arrived.get(key, now)
+        db.execute(SQL_QUEUE, (name, after, now + WAITER_TTL, self.boot, self._address, place))
+        return key
+
+    def _handed(self, handed: list[tuple[str, str] | None]) -> None:
+        """After the commit: the waiters :meth:`_queue_next` queued have rows in the file
+        (the place keeper keeps them; a release's datagram wakes them)."""
+        for key in handed:
+            if key is not None:
+                self._queued.add(key)
+                self._queued_one()
 
     def _scope_token(self, db: sqlite3.Connection, name: str, token: int, scope: str) -> int:
         """Inside the grant's transaction: the token above both the name's and the scope's."""
@@ -396,6 +458,14 @@ class SQLiteDriver(Waking):
 
     async def abandon(self, name: str, owner: str) -> None:
         key = (name, owner)
+        self._arrived.pop(key, None)
+        try:
+            await self._forget(name, owner)
+        finally:
+            self._next_turn(name, self._turns.leave(name, owner))
+
+    async def _forget(self, name: str, owner: str) -> None:
+        key = (name, owner)
         seen = self._seen.pop(key, None)
         if key not in self._queued:
             return
@@ -411,9 +481,12 @@ class SQLiteDriver(Waking):
             db.execute(SQL_FORGET_WAITER, key)
             if prune:
                 db.execute(SQL_PRUNE_WAITERS, (now, boot))
+            handed.append(self._queue_next(db, name, now))
 
         self._gone.add(key)  # if the delete does not happen, the place keeper's does
+        handed: list[tuple[str, str] | None] = []
         await self._write(forget)
+        self._handed(handed)
         self._gone.discard(key)
         # If we were first in line, the next waiter may go now (one behind the head that
         # leaves changes nothing for the others: no wake-up).

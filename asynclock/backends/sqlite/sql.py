@@ -112,13 +112,15 @@ SQL_HEAD = (
     "SELECT owner, wake FROM asynclock_waiter WHERE name = ? AND boot = ? AND expires_at > ? "
     "ORDER BY seq LIMIT 1"
 )
-# Queue or refresh a waiter, keeping its place: args name, owner, expires_at, boot, wake.
-# The place is one more than the name's last (the (name, seq) index finds it at once: a
-# max over the whole table grew with the number waiting).
+# Queue or refresh a waiter, keeping its place: args name, owner, expires_at, boot, wake,
+# place. The place is when the waiter began to wait (CLOCK_MONOTONIC, system-wide on
+# Linux, as expiries are), not one more than the name's last: a backend's tasks wait in a
+# line of their own and only its first has a row, so the next of them, queued when the
+# first is served, must come before the waiters of other backends that arrived after it
+# (first come, first served across processes).
 SQL_QUEUE = (
     "INSERT INTO asynclock_waiter (name, owner, seq, expires_at, boot, wake) "
-    "VALUES (?1, ?2, (SELECT coalesce(max(seq), 0) + 1 FROM asynclock_waiter WHERE name = ?1), "
-    "?3, ?4, ?5) "
+    "VALUES (?1, ?2, ?6, ?3, ?4, ?5) "
     "ON CONFLICT (name, owner) DO UPDATE SET expires_at = excluded.expires_at"
 )
 # How many live waiters are ahead of :owner, counted up to 8 (only "none" and "a few"
