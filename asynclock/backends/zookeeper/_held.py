@@ -75,9 +75,13 @@ class HeldNodes:
         #: names in queue order (see :mod:`._places`).
         self.queues: dict[str, tuple[int, tuple[str, ...]]] = {}
         self._unwatched: list[HeldNode] = []
+        #: No entry expires before this (see ``ZooKeeperDriver._held_due``): an entry's
+        #: expiry only moves later unless :meth:`expires` is told.
+        self._due = math.inf
 
     def add(self, entry: HeldNode) -> None:
         self.entries[entry.path] = entry
+        self._due = min(self._due, entry.expires_at)
         self.orphans.pop(entry.path, None)
         if entry.lease_name is not None:
             self._watch(entry)
@@ -186,9 +190,17 @@ class HeldNodes:
                 return False
             raise
 
+    def expires(self, entry: HeldNode, at: float) -> None:
+        """``entry`` now expires ``at``, maybe earlier than before."""
+        entry.expires_at = at
+        self._due = min(self._due, at)
+
     def expire(self, now: float) -> float:
         """Forget every node whose ttl has passed since its last confirmed renewal (and
-        delete it at the server later); returns when the next one is due."""
+        delete it at the server later); returns when the next one is due. O(1) until
+        the earliest can have passed."""
+        if now < self._due:
+            return self._due
         due = math.inf
         for path, entry in list(self.entries.items()):
             if now >= entry.expires_at:
@@ -196,6 +208,7 @@ class HeldNodes:
                 self.orphans[path] = (entry.czxid, entry.owner)
             else:
                 due = min(due, entry.expires_at)
+        self._due = due
         return due
 
     async def clean(self) -> bool:

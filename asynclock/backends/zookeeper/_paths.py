@@ -11,7 +11,6 @@ is written ``%2E``/``%2E%2E``. A name with an empty segment (a leading, trailing
 
 from __future__ import annotations
 
-import re
 from urllib.parse import unquote
 
 from ..._core.validation import RESERVED_PREFIX
@@ -20,7 +19,8 @@ from ..._core.validation import RESERVED_PREFIX
 MARK = "__lock__"
 #: A contender is any child whose name ends in a ZooKeeper sequence number: kazoo's Lock
 #: (``__lock__``) and ReadLock (``__rlock__``), Curator's and aiozk's (``...-lock-``).
-_SEQUENCE = re.compile(r"(-?\d{10})$")
+#: ZooKeeper appends the parent's counter as Java's ``%010d``: ten digits, or past 2**31 a
+#: negative number whose sign counts in the width (``-000000001``, ``-1234567890``).
 
 
 def _refused(ch: str) -> bool:
@@ -59,8 +59,20 @@ def name_of(prefix: str, path: str) -> str:
 
 
 def sequence(child: str) -> int | None:
-    match = _SEQUENCE.search(child)
-    return None if match is None else int(match.group(1))
+    """The ZooKeeper sequence number ``child`` ends in, or None. Curator's ``-lock-``
+    before ten digits is its prefix, not a sign: ``…-lock-0000000003`` is 3 (it was read
+    as -3, so a Curator contender queued behind ours looked ahead of it: each waited for
+    the other). A negative number has nine digits after its sign, or ten not starting
+    with 0 after a prefix ending in ``-`` or ``_`` (``__lock__-1234567890``)."""
+    tail = child[-10:]
+    if len(tail) == 10 and tail.isascii() and tail.isdigit():
+        if child[-11:-10] == "-" and tail[0] != "0" and (len(child) == 11 or child[-12] in "-_"):
+            return -int(tail)
+        return int(tail)
+    digits = child[-9:]
+    if child[-10:-9] == "-" and len(digits) == 9 and digits.isascii() and digits.isdigit():
+        return -int(digits)
+    return None
 
 
 def ahead_of(children: list[str], mine: str) -> tuple[int, str | None, str | None]:
@@ -74,7 +86,7 @@ def ahead_of(children: list[str], mine: str) -> tuple[int, str | None, str | Non
     count, nearest, near, first, low = 0, None, -(2**63), None, 2**63
     for child in children:
         tail = child[-10:]
-        if tail.isdigit() and child[-11:-10] != "-":
+        if tail.isdigit() and tail.isascii() and child[-11:-10] != "-":
             seq: int | None = int(tail)
         else:
             seq = sequence(child)

@@ -165,7 +165,7 @@ class ZkRW(RWStore):
         now = self.driver.clock.now()
         mine = self.nodes.entries.get(intent)
         if mine is not None and mine.owner == owner:
-            mine.expires_at = now + ttl
+            self.nodes.expires(mine, now + ttl)
             return
         zk = self.driver.zk
         self._intending.add(owner)
