@@ -202,6 +202,12 @@ class Driver:
         where the server cannot enumerate the names (it says why)."""
         raise NotImplementedError(f"{self.display} cannot list lock names")
 
+    async def names_under(self, prefix: str) -> list[str]:
+        """The :meth:`names` that start with ``prefix`` (``backend.holders("grp/part/*")``
+        asks for ``grp/part/``). Override where the server lists a part of its names for
+        less than all of them (ZooKeeper walks one subtree, not every name's node)."""
+        return [name for name in await self.names() if name.startswith(prefix)]
+
     async def hold_names(self) -> tuple[list[str], list[str]]:
         """The names of the semaphores and of the read-write locks the server keeps permits
         or holds of (a name with none live is harmless: the core asks each store's

@@ -22,6 +22,14 @@ KINDS = (LOCK, *HOLD_KINDS)
 _RW = frozenset(HOLD_KINDS[1:])
 
 
+def _literal_start(pattern: str) -> str:
+    """The start of a glob before its first wildcard (``*``, ``?``, ``[``)."""
+    for i, ch in enumerate(pattern):
+        if ch in "*?[":
+            return pattern[:i]
+    return pattern
+
+
 def check_kinds(kinds: object) -> frozenset[str]:
     """``kinds``: one kind (a str) or a collection of them, each one of :data:`KINDS`."""
     if isinstance(kinds, str):
@@ -50,7 +58,11 @@ async def list_holders(
     sems: list[str] = []
     rws: list[str] = []
     if LOCK in wanted:
-        locks = cast("list[str]", await acq.call("names", driver.names(), (NotImplementedError,)))
+        # Only the names the glob's literal start allows: a partition group's listing (a
+        # balance every heartbeat) must not cost as much as every other name on the server.
+        start = _literal_start(pattern)
+        names = driver.names_under(start) if start else driver.names()
+        locks = cast("list[str]", await acq.call("names", names, (NotImplementedError,)))
     if wanted - {LOCK}:
         listed = await acq.call("names", driver.hold_names(), (NotImplementedError,))
         sems, rws = cast("tuple[list[str], list[str]]", listed)

@@ -8,7 +8,7 @@ import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, TypeVar
 
 import anyio
@@ -248,6 +248,41 @@ async def test_names_ending_in_ten_digits_are_listed(
             assert member.id.endswith("1234567890")
             assert await member.members() == [member.id]
             assert {p.id for p in member.owned()} == {0, 1}
+
+
+async def test_a_listing_walks_only_the_nodes_that_lead_to_its_glob(
+    zk_ensemble: ZkEnsemble, lock_name: str
+) -> None:
+    """``holders("grp/partition/*")`` walked every name's node on the server, one listing
+    per node: a partition group lists its members and partitions on every balance, and
+    beside a thousand other tests' names a member took 15 s to join (the suite's partition
+    test timed out). The walk now goes down only the nodes that lead to the glob's start."""
+    async with asynclock.connect(zk_ensemble.url) as zk:
+        async with AsyncExitStack() as stack:
+            for i in range(150):
+                await stack.enter_async_context(zk.lock(f"{lock_name}/other/{i}", ttl=5.0))
+            wanted = [f"{lock_name}/grp/part/{i}" for i in range(3)]
+            for name in wanted:
+                await stack.enter_async_context(zk.lock(name, ttl=5.0))
+            driver = zk.driver
+            assert isinstance(driver, ZooKeeperDriver)
+            listings: list[str] = []
+            children = driver.zk.children
+
+            def counted(path: str) -> Any:
+                listings.append(path)
+                return children(path)
+
+            driver.zk.children = counted  # type: ignore[method-assign]
+            try:
+                found = [h.name for h in await zk.holders(f"{lock_name}/grp/part/*")]
+                walked = len(listings)
+                everything = [h.name for h in await zk.holders(f"{lock_name}*")]
+            finally:
+                driver.zk.children = children  # type: ignore[method-assign]
+    assert found == sorted(wanted)
+    assert len(everything) == 153
+    assert walked <= 12, listings  # the root, the path down, the three names' nodes
 
 
 # -- connection errors -------------------------------------------------------------------
