@@ -85,12 +85,18 @@ async def test_a_blocking_false_attempt_never_overtakes_a_queued_waiter(
     with anyio.fail_after(WAIT):
         sem = backend.semaphore(lock_name, 1)
         in_queue = queued(sem)
-        granted = anyio.Event()
+        granted, tried = anyio.Event(), anyio.Event()
 
         async def waiter() -> None:
             async with sem.acquire(ttl=10):
                 got.append("waiter")
                 granted.set()
+                # Held until the newcomer has tried. Without this, on a loaded machine the
+                # waiter was granted, done and gone before the newcomer's attempt (seen on
+                # ZooKeeper: got == ["waiter", "overtaker"]): no queue and a free permit,
+                # which the newcomer rightly took.
+                with anyio.move_on_after(WAIT):
+                    await tried.wait()
 
         async with (
             backend.semaphore(lock_name, 1).acquire(ttl=10) as holder,
@@ -99,10 +105,14 @@ async def test_a_blocking_false_attempt_never_overtakes_a_queued_waiter(
             tg.start_soon(waiter)
             await in_queue.wait()
             assert await holder.release() is True
-            # The permit is free, but promised to the waiter that came first.
-            with pytest.raises(asynclock.LockHeld):
-                async with backend.semaphore(lock_name, 1).acquire(ttl=10, blocking=False):
-                    got.append("overtaker")
+            # The permit is free, but promised to the waiter that came first (which may
+            # hold it already).
+            try:
+                with pytest.raises(asynclock.LockHeld):
+                    async with backend.semaphore(lock_name, 1).acquire(ttl=10, blocking=False):
+                        got.append("overtaker")
+            finally:
+                tried.set()
             await granted.wait()
     assert got == ["waiter"]
 
