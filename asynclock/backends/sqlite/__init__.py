@@ -37,7 +37,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 import anyio
 
-from ..._core.driver import Busy, ExtendResult, LeaseRef, Record, Refused
+from ..._core.driver import Busy, ExtendResult, LeaseRef, Refused
 from ..._core.errors import map_errors
 from ..._core.exceptions import BackendUnavailable
 from ..._core.holder import Holder
@@ -47,6 +47,7 @@ from ..._core.turns import LINE_POLL, Turns
 from ..._core.validation import check_seconds
 from .._common.options import Options
 from .host import boot_id, wake_socket
+from .records import Records
 from .rwlock import SQLiteRW
 from .semaphore import SQLitePermits, hold_names
 from .sql import (
@@ -61,10 +62,6 @@ from .sql import (
     SQL_LIVE,
     SQL_PRUNE_WAITERS,
     SQL_QUEUE,
-    SQL_RECORD_DELETE,
-    SQL_RECORD_GET,
-    SQL_RECORD_PRUNE,
-    SQL_RECORD_PUT,
     SQL_RELEASE,
     SQL_SCOPE_NEXT,
     SQL_SET_TOKEN,
@@ -77,7 +74,7 @@ from .waking import Waking
 T = TypeVar("T")
 
 
-class SQLiteDriver(Waking):
+class SQLiteDriver(Records, Waking):
     """Leases in one SQLite file shared by every process that opens it."""
 
     #: A release wakes the head waiter only (``Waking._wake_head``), not every local one.
@@ -272,14 +269,6 @@ class SQLiteDriver(Waking):
             self._next_turn(name, turns.leave(name, owner))
         return result
 
-    def _next_turn(self, name: str, after: str | None) -> None:
-        """The first of this backend's line for ``name`` left it: wake ``after``, the next,
-        unless the leaving transaction queued it in the file (``_queue_next``) and a
-        release's datagram will wake it when its turn comes there. Without datagrams
-        (not Linux) it is woken to poll."""
-        if after is not None and ((name, after) not in self._queued or self._address is None):
-            self._wake(name, after)
-
     async def _attempt(
         self, name: str, owner: str, ttl: float, queue: bool, scope: str | None
     ) -> int | Busy:
@@ -347,27 +336,6 @@ class SQLiteDriver(Waking):
             self._seen.pop(key, None)
         return result
 
-    def _queue_next(self, db: sqlite3.Connection, name: str, now: float) -> tuple[str, str] | None:
-        """In the transaction where the first of this backend's line for ``name`` leaves the
-        file's queue (granted or gone): queue the next of the line in its place, its
-        arrival time, so no waiter of another backend that came later slips in between.
-        Returns its key for :meth:`_handed`, once the transaction has committed."""
-        after = self._turns.second(name)
-        if after is None:
-            return None
-        key = (name, after)
-        place = self._arrived.get(key, now)
-        db.execute(SQL_QUEUE, (name, after, now + WAITER_TTL, self.boot, self._address, place))
-        return key
-
-    def _handed(self, handed: list[tuple[str, str] | None]) -> None:
-        """After the commit: the waiters :meth:`_queue_next` queued have rows in the file
-        (the place keeper keeps them; a release's datagram wakes them)."""
-        for key in handed:
-            if key is not None:
-                self._queued.add(key)
-                self._queued_one()
-
     def _scope_token(self, db: sqlite3.Connection, name: str, token: int, scope: str) -> int:
         """Inside the grant's transaction: the token above both the name's and the scope's."""
         scoped: int = db.execute(SQL_SCOPE_NEXT, (scope, token)).fetchone()[0]
@@ -429,32 +397,6 @@ class SQLiteDriver(Waking):
 
     async def hold_names(self) -> tuple[list[str], list[str]]:
         return await hold_names(self)
-
-    # -- idempotency records: a table beside the leases ------------------------------------
-
-    async def record_get(self, name: str) -> Record | None:
-        try:
-            row = self.db.execute(SQL_RECORD_GET, (name, time.time())).fetchone()
-        except sqlite3.Error as exc:
-            raise self._errors.unavailable("record_get failed", exc) from exc
-        return None if row is None else Record(int(row[0]), str(row[1]))
-
-    async def record_put(
-        self, name: str, owner: str, token: int, payload: str, keep: float
-    ) -> bool:
-        boot = self.boot
-
-        def put(db: sqlite3.Connection) -> bool:
-            wall = time.time()
-            db.execute(SQL_RECORD_PRUNE, (wall,))
-            args = (name, owner, token, payload, wall + keep, boot, time.monotonic())
-            return db.execute(SQL_RECORD_PUT, args).fetchone() is not None
-
-        return await self._write(put)
-
-    async def record_delete(self, name: str, token: int) -> bool:
-        cursor = await self._statement(SQL_RECORD_DELETE, (name, token))
-        return cursor.rowcount == 1
 
     async def abandon(self, name: str, owner: str) -> None:
         key = (name, owner)

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 
 from ..._core.driver import Driver
-from .sql import SQL_FORGET_DEAD, SQL_FORGET_WAITER, SQL_HEAD, SQL_KEEP_PLACES
+from ..._core.turns import Turns
+from .sql import SQL_FORGET_DEAD, SQL_FORGET_WAITER, SQL_HEAD, SQL_KEEP_PLACES, SQL_QUEUE
 from .waiting import WAITER_TTL, _Waiting
 
 T = TypeVar("T")
@@ -60,6 +61,8 @@ class Waking(Driver):
     _address: str | None
     _queued: set[tuple[str, str]]
     _seen: dict[tuple[str, str], _Waiting]
+    _turns: Turns
+    _arrived: dict[tuple[str, str], float]
 
     if TYPE_CHECKING:
 
@@ -139,6 +142,37 @@ class Waking(Driver):
             if head is not None and head[1] == address:
                 heads.append((name, str(head[0])))
         return heads
+
+    # -- the backend's own line of waiters per name (see the driver's acquire) ------------
+
+    def _next_turn(self, name: str, after: str | None) -> None:
+        """The first of this backend's line for ``name`` left it: wake ``after``, the next,
+        unless the leaving transaction queued it in the file (``_queue_next``) and a
+        release's datagram will wake it when its turn comes there. Without datagrams
+        (not Linux) it is woken to poll."""
+        if after is not None and ((name, after) not in self._queued or self._address is None):
+            self._wake(name, after)
+
+    def _queue_next(self, db: sqlite3.Connection, name: str, now: float) -> tuple[str, str] | None:
+        """In the transaction where the first of this backend's line for ``name`` leaves the
+        file's queue (granted or gone): queue the next of the line in its place, its
+        arrival time, so no waiter of another backend that came later slips in between.
+        Returns its key for :meth:`_handed`, once the transaction has committed."""
+        after = self._turns.second(name)
+        if after is None:
+            return None
+        key = (name, after)
+        place = self._arrived.get(key, now)
+        db.execute(SQL_QUEUE, (name, after, now + WAITER_TTL, self.boot, self._address, place))
+        return key
+
+    def _handed(self, handed: list[tuple[str, str] | None]) -> None:
+        """After the commit: the waiters :meth:`_queue_next` queued have rows in the file
+        (the place keeper keeps them; a release's datagram wakes them)."""
+        for key in handed:
+            if key is not None:
+                self._queued.add(key)
+                self._queued_one()
 
     def _wake_waiter(self, name: str, owner: str | None) -> None:
         """Wake the local waiter ``owner`` of ``name`` (None: every local waiter of it)."""

@@ -16,7 +16,7 @@ from ..._core.exceptions import BackendUnavailable
 from .._common.coalesce import Coalesced
 from . import _paths
 from ._kazoo import NoAuthError, NoNodeError, Op, Zk
-from ._nodes import Node
+from ._nodes import HeldLocks, Node
 
 T = TypeVar("T")
 
@@ -39,7 +39,7 @@ class Watches(Driver):
 
     zk: Zk
     prefix: str
-    held: dict[str, Node]
+    held: HeldLocks
     _suspended: bool
     #: node in front of a queued waiter -> the watch armed on it (until it fires)
     _armed: dict[str, Callable[[Any], None]]

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from typing import TypeVar
@@ -44,7 +43,7 @@ from ._era import Eras
 from ._held import HeldNodes
 from ._inspect import Inspect
 from ._kazoo import NodeExistsError, NoNodeError, SessionExpiredError, Zk
-from ._nodes import DRIFT, MARGIN, Node, encode_data, explain
+from ._nodes import DRIFT, MARGIN, HeldLocks, Node, encode_data, explain
 from ._rw import ZkRW
 from ._sem import ZkPermits
 from ._watches import Behind
@@ -82,11 +81,7 @@ class ZooKeeperDriver(Inspect):
         self.timeout = timeout
         self.display = display
         self.errors: ErrorMapper = map_errors(display, secret, explain=explain)
-        self.held: dict[str, Node] = {}  # owner -> held node
-        #: No held node expires before this (a node's expiry only moves later, and a new
-        #: node lowers it): housekeeping walks ``held`` only once it has passed, not on
-        #: every wake-up (each grant wakes it: 100,000 grants walked 100,000 nodes each).
-        self._held_due = math.inf
+        self.held = HeldLocks()  # owner -> held node
         #: owner -> (name, node path, czxid) of a queued waiter's node
         self.waiting: dict[str, tuple[str, str, int]] = {}
         #: Nodes to delete once the server answers: node path, or (lock path, owner).
@@ -284,7 +279,10 @@ class ZooKeeperDriver(Inspect):
             now = self.clock.now()
             due = now + self.session_timeout / 3
             if not self._suspended:
-                due = min(due, self._expire_held(now), self.nodes.expire(now))
+                for node in self.held.expire(now):  # the core stopped renewing them
+                    self._orphans.add(node.path)
+                    self._wake_behind(node.path)
+                due = min(due, self.held.due, self.nodes.expire(now))
                 last = self.last_contact if self.last_contact is not None else now
                 ping_at = last + self.session_timeout / 3
                 holding = bool(self.held or self.nodes.entries)
@@ -311,22 +309,6 @@ class ZooKeeperDriver(Inspect):
             self._poke = anyio.Event()
             with anyio.move_on_after(max(0.0, due - self.clock.now())):
                 await self._poke.wait()
-
-    def _expire_held(self, now: float) -> float:
-        """Forget the held nodes the core stopped renewing (and delete them later);
-        returns when the next one is due. O(1) until the earliest can have passed."""
-        if now < self._held_due:
-            return self._held_due
-        due = math.inf
-        for owner, node in list(self.held.items()):
-            if now >= node.expires_at:
-                del self.held[owner]  # the core stopped renewing: expire it
-                self._orphans.add(node.path)
-                self._wake_behind(node.path)
-            else:
-                due = min(due, node.expires_at)
-        self._held_due = due
-        return due
 
     # -- acquire ----------------------------------------------------------------------------
 
@@ -361,8 +343,7 @@ class ZooKeeperDriver(Inspect):
         if index == 0:
             self.waiting.pop(owner, None)
             node = Node(name, owner, path, token, ttl, t_send + ttl, session)
-            self.held[owner] = node
-            self._held_due = min(self._held_due, node.expires_at)
+            self.held.add(owner, node)
             self._watch_held(owner, node)
             self._poke.set()
             return token
