@@ -454,3 +454,42 @@ async def test_sync_use_of_an_async_only_object_says_async_with() -> None:
 def test_a_lease_is_only_granted_never_constructed() -> None:
     with pytest.raises(TypeError, match="granted by a backend"):
         asynclock.Lease()
+
+
+async def test_partitions_lost_from_a_callback_outside_any_task_are_all_handed_over() -> None:
+    """A driver may tell a loss from a plain event-loop callback (ZooKeeper's session
+    state, through ``call_soon_threadsafe``): there, a partition's loss hook started its
+    hand-over with ``start_soon``, which raised NoEventLoopError (no task to tell the
+    async library), so the driver's loop over its leases stopped at the first partition and
+    the others were not told lost (seen as a new user: ZooKeeper restarted without its
+    data under a partition group). The balance loop now starts the hand-over."""
+    import asyncio
+    import contextvars
+
+    async with (
+        asynclock.connect("memory://") as backend,
+        backend.partitions("grp", count=2, ttl=5.0) as member,
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(member.run, lambda partition: anyio.sleep_forever())
+        changes = member.changes()
+        with anyio.fail_after(10):
+            while await changes.__anext__() != frozenset({0, 1}):
+                pass
+            first = {p.id: p for p in member.owned()}
+
+            def lose_both() -> None:  # no task runs this: a bare callback
+                for partition in first.values():
+                    asynclock.testing.force_loss(partition, "session lost")
+
+            # As from another thread (kazoo's): an empty context, no async library in it.
+            asyncio.get_running_loop().call_soon(lose_both, context=contextvars.Context())
+            for partition in first.values():
+                await partition.lost  # handed over
+                assert partition.lease.lost.reason == "session lost"
+            # Handed over (released) and taken again, with higher tokens.
+            while {p.id for p in member.owned()} != {0, 1} or any(
+                p.token <= first[p.id].token for p in member.owned()
+            ):
+                await changes.__anext__()
+        tg.cancel_scope.cancel()

@@ -127,6 +127,8 @@ class PartitionMember:
         self._version = 0
         self._changed = anyio.Event()
         self._wake = anyio.Event()
+        #: Lost partitions whose hand-over the balance loop starts (see _on_lost).
+        self._lost: list[Partition] = []
         self._member: Lease | None = None
         self._members: list[str] = []
         self._tg: anyio.abc.TaskGroup | None = None
@@ -263,6 +265,9 @@ class PartitionMember:
                 async with anyio.create_task_group() as leaving:
                     for partition in list(self._owned.values()):
                         leaving.start_soon(self._hand_over, partition, "left the group")
+                    lost, self._lost = self._lost, []
+                    for partition in lost:
+                        leaving.start_soon(self._hand_over, partition, "lost")
                 if self._member is not None:
                     await self._acq.release(self._member, quiet=True)
 
@@ -282,6 +287,10 @@ class PartitionMember:
             with anyio.move_on_after(interval * random.uniform(0.8, 1.0)):
                 await self._wake.wait()
             self._wake = anyio.Event()
+            lost, self._lost = self._lost, []
+            for partition in lost:
+                if self._tg is not None:
+                    self._tg.start_soon(self._hand_over, partition, "lost")
             try:
                 await self._rejoin()
                 await self._balance()
@@ -345,13 +354,16 @@ class PartitionMember:
     def _on_lost(self, partition: Partition) -> None:
         """The lease of an owned partition was lost (in ``Session.lose``, which has
         cancelled its consume's holder scope): drop it, release it once the consume has
-        finished, and balance again at once (the lock may be free: take it anew)."""
+        finished, and balance again at once (the lock may be free: take it anew).
+        It may run outside any task (a driver's callback: ZooKeeper's session state), where
+        nothing can be started: the balance loop starts the hand-over (it raised
+        NoEventLoopError there, which stopped the driver telling the other leases lost)."""
         if self._owned.get(partition.id) is partition:
             del self._owned[partition.id]
             self._notify()
-        self._wake.set()
         if self._tg is not None:
-            self._tg.start_soon(self._hand_over, partition, "lost")
+            self._lost.append(partition)
+        self._wake.set()
 
     async def _hand_over(self, partition: Partition, reason: str) -> None:
         """Give ``partition`` up: its consume cancelled and finished first, then its lock
