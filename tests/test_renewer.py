@@ -12,6 +12,7 @@ import anyio
 import pytest
 
 import asynclock
+from asynclock.backends import Refused
 from asynclock.backends.memory import MemoryDriver
 from asynclock.testing import DriverFaults, ManualClock, next_renewal_round
 
@@ -147,3 +148,56 @@ async def test_a_storm_of_unconfirmed_releases_logs_one_summary(
         lines = [r.getMessage() for r in caplog.records if "release" in r.getMessage()]
         assert len(lines) == 2, lines
         assert "49 more releases were not confirmed" in lines[1]
+
+
+class RaisesOnLoss(asynclock.Observer):
+    def __init__(self) -> None:
+        self.told: list[str] = []
+
+    def lost(self, lease: asynclock.Lease, reason: str) -> None:
+        self.told.append(lease.name)
+        raise RuntimeError("a broken observer (test)")
+
+
+async def test_a_raising_observer_neither_keeps_a_holder_running_nor_stops_other_losses(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Observers must not raise, but one that does is the user's bug, not a reason to
+    break G4: both leases refused in one renewal round are lost, both holders' bodies are
+    cancelled (LeaseLost), the observer is told of each, and its error is logged."""
+    clock = ManualClock(1000.0)
+    observer = RaisesOnLoss()
+    ended: dict[str, str] = {}
+    async with asynclock.Backend(MemoryDriver(), clock=clock) as backend:
+        backend.add_observer(observer)
+        holding = 0
+        both = anyio.Event()
+
+        async def hold(name: str) -> None:
+            nonlocal holding
+            try:
+                async with backend.lock(name, ttl=3.0):
+                    holding += 1
+                    if holding == 2:
+                        both.set()
+                    await anyio.sleep_forever()
+            except asynclock.LeaseLost:
+                ended[name] = "LeaseLost"
+
+        async def refuse(call: Any, refs: Any) -> Any:
+            return [Refused("gone at the server (test)") for _ in refs]
+
+        with caplog.at_level(logging.ERROR, logger="asynclock"), anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(hold, "a")
+                tg.start_soon(hold, "b")
+                await both.wait()
+                with DriverFaults(backend) as faults:
+                    faults.around("extend", refuse)
+                    clock.advance(1.5)  # past the first renewal (ttl / 3), short of the deadline
+                    await next_renewal_round(backend)
+        assert ended == {"a": "LeaseLost", "b": "LeaseLost"}
+        assert sorted(observer.told) == ["a", "b"]
+        assert backend.stats().losses == 2
+    errors = [r for r in caplog.records if "a broken observer (test)" in str(r.exc_info)]
+    assert len(errors) == 2, [r.getMessage() for r in caplog.records]

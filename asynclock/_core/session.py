@@ -274,14 +274,23 @@ class Session:
         self.drop(lease, reason)
         if lease.lost:
             return
-        lease.lost._set(reason)
+        # The holder first (G4): nothing told of the loss below (a hook of the lease's
+        # own, an observer: user code) can keep the body running by raising, nor stop the
+        # caller's loop over other leases (a renewal round, a driver's session loss).
+        if lease._scope is not None:
+            lease._scope.cancel()
         self.stats.losses += 1
         self.stats.loss_reasons[loss_kind(reason)] += 1
         logger.warning("lease lost: %r token=%d: %s", lease.name, lease.token, reason)
+        try:
+            lease.lost._set(reason)
+        except Exception:
+            logger.exception("a hook on the loss of %r raised (the lease is lost)", lease.name)
         if self.observer is not None:
-            self.observer.lost(lease, reason)
-        if lease._scope is not None:
-            lease._scope.cancel()
+            try:
+                self.observer.lost(lease, reason)
+            except Exception:
+                logger.exception("an observer's lost() raised for %r (ignored)", lease.name)
 
     def lose_name(self, name: str, reason: str) -> None:
         """Lose every lease of ``name`` held here (its lock was broken)."""
