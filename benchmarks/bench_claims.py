@@ -5,6 +5,10 @@ Rows, side by side in one run against one server, for each number of workers:
 * hand-written: the usual SKIP LOCKED loop on raw asyncpg: ``UPDATE … WHERE id IN
   (SELECT … FOR UPDATE SKIP LOCKED LIMIT n) RETURNING id``, then ``UPDATE … SET status =
   'done' WHERE id = $1`` per row (no token, no heartbeat, completion checks the id only);
+* guarantee floor: the hand-written loop plus the least claims' guarantees need (a token
+  per row, the completion fenced on it, the claim and each completion shielded, each
+  row's work in a cancel scope of its own), still on raw asyncpg: what no claims library
+  with these guarantees can undercut in Python;
 * asynclock: ``async with claims.take(limit=n) as batch:`` and, per row, ``async with
   job: await job.complete(result=…)`` (a claim token per row from the shared token
   source, a lease per row renewed in one statement per heartbeat, completion fenced on
@@ -117,6 +121,47 @@ RETURNING id"""
     return done
 
 
+async def guarantee_floor(url: str, table: str, limit: int, waits: Waits) -> list[int]:
+    """The hand-written loop plus the least the claims' guarantees need, on raw asyncpg:
+    a token per claimed row (from a sequence, after the row lock), the completion fenced
+    on it (``… AND claim_token = $2 AND status = 'claimed' RETURNING``; refused: the
+    worker stops), the claim and each completion in a shielded cancel scope (G6: a call
+    on its way is not cut short), each row's work in a cancel scope of its own (G4: the
+    scope a loss cancels). No lease, heartbeat or deadline: the floor under claims."""
+    conn = await asyncpg.connect(url)
+    seq = f"{table}_tokens"  # made by one_run
+    claim = f"""
+UPDATE {table} SET status = 'claimed', claimed_by = $1, claim_token = nextval('{seq}'),
+       claim_expires = clock_timestamp() + interval '30 seconds'
+WHERE id IN (SELECT id FROM {table} WHERE status = 'ready' ORDER BY id LIMIT $2
+             FOR UPDATE SKIP LOCKED)
+RETURNING id, claim_token"""
+    complete = f"""UPDATE {table} SET status = 'done', result = $3
+WHERE id = $1 AND claim_token = $2 AND status = 'claimed' RETURNING status"""
+    done: list[int] = []
+    try:
+        emit("ready")
+        await anyio.to_thread.run_sync(sys.stdin.readline)
+        waits.working()
+        while True:
+            with anyio.CancelScope(shield=True):
+                rows = await conn.fetch(claim, str(os.getpid()), limit)
+            if not rows:
+                break
+            waits.got()
+            for row in rows:
+                with anyio.CancelScope():
+                    with anyio.CancelScope(shield=True):
+                        status = await conn.fetchval(complete, row["id"], row["claim_token"], "1")
+                    if status is None:
+                        raise SystemExit(f"floor: row {row['id']} refused its own completion")
+                    done.append(row["id"])
+            waits.working()
+    finally:
+        await conn.close()
+    return done
+
+
 async def with_claims(
     url: str, table: str, limit: int, waits: Waits, *, later: bool = False
 ) -> list[int]:
@@ -210,6 +255,7 @@ async def worker(cfg: dict[str, Any]) -> None:
         return
     kinds: dict[str, Callable[[str, str, int, Waits], Awaitable[list[int]]]] = {
         "hand-written": hand_written,
+        "guarantee-floor": guarantee_floor,
         "asynclock": with_claims,
         "asynclock-later": functools.partial(with_claims, later=True),
         "pgqueuer": with_pgqueuer,
@@ -280,6 +326,8 @@ async def one_run(
     conn = await asyncpg.connect(url)
     out: dict[str, Any] = {}
     try:
+        if kind == "guarantee-floor":
+            await conn.execute(f"CREATE SEQUENCE {table}_tokens")
         if measure_size:
             await conn.execute(f"VACUUM ANALYZE {table}")
             out["before"] = await sizes(conn, table)
@@ -318,6 +366,7 @@ async def one_run(
             out["packed"] = await sizes(conn, table)
         if kind != "pgqueuer":
             await conn.execute(f"DROP TABLE {table}")
+            await conn.execute(f"DROP SEQUENCE IF EXISTS {table}_tokens")
     finally:
         await conn.close()
     return out
@@ -326,17 +375,21 @@ async def one_run(
 async def throughput(url: str, workers: list[int], rows: int, limit: int) -> None:
     print(f"\n{rows} rows per run, take/claim limit {limit}; every run: each row completed once")
     print(
-        f"{'workers':>7} {'hand-written rows/s':>20} {'asynclock rows/s':>17} {'ratio':>6}"
+        f"{'workers':>7} {'hand-written rows/s':>20} {'guarantee floor':>16} {'ratio':>6}"
+        f" {'asynclock rows/s':>17} {'ratio':>6} {'/floor':>6}"
         f" {'complete_later rows/s':>22} {'ratio':>6}"
         f" {'asynclock wait/worker':>22} {'longest wait':>13} {'pgqueuer jobs/s':>16}"
     )
     for n in workers:
         raw = await one_run(url, "hand-written", n, rows, limit)
+        floor = await one_run(url, "guarantee-floor", n, rows, limit)
         ours = await one_run(url, "asynclock", n, rows, limit)
         later = await one_run(url, "asynclock-later", n, rows, limit)
         peer = await one_run(url, "pgqueuer", n, rows, limit)
         print(
-            f"{n:7d} {raw['rate']:20.0f} {ours['rate']:17.0f} {ours['rate'] / raw['rate']:6.2f}"
+            f"{n:7d} {raw['rate']:20.0f} {floor['rate']:16.0f} {floor['rate'] / raw['rate']:6.2f}"
+            f" {ours['rate']:17.0f} {ours['rate'] / raw['rate']:6.2f}"
+            f" {ours['rate'] / floor['rate']:6.2f}"
             f" {later['rate']:22.0f} {later['rate'] / raw['rate']:6.2f}"
             f" {ours['wait'] * 1000:19.0f} ms {ours['longest'] * 1000:10.1f} ms"
             f" {peer['rate']:16.0f}",

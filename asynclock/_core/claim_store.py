@@ -5,23 +5,22 @@ claimed, its answer to a completing write, and the :class:`ClaimStore` protocol
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from .keeper import Keeper
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimedRow:
-    """One row the store claimed: its id, its claim token, its columns as claimed."""
+class ClaimedRow(NamedTuple):
+    """One row the store claimed: its id, its claim token, its columns as claimed.
+    (Tuples, not frozen dataclasses: one is made per claimed row and per completion, and
+    a frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``.)"""
 
     id: Any
     token: int
     row: dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class Finish:
+class Finish(NamedTuple):
     """A store's answer to a completing write: the row's status after it (None: refused,
     the row no longer carries the token) and the token it carries now."""
 
@@ -57,6 +56,10 @@ class ClaimStore(Keeper, Protocol):
         ...
 
     def untrack(self, owner: str) -> None: ...
+
+    def knows(self, results: Mapping[str, Any]) -> bool:
+        """True: ``results``' columns were checked already (no need to :meth:`check_results`)."""
+        ...
 
     async def check_results(self, results: Mapping[str, Any]) -> None:
         """ValueError for a result column the table lacks, a claim column or the id."""

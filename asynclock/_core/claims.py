@@ -30,9 +30,6 @@ from collections.abc import Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Self
 
-import anyio
-import anyio.lowlevel
-
 from .bounds import cleanup
 from .claim_store import ClaimedRow, ClaimStore, Finish
 from .context import ExcInfo
@@ -132,19 +129,20 @@ class Claims:
     async def _claim(self, limit: int) -> list[Claim]:
         holds = self._holds
         holds.ready()
-        await anyio.lowlevel.checkpoint_if_cancelled()  # cancelled already: claim nothing
-        timeout = holds.bounds.timeout
+        await holds.checkpoint_if_cancelled()  # cancelled already: claim nothing
         t_send = holds.clock.now()  # before the claim is sent (G3)
         # Shielded (G6): once sent, the claim may commit, so its rows must reach the batch,
-        # whose exit gives them back if the caller was cancelled meanwhile.
-        try:
-            with anyio.fail_after(timeout, shield=True):
-                rows = await self._store.claim(limit, self.identity, self.ttl, self.max_attempts)
-        except TimeoutError as exc:
+        # whose exit gives them back if the caller was cancelled meanwhile. Bounded by the
+        # backend's release_timeout, as every shielded call is (no timer per claim).
+        rows = await holds.shielded(
+            self._store.claim(limit, self.identity, self.ttl, self.max_attempts)
+        )
+        if rows is None:
             raise BackendUnavailable(
                 f"{self._store.display}: claim on {self.table!r} got no answer within "
-                f"{timeout:g}s; rows it may have claimed come back after the ttl ({self.ttl:g}s)"
-            ) from exc
+                f"{holds.bounds.timeout:g}s; rows it may have claimed come back after the "
+                f"ttl ({self.ttl:g}s)"
+            )
         return [self._grant(row, t_send) for row in rows]
 
     async def _complete_many(self, deferred: Sequence[Claim]) -> int:
@@ -371,8 +369,10 @@ class Claim(AsyncContextOnly):
             it, or let the batch give it back).
         """
         claims = self._claims
-        await claims._store.check_results(results)
-        call = claims._store.complete(self.id, self.token, results)
+        store = claims._store
+        if not store.knows(results):
+            await store.check_results(results)
+        call = store.complete(self.id, self.token, results)
         await self._finish(call, "complete")
 
     async def complete_later(self, **results: Any) -> None:

@@ -291,6 +291,30 @@ async def test_a_take_cancelled_before_or_during_its_claim_leaves_no_row_claimed
             assert not backend.held()
 
 
+async def test_a_claim_without_an_answer_within_release_timeout_raises_backend_unavailable(
+    pg_server: PgServer, conn: asyncpg.Connection, table: str
+) -> None:
+    """The claim statement is shielded and bounded by ``release_timeout`` (the backend's
+    bound for every shielded call, no timer of its own): a claim the server takes longer
+    to answer raises BackendUnavailable, saying the rows come back after the ttl; the
+    backend claims again once the server answers."""
+    with anyio.fail_after(20):
+        async with asynclock.connect(pg_server.url(), release_timeout=0.5) as backend:
+            claims = backend.claims(table, ttl=30)
+            await make_jobs(claims, conn, 2)
+            slow = backend.claims(table, ttl=30, where="pg_sleep(1) IS NOT NULL")
+            started = anyio.current_time()
+            with pytest.raises(asynclock.BackendUnavailable, match=r"no answer within 0\.5s"):
+                async with slow.take(limit=2):
+                    raise AssertionError("unreachable: the claim got no answer")
+            assert anyio.current_time() - started < 1.9  # cut at the bound, not at the end
+            async with claims.take(limit=2) as batch:
+                assert len(batch) == 2  # the cut claim committed nothing
+                for job in batch:
+                    await job.complete()
+            assert not backend.held()
+
+
 async def test_an_expired_claim_is_reclaimed_and_a_row_claimed_max_attempts_times_parks(
     pg_server: PgServer, conn: asyncpg.Connection, table: str
 ) -> None:

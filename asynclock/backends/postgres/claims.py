@@ -339,7 +339,7 @@ class PostgresClaimStore:
     async def claim(
         self, limit: int, claimed_by: str, ttl: float, max_attempts: int
     ) -> list[ClaimedRow]:
-        sql = await self._resolve()
+        sql = self._sql or await self._resolve()
         for _ in range(_EPOCH_TRIES):
             row = await self._claim_statement(sql, limit, claimed_by, ttl, max_attempts)
             claimed = [self._claimed(r) for r in row["rows"]]
@@ -355,19 +355,21 @@ class PostgresClaimStore:
         self, sql: Statements, limit: int, claimed_by: str, ttl: float, max_attempts: int
     ) -> Any:
         driver = self._driver
-        async with driver._io:
-            conn = await driver._main()
-            try:
-                row = await conn.fetchrow(sql.claim, limit, claimed_by, ttl * 1000.0, max_attempts)
-                if row["no_range"] or row["used_up"]:
-                    await _new_epoch(conn)  # first token, or after a crash (G2)
-            except _CONNECTION_ERRORS as exc:
-                raise driver._unavailable("claim failed", exc) from exc
-            except asyncpg.PostgresError as exc:
-                raise ValueError(
-                    f"claims on {self.table!r}: the claim statement failed ({exc}); check "
-                    "where= and order_by="
-                ) from None
+        try:
+            row = await driver._run(
+                "claim failed", "fetchrow", sql.claim, limit, claimed_by, ttl * 1000.0, max_attempts
+            )
+        except asyncpg.PostgresError as exc:
+            raise ValueError(
+                f"claims on {self.table!r}: the claim statement failed ({exc}); check "
+                "where= and order_by="
+            ) from None
+        if row["no_range"] or row["used_up"]:
+            async with driver._io:  # first token, or after a crash (G2); then claim again
+                try:
+                    await _new_epoch(await driver._main())
+                except _CONNECTION_ERRORS as exc:
+                    raise driver._unavailable("claim failed", exc) from exc
         return row
 
     def track(self, owner: str, row_id: Any) -> None:
@@ -428,9 +430,13 @@ class PostgresClaimStore:
 
     # -- finishing -----------------------------------------------------------------------------
 
+    def knows(self, results: Mapping[str, Any]) -> bool:
+        """These result columns were checked against the table as resolved."""
+        return self._sql is not None and tuple(results) in self._sql.checked
+
     async def check_results(self, results: Mapping[str, Any]) -> None:
-        if self._sql is not None and tuple(results) in self._sql.checked:
-            return  # these columns were checked against the table as resolved
+        if self.knows(results):
+            return
         sql = await self._resolve()
         for col in results:
             if col in CLAIM_COLUMNS or col == self.id_column:
