@@ -32,7 +32,9 @@ class Observer:
     """What a backend tells its observers (every method a no-op here; override some) once
     added with ``backend.add_observer(observer)``.
 
-    Methods run on the backend's event loop, inline: they must be quick and not raise.
+    Methods run on the backend's event loop, inline: they must be quick and not raise
+    (:meth:`lost` runs after the holder is cancelled; if it raises, that is logged and
+    the loss goes on).
     Every kind of hold is told alike: a lock, a leadership term, a claimed row, a permit.
     """
 
