@@ -3,8 +3,8 @@ whose completion is fenced by the row's claim token (docs/claims.md).
 
 The life of a claim is written once, here, on the session's hook for leases granted
 outside ``acquire`` (:class:`~.holds.Holds`); the server's part is a
-:class:`ClaimStore` (PostgreSQL: ``asynclock/backends/postgres/claims.py``, every
-statement there). A claimed row:
+:class:`ClaimStore` (PostgreSQL: ``asynclock/backends/postgres/claims.py``, its
+statements in ``claim_sql.py``). A claimed row:
 
 * is a lease of the session (name ``claim:<table>:<id>``, a private owner): renewed by the
   store's ``extend`` (one statement for every claimed row of a table in a round), lost

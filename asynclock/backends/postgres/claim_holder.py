@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..._core.holder import Holder
-from .claims import MAX_IDENTIFIER, quote
+from .claim_sql import MAX_IDENTIFIER, quote
 
 if TYPE_CHECKING:
     from .connection import PostgresDriver
