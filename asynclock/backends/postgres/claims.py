@@ -23,6 +23,7 @@ from ..._core.driver import ExtendResult, LeaseRef, Refused
 from .claim_sql import CLAIM_COLUMNS, Statements, check_sql, index_name, quote
 from .connection import _CONNECTION_ERRORS
 from .tokens import _EPOCH_TRIES, _new_epoch, _no_range
+from .xact import transaction
 
 if TYPE_CHECKING:
     from .connection import PostgresDriver
@@ -108,7 +109,7 @@ class PostgresClaimStore:
         async with driver._io:
             conn = await driver._main()
             try:
-                async with conn.transaction():
+                async with transaction(conn):
                     await conn.execute(sql)
                     await conn.execute(index)
             except _CONNECTION_ERRORS as exc:

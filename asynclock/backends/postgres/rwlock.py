@@ -37,6 +37,7 @@ from ..._core.rw_store import (
 from .connection import _CONNECTION_ERRORS
 from .sql import _SCHEMA_KEY
 from .tokens import _name_bytes, notify_channel, waiter_key
+from .xact import transaction
 
 if TYPE_CHECKING:
     from .connection import PostgresDriver
@@ -143,7 +144,7 @@ class PostgresRW(RWStore):
         async with driver._io:
             conn = await driver._main()
             try:
-                async with conn.transaction():
+                async with transaction(conn):
                     await conn.execute(SQL_RW_SCHEMA)
             except _CONNECTION_ERRORS as exc:
                 raise driver._unavailable("creating the rwlock tables", exc) from exc
@@ -156,7 +157,7 @@ class PostgresRW(RWStore):
             SENT_AT.set(driver.clock.now())  # a grant below expires after this
             conn = await driver._main()
             try:
-                async with conn.transaction():
+                async with transaction(conn):
                     await conn.execute("SELECT pg_advisory_xact_lock($1)", self._key)
                     await conn.execute(SQL_RW_EXPIRE, name)
                     live = await conn.fetch(SQL_RW_LIVE, name)

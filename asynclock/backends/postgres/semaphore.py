@@ -41,6 +41,7 @@ from ..._core.permit_store import (
 from .connection import _CONNECTION_ERRORS
 from .sql import _SCHEMA_KEY
 from .tokens import _name_bytes, notify_channel, waiter_key
+from .xact import transaction
 
 if TYPE_CHECKING:
     from .connection import PostgresDriver
@@ -226,7 +227,7 @@ class PostgresPermits(PermitStore):
         async with driver._io:
             conn = await driver._main()
             try:
-                async with conn.transaction():
+                async with transaction(conn):
                     await conn.execute(SQL_P_SCHEMA)
             except _CONNECTION_ERRORS as exc:
                 raise driver._unavailable("creating the semaphore tables", exc) from exc
@@ -245,7 +246,7 @@ class PostgresPermits(PermitStore):
             SENT_AT.set(driver.clock.now())  # a grant below expires after this
             conn = await driver._main()
             try:
-                async with conn.transaction():
+                async with transaction(conn):
                     await conn.execute(SQL_P_LOCK, self._key)
                     row = await conn.fetchrow(
                         SQL_P_GRANT,

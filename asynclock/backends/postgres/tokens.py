@@ -19,6 +19,7 @@ from .sql import (
     SQL_X_TOKEN,
     SQL_X_TRY,
 )
+from .xact import transaction
 
 _MASK64 = (1 << 64) - 1
 
@@ -79,7 +80,7 @@ async def ensure_schema(conn: asyncpg.Connection, *, mode: str = "session") -> N
         "SELECT bool_and(to_regclass(t) IS NOT NULL) FROM unnest($1::text[]) t", tables
     ):
         return
-    async with conn.transaction():
+    async with transaction(conn):  # ended even if cancelled (see xact.py)
         await conn.execute(f"SELECT pg_advisory_xact_lock({_SCHEMA_KEY})")
         await conn.execute(schema)
 
