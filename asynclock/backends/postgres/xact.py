@@ -14,7 +14,7 @@ terminated, which ends it at the server (the next call reconnects).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 
 import anyio
@@ -27,30 +27,37 @@ SETTLE_TIMEOUT = 5.0
 
 @asynccontextmanager
 async def transaction(conn: asyncpg.Connection) -> AsyncIterator[None]:
-    """``async with conn.transaction():`` whose end is shielded and bounded (see the
-    module). A COMMIT without an answer in time raises ``ConnectionDoesNotExistError``
-    (one of the connection errors callers turn into ``BackendUnavailable``)."""
+    """``async with conn.transaction():`` whose BEGIN and end are shielded and bounded
+    (see the module). A BEGIN or COMMIT without an answer in time raises
+    ``ConnectionDoesNotExistError`` (one of the connection errors callers turn into
+    ``BackendUnavailable``)."""
     tx = conn.transaction()
+    # BEGIN shielded too: cut off on its way, it may have begun a transaction asyncpg
+    # does not know of (a cancellation is delivered at the body's first await instead).
+    await _shielded(conn, tx.start(), "BEGIN")
     try:
-        await tx.start()
         yield
     except BaseException:
         ended = False
         with anyio.move_on_after(SETTLE_TIMEOUT, shield=True):
             try:
-                await tx.rollback()  # refused if BEGIN itself was cut off: terminated below
+                await tx.rollback()
                 ended = True
             except Exception:
-                pass
+                pass  # the connection is terminated just below
         if not ended and not conn.is_closed():
             conn.terminate()
         raise
-    committed = False
+    await _shielded(conn, tx.commit(), "COMMIT")
+
+
+async def _shielded(conn: asyncpg.Connection, statement: Awaitable[None], what: str) -> None:
+    done = False
     with anyio.move_on_after(SETTLE_TIMEOUT, shield=True):
-        await tx.commit()
-        committed = True
-    if not committed:
+        await statement
+        done = True
+    if not done:
         conn.terminate()
         raise asyncpg.exceptions.ConnectionDoesNotExistError(
-            f"COMMIT got no answer within {SETTLE_TIMEOUT:g}s; the connection was closed"
+            f"{what} got no answer within {SETTLE_TIMEOUT:g}s; the connection was closed"
         )
