@@ -24,3 +24,13 @@ async def conn(pg_server: PgServer) -> AsyncIterator[asyncpg.Connection]:
         yield c
     finally:
         await c.close()
+
+
+@pytest.fixture
+async def admin(pg_server: PgServer) -> AsyncIterator[asyncpg.Connection]:
+    """A connection as the server's superuser (pg_stat_activity, pg_locks, extensions)."""
+    conn = await asyncpg.connect(pg_server.admin_url)
+    try:
+        yield conn
+    finally:
+        await conn.close()

@@ -49,15 +49,6 @@ def name() -> str:
     return f"pg:{uuid.uuid4().hex[:12]}"
 
 
-@pytest.fixture
-async def admin(pg_server: PgServer) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(pg_server.admin_url)
-    try:
-        yield conn
-    finally:
-        await conn.close()
-
-
 def pinned_pid(backend: asynclock.Backend) -> int:
     driver = backend.driver
     assert isinstance(driver, PostgresDriver) and driver._conn is not None

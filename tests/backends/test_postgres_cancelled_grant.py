@@ -8,7 +8,6 @@ waiting reader was never granted)."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -21,15 +20,6 @@ from asynclock.backends.postgres.semaphore import grant_key as sem_key
 from tests.support.pg_servers import PgServer
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-async def admin(pg_server: PgServer) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(pg_server.admin_url)
-    try:
-        yield conn
-    finally:
-        await conn.close()
 
 
 async def waiting_on_advisory_lock(admin: asyncpg.Connection) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -37,15 +36,6 @@ CREATE TABLE asynclock_permit (
 @pytest.fixture
 def name() -> str:
     return f"sem-queue-{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture
-async def admin(pg_server: PgServer) -> AsyncIterator[asyncpg.Connection]:
-    conn = await asyncpg.connect(pg_server.admin_url)
-    try:
-        yield conn
-    finally:
-        await conn.close()
 
 
 async def places(admin: asyncpg.Connection, name: str) -> int:
